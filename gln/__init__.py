@@ -1,0 +1,11 @@
+"""Gated Linear Networks (Veness et al.): online learning, one example at a time.
+
+See ``gln.model.GLN`` for the public API and ``gln.network`` for the paper's Algorithm 1.
+"""
+
+from gln.model import GLN
+from gln.schedules import Constant, InverseTime
+from gln.serialize import SnapshotFormatError
+
+__all__ = ["GLN", "Constant", "InverseTime", "SnapshotFormatError"]
+__version__ = "0.1.0"

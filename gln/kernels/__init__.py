@@ -1,0 +1,22 @@
+"""Fused per-chunk kernels for the sequential part of learning, one per device.
+
+``layer_pass_for(xp)`` returns the fastest layer pass available for an array module and falls
+back to the plain-array reference in ``gln.network``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+from gln.network import LayerPass, reference_layer_pass
+
+
+def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
+    """The layer pass for ``xp``: the fused kernel when ``use_kernels``, else the reference."""
+    if use_kernels and xp is np:
+        from gln.kernels.cpu import cpu_layer_pass  # noqa: PLC0415 - compiles on first use
+
+        return cpu_layer_pass
+    return reference_layer_pass(xp)

@@ -1,0 +1,393 @@
+"""The public GLN class: one-vs-all classification, online input scaling, learn/predict.
+
+>>> import numpy as np
+>>> from gln import GLN
+>>> model = GLN(num_features=2, num_classes=2, layer_sizes=(8, 1), seed=0)
+>>> X = np.array([[0.0, 1.0], [1.0, 0.0]] * 50)
+>>> y = np.array([1, 0] * 50)
+>>> first_pass = model.learn(X, y)          # prequential: predicted before each update
+>>> model.predict(X[:2]).tolist()
+[1, 0]
+>>> model.examples_seen
+100
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gln.backend import array_module, resolve_device, to_numpy
+from gln.gating import context_indices, halfspace_bits, sample_halfspaces
+from gln.kernels import layer_pass_for
+from gln.network import network_pass
+from gln.scaling import INPUT_SCALINGS, RunningMoments, moments_before_each_row, scale_inputs
+from gln.schedules import make_schedule
+
+# Rows learned per kernel call: large enough that a neuron's weights are reused across many
+# examples while they sit in cache, small enough that the chunk's projections (rows x
+# hyperplanes floats) stay a few MB.
+CHUNK_ROWS = 256
+
+
+class GLN:
+    """A Gated Linear Network classifier that learns from one example at a time.
+
+    Parameters (the configuration; stored as given, validated once):
+
+    num_features: width of each input row.
+    num_classes: 2 gives one binary GLN; more gives one GLN per class (one-vs-all), whose
+        outputs are normalised to sum to 1.
+    layer_sizes: neurons per layer, the last one 1 (the paper's single output neuron).
+    context_dim: m, hyperplanes per neuron; each neuron has 2^m weight vectors.
+    learning_rate: a number, ``{"schedule": "inverse_time", "scale": s, "cap": c}`` for
+        ``min(s / t, c)`` (the paper's MNIST run used scale 100, cap 0.01), or a callable of t.
+    pred_clip: eps; every prediction is clipped to [eps, 1 - eps].
+    weight_clip: b; weights are projected onto [-b, b] after each update.
+    bias: beta, the constant bias input of every layer, in [eps, 1 - eps] and not 0.5;
+        the default sigmoid(1) makes its logit exactly 1.
+    offset_scale: standard deviation of the hyperplane offsets (the paper: 1).
+    input_scaling: ``"standardize"`` or ``"unit"`` (inputs already in [0, 1]); see
+        ``gln.scaling``.
+    min_std: floor of the standard deviation used in input scaling.
+    seed: seeds the hyperplanes; the same seed and data give the same bytes.
+    device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        num_classes: int = 2,
+        layer_sizes: Sequence[int] = (32, 32, 1),
+        context_dim: int = 4,
+        learning_rate: Any = 0.01,
+        pred_clip: float = 0.01,
+        weight_clip: float = 5.0,
+        bias: float = 1.0 / (1.0 + math.exp(-1.0)),
+        offset_scale: float = 1.0,
+        input_scaling: str = "standardize",
+        min_std: float = 1e-3,
+        seed: int = 0,
+        device: str = "cpu",
+        use_kernels: bool = True,
+    ) -> None:
+        self.num_features = _positive_int("num_features", num_features)
+        self.num_classes = _positive_int("num_classes", num_classes)
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        if isinstance(layer_sizes, str | bytes) or not isinstance(layer_sizes, Sequence):
+            raise ValueError(f"layer_sizes must be a sequence of ints, got {layer_sizes!r}")
+        self.layer_sizes = tuple(_positive_int("layer_sizes[i]", k) for k in layer_sizes)
+        if not self.layer_sizes or self.layer_sizes[-1] != 1:
+            raise ValueError(f"layer_sizes must end in a single neuron (1), got {layer_sizes!r}")
+        self.context_dim = _positive_int("context_dim", context_dim)
+        if self.context_dim > 16:
+            raise ValueError(f"context_dim must be <= 16 (2^m weight rows), got {context_dim}")
+        self.schedule = make_schedule(learning_rate)
+        self.learning_rate = learning_rate
+        self.pred_clip = _float_in("pred_clip", pred_clip, 0.0, 0.5)
+        self.weight_clip = _float_in("weight_clip", weight_clip, 0.0, math.inf)
+        self.bias = _float_in("bias", bias, self.pred_clip, 1.0 - self.pred_clip, closed=True)
+        if self.bias == 0.5:
+            raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
+        self.offset_scale = _float_in("offset_scale", offset_scale, 0.0, math.inf, closed=True)
+        if input_scaling not in INPUT_SCALINGS:
+            raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {input_scaling!r}")
+        self.input_scaling = input_scaling
+        self.min_std = _float_in("min_std", min_std, 0.0, math.inf)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = int(seed)
+        self.device = device
+        self.use_kernels = bool(use_kernels)
+
+        self._device = resolve_device(device)
+        self._xp = array_module(self._device)
+        self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
+        self._init_state()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_glns(self) -> int:
+        """One GLN for a binary problem, one per class otherwise."""
+        return 1 if self.num_classes == 2 else self.num_classes
+
+    def _layer_input_sizes(self) -> list[int]:
+        return [1 + k for k in (self.num_features, *self.layer_sizes[:-1])]
+
+    def _init_state(self) -> None:
+        xp, g, m = self._xp, self.num_glns, self.context_dim
+        rng = np.random.default_rng(self.seed)
+        planes = g * sum(self.layer_sizes) * m
+        normals, offsets = sample_halfspaces(rng, planes, self.num_features, self.offset_scale)
+        self.normals = xp.asarray(normals)
+        self.offsets = xp.asarray(offsets)
+        # Paper: w_ikc = 1 / K_{i-1}, the geometric average of the layer's inputs.
+        self.weights = [
+            xp.full((g, k, 2**m, inputs), 1.0 / inputs, dtype=xp.float32)
+            for k, inputs in zip(self.layer_sizes, self._layer_input_sizes(), strict=True)
+        ]
+        self.moments = RunningMoments(
+            0, xp.zeros(self.num_features, xp.float64), xp.zeros(self.num_features, xp.float64)
+        )
+        self.examples_seen = 0
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-serialisable; ``GLN(**model.config)`` rebuilds it."""
+        rate = self.schedule.to_config()
+        if rate is None:
+            raise ValueError("a callable learning_rate cannot be serialised; use a number or dict")
+        return {
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "layer_sizes": list(self.layer_sizes),
+            "context_dim": self.context_dim,
+            "learning_rate": rate,
+            "pred_clip": self.pred_clip,
+            "weight_clip": self.weight_clip,
+            "bias": self.bias,
+            "offset_scale": self.offset_scale,
+            "input_scaling": self.input_scaling,
+            "min_std": self.min_std,
+            "seed": self.seed,
+            "device": self.device,
+        }
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the model's arrays (weights, hyperplanes, statistics)."""
+        arrays = [*self.weights, self.normals, self.offsets, self.moments.total,
+                  self.moments.total_sq]
+        return int(sum(a.nbytes for a in arrays))
+
+    # ------------------------------------------------------------------ input checks
+    def check_input(self, X: Any, y: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Validate a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
+
+        Raises ``ValueError`` naming the problem for a wrong shape, a non-finite value (NaN,
+        inf, or a magnitude beyond float32), or a label that is not a class index.
+        """
+        try:
+            X64 = np.asarray(to_numpy(X) if hasattr(X, "get") else X, dtype=np.float64)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"features must be a 2-D array of numbers: {error}") from None
+        if X64.ndim != 2:
+            raise ValueError(f"features must be 2-D (rows, {self.num_features}), got {X64.ndim}-D")
+        if X64.shape[1] != self.num_features:
+            raise ValueError(
+                f"each row must have {self.num_features} features, got {X64.shape[1]}"
+            )
+        finite = np.isfinite(X64) & (np.abs(X64) <= np.finfo(np.float32).max)
+        if not finite.all():
+            row, col = np.argwhere(~finite)[0]
+            raise ValueError(f"features must be finite: row {row}, column {col} is {X64[row, col]}")
+        X32 = np.ascontiguousarray(X64, dtype=np.float32)
+        if y is None:
+            return X32, None
+        try:
+            labels = np.asarray(to_numpy(y) if hasattr(y, "get") else y)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"labels must be a 1-D array of class indices: {error}") from None
+        if labels.ndim != 1 or labels.shape[0] != X32.shape[0]:
+            raise ValueError(
+                f"labels must be 1-D with one label per row ({X32.shape[0]}), got shape "
+                f"{labels.shape}"
+            )
+        if labels.dtype.kind not in "biuf":
+            raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+        as_float = labels.astype(np.float64)
+        valid = np.isfinite(as_float) & (as_float == np.round(as_float))
+        valid &= (as_float >= 0) & (as_float < self.num_classes)
+        if not valid.all():
+            index = int(np.argmin(valid))
+            raise ValueError(
+                f"labels must be class indices in [0, {self.num_classes}); "
+                f"label {index} is {labels[index]!r}"
+            )
+        return X32, as_float.astype(np.int64)
+
+    # ------------------------------------------------------------------ public verbs
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities (n, num_classes), rows summing to 1. Does not learn."""
+        X32, _ = self.check_input(X)
+        outputs = [self._run_chunk(chunk, None) for chunk in _chunks(X32)]
+        return self._class_probabilities(np.concatenate(outputs) if outputs else None, len(X32))
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The most probable class of each row (n,)."""
+        return np.argmax(self.predict_proba(X), axis=1)
+
+    def learn(self, X: Any, y: Any) -> np.ndarray:
+        """Learn every row in order, one OGD step per example.
+
+        Returns the class probabilities predicted for each row before its own update
+        (prequential predictions), shape (n, num_classes). The result and the final state
+        equal those of learning the rows one call at a time. Invalid input raises
+        ``ValueError`` before anything is changed.
+        """
+        X32, labels = self.check_input(X, y)
+        outputs = [
+            self._run_chunk(X32[start:stop], labels[start:stop])
+            for start, stop in _chunk_bounds(len(X32))
+        ]
+        return self._class_probabilities(np.concatenate(outputs) if outputs else None, len(X32))
+
+    def saliency(self, X: Any) -> np.ndarray:
+        """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
+
+        Shape (n, num_classes, num_features): entry [t, c, j] is how much the logit of base
+        prediction j moves class c's output logit for row t (paper, section "Linear
+        interpretability"). Bias inputs are not features: they enter as a constant term, so
+        where no output is clipped, ``sigmoid(S[t, c] . logit(p0[t]) + bias_term[t, c])``
+        equals the GLN's output (see ``saliency_terms``). For a binary model class 0's map
+        is the negative of class 1's.
+        """
+        maps, _ = self.saliency_terms(X)
+        return maps
+
+    def saliency_terms(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Saliency maps (n, C, d) and the bias terms (n, C) that complete the output logit."""
+        X32, _ = self.check_input(X)
+        xp = self._xp
+        maps, biases = [], []
+        for chunk in _chunks(X32):
+            x64 = xp.asarray(chunk, dtype=xp.float64)
+            z, _ = self._scale(x64, learning=False)
+            contexts = self._contexts(z)
+            for t in range(len(chunk)):
+                chunk_map, chunk_bias = self._collapse(contexts, t)
+                maps.append(to_numpy(chunk_map))
+                biases.append(to_numpy(chunk_bias))
+        if not maps:
+            return (np.zeros((0, self.num_classes, self.num_features)),
+                    np.zeros((0, self.num_classes)))
+        maps_g, biases_g = np.stack(maps), np.stack(biases)
+        if self.num_glns == 1:
+            return (np.concatenate([-maps_g, maps_g], axis=1),
+                    np.concatenate([-biases_g, biases_g], axis=1))
+        return maps_g, biases_g
+
+    # ------------------------------------------------------------------ internals
+    def _scale(self, x64: Any, learning: bool) -> tuple[Any, Any]:
+        xp = self._xp
+        if learning:
+            counts, sums, sums_sq, after = moments_before_each_row(xp, self.moments, x64)
+        else:
+            m = self.moments
+            counts = xp.full((1, 1), float(m.count))
+            sums, sums_sq, after = m.total[None, :], m.total_sq[None, :], m
+        z, base_logits = scale_inputs(
+            xp, x64, counts, sums, sums_sq,
+            mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
+        )
+        if learning:
+            self.moments = after
+        return z, base_logits
+
+    def _contexts(self, z: Any) -> list[Any]:
+        xp = self._xp
+        indices = context_indices(xp, halfspace_bits(xp, z, self.normals, self.offsets),
+                                  self.context_dim)  # (n, G * sum(K))
+        indices = indices.reshape(z.shape[0], self.num_glns, sum(self.layer_sizes))
+        bounds = np.cumsum([0, *self.layer_sizes])
+        return [xp.ascontiguousarray(indices[:, :, a:b]) for a, b in zip(bounds, bounds[1:])]
+
+    def _run_chunk(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+        """One chunk through the network; learns when labels are given. Returns (n, G)."""
+        xp = self._xp
+        n, learning = len(X32), labels is not None
+        x64 = xp.asarray(X32, dtype=xp.float64)
+        z, base_logits = self._scale(x64, learning)
+        contexts = self._contexts(z)
+        if learning:
+            steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
+            rates = xp.asarray(self.schedule(steps).astype(np.float32))
+            positive = 1 if self.num_glns == 1 else np.arange(self.num_glns)
+            targets = xp.asarray((labels[:, None] == positive).astype(np.float32))
+        else:
+            rates = xp.zeros(n, dtype=xp.float32)
+            targets = xp.zeros((n, self.num_glns), dtype=xp.float32)
+        outputs = network_pass(
+            xp, self._layer_pass, self.weights, contexts, base_logits, targets, rates,
+            bias_logit=self._bias_logit, pred_clip=self.pred_clip,
+            weight_clip=self.weight_clip, learn=learning,
+        )
+        if learning:
+            self.examples_seen += n
+        return to_numpy(outputs)
+
+    @property
+    def _bias_logit(self) -> float:
+        return float(np.float32(math.log(self.bias / (1.0 - self.bias))))
+
+    def _collapse(self, contexts: list[Any], t: int) -> tuple[Any, Any]:
+        """W_L(z) ... W_1(z) over feature columns, and the bias term, for row t: (G, d), (G,)."""
+        xp = self._xp
+        glns = xp.arange(self.num_glns)[:, None]
+        product = bias_term = None
+        for layer_weights, layer_contexts in zip(self.weights, contexts, strict=True):
+            neurons = xp.arange(layer_weights.shape[1])[None, :]
+            active = layer_weights[glns, neurons, layer_contexts[t]].astype(xp.float64)
+            from_bias = active[:, :, 0] * self._bias_logit
+            if product is None:
+                product, bias_term = active[:, :, 1:], from_bias
+            else:
+                product = active[:, :, 1:] @ product
+                bias_term = (active[:, :, 1:] @ bias_term[:, :, None])[:, :, 0] + from_bias
+        return product[:, 0, :], bias_term[:, 0]
+
+    def _class_probabilities(self, outputs: np.ndarray | None, n: int) -> np.ndarray:
+        if outputs is None:
+            return np.zeros((n, self.num_classes))
+        q = outputs.astype(np.float64)
+        if self.num_glns == 1:
+            return np.concatenate([1.0 - q, q], axis=1)
+        return q / q.sum(axis=1, keepdims=True)
+
+    # ------------------------------------------------------------------ bytes
+    def to_bytes(self) -> bytes:
+        """A versioned, checksummed snapshot (header + raw arrays; no pickle)."""
+        from gln.serialize import model_to_bytes  # noqa: PLC0415 - avoids an import cycle
+
+        return model_to_bytes(self)
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, device: str | None = None) -> GLN:
+        """Rebuild a model from ``to_bytes`` output, optionally on another device."""
+        from gln.serialize import model_from_bytes  # noqa: PLC0415
+
+        return model_from_bytes(cls, blob, device)
+
+    def __repr__(self) -> str:
+        return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
+                f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
+                f"device={self._device!r}, examples_seen={self.examples_seen})")
+
+
+def _chunk_bounds(n: int) -> list[tuple[int, int]]:
+    return [(start, min(start + CHUNK_ROWS, n)) for start in range(0, n, CHUNK_ROWS)]
+
+
+def _chunks(X: np.ndarray) -> list[np.ndarray]:
+    return [X[start:stop] for start, stop in _chunk_bounds(len(X))]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _float_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    inside = low <= value <= high if closed else low < value < high
+    if not inside:
+        interval = f"[{low}, {high}]" if closed else f"({low}, {high})"
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+    return value

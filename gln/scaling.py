@@ -1,0 +1,85 @@
+"""Online input scaling: side information for gating and base predictions for layer 0.
+
+Features arrive one example at a time, so their mean and variance are running statistics
+(count, sum, sum of squares in float64). Row t of a chunk is scaled with the statistics of the
+rows before it; those are prefix sums over the chunk, accumulated in order, so scaling a chunk
+gives bit-for-bit what scaling its rows one call at a time gives. Before any data, the mean is 0
+and the scale 1.
+
+Two modes (``input_scaling``):
+
+``"standardize"`` (default, any real-valued features)
+    side information ``z = (x - mean) / max(std, min_std)`` per feature, so that unit-normal
+    hyperplanes with N(0, 1) offsets cut through the data; base predictions are
+    ``clip(sigmoid(z), eps, 1 - eps)``, whose logit is ``clip(z, -logit(1-eps), logit(1-eps))``.
+    A constant feature gives z = 0 (never NaN).
+
+``"unit"`` (inputs already probabilities in [0, 1], e.g. pixel intensities)
+    base predictions are the inputs themselves, ``clip(x, eps, 1 - eps)``; side information is
+    the centred input divided by one pooled standard deviation (the root mean of the per-feature
+    variances), which keeps the geometry of the input (cosine similarity, as the paper's
+    halfspace argument wants) and does not blow up rare features such as border pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+INPUT_SCALINGS = ("standardize", "unit")
+
+
+@dataclass
+class RunningMoments:
+    """Count, per-feature sum and sum of squares of every row learned so far."""
+
+    count: int
+    total: Any  # (d,) float64
+    total_sq: Any  # (d,) float64
+
+
+def moments_before_each_row(
+    xp: ModuleType, moments: RunningMoments, x64: Any
+) -> tuple[Any, Any, Any, RunningMoments]:
+    """Statistics seen by each row of a chunk (before it), and the statistics after the chunk.
+
+    Returns counts (n, 1), sums (n, d), sums of squares (n, d) and the updated moments.
+    """
+    n = x64.shape[0]
+    sums = xp.cumsum(xp.concatenate([moments.total[None, :], x64]), axis=0)
+    sums_sq = xp.cumsum(xp.concatenate([moments.total_sq[None, :], x64 * x64]), axis=0)
+    counts = (moments.count + xp.arange(n + 1, dtype=xp.float64))[:, None]
+    after = RunningMoments(moments.count + n, sums[-1].copy(), sums_sq[-1].copy())
+    return counts[:-1], sums[:-1], sums_sq[:-1], after
+
+
+def scale_inputs(
+    xp: ModuleType,
+    x64: Any,
+    counts: Any,
+    sums: Any,
+    sums_sq: Any,
+    *,
+    mode: str,
+    pred_clip: float,
+    min_std: float,
+) -> tuple[Any, Any]:
+    """Side information z (n, d) float32 and base-prediction logits (n, d) float32."""
+    seen = counts > 0
+    safe_counts = xp.maximum(counts, 1.0)
+    mean = xp.where(seen, sums / safe_counts, 0.0)
+    variance = xp.where(seen, xp.maximum(sums_sq / safe_counts - mean * mean, 0.0), 1.0)
+    centred = x64 - mean
+    logit_cap = float(xp.log((1.0 - pred_clip) / pred_clip))
+    if mode == "standardize":
+        z = centred / xp.maximum(xp.sqrt(variance), min_std)
+        base_logits = xp.clip(z, -logit_cap, logit_cap)
+    elif mode == "unit":
+        pooled = xp.sqrt(variance.mean(axis=1, keepdims=True))
+        z = centred / xp.maximum(pooled, min_std)
+        p0 = xp.clip(x64, pred_clip, 1.0 - pred_clip)
+        base_logits = xp.log(p0 / (1.0 - p0))
+    else:
+        raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {mode!r}")
+    return z.astype(xp.float32), base_logits.astype(xp.float32)

@@ -1,0 +1,91 @@
+"""Learning-rate schedules: the step size for the t-th example (t counts from 1).
+
+A schedule is evaluated for a whole chunk of example indices at once, so the per-example
+loop never calls back into Python. The paper's MNIST run used ``min(100 / t, 0.01)``, which
+is ``InverseTime(scale=100, cap=0.01)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Constant:
+    """The same step size for every example."""
+
+    rate: float
+
+    def __call__(self, t: np.ndarray) -> np.ndarray:
+        return np.full(t.shape, self.rate, dtype=np.float64)
+
+    def to_config(self) -> float:
+        return self.rate
+
+
+@dataclass(frozen=True)
+class InverseTime:
+    """``min(scale / t, cap)``: the paper's 1/t decay, capped early on."""
+
+    scale: float
+    cap: float
+
+    def __call__(self, t: np.ndarray) -> np.ndarray:
+        return np.minimum(self.scale / t.astype(np.float64), self.cap)
+
+    def to_config(self) -> dict[str, Any]:
+        return {"schedule": "inverse_time", "scale": self.scale, "cap": self.cap}
+
+
+@dataclass(frozen=True)
+class PerExample:
+    """Wraps a user callable ``f(t) -> float`` (not serialisable: ``to_bytes`` refuses it)."""
+
+    function: Callable[[int], float]
+
+    def __call__(self, t: np.ndarray) -> np.ndarray:
+        return np.array([float(self.function(int(i))) for i in t], dtype=np.float64)
+
+    def to_config(self) -> None:
+        return None
+
+
+Schedule = Constant | InverseTime | PerExample
+
+
+def make_schedule(spec: Any) -> Schedule:
+    """Build a schedule from what a user may pass as ``learning_rate``.
+
+    Accepted: a positive number; ``{"schedule": "inverse_time", "scale": s, "cap": c}``;
+    a schedule object; or a callable of the 1-based example index.
+    """
+    if isinstance(spec, Constant | InverseTime | PerExample):
+        return spec
+    if isinstance(spec, bool):
+        raise ValueError(f"learning_rate must be a positive number, got {spec!r}")
+    if isinstance(spec, int | float):
+        if not np.isfinite(spec) or spec <= 0:
+            raise ValueError(f"learning_rate must be a positive finite number, got {spec!r}")
+        return Constant(float(spec))
+    if isinstance(spec, dict):
+        kind = spec.get("schedule")
+        if kind == "inverse_time":
+            unknown = set(spec) - {"schedule", "scale", "cap"}
+            if unknown:
+                raise ValueError(f"unknown learning_rate keys {sorted(unknown)}")
+            scale, cap = spec.get("scale"), spec.get("cap")
+            for key, value in (("scale", scale), ("cap", cap)):
+                if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                    raise ValueError(f"learning_rate.{key} must be a positive number")
+            return InverseTime(float(scale), float(cap))
+        raise ValueError(
+            "learning_rate dict must be {'schedule': 'inverse_time', 'scale': s, 'cap': c}, "
+            f"got {spec!r}"
+        )
+    if callable(spec):
+        return PerExample(spec)
+    raise ValueError(f"learning_rate must be a number, a schedule dict or a callable: {spec!r}")

@@ -1,0 +1,121 @@
+"""Snapshots as bytes: a small versioned JSON header followed by raw little-endian arrays.
+
+Layout::
+
+    b"GLNSNAP\\0"  | uint32 LE header length | header (UTF-8 JSON) | array bytes ...
+
+The header holds the format version, the model's configuration, counters, the name, dtype
+and shape of every array in payload order, and the SHA-256 of the payload. Loading checks all
+of it and never unpickles anything, so a snapshot from an untrusted store cannot run code.
+A snapshot taken on a GPU loads on a CPU-only machine and the other way round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gln.backend import to_numpy
+from gln.scaling import RunningMoments
+
+if TYPE_CHECKING:
+    from gln.model import GLN
+
+MAGIC = b"GLNSNAP\x00"
+FORMAT_VERSION = 1
+_LENGTH = struct.Struct("<I")
+
+
+class SnapshotFormatError(ValueError):
+    """The bytes are not a valid GLN snapshot (wrong magic, version, checksum or shapes)."""
+
+
+def _state_arrays(model: GLN) -> list[tuple[str, Any]]:
+    return [
+        ("normals", model.normals),
+        ("offsets", model.offsets),
+        ("moments_total", model.moments.total),
+        ("moments_total_sq", model.moments.total_sq),
+        *((f"weights_{i}", w) for i, w in enumerate(model.weights)),
+    ]
+
+
+def model_to_bytes(model: GLN) -> bytes:
+    """Serialise a model's configuration and state."""
+    arrays = [(name, np.ascontiguousarray(to_numpy(a))) for name, a in _state_arrays(model)]
+    payload = b"".join(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for _, a in arrays)
+    header = {
+        "format": "gln-snapshot",
+        "version": FORMAT_VERSION,
+        "config": model.config,
+        "examples_seen": model.examples_seen,
+        "moments_count": model.moments.count,
+        "arrays": [
+            {"name": name, "dtype": a.dtype.newbyteorder("<").str, "shape": list(a.shape)}
+            for name, a in arrays
+        ],
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+    }
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return MAGIC + _LENGTH.pack(len(encoded)) + encoded + payload
+
+
+def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
+    """The validated header and the payload of a snapshot."""
+    view = memoryview(blob)
+    if bytes(view[: len(MAGIC)]) != MAGIC:
+        raise SnapshotFormatError("not a GLN snapshot (bad magic bytes)")
+    start = len(MAGIC) + _LENGTH.size
+    if len(view) < start:
+        raise SnapshotFormatError("truncated GLN snapshot header")
+    (length,) = _LENGTH.unpack(view[len(MAGIC):start])
+    try:
+        header = json.loads(bytes(view[start:start + length]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SnapshotFormatError(f"corrupt GLN snapshot header: {error}") from None
+    if not isinstance(header, dict) or header.get("format") != "gln-snapshot":
+        raise SnapshotFormatError("not a GLN snapshot header")
+    if header.get("version") != FORMAT_VERSION:
+        raise SnapshotFormatError(
+            f"unsupported GLN snapshot version {header.get('version')!r} "
+            f"(this library reads version {FORMAT_VERSION})"
+        )
+    payload = view[start + length:]
+    if hashlib.sha256(payload).hexdigest() != header.get("payload_sha256"):
+        raise SnapshotFormatError("GLN snapshot checksum mismatch (corrupt or truncated)")
+    return header, payload
+
+
+def model_from_bytes(cls: type[GLN], blob: bytes, device: str | None = None) -> GLN:
+    """Rebuild a model; ``device`` overrides the device it was saved on."""
+    header, payload = read_header(blob)
+    config = dict(header["config"])
+    if device is not None:
+        config["device"] = device
+    model = cls(**config)
+    expected = {name: to_numpy(a) for name, a in _state_arrays(model)}
+    xp, offset, loaded = model._xp, 0, {}
+    for entry in header["arrays"]:
+        name, dtype, shape = entry["name"], np.dtype(entry["dtype"]), tuple(entry["shape"])
+        reference = expected.get(name)
+        if reference is None or reference.shape != shape or reference.dtype != dtype:
+            raise SnapshotFormatError(f"snapshot array {name!r} does not fit the configuration")
+        size = dtype.itemsize * int(np.prod(shape))
+        if offset + size > len(payload):
+            raise SnapshotFormatError("truncated GLN snapshot payload")
+        array = np.frombuffer(payload[offset:offset + size], dtype=dtype).reshape(shape)
+        loaded[name] = xp.asarray(array.astype(dtype.newbyteorder("="), copy=True))
+        offset += size
+    if set(loaded) != set(expected) or offset != len(payload):
+        raise SnapshotFormatError("GLN snapshot arrays do not match the configuration")
+    model.normals, model.offsets = loaded["normals"], loaded["offsets"]
+    model.moments = RunningMoments(
+        int(header["moments_count"]), loaded["moments_total"], loaded["moments_total_sq"]
+    )
+    model.weights = [loaded[f"weights_{i}"] for i in range(len(model.weights))]
+    model.examples_seen = int(header["examples_seen"])
+    return model

@@ -1,0 +1,50 @@
+"""Halfspace sampling and context signatures."""
+
+import numpy as np
+
+from gln.gating import context_indices, halfspace_bits, sample_halfspaces
+
+
+def test_normals_are_uniform_on_the_unit_sphere_and_offsets_normal():
+    rng = np.random.default_rng(0)
+    normals, offsets = sample_halfspaces(rng, 20000, 8, offset_scale=1.0)
+    assert normals.dtype == np.float32 and normals.shape == (20000, 8)
+    np.testing.assert_allclose(np.linalg.norm(normals, axis=1), 1.0, atol=1e-6)
+    # Uniform on the sphere: mean 0 and covariance I / d.
+    np.testing.assert_allclose(normals.mean(axis=0), 0.0, atol=0.01)
+    np.testing.assert_allclose(np.cov(normals.T), np.eye(8) / 8, atol=0.01)
+    assert abs(offsets.mean()) < 0.03 and abs(offsets.std() - 1.0) < 0.03
+    _, scaled = sample_halfspaces(np.random.default_rng(0), 20000, 8, offset_scale=0.05)
+    assert abs(scaled.std() - 0.05) < 0.002
+
+
+def test_context_index_is_the_m_bit_signature():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(40, 6)).astype(np.float32)
+    normals, offsets = sample_halfspaces(rng, 3 * 4, 6, 1.0)  # 3 neurons, m = 4
+    indices = context_indices(np, halfspace_bits(np, z, normals, offsets), 4)
+    assert indices.shape == (40, 3)
+    for t in range(40):
+        for k in range(3):
+            bits = [float(z[t].astype(np.float64) @ normals[4 * k + j]) >= offsets[4 * k + j]
+                    for j in range(4)]
+            assert indices[t, k] == sum(int(b) << j for j, b in enumerate(bits))
+
+
+def test_borderline_rows_get_the_same_decision_alone_or_in_a_batch():
+    """Points placed on a hyperplane (within float32 rounding) are decided exactly."""
+    rng = np.random.default_rng(2)
+    d = 300
+    normals, offsets = sample_halfspaces(rng, 16, d, 1.0)
+    z = rng.normal(size=(64, d))
+    # Move each row onto hyperplane (t mod 16): its margin is now pure rounding noise.
+    for t in range(64):
+        v = normals[t % 16].astype(np.float64)
+        z[t] += (offsets[t % 16] - z[t] @ v) * v
+    z = z.astype(np.float32)
+    batch = halfspace_bits(np, z, normals, offsets)
+    alone = np.concatenate([halfspace_bits(np, z[t:t + 1], normals, offsets) for t in range(64)])
+    assert np.array_equal(batch, alone)
+    exact = (z.astype(np.float64) @ normals.astype(np.float64).T) >= offsets.astype(np.float64)
+    borderline = [(t, t % 16) for t in range(64)]
+    assert all(batch[t, p] == exact[t, p] for t, p in borderline)

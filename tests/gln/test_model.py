@@ -1,0 +1,281 @@
+"""The public GLN API: exact sequential learning, validation, saliency, bytes, accuracy."""
+
+import math
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer, load_digits
+
+from gln import GLN, SnapshotFormatError
+
+
+def small_model(**overrides):
+    config = dict(num_features=6, num_classes=3, layer_sizes=(8, 4, 1), context_dim=3,
+                  learning_rate=0.05, seed=7)
+    config.update(overrides)
+    return GLN(**config)
+
+
+def stream(n=300, d=6, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * [1, 10, 0.1, 1, 5, 1][:d] + 3
+    y = (X[:, 0] + X[:, 3] > 6).astype(int) + (X[:, 1] > 30) * (classes > 2)
+    return X, np.minimum(y, classes - 1)
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+@pytest.mark.parametrize("input_scaling", ["standardize", "unit"])
+def test_chunked_learning_is_byte_identical_to_single_examples(use_kernels, input_scaling):
+    X, y = stream()
+    if input_scaling == "unit":
+        X = 1 / (1 + np.exp(-(X - 3)))
+    whole = small_model(use_kernels=use_kernels, input_scaling=input_scaling)
+    single = small_model(use_kernels=use_kernels, input_scaling=input_scaling)
+    p_whole = whole.learn(X, y)
+    p_single = np.concatenate([single.learn(X[i:i + 1], y[i:i + 1]) for i in range(len(X))])
+    assert np.array_equal(p_whole, p_single)
+    assert whole.to_bytes() == single.to_bytes()
+    assert whole.examples_seen == single.examples_seen == len(X)
+
+
+def test_chunks_larger_than_the_kernel_chunk_are_exact(monkeypatch):
+    import gln.model
+
+    monkeypatch.setattr(gln.model, "CHUNK_ROWS", 16)
+    X, y = stream(100)
+    a, b = small_model(), small_model()
+    a.learn(X, y)
+    for lo in range(0, 100, 37):
+        b.learn(X[lo:lo + 37], y[lo:lo + 37])
+    assert a.to_bytes() == b.to_bytes()
+
+
+def test_same_seed_same_bytes_other_seed_other_hyperplanes():
+    X, y = stream()
+    a, b, c = small_model(), small_model(), small_model(seed=8)
+    for model in (a, b, c):
+        model.learn(X, y)
+    assert a.to_bytes() == b.to_bytes()
+    assert not np.array_equal(a.normals, c.normals)
+
+
+def test_kernel_and_reference_agree_after_learning():
+    X, y = stream(500)
+    fast, reference = small_model(), small_model(use_kernels=False)
+    np.testing.assert_allclose(fast.learn(X, y), reference.learn(X, y), atol=1e-4)
+    for w_fast, w_ref in zip(fast.weights, reference.weights):
+        np.testing.assert_allclose(w_fast, w_ref, atol=1e-4)
+
+
+def test_prequential_predictions_equal_predict_proba_before_the_update():
+    X, y = stream(50)
+    model = small_model()
+    model.learn(X[:20], y[:20])
+    before = model.predict_proba(X[20:21])
+    assert np.array_equal(model.learn(X[20:21], y[20:21]), before)
+    assert not np.array_equal(model.predict_proba(X[20:21]), before)
+
+
+def test_probabilities_rows_sum_to_one_and_predict_is_argmax():
+    X, y = stream(100)
+    for classes in (2, 3):
+        model = small_model(num_classes=classes)
+        model.learn(X, np.minimum(y, classes - 1))
+        P = model.predict_proba(X)
+        assert P.shape == (100, classes)
+        np.testing.assert_allclose(P.sum(axis=1), 1.0)
+        assert np.array_equal(model.predict(X), P.argmax(axis=1))
+
+
+def test_predict_does_not_learn():
+    X, y = stream(50)
+    model = small_model()
+    model.learn(X, y)
+    blob = model.to_bytes()
+    model.predict_proba(X)
+    model.saliency(X[:3])
+    assert model.to_bytes() == blob
+
+
+def test_initial_weights_are_one_over_inputs_and_initial_prediction_uninformed():
+    model = small_model(num_classes=2)
+    assert [w.shape for w in model.weights] == [(1, 8, 8, 7), (1, 4, 8, 9), (1, 1, 8, 5)]
+    for w in model.weights:
+        assert np.all(w == np.float32(1 / w.shape[-1]))
+
+
+def test_learning_rate_schedule_counts_examples_not_layers():
+    """min(100/t, 0.01) with t the example count; the update size reveals the rate used."""
+    rates_seen = []
+
+    def rate(t):
+        rates_seen.append(t)
+        return 0.01
+
+    model = small_model(learning_rate=rate)
+    X, y = stream(10)
+    model.learn(X[:4], y[:4])
+    model.learn(X[4:7], y[4:7])
+    assert rates_seen == list(range(1, 8))
+    with pytest.raises(ValueError, match="callable"):
+        model.to_bytes()
+
+
+def test_inverse_time_schedule_changes_learning():
+    X, y = stream(200)
+    constant = small_model(learning_rate=0.01)
+    decayed = small_model(learning_rate={"schedule": "inverse_time", "scale": 1.0, "cap": 0.01})
+    constant.learn(X, y)
+    decayed.learn(X, y)
+    assert constant.to_bytes() != decayed.to_bytes()
+    assert decayed.config["learning_rate"] == {"schedule": "inverse_time", "scale": 1.0,
+                                               "cap": 0.01}
+
+
+BAD_FEATURES = [
+    (np.zeros((2, 5)), [0, 1], "6 features"),
+    (np.zeros(6), [0], "2-D"),
+    ([[0, 0, 0, 0, 0, float("nan")]], [0], "finite"),
+    ([[0, 0, 0, 0, 0, float("inf")]], [0], "finite"),
+    ([[0, 0, 0, 0, 0, 1e300]], [0], "finite"),
+    ([["a"] * 6], [0], "numbers"),
+]
+BAD_LABELS = [
+    (np.zeros((2, 6)), [0, 3], r"\[0, 3\)"),
+    (np.zeros((2, 6)), [0, -1], r"\[0, 3\)"),
+    (np.zeros((2, 6)), [0, 1.5], r"\[0, 3\)"),
+    (np.zeros((2, 6)), [0], "one label per row"),
+]
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "message", "bad_features"),
+    [(*case, True) for case in BAD_FEATURES] + [(*case, False) for case in BAD_LABELS],
+)
+def test_bad_input_raises_value_error_and_changes_nothing(X, y, message, bad_features):
+    model = small_model()
+    good_X, good_y = stream(30)
+    model.learn(good_X, good_y)
+    blob = model.to_bytes()
+    with pytest.raises(ValueError, match=message):
+        model.learn(X, y)
+    assert model.to_bytes() == blob
+    if bad_features:
+        with pytest.raises(ValueError, match=message):
+            model.predict_proba(X)
+
+
+def test_a_bad_row_late_in_a_large_batch_changes_nothing():
+    model = small_model()
+    X, y = stream(1000)
+    X[999, 2] = np.nan
+    blob = model.to_bytes()
+    with pytest.raises(ValueError, match="row 999"):
+        model.learn(X, y)
+    assert model.to_bytes() == blob and model.examples_seen == 0
+
+
+def test_constant_features_never_produce_nan():
+    model = small_model()
+    X = np.full((50, 6), 4.0)
+    P = model.learn(X, np.zeros(50, int))
+    assert np.isfinite(P).all()
+    assert all(np.isfinite(w).all() for w in model.weights)
+    assert np.isfinite(model.predict_proba(np.full((1, 6), 1e6))).all()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [({"num_features": 0}, "num_features"), ({"num_classes": 1}, "num_classes"),
+     ({"layer_sizes": (4, 2)}, "layer_sizes"), ({"layer_sizes": "41"}, "layer_sizes"),
+     ({"context_dim": 0}, "context_dim"), ({"learning_rate": -1}, "learning_rate"),
+     ({"learning_rate": {"schedule": "cosine"}}, "learning_rate"),
+     ({"pred_clip": 0.5}, "pred_clip"), ({"weight_clip": 0}, "weight_clip"),
+     ({"bias": 0.5}, "bias"), ({"bias": 0.999}, "bias"),
+     ({"input_scaling": "minmax"}, "input_scaling"), ({"device": "tpu"}, "device"),
+     ({"seed": 1.5}, "seed")],
+)
+def test_invalid_configuration_names_the_argument(overrides, name):
+    with pytest.raises(ValueError, match=name):
+        small_model(**overrides)
+
+
+@pytest.mark.parametrize("num_classes", [2, 3])
+def test_saliency_reproduces_the_output_where_nothing_is_clipped(num_classes):
+    """sigmoid(S . logit(p0) + bias_term) equals each GLN's output (paper, section 5)."""
+    X, y = stream(200)
+    model = small_model(num_classes=num_classes, pred_clip=1e-6, learning_rate=0.01)
+    model.learn(X, np.minimum(y, num_classes - 1))
+    rows = X[:20]
+    maps, bias_terms = model.saliency_terms(rows)
+    assert maps.shape == (20, num_classes, 6)
+    np.testing.assert_array_equal(model.saliency(rows), maps)
+    # logit(p0) for "standardize" scaling is the standardised feature (clipped at +-logit(eps)).
+    from gln.scaling import scale_inputs
+
+    m = model.moments
+    _, base_logits = scale_inputs(np, rows, np.full((1, 1), float(m.count)), m.total[None],
+                                  m.total_sq[None], mode="standardize", pred_clip=model.pred_clip,
+                                  min_std=model.min_std)
+    logits = np.einsum("tcd,td->tc", maps, base_logits.astype(np.float64)) + bias_terms
+    outputs = 1 / (1 + np.exp(-logits))
+    P = model.predict_proba(rows)
+    if num_classes == 2:
+        np.testing.assert_allclose(outputs[:, 1], P[:, 1], rtol=1e-4)
+        np.testing.assert_allclose(maps[:, 0], -maps[:, 1])
+    else:
+        np.testing.assert_allclose(outputs / outputs.sum(axis=1, keepdims=True), P, rtol=1e-4)
+
+
+def test_round_trip_through_bytes_preserves_everything():
+    X, y = stream()
+    model = small_model(learning_rate={"schedule": "inverse_time", "scale": 10, "cap": 0.05})
+    model.learn(X[:150], y[:150])
+    clone = GLN.from_bytes(model.to_bytes())
+    assert clone.config == model.config and clone.examples_seen == 150
+    assert np.array_equal(clone.predict_proba(X), model.predict_proba(X))
+    np.testing.assert_array_equal(clone.learn(X[150:], y[150:]), model.learn(X[150:], y[150:]))
+    assert clone.to_bytes() == model.to_bytes()
+
+
+def test_corrupt_or_foreign_bytes_are_rejected():
+    blob = small_model().to_bytes()
+    with pytest.raises(SnapshotFormatError, match="magic"):
+        GLN.from_bytes(b"PK\x03\x04" + blob)
+    with pytest.raises(SnapshotFormatError, match="checksum"):
+        GLN.from_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    with pytest.raises(SnapshotFormatError, match="checksum"):
+        GLN.from_bytes(blob[:-8])
+    future = blob.replace(b'"version":1', b'"version":9', 1)
+    with pytest.raises(SnapshotFormatError, match="version"):
+        GLN.from_bytes(future)
+
+
+def test_breast_cancer_single_pass_reaches_93_percent():
+    X, y = load_breast_cancer(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(X))
+    X, y = X[order], y[order]
+    split = int(0.8 * len(X))
+    model = GLN(num_features=30, num_classes=2, layer_sizes=(32, 32, 1), context_dim=4,
+                learning_rate=0.01, seed=0)
+    model.learn(X[:split], y[:split])
+    accuracy = (model.predict(X[split:]) == y[split:]).mean()
+    assert accuracy >= 0.93
+
+
+def test_digits_one_vs_all_learns_ten_classes():
+    X, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(X))
+    X, y = X[order] / 16.0, y[order]
+    model = GLN(num_features=64, num_classes=10, layer_sizes=(32, 1), context_dim=4,
+                learning_rate={"schedule": "inverse_time", "scale": 20, "cap": 0.05},
+                input_scaling="unit", seed=0)
+    model.learn(X[:1400], y[:1400])
+    assert (model.predict(X[1400:]) == y[1400:]).mean() >= 0.85
+
+
+def test_nbytes_counts_the_weights():
+    model = small_model()
+    weight_bytes = sum(w.nbytes for w in model.weights)
+    assert weight_bytes < model.nbytes < weight_bytes + model.normals.nbytes + 1000
+    assert math.isclose(model.bias, 1 / (1 + math.exp(-1)))  # logit(beta) = 1
