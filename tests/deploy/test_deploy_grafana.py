@@ -1,0 +1,131 @@
+"""The Grafana provisioning and the GLN dashboard: data source, variable, panels, units.
+
+Whether the metric names the panels query are really exported is checked against the running
+app in test_deploy_metrics.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+# Panels the dashboard must have: title -> (unit, regexes every one of which some expression
+# of the panel matches, whitespace collapsed).
+RATE = r"\[\$__rate_interval\]"
+REQUIRED_PANELS: dict[str, tuple[str, list[str]]] = {
+    "Online log loss per model": ("suffix: nats", [
+        rf"sum by \(model\) \(rate\(gln_prequential_log_loss_nats_total\{{[^}}]*\}}{RATE}\)\) "
+        rf"/ sum by \(model\) \(rate\(gln_examples_learned_total\{{[^}}]*\}}{RATE}\)\)",
+    ]),
+    "Online accuracy per model": ("percentunit", [
+        rf"sum by \(model\) \(rate\(gln_prequential_correct_total\{{[^}}]*\}}{RATE}\)\) "
+        rf"/ sum by \(model\) \(rate\(gln_examples_learned_total\{{[^}}]*\}}{RATE}\)\)",
+    ]),
+    "Examples learned and predicted / s per model": ("short", [
+        rf"sum by \(model\) \(rate\(gln_examples_learned_total\{{[^}}]*\}}{RATE}\)\)",
+    ]),
+    "Learn and predict requests / s by route and status": ("reqps", [
+        r"sum by \(route, status\) \(rate\(gln_http_requests_total"
+        r"\{route=~\"[^\"]*learn[^\"]*\"\}",
+    ]),
+    "Latency p50 / p90 / p99 per route": ("s", [
+        rf"histogram_quantile\(0\.{q}, sum by \(route, le\) "
+        rf"\(rate\(gln_http_request_duration_seconds_bucket\{{[^}}]*\}}{RATE}\)\)\)"
+        for q in ("5", "9", "99")
+    ]),
+    "Snapshot age per model": ("s", [
+        r"time\(\) - gln_snapshot_last_success_timestamp_seconds",
+    ]),
+    "Model size": ("bytes", [r"gln_model_bytes"]),
+    "Models loaded": ("none", [r"gln_models_loaded"]),
+    "Snapshot duration": ("s", [r"gln_snapshot_duration_seconds_(bucket|sum|count)"]),
+}
+
+PER_MODEL_METRICS = re.compile(
+    r"gln_(examples_learned_total|examples_predicted_total|prequential_\w+_total|model_bytes"
+    r"|snapshot_bytes|snapshot_last_success_timestamp_seconds)\{"
+)
+
+
+def _squash(expr: str) -> str:
+    return " ".join(expr.split())
+
+
+def _exprs(panel: dict[str, Any]) -> list[str]:
+    return [_squash(t["expr"]) for t in panel.get("targets", [])]
+
+
+@pytest.fixture(scope="session")
+def datasource_uid(datasources: dict[str, Any]) -> str:
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus"
+    return source["uid"]
+
+
+def test_datasource_has_a_fixed_uid(datasource_uid: str) -> None:
+    assert datasource_uid == "prometheus"
+
+
+def test_dashboard_provider_reads_files(dashboard_providers: dict[str, Any]) -> None:
+    (provider,) = dashboard_providers["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"]
+
+
+def test_model_variable(dashboard: dict[str, Any], datasource_uid: str) -> None:
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "model"]
+    query = variable["query"]
+    query = query["query"] if isinstance(query, dict) else query
+    assert query == "label_values(gln_examples_learned_total, model)"
+    assert variable["datasource"]["uid"] == datasource_uid
+
+
+@pytest.mark.parametrize("title", sorted(REQUIRED_PANELS))
+def test_required_panel(title: str, panels: list[dict[str, Any]]) -> None:
+    unit, patterns = REQUIRED_PANELS[title]
+    (panel,) = [p for p in panels if p["title"] == title]
+    assert panel["fieldConfig"]["defaults"]["unit"] == unit
+    exprs = _exprs(panel)
+    for pattern in patterns:
+        assert any(re.search(pattern, e) for e in exprs), f"{title}: nothing matches {pattern}"
+
+
+def test_every_panel_uses_the_provisioned_datasource(
+    panels: list[dict[str, Any]], datasource_uid: str
+) -> None:
+    for panel in panels:
+        assert panel["datasource"]["uid"] == datasource_uid, panel["title"]
+        assert panel["targets"], f"{panel['title']} has no query"
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == datasource_uid, panel["title"]
+
+
+def test_per_model_queries_follow_the_model_variable(panels: list[dict[str, Any]]) -> None:
+    for panel in panels:
+        if panel["type"] == "row" or "instance" in panel["title"]:
+            continue
+        for expr in _exprs(panel):
+            for match in PER_MODEL_METRICS.finditer(expr):
+                selector = expr[match.end() - 1: expr.index("}", match.end())]
+                assert 'model=~"$model"' in selector, f"{panel['title']}: {expr}"
+
+
+def test_layout_has_unique_ids_and_no_overlaps(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = panel["title"]
+
+
+def test_dashboard_identity(dashboard: dict[str, Any]) -> None:
+    # docs/deploy.md names the dashboard by title; links use the uid.
+    assert dashboard["uid"] == "gln-service"
+    assert dashboard["title"] == "GLN service"
