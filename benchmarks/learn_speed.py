@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     tail = slice(8, 8 + args.plain_examples)
     expected = checked.learn(X[tail], y[tail])
     start = time.perf_counter()
-    plain_outputs = np.array([peer.learn_one(x, int(label)) for x, label in zip(X[tail], y[tail])])
+    rows = zip(X[tail], y[tail], strict=True)
+    plain_outputs = np.array([peer.learn_one(x, int(label)) for x, label in rows])
     plain_rate = args.plain_examples / (time.perf_counter() - start)
     q = plain_outputs.astype(np.float64)
     plain_probs = q / q.sum(axis=1, keepdims=True) if args.classes > 2 else None

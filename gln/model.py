@@ -95,7 +95,9 @@ class GLN:
             raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
         self.offset_scale = _float_in("offset_scale", offset_scale, 0.0, math.inf, closed=True)
         if input_scaling not in INPUT_SCALINGS:
-            raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {input_scaling!r}")
+            raise ValueError(
+                f"input_scaling must be one of {INPUT_SCALINGS}, got {input_scaling!r}"
+            )
         self.input_scaling = input_scaling
         self.min_std = _float_in("min_std", min_std, 0.0, math.inf)
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
@@ -294,7 +296,8 @@ class GLN:
                                   self.context_dim)  # (n, G * sum(K))
         indices = indices.reshape(z.shape[0], self.num_glns, sum(self.layer_sizes))
         bounds = np.cumsum([0, *self.layer_sizes])
-        return [xp.ascontiguousarray(indices[:, :, a:b]) for a, b in zip(bounds, bounds[1:])]
+        layers = zip(bounds[:-1], bounds[1:], strict=True)
+        return [xp.ascontiguousarray(indices[:, :, a:b]) for a, b in layers]
 
     def _run_chunk(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """One chunk through the network; learns when labels are given. Returns (n, G)."""

@@ -19,4 +19,8 @@ def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
         from gln.kernels.cpu import cpu_layer_pass  # noqa: PLC0415 - compiles on first use
 
         return cpu_layer_pass
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415 - needs CuPy
+
+        return cuda_layer_pass
     return reference_layer_pass(xp)

@@ -63,7 +63,7 @@ def test_kernel_and_reference_agree_after_learning():
     X, y = stream(500)
     fast, reference = small_model(), small_model(use_kernels=False)
     np.testing.assert_allclose(fast.learn(X, y), reference.learn(X, y), atol=1e-4)
-    for w_fast, w_ref in zip(fast.weights, reference.weights):
+    for w_fast, w_ref in zip(fast.weights, reference.weights, strict=True):
         np.testing.assert_allclose(w_fast, w_ref, atol=1e-4)
 
 
