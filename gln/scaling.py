@@ -23,6 +23,7 @@ Two modes (``input_scaling``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -46,6 +47,10 @@ def moments_before_each_row(
 
     Returns counts (n, 1), sums (n, d), sums of squares (n, d) and the updated moments.
     """
+    if xp.__name__ == "cupy":  # CuPy's cumsum is a parallel scan; keep the sequential fold
+        from gln.kernels.cuda import moments_before_each_row as sequential  # noqa: PLC0415
+
+        return sequential(moments, x64)
     n = x64.shape[0]
     sums = xp.cumsum(xp.concatenate([moments.total[None, :], x64]), axis=0)
     sums_sq = xp.cumsum(xp.concatenate([moments.total_sq[None, :], x64 * x64]), axis=0)
@@ -71,7 +76,7 @@ def scale_inputs(
     mean = xp.where(seen, sums / safe_counts, 0.0)
     variance = xp.where(seen, xp.maximum(sums_sq / safe_counts - mean * mean, 0.0), 1.0)
     centred = x64 - mean
-    logit_cap = float(xp.log((1.0 - pred_clip) / pred_clip))
+    logit_cap = math.log((1.0 - pred_clip) / pred_clip)
     if mode == "standardize":
         z = centred / xp.maximum(xp.sqrt(variance), min_std)
         base_logits = xp.clip(z, -logit_cap, logit_cap)

@@ -279,3 +279,19 @@ def test_nbytes_counts_the_weights():
     weight_bytes = sum(w.nbytes for w in model.weights)
     assert weight_bytes < model.nbytes < weight_bytes + model.normals.nbytes + 1000
     assert math.isclose(model.bias, 1 / (1 + math.exp(-1)))  # logit(beta) = 1
+
+
+def test_the_cpu_path_never_imports_cupy():
+    """CuPy is an optional extra: learning, predicting and saving on the CPU must not load it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from gln import GLN\n"
+        "m = GLN(num_features=3, num_classes=3, layer_sizes=(4, 1), device='cpu')\n"
+        "m.learn(np.ones((5, 3)), [0, 1, 2, 0, 1]); m.predict(np.ones((2, 3)))\n"
+        "GLN.from_bytes(m.to_bytes()); m.saliency(np.ones((1, 3)))\n"
+        "assert 'cupy' not in sys.modules, 'cupy was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,0 +1,194 @@
+"""GPU speed of exact online learning, side by side with the plain per-example CuPy path.
+
+    python benchmarks/gpu_learn.py                        # random MNIST-shaped data
+    python benchmarks/gpu_learn.py --data-dir DIR         # MNIST's training images
+                                                          # (or set GLN_DATA_DIR)
+
+The network is the paper's MNIST one: 784 features, 10 classes, [128, 128, 1], context
+dimension 4. Prints one JSON line per measurement, each naming the device:
+
+* ``layer_pass``: one launch of the CUDA layer pass alone (CUDA events, median of repeats) for
+  each layer shape, kernel (streaming / resident), learn or predict, and chunk length;
+* ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
+  coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
+  in CuPy, one example at a time);
+* ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows;
+* ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds;
+* ``agreement``: whether both implementations predicted the same stream alike.
+
+Targets (issue): learn >= 100k examples/s, predict >= 1M examples/s, single-example learn
+latency <= 200 us on an H100. Needs CuPy and a GPU; run it through the device tool (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gln.model  # noqa: E402
+from gln import GLN  # noqa: E402
+
+NETWORK = dict(num_features=784, num_classes=10, layer_sizes=(128, 128, 1), context_dim=4,
+               learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01},
+               input_scaling="unit", seed=0)
+
+
+def emit(record: dict, device: str) -> None:
+    print(json.dumps({"benchmark": "gpu_learn", "device": device, **record}), flush=True)
+
+
+def load_data(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """``n`` rows of pixels in [0, 1] (MNIST's training set, repeated if needed, or random)."""
+    directory = args.data_dir or os.environ.get("GLN_DATA_DIR")
+    if directory:
+        from benchmarks.mnist import load_mnist  # noqa: PLC0415
+
+        images, labels = load_mnist(Path(directory), "train")
+        X = images.reshape(len(images), -1).astype(np.float32) / 255.0
+        repeats = -(-n // len(X))
+        return np.tile(X, (repeats, 1))[:n], np.tile(labels, repeats)[:n], "mnist"
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (n, 784)).astype(np.float32)
+    return X, rng.integers(0, 10, n), "random"
+
+
+def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
+    """Each layer shape of the network through one launch, per kernel and chunk length."""
+    from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
+
+    rng = np.random.default_rng(1)
+    shapes = [("784->128", 10, 128, 785, 1), ("128->128", 10, 128, 129, 10),
+              ("128->1", 10, 1, 129, 10)]
+    for name, glns, neurons, inputs, groups in shapes:
+        weights = cp.asarray(rng.uniform(-0.1, 0.1, (glns, neurons, 16, inputs)), cp.float32)
+        for n in args.layer_rows:
+            contexts = cp.asarray(rng.integers(0, 16, (n, glns, neurons)), cp.int32)
+            x = cp.asarray(rng.normal(0, 2, (n, groups, inputs)), cp.float32)
+            targets = cp.asarray(rng.integers(0, 2, (n, glns)), cp.float32)
+            rates = cp.full(n, 1e-3, cp.float32)
+            probs = cp.empty((n, glns, neurons), cp.float32)
+            arrays = (weights, contexts, x, targets, rates)
+            for mode, learn in (("streaming", True), ("resident", True), ("streaming", False)):
+                def launch(arrays=arrays, probs=probs, mode=mode, learn=learn):
+                    cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode)
+
+                seconds = median_event_seconds(cp, launch, args.repeats)
+                active = n * glns * neurons * inputs * 4 * (2 if learn else 1)
+                emit({"measure": "layer_pass", "layer": name, "kernel": mode, "learn": learn,
+                      "rows": n, "microseconds": seconds * 1e6,
+                      "examples_per_second": n / seconds,
+                      "active_weight_bytes_per_second": active / seconds}, device)
+
+
+def median_event_seconds(cp, fn, repeats: int) -> float:
+    fn()  # compile and warm up
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+    return float(np.median(times))
+
+
+def learn_rate(model: GLN, X: np.ndarray, y: np.ndarray, chunk: int) -> tuple[float, np.ndarray]:
+    outputs = []
+    start = time.perf_counter()
+    for lo in range(0, len(X), chunk):
+        outputs.append(model.learn(X[lo:lo + chunk], y[lo:lo + chunk]))  # returns host arrays
+    return len(X) / (time.perf_counter() - start), np.concatenate(outputs)
+
+
+def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
+    start = time.perf_counter()
+    for lo in range(0, len(X), chunk):
+        model.predict_proba(X[lo:lo + chunk])
+    return len(X) / (time.perf_counter() - start)
+
+
+def latency_us(model: GLN, X: np.ndarray, y: np.ndarray, calls: int) -> dict:
+    times = []
+    for t in range(calls):
+        start = time.perf_counter()
+        model.learn(X[t:t + 1], y[t:t + 1])
+        times.append(time.perf_counter() - start)
+    us = np.array(times) * 1e6
+    return {"median_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
+            "calls": calls}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+    parser.add_argument("--examples", type=int, default=60_000, help="rows learned, kernels")
+    parser.add_argument("--plain-examples", type=int, default=2_000,
+                        help="rows learned by the plain per-example CuPy path")
+    parser.add_argument("--chunk", type=int, default=4096, help="rows per learn/predict call")
+    parser.add_argument("--latency-calls", type=int, default=1000)
+    parser.add_argument("--plain-latency-calls", type=int, default=200)
+    parser.add_argument("--model-chunk-rows", type=int, default=None,
+                        help="override gln.model.CHUNK_ROWS (rows per kernel launch) for the run")
+    parser.add_argument("--layer-rows", type=lambda s: [int(v) for v in s.split(",")],
+                        default=[1, 32, 256, 4096], help="chunk lengths for layer_pass timings")
+    parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
+    parser.add_argument("--skip-layer-passes", action="store_true")
+    args = parser.parse_args(argv)
+
+    import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    device = device.decode() if isinstance(device, bytes) else str(device)
+    if args.model_chunk_rows:
+        gln.model.CHUNK_ROWS = args.model_chunk_rows
+    common = {"model_chunk_rows": gln.model.CHUNK_ROWS, "call_rows": args.chunk}
+
+    if not args.skip_layer_passes:
+        time_layer_passes(cp, args, device)
+
+    total = max(args.examples, args.plain_examples) + args.latency_calls + args.chunk
+    X, y, data = load_data(args, total)
+    common["data"] = data
+    tail = slice(len(X) - args.latency_calls - args.chunk, None)  # unseen rows for latency
+
+    for name, use_kernels, n_learn, n_latency in (
+        ("kernels", True, args.examples, args.latency_calls),
+        ("plain_cupy", False, args.plain_examples, args.plain_latency_calls),
+    ):
+        warm = GLN(**NETWORK, device="cuda", use_kernels=use_kernels)  # compiles every kernel
+        warm.learn(X[:args.chunk], y[:args.chunk])
+        warm.learn(X[:1], y[:1])
+        warm.predict_proba(X[:args.chunk])
+
+        model = GLN(**NETWORK, device="cuda", use_kernels=use_kernels)
+        rate, outputs = learn_rate(model, X[:n_learn], y[:n_learn], args.chunk)
+        accuracy = float((outputs.argmax(axis=1) == y[:n_learn]).mean())
+        emit({"measure": "learn", "implementation": name, "examples": n_learn,
+              "examples_per_second": rate, "prequential_accuracy": accuracy, **common}, device)
+        if name == "kernels":
+            kernel_outputs = outputs
+        else:
+            rows = min(n_learn, len(kernel_outputs))  # the same stream from the same state
+            agree = float(np.abs(outputs[:rows] - kernel_outputs[:rows]).max())
+            emit({"measure": "agreement", "rows": rows, "max_abs_difference": agree,
+                  "agree": agree < 1e-3}, device)
+
+        predict_rows = X[:max(n_learn, args.chunk)]
+        emit({"measure": "predict", "implementation": name, "examples": len(predict_rows),
+              "examples_per_second": predict_rate(model, predict_rows, args.chunk), **common},
+             device)
+        emit({"measure": "learn_latency", "implementation": name,
+              **latency_us(model, X[tail], y[tail], n_latency)}, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The CUDA kernels: Algorithm 1 for one layer over a chunk, and the running input moments.
+
+The sources (``layer_pass.cu``, ``moments.cu`` beside this file) are compiled by CuPy's
+``RawModule`` (NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md`` for the
+design; in short:
+
+* one warp owns one neuron and runs it through every example of the chunk in order, so a layer
+  over a chunk is one launch and equals strict per-example learning;
+* every floating-point operation in the kernels is explicitly rounded and every sum has a
+  fixed order, so results do not depend on the chunk length or on which kernel ran: learning a
+  chunk equals learning its rows one call at a time, byte for byte;
+* two kernels share that per-example code: *streaming* (the active row read from and written
+  to global memory per example; short chunks and prediction) and *resident* (the neuron's 2^m
+  rows held in shared memory for the whole chunk; long chunks).
+
+CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
+used and tested without it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from gln.network import reference_layer_pass
+from gln.scaling import RunningMoments
+
+WARP = 32
+STREAM_WARPS = 4  # neurons (warps) per block of the streaming kernel: GLN_STREAM_WARPS
+MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take the reference pass
+MAX_INPUTS = WARP * MAX_PER_LANE
+# Chunks at least this long learn with the rows in shared memory (when they fit): the copy in
+# and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
+# memory. A guess from the byte counts in docs/gpu.md, to be tuned on the H100.
+RESIDENT_MIN_ROWS = 32
+# Prediction writes nothing, so a neuron's examples are split over warps of this many rows.
+PREDICT_ROWS_PER_WARP = 32
+_MAX_GRID_Y = 65535
+# No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
+# rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
+COMPILE_OPTIONS = ("--fmad=false",)
+_SOURCES = Path(__file__).resolve().parent
+STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
+MODES = ("auto", "streaming", "resident")
+
+
+@dataclass(frozen=True)
+class LayerLaunch:
+    """How one layer pass is launched: kernel name, grid, block, shared memory, macros."""
+
+    kernel: str
+    grid: tuple[int, int]
+    block: tuple[int]
+    shared_bytes: int
+    per_lane: int
+    rows_per_warp: int
+
+
+def per_lane(num_inputs: int) -> int:
+    """Elements of a row each lane owns: ceil(I / 32) (the ``GLN_PER_LANE`` macro)."""
+    return -(-num_inputs // WARP)
+
+
+def plan_layer_launch(
+    weights_shape: tuple[int, int, int, int],
+    n: int,
+    learn: bool,
+    max_shared_bytes: int,
+    mode: str = "auto",
+) -> LayerLaunch:
+    """Choose the kernel and its launch shape for a layer of ``weights_shape`` over n rows.
+
+    ``mode`` forces ``"streaming"`` or ``"resident"`` (tests and benchmarks); ``"auto"`` picks
+    resident when learning at least ``RESIDENT_MIN_ROWS`` rows and the neuron's rows fit in
+    ``max_shared_bytes`` of shared memory. Both give the same bytes.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    num_glns, num_neurons, num_contexts, num_inputs = weights_shape
+    if not 1 <= num_inputs <= MAX_INPUTS:
+        raise ValueError(f"the CUDA layer pass takes 1 to {MAX_INPUTS} inputs, got {num_inputs}")
+    if num_contexts < 1 or num_contexts & (num_contexts - 1):
+        raise ValueError(f"contexts per neuron must be a power of two, got {num_contexts}")
+    neurons = num_glns * num_neurons
+    shared_bytes = num_contexts * num_inputs * 4
+    fits = shared_bytes <= max_shared_bytes
+    if mode == "resident" and not fits:
+        raise ValueError(
+            f"a neuron's rows ({shared_bytes} bytes) exceed the shared memory ({max_shared_bytes})"
+        )
+    resident = mode == "resident" or (
+        mode == "auto" and learn and n >= RESIDENT_MIN_ROWS and fits
+    )
+    lanes = per_lane(num_inputs)
+    if resident:
+        return LayerLaunch(RESIDENT, (neurons, 1), (WARP,), shared_bytes, lanes, max(n, 1))
+    # Learning must keep each neuron on one warp (its updates are sequential); prediction
+    # may split the examples since no weight changes.
+    rows = max(n, 1) if learn else max(PREDICT_ROWS_PER_WARP, -(-n // _MAX_GRID_Y))
+    grid = (-(-neurons // STREAM_WARPS), max(1, -(-n // rows)))
+    return LayerLaunch(STREAMING, grid, (WARP * STREAM_WARPS,), 0, lanes, rows)
+
+
+def layer_kernel_args(
+    weights: Any, contexts: Any, inputs: Any, targets: Any, rates: Any, probs: Any,
+    pred_clip: float, weight_clip: float, learn: bool, rows_per_warp: int,
+) -> tuple:
+    """The kernels' arguments, in their order, with the C types they expect."""
+    num_glns, num_neurons, num_contexts, num_inputs = weights.shape
+    return (
+        weights, contexts, inputs, targets, rates, probs,
+        np.int32(contexts.shape[0]), np.int32(num_glns), np.int32(num_neurons),
+        np.int32(num_contexts), np.int32(num_inputs), np.int32(inputs.shape[1]),
+        # The reference clips a float32 p with Python floats: both bounds round to float32.
+        np.float32(pred_clip), np.float32(1.0 - pred_clip), np.float32(weight_clip),
+        np.int32(bool(learn)), np.int32(rows_per_warp),
+    )
+
+
+def check_layer_arrays(weights, contexts, inputs, targets, rates, probs) -> None:
+    """Raise ``ValueError`` unless the arrays have the contract's dtypes, shapes and layout."""
+    if len(weights.shape) != 4:
+        raise ValueError(f"weights must be (G, K, S, I), got shape {weights.shape}")
+    num_glns, num_neurons, _, num_inputs = weights.shape
+    n = contexts.shape[0] if len(contexts.shape) == 3 else -1
+    expected = {
+        "weights": (weights, np.float32, tuple(weights.shape)),
+        "contexts": (contexts, np.int32, (n, num_glns, num_neurons)),
+        "inputs": (inputs, np.float32, (n, inputs.shape[1] if len(inputs.shape) == 3 else -1,
+                                        num_inputs)),
+        "targets": (targets, np.float32, (n, num_glns)),
+        "rates": (rates, np.float32, (n,)),
+        "probs": (probs, np.float32, (n, num_glns, num_neurons)),
+    }
+    for name, (array, dtype, shape) in expected.items():
+        if array.dtype != dtype or tuple(array.shape) != shape:
+            raise ValueError(
+                f"{name} must be {np.dtype(dtype).name} of shape {shape}, got "
+                f"{array.dtype} of shape {tuple(array.shape)}"
+            )
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    if inputs.shape[1] not in (1, num_glns):
+        raise ValueError(f"inputs' middle axis must be 1 or {num_glns}, got {inputs.shape[1]}")
+
+
+def _cupy() -> ModuleType:
+    import cupy  # noqa: PLC0415 - optional dependency, imported only to launch
+
+    return cupy
+
+
+@functools.cache
+def _source(name: str) -> str:
+    return (_SOURCES / name).read_text()
+
+
+@functools.cache
+def _layer_module(lanes: int) -> Any:
+    """The layer-pass module compiled for rows of ``lanes`` elements per lane."""
+    return _cupy().RawModule(
+        code=_source("layer_pass.cu"), options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}")
+    )
+
+
+@functools.cache
+def _layer_kernel(lanes: int, name: str) -> Any:
+    return _layer_module(lanes).get_function(name)
+
+
+@functools.cache
+def _moments_kernel() -> Any:
+    module = _cupy().RawModule(code=_source("moments.cu"), options=COMPILE_OPTIONS)
+    return module.get_function("gln_running_moments")
+
+
+@functools.cache
+def _max_shared_bytes(device_id: int) -> int:
+    """Dynamic shared memory one block may opt into on this device (227 KB on Hopper)."""
+    runtime = _cupy().cuda.runtime
+    return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                          device_id))
+
+
+_shared_limit_set: dict[tuple[int, int, str], int] = {}
+
+
+def _kernel(launch: LayerLaunch, device_id: int) -> Any:
+    kernel = _layer_kernel(launch.per_lane, launch.kernel)
+    key = (device_id, launch.per_lane, launch.kernel)
+    if launch.shared_bytes > _shared_limit_set.get(key, 48 * 1024):
+        kernel.max_dynamic_shared_size_bytes = launch.shared_bytes  # opt in beyond 48 KB
+        _shared_limit_set[key] = launch.shared_bytes
+    return kernel
+
+
+def cuda_layer_pass(
+    weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs,
+    mode: str = "auto",
+) -> None:
+    """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
+
+    One launch per call. ``mode`` forces a kernel (``"streaming"`` or ``"resident"``); both
+    give the same bytes. Layers wider than ``MAX_INPUTS`` inputs take the reference pass.
+    """
+    check_layer_arrays(weights, contexts, inputs, targets, rates, probs)
+    n = contexts.shape[0]
+    if n == 0:
+        return
+    if weights.shape[3] > MAX_INPUTS:
+        reference_layer_pass(_cupy())(
+            weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs
+        )
+        return
+    device_id = weights.device.id
+    launch = plan_layer_launch(
+        tuple(weights.shape), n, bool(learn), _max_shared_bytes(device_id), mode
+    )
+    args = layer_kernel_args(
+        weights, contexts, inputs, targets, rates, probs, pred_clip, weight_clip, learn,
+        launch.rows_per_warp,
+    )
+    _kernel(launch, device_id)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+
+def moments_before_each_row(
+    moments: RunningMoments, x64: Any
+) -> tuple[Any, Any, Any, RunningMoments]:
+    """``gln.scaling.moments_before_each_row`` on the GPU, bit for bit NumPy's sequential fold.
+
+    Returns counts (n, 1), sums (n, d) and sums of squares (n, d) before each row, and the
+    moments after the chunk.
+    """
+    cp = _cupy()
+    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
+    n, d = x64.shape
+    total = cp.ascontiguousarray(moments.total, dtype=cp.float64)
+    total_sq = cp.ascontiguousarray(moments.total_sq, dtype=cp.float64)
+    sums = cp.empty((n, d), dtype=cp.float64)
+    sums_sq = cp.empty((n, d), dtype=cp.float64)
+    after_total = cp.empty(d, dtype=cp.float64)
+    after_total_sq = cp.empty(d, dtype=cp.float64)
+    if d:
+        threads = 128  # __launch_bounds__ of gln_running_moments
+        _moments_kernel()(
+            (-(-d // threads),), (threads,),
+            (x64, total, total_sq, sums, sums_sq, after_total, after_total_sq,
+             np.int32(n), np.int32(d)),
+        )
+    counts = (moments.count + cp.arange(n, dtype=cp.float64))[:, None]
+    return counts, sums, sums_sq, RunningMoments(moments.count + n, after_total, after_total_sq)

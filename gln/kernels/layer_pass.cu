@@ -1,0 +1,346 @@
+// Algorithm 1 for one layer of Gated Linear Networks over a chunk of examples, on the GPU.
+//
+// Contract: gln.network.LayerPass (the same arguments and meaning as gln.kernels.cpu).
+//   weights  (G, K, S, I) float32, updated in place; row w[g, k, c] is neuron (g, k) in context c
+//   contexts (n, G, K) int32; inputs (n, 1 or G, I) float32 (bias logit first)
+//   targets  (n, G) float32; rates (n,) float32; probs (n, G, K) float32, written
+// For each example t in order and each neuron (g, k) with c = contexts[t, g, k]:
+//   p       = clip(sigmoid(w[g, k, c] . x_t), lo, hi)
+//   w[g,k,c] = clip(w[g, k, c] - rate_t * (p - target_t) * x_t, -bound, bound)   (when learning)
+//
+// Shape of the work: one warp owns one neuron and runs it through every example of its range,
+// in order. A neuron at step t depends only on its own weights, the layer's inputs at t and the
+// target, so neurons need no synchronisation and the layer over a chunk is a single launch.
+// Lane l owns the elements j = l + 32 i (i < GLN_PER_LANE) of every row of its neuron: it is the
+// only thread that ever reads or writes them, so program order alone makes each update visible
+// to the next example that selects the same row.
+//
+// Exact and deterministic: every floating-point operation is an explicitly rounded intrinsic
+// (fmaf, __fadd_rn, ...; the module is also compiled with --fmad=false), the per-lane partial
+// sums have a fixed order and the warp reduction is a fixed butterfly. An example's result
+// therefore depends only on I, the row and the input, never on n, on which kernel ran it, or on
+// how a stream was cut into chunks: learning a chunk equals learning its rows one call at a time,
+// byte for byte.
+//
+// Two kernels share that per-example code (run_neuron):
+//   gln_layer_pass_streaming: the active row is read from and written back to global memory
+//     for every example (the next example's row and input are loaded while the current one is
+//     mixed). Best for short chunks; the only choice for prediction, which also splits the
+//     examples of a neuron over several warps (rows_per_warp), since nothing is written.
+//   gln_layer_pass_resident: the neuron's 2^m rows are copied to shared memory once (cp.async),
+//     the chunk runs against them, and they are written back once. Weight traffic per chunk is
+//     then 2 x S x I x 4 bytes per neuron instead of 2 x I x 4 bytes per example.
+//
+// GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
+// and an input live in registers.
+
+#ifndef GLN_PER_LANE
+#define GLN_PER_LANE 25  // I = 785: MNIST's first layer (784 pixels and the bias)
+#endif
+
+// Prefetching the next row and input doubles the register arrays; beyond 32 per lane it would
+// spill, so wide layers load after the store instead (same arithmetic, more latency).
+#ifndef GLN_PREFETCH
+#define GLN_PREFETCH (GLN_PER_LANE <= 32)
+#endif
+
+#define GLN_WARP 32
+#define GLN_FULL_MASK 0xffffffffu
+#define GLN_STREAM_WARPS 4  // warps (neurons) per block of the streaming kernel
+
+#ifndef GLN_HOST_EMULATION
+// Dynamic shared memory of the resident kernel, 16-byte aligned for cp.async.
+__device__ __forceinline__ float* dynamic_shared_floats() {
+    extern __shared__ float4 gln_dynamic_shared[];
+    return reinterpret_cast<float*>(gln_dynamic_shared);
+}
+#endif
+
+// Sum over the warp by a fixed butterfly. IEEE addition is commutative, so at every step
+// partner lanes compute the same value and all 32 lanes end with bitwise the same sum.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = GLN_WARP / 2; offset > 0; offset >>= 1) {
+        v = __fadd_rn(v, __shfl_xor_sync(GLN_FULL_MASK, v, offset));
+    }
+    return v;
+}
+
+// A lane's elements of a weight row (shared or global memory); zeros past the end.
+__device__ __forceinline__ void load_row(float (&r)[GLN_PER_LANE], const float* row, int lane,
+                                         int num_inputs) {
+#pragma unroll
+    for (int i = 0; i < GLN_PER_LANE; ++i) {
+        const int j = lane + GLN_WARP * i;
+        r[i] = j < num_inputs ? row[j] : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void store_row(float* row, const float (&r)[GLN_PER_LANE], int lane,
+                                          int num_inputs) {
+#pragma unroll
+    for (int i = 0; i < GLN_PER_LANE; ++i) {
+        const int j = lane + GLN_WARP * i;
+        if (j < num_inputs) row[j] = r[i];
+    }
+}
+
+// A lane's elements of an input row: read-only for the whole launch, so through the
+// read-only cache (every neuron of a GLN reads the same row).
+__device__ __forceinline__ void load_input(float (&r)[GLN_PER_LANE],
+                                           const float* __restrict__ row, int lane,
+                                           int num_inputs) {
+#pragma unroll
+    for (int i = 0; i < GLN_PER_LANE; ++i) {
+        const int j = lane + GLN_WARP * i;
+        r[i] = j < num_inputs ? __ldg(row + j) : 0.0f;
+    }
+}
+
+// Lines 10-13 of Algorithm 1 for one neuron and one example: geometric mixing, clipping, and
+// (when learning) the gradient step and projection, in registers. Returns p on every lane.
+__device__ __forceinline__ float mix_and_learn(float (&w)[GLN_PER_LANE],
+                                               const float (&x)[GLN_PER_LANE], float rate,
+                                               float target, float lo, float hi, float bound,
+                                               bool learn) {
+    // Two interleaved partial sums shorten the dependency chain; their order is fixed.
+    float even = 0.0f, odd = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GLN_PER_LANE; i += 2) even = fmaf(w[i], x[i], even);
+#pragma unroll
+    for (int i = 1; i < GLN_PER_LANE; i += 2) odd = fmaf(w[i], x[i], odd);
+    const float dot = warp_sum(__fadd_rn(even, odd));
+    float p = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-dot)));
+    p = fminf(fmaxf(p, lo), hi);
+    if (learn) {
+        // The step uses the clipped p, as the paper's analytic gradient does.
+        const float step = __fmul_rn(rate, __fsub_rn(p, target));
+#pragma unroll
+        for (int i = 0; i < GLN_PER_LANE; ++i) {
+            w[i] = fminf(fmaxf(fmaf(-step, x[i], w[i]), -bound), bound);
+        }
+    }
+    return p;
+}
+
+struct LayerArgs {
+    const int* contexts;
+    const float* inputs;
+    const float* targets;
+    const float* rates;
+    float* probs;
+    int n, num_glns, num_neurons, num_contexts, num_inputs, input_groups;
+    float lo, hi, bound;
+    bool learn;
+};
+
+// Per-example scalars for a window of 32 examples: lane l holds example window + l. One
+// (scattered) load per lane serves 32 examples; __shfl_sync hands each example to the warp.
+struct Window {
+    int context;
+    float rate, target;
+};
+
+__device__ __forceinline__ Window load_window(const LayerArgs& a, long long neuron, int g,
+                                              int first, int end, int lane) {
+    Window s = {0, 0.0f, 0.0f};
+    const int t = first + lane;
+    if (t < end) {
+        const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
+        // Contexts are 2^m-bit signatures; the mask keeps a bad one inside the neuron's rows.
+        s.context = a.contexts[t * per_example + neuron] & (a.num_contexts - 1);
+        s.rate = a.rates[t];
+        s.target = a.targets[static_cast<long long>(t) * a.num_glns + g];
+    }
+    return s;
+}
+
+// Neuron (g, k) through examples [begin, end) in order. `rows` is the neuron's S x I weights,
+// in global memory (streaming) or in shared memory (resident).
+__device__ __forceinline__ void run_neuron(float* rows, const LayerArgs& a, long long neuron,
+                                           int g, int begin, int end, int lane) {
+    const int I = a.num_inputs;
+    const int source = a.input_groups == 1 ? 0 : g;
+    const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
+    const long long input_stride = static_cast<long long>(a.input_groups) * I;
+    const float* input0 = a.inputs + static_cast<long long>(source) * I;
+
+    int window = begin;
+    Window s = load_window(a, neuron, g, window, end, lane);
+    int c = __shfl_sync(GLN_FULL_MASK, s.context, 0);
+    float w[GLN_PER_LANE], x[GLN_PER_LANE];
+    load_row(w, rows + static_cast<long long>(c) * I, lane, I);
+    load_input(x, input0 + begin * input_stride, lane, I);
+#if GLN_PREFETCH
+    float w_next[GLN_PER_LANE], x_next[GLN_PER_LANE];
+#endif
+
+    for (int t = begin; t < end; ++t) {
+        const float rate = __shfl_sync(GLN_FULL_MASK, s.rate, t - window);
+        const float target = __shfl_sync(GLN_FULL_MASK, s.target, t - window);
+        const bool more = t + 1 < end;
+        int c_next = c;
+        if (more) {
+            if (t + 1 - window == GLN_WARP) {
+                window += GLN_WARP;
+                s = load_window(a, neuron, g, window, end, lane);
+            }
+            c_next = __shfl_sync(GLN_FULL_MASK, s.context, t + 1 - window);
+#if GLN_PREFETCH
+            // Loads for t + 1 go out before the mixing of t. Row c_next != c is not written at
+            // t; any earlier write to it was issued earlier by this same lane.
+            load_input(x_next, input0 + (t + 1) * input_stride, lane, I);
+            if (c_next != c) load_row(w_next, rows + static_cast<long long>(c_next) * I, lane, I);
+#endif
+        }
+
+        const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
+        if (lane == 0) a.probs[t * per_example + neuron] = p;
+        if (a.learn) store_row(rows + static_cast<long long>(c) * I, w, lane, I);
+
+        if (more) {
+            // Same context next: the registers already hold the updated row.
+#if GLN_PREFETCH
+            if (c_next != c) {
+#pragma unroll
+                for (int i = 0; i < GLN_PER_LANE; ++i) w[i] = w_next[i];
+            }
+#pragma unroll
+            for (int i = 0; i < GLN_PER_LANE; ++i) x[i] = x_next[i];
+#else
+            if (c_next != c) load_row(w, rows + static_cast<long long>(c_next) * I, lane, I);
+            load_input(x, input0 + (t + 1) * input_stride, lane, I);
+#endif
+            c = c_next;
+        }
+    }
+}
+
+__device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float* inputs,
+                                                const float* targets, const float* rates,
+                                                float* probs, int n, int num_glns,
+                                                int num_neurons, int num_contexts,
+                                                int num_inputs, int input_groups, float lo,
+                                                float hi, float bound, int learn) {
+    LayerArgs a;
+    a.contexts = contexts;
+    a.inputs = inputs;
+    a.targets = targets;
+    a.rates = rates;
+    a.probs = probs;
+    a.n = n;
+    a.num_glns = num_glns;
+    a.num_neurons = num_neurons;
+    a.num_contexts = num_contexts;
+    a.num_inputs = num_inputs;
+    a.input_groups = input_groups;
+    a.lo = lo;
+    a.hi = hi;
+    a.bound = bound;
+    a.learn = learn != 0;
+    return a;
+}
+
+// One warp per neuron, GLN_STREAM_WARPS neurons per block; blockIdx.y picks a range of
+// rows_per_warp examples (the whole chunk when learning: gridDim.y must then be 1).
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
+gln_layer_pass_streaming(float* weights, const int* __restrict__ contexts,
+                         const float* __restrict__ inputs, const float* __restrict__ targets,
+                         const float* __restrict__ rates, float* __restrict__ probs, int n,
+                         int num_glns, int num_neurons, int num_contexts, int num_inputs,
+                         int input_groups, float lo, float hi, float bound, int learn,
+                         int rows_per_warp) {
+    const int lane = threadIdx.x % GLN_WARP;
+    const long long neuron =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
+    if (neuron >= static_cast<long long>(num_glns) * num_neurons) return;  // whole warp
+    const long long first = static_cast<long long>(blockIdx.y) * rows_per_warp;
+    if (first >= n) return;
+    const int begin = static_cast<int>(first);
+    const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, n, num_glns,
+                                   num_neurons, num_contexts, num_inputs, input_groups, lo, hi,
+                                   bound, learn);
+    const int g = static_cast<int>(neuron / num_neurons);
+    float* rows = weights + neuron * num_contexts * static_cast<long long>(num_inputs);
+    run_neuron(rows, a, neuron, g, begin, end, lane);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+        : "=r"(address)
+        : "l"(p));
+    return address;
+}
+#endif
+
+// Copy `size` floats between a neuron's global rows and shared memory, all lanes together.
+// Global to shared goes through cp.async (sm_80+): every request is in flight at once instead
+// of a few per lane, so the copy runs at memory bandwidth rather than at memory latency.
+__device__ __forceinline__ void rows_to_shared(float* dst, const float* src, long long size,
+                                               int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const bool vector = ((reinterpret_cast<unsigned long long>(src) |
+                          reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
+                        (size & 3) == 0;
+    if (vector) {
+        for (long long e = 4LL * lane; e < size; e += 4LL * GLN_WARP) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                         :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
+        }
+    } else {
+        for (long long e = lane; e < size; e += GLN_WARP) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
+                         :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#else
+    for (long long e = lane; e < size; e += GLN_WARP) dst[e] = src[e];
+#endif
+}
+
+__device__ __forceinline__ void rows_to_global(float* dst, const float* src, long long size,
+                                               int lane) {
+#if defined(__CUDA_ARCH__)
+    const bool vector = ((reinterpret_cast<unsigned long long>(src) |
+                          reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
+                        (size & 3) == 0;
+    if (vector) {
+        const float4* from = reinterpret_cast<const float4*>(src);
+        float4* to = reinterpret_cast<float4*>(dst);
+        for (long long e = lane; e < size / 4; e += GLN_WARP) to[e] = from[e];
+        return;
+    }
+#endif
+    for (long long e = lane; e < size; e += GLN_WARP) dst[e] = src[e];
+}
+
+// One warp (block) per neuron; S x I x 4 bytes of dynamic shared memory hold its rows.
+extern "C" __global__ void __launch_bounds__(GLN_WARP)
+gln_layer_pass_resident(float* weights, const int* __restrict__ contexts,
+                        const float* __restrict__ inputs, const float* __restrict__ targets,
+                        const float* __restrict__ rates, float* __restrict__ probs, int n,
+                        int num_glns, int num_neurons, int num_contexts, int num_inputs,
+                        int input_groups, float lo, float hi, float bound, int learn,
+                        int rows_per_warp) {
+    (void)rows_per_warp;  // same signature as the streaming kernel; always the whole chunk
+    const int lane = threadIdx.x % GLN_WARP;
+    const long long neuron = blockIdx.x;
+    if (neuron >= static_cast<long long>(num_glns) * num_neurons || n <= 0) return;
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, n, num_glns,
+                                   num_neurons, num_contexts, num_inputs, input_groups, lo, hi,
+                                   bound, learn);
+    const long long size = static_cast<long long>(num_contexts) * num_inputs;
+    float* global_rows = weights + neuron * size;
+    float* rows = dynamic_shared_floats();
+    rows_to_shared(rows, global_rows, size, lane);
+    __syncwarp();  // the copy's lane layout differs from run_neuron's
+    run_neuron(rows, a, neuron, static_cast<int>(neuron / num_neurons), 0, n, lane);
+    if (a.learn) {
+        __syncwarp();
+        rows_to_global(global_rows, rows, size, lane);
+    }
+}

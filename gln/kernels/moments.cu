@@ -1,0 +1,33 @@
+// Running input moments for a chunk, as gln.scaling.moments_before_each_row computes them.
+//
+// NumPy's cumsum along the rows is a sequential fold, so a chunk's prefix sums equal those of
+// its rows taken one call at a time, bit for bit. CuPy's cumsum is a parallel scan that rounds
+// differently. This kernel keeps the fold: one thread per feature walks the rows in order, in
+// float64, with explicitly rounded operations (no fused multiply-add), so
+//   sums[t]    = total    + x[0]        + ... + x[t-1]          (left to right)
+//   sums_sq[t] = total_sq + x[0] * x[0] + ... + x[t-1] * x[t-1] (each product rounded first)
+// exactly as NumPy computes cumsum(concatenate([total, x])) and cumsum(... x * x).
+// Consecutive threads read consecutive features of a row, so every load and store coalesces.
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_running_moments(const double* __restrict__ x, const double* __restrict__ total,
+                    const double* __restrict__ total_sq, double* __restrict__ sums,
+                    double* __restrict__ sums_sq, double* __restrict__ after_total,
+                    double* __restrict__ after_total_sq, int n, int num_features) {
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= num_features) return;
+    double s = total[f];
+    double q = total_sq[f];
+    // The loads do not depend on the running sums: unrolling puts several rows in flight.
+#pragma unroll 8
+    for (int t = 0; t < n; ++t) {
+        const long long at = static_cast<long long>(t) * num_features + f;
+        const double v = x[at];
+        sums[at] = s;
+        sums_sq[at] = q;
+        s = __dadd_rn(s, v);
+        q = __dadd_rn(q, __dmul_rn(v, v));
+    }
+    after_total[f] = s;
+    after_total_sq[f] = q;
+}

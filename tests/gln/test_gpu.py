@@ -1,0 +1,225 @@
+"""The CUDA backend on a real GPU: kernels against the NumPy reference, GLN(device="cuda").
+
+Every test is marked ``gpu`` and the module is skipped where CuPy or a CUDA GPU is missing:
+
+    pytest -m gpu tests/gln/test_gpu.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gln import GLN
+from gln.network import reference_layer_pass
+from gln.scaling import RunningMoments
+from gln.scaling import moments_before_each_row as numpy_moments
+
+
+def _cupy_with_gpu():
+    """CuPy when it imports and sees at least one GPU, else None."""
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception:  # ImportError, or no driver / no device
+        return None
+    return None
+
+
+cp = _cupy_with_gpu()
+if cp is None:
+    pytest.skip("needs CuPy and a CUDA GPU (pip install '.[gpu]')", allow_module_level=True)
+pytestmark = pytest.mark.gpu
+
+
+def random_layer(rng, glns, neurons, contexts, inputs, n, shared, repeat=0.5):
+    """Well-conditioned random layer data; contexts repeat with probability ``repeat``."""
+    w = (rng.uniform(-1, 1, (glns, neurons, contexts, inputs)) / np.sqrt(inputs)).astype(
+        np.float32)
+    ctx = rng.integers(0, contexts, (n, glns, neurons)).astype(np.int32)
+    for t in range(1, n):  # runs of one context exercise the in-register hand-over
+        same = rng.random((glns, neurons)) < repeat
+        ctx[t][same] = ctx[t - 1][same]
+    x = rng.normal(0, 2, (n, 1 if shared else glns, inputs)).astype(np.float32)
+    targets = rng.integers(0, 2, (n, glns)).astype(np.float32)
+    rates = rng.uniform(0.001, 0.1, n).astype(np.float32)
+    return w, ctx, x, targets, rates
+
+
+def run_cuda(data, learn, mode="auto", pred_clip=0.01, weight_clip=1.5):
+    """The CUDA layer pass on device copies of ``data``; returns host (weights, probs)."""
+    from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415 - needs CuPy
+
+    w, ctx, x, targets, rates = (cp.asarray(a) for a in data)
+    probs = cp.full((ctx.shape[0], *w.shape[:2]), cp.nan, dtype=cp.float32)  # poisoned
+    cuda_layer_pass(w, ctx, x, targets, rates, pred_clip, weight_clip, learn, probs, mode=mode)
+    cp.cuda.Device().synchronize()
+    return w.get(), probs.get()
+
+
+def run_reference(data, learn, pred_clip=0.01, weight_clip=1.5):
+    w, ctx, x, targets, rates = data
+    weights = w.copy()
+    probs = np.empty((len(ctx), *w.shape[:2]), np.float32)
+    reference_layer_pass(np)(weights, ctx, x, targets, rates, pred_clip, weight_clip, learn,
+                             probs)
+    return weights, probs
+
+
+LAYERS = [  # (G, K, S, I): bias only, odd widths, one warp exactly, MNIST's layers 2 and 1
+    (2, 3, 2, 1),
+    (3, 5, 4, 33),
+    (2, 3, 4, 64),
+    (3, 8, 16, 129),
+    (2, 4, 16, 785),
+]
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", ["streaming", "resident", "auto"])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("learn", [True, False])
+def test_cuda_layer_pass_matches_reference(layer, mode, shared, learn):
+    rng = np.random.default_rng(sum(layer))
+    data = random_layer(rng, *layer, 100, shared)  # 4 windows of 32 examples
+    w_ref, p_ref = run_reference(data, learn)
+    w_gpu, p_gpu = run_cuda(data, learn, mode)
+    assert not np.isnan(p_gpu).any(), "some outputs were never written"
+    np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
+    np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
+    if not learn:
+        np.testing.assert_array_equal(w_gpu, data[0])
+
+
+def test_mnist_sized_layer_matches_reference():
+    rng = np.random.default_rng(0)
+    data = random_layer(rng, 10, 128, 16, 785, 64, True)
+    w_ref, p_ref = run_reference(data, True)
+    w_gpu, p_gpu = run_cuda(data, True)
+    np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
+    np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
+
+
+def test_wide_layers_fall_back_to_the_reference():
+    from gln.kernels.cuda import MAX_INPUTS  # noqa: PLC0415
+
+    rng = np.random.default_rng(1)
+    data = random_layer(rng, 1, 2, 2, MAX_INPUTS + 3, 3, True)
+    w_ref, p_ref = run_reference(data, True)
+    w_gpu, p_gpu = run_cuda(data, True)
+    np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
+    np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", LAYERS[1:], ids=lambda s: "x".join(map(str, s)))
+def test_kernels_and_chunkings_agree_byte_for_byte(layer):
+    """Streaming and resident kernels, and a chunk against its rows one call at a time."""
+    rng = np.random.default_rng(2)
+    data = random_layer(rng, *layer, 80, False)
+    w_stream, p_stream = run_cuda(data, True, "streaming")
+    w_res, p_res = run_cuda(data, True, "resident")
+    np.testing.assert_array_equal(w_res, w_stream)
+    np.testing.assert_array_equal(p_res, p_stream)
+    w, ctx, x, targets, rates = data
+    rows_p = np.empty_like(p_res)
+    for t in range(len(ctx)):
+        one = (w, ctx[t:t + 1], x[t:t + 1], targets[t:t + 1], rates[t:t + 1])
+        w, rows_p[t:t + 1] = run_cuda(one, True)
+    np.testing.assert_array_equal(w, w_res)
+    np.testing.assert_array_equal(rows_p, p_res)
+    # Prediction (examples split over warps) gives what learning predicted first.
+    _, p_first = run_cuda((data[0], ctx[:1], x[:1], targets[:1], rates[:1]), False)
+    np.testing.assert_array_equal(p_first, p_res[:1])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 300])
+def test_gpu_moments_equal_numpy_bit_for_bit(n):
+    from gln.kernels.cuda import moments_before_each_row  # noqa: PLC0415
+
+    rng = np.random.default_rng(n)
+    d = 300
+    x = rng.normal(3, 5, (n, d))
+    moments = RunningMoments(11, rng.normal(0, 50, d), rng.uniform(0, 500, d))
+    expected = numpy_moments(np, moments, x)
+    on_gpu = RunningMoments(11, cp.asarray(moments.total), cp.asarray(moments.total_sq))
+    counts, sums, sums_sq, after = moments_before_each_row(on_gpu, cp.asarray(x))
+    np.testing.assert_array_equal(counts.get(), expected[0])
+    np.testing.assert_array_equal(sums.get(), expected[1])
+    np.testing.assert_array_equal(sums_sq.get(), expected[2])
+    assert after.count == expected[3].count
+    np.testing.assert_array_equal(after.total.get(), expected[3].total)
+    np.testing.assert_array_equal(after.total_sq.get(), expected[3].total_sq)
+
+
+def stream(n=1000, features=20, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(0, 1, (n, features)) * rng.uniform(0.5, 3, features) + rng.normal(0, 2,
+                                                                                    features)
+    y = (X[:, :classes] + rng.normal(0, 0.5, (n, classes))).argmax(axis=1)
+    return X, y
+
+
+CONFIG = dict(num_features=20, num_classes=3, layer_sizes=(16, 16, 1), context_dim=4,
+              learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01}, seed=3)
+
+
+def test_gpu_model_matches_cpu_model():
+    X, y = stream()
+    cpu, gpu = GLN(**CONFIG, device="cpu"), GLN(**CONFIG, device="cuda")
+    assert isinstance(gpu.weights[0], cp.ndarray)
+    np.testing.assert_allclose(gpu.learn(X, y), cpu.learn(X, y), atol=1e-4)
+    X_test, _ = stream(200, seed=1)
+    np.testing.assert_allclose(gpu.predict_proba(X_test), cpu.predict_proba(X_test), atol=1e-4)
+    for w_gpu, w_cpu in zip(gpu.weights, cpu.weights, strict=True):
+        np.testing.assert_allclose(w_gpu.get(), w_cpu, atol=1e-4)
+    np.testing.assert_allclose(gpu.moments.total.get(), cpu.moments.total, rtol=1e-12)
+    assert gpu.examples_seen == cpu.examples_seen == len(X)
+
+
+def test_gpu_kernels_match_plain_cupy_path():
+    X, y = stream(300)
+    fast, plain = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda", use_kernels=False)
+    np.testing.assert_allclose(fast.learn(X, y), plain.learn(X, y), atol=1e-4)
+    for w_fast, w_plain in zip(fast.weights, plain.weights, strict=True):
+        np.testing.assert_allclose(w_fast.get(), w_plain.get(), atol=1e-4)
+
+
+def test_gpu_learn_equals_single_row_calls_byte_for_byte():
+    """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan)."""
+    X, y = stream(300)  # one chunk of 256 (resident kernel) and one of 44
+    chunked, rows = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda")
+    chunk_probs = chunked.learn(X, y)
+    row_probs = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(len(X))])
+    np.testing.assert_array_equal(row_probs, chunk_probs)
+    assert rows.to_bytes() == chunked.to_bytes()
+
+
+def test_snapshots_move_between_gpu_and_cpu():
+    X, y = stream(400)
+    gpu = GLN(**CONFIG, device="cuda")
+    gpu.learn(X, y)
+    blob = gpu.to_bytes()
+    on_cpu = GLN.from_bytes(blob, device="cpu")
+    assert isinstance(on_cpu.weights[0], np.ndarray)
+    for w_gpu, w_cpu in zip(gpu.weights, on_cpu.weights, strict=True):
+        np.testing.assert_array_equal(w_gpu.get(), w_cpu)
+    X_test, _ = stream(100, seed=5)
+    np.testing.assert_allclose(on_cpu.predict_proba(X_test), gpu.predict_proba(X_test),
+                               atol=1e-5)
+    back = GLN.from_bytes(on_cpu.to_bytes(), device="cuda")
+    assert isinstance(back.weights[0], cp.ndarray)
+    np.testing.assert_array_equal(back.predict_proba(X_test), gpu.predict_proba(X_test))
+    # A model that started on the CPU carries on learning on the GPU.
+    cpu = GLN(**CONFIG, device="cpu")
+    cpu.learn(X[:200], y[:200])
+    moved = GLN.from_bytes(cpu.to_bytes(), device="cuda")
+    np.testing.assert_allclose(moved.learn(X[200:], y[200:]), cpu.learn(X[200:], y[200:]),
+                               atol=1e-4)
+
+
+def test_auto_device_picks_the_gpu():
+    model = GLN(**CONFIG, device="auto")
+    assert isinstance(model.weights[0], cp.ndarray)
+    assert "cuda" in repr(model)
