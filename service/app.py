@@ -1,0 +1,317 @@
+"""The FastAPI app factory and its lifespan.
+
+``create_app(settings)`` builds one self-contained app: its own settings, metrics registry,
+and (while the lifespan runs) its own snapshot store, thread pool and model registry, all on
+``app.state``. Nothing lives in module globals, so tests can run several apps side by side.
+
+Lifespan:
+
+* start-up opens the store, starts restoring every stored model in the background (``/readyz``
+  answers 503 until that is done, ``/healthz`` answers at once), and starts the periodic
+  snapshot task;
+* shutdown (uvicorn runs it on SIGTERM, after open requests finish) stops the periodic task,
+  lets every model's queued learn requests finish, then snapshots every model that changed
+  since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
+
+Three pure-ASGI middlewares wrap the app, outermost first: one counts and times every request
+per route template (``gln_http_*``); one answers 401 to a POST/DELETE without the bearer token
+(when ``GLN_API_TOKEN`` is set); one refuses bodies larger than ``GLN_MAX_BODY_BYTES`` with
+413, by Content-Length and by counting the bytes actually streamed. Pure ASGI because they run
+on every request: a FastAPI dependency or ``BaseHTTPMiddleware`` costs far more per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import SecretStr
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import ServiceMetrics, package_version
+from service.registry import ModelRegistry, RegistryError
+from service.routes import router
+from service.settings import Settings
+from service.store import open_store
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service app; ``settings`` defaults to the ``GLN_*`` environment."""
+    settings = settings or Settings()
+    app = FastAPI(
+        title="gln-service",
+        version=package_version(),
+        summary="Gated Linear Networks that learn online, one example at a time, over HTTP.",
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = ServiceMetrics(device=settings.device)
+    app.state.registry = None
+    app.state.shutdown_clean = None
+    app.include_router(router)
+    app.add_exception_handler(RegistryError, _registry_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _internal_error)
+    # The last added is the outermost: metrics see every answer, including the guards' 401
+    # and 413; the token is checked before a byte of the body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BearerAuthMiddleware, token=settings.api_token)
+    app.add_middleware(
+        RequestMetricsMiddleware, metrics=app.state.metrics, routes=list(router.routes)
+    )
+    app.openapi = functools.partial(_openapi_with_bearer, app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi_with_bearer(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the bearer scheme the mutating routes refer to."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+        schemes["bearerAuth"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "Needed on POST and DELETE routes when the server sets "
+            "GLN_API_TOKEN.",
+        }
+    return app.openapi_schema
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="gln-worker")
+    store = open_store(settings.redis_url, settings.snapshot_dir,
+                       key_prefix=settings.redis_key_prefix)
+    registry = ModelRegistry(store, settings, app.state.metrics, executor)
+    app.state.registry = registry
+    restore = asyncio.create_task(registry.restore_all(), name="gln-restore")
+    periodic = asyncio.create_task(
+        registry.snapshot_periodically(settings.snapshot_interval_s), name="gln-snapshots"
+    )
+    try:
+        yield
+    finally:
+        for task in (periodic, restore):
+            task.cancel()
+        await asyncio.gather(periodic, restore, return_exceptions=True)
+        clean = await registry.close()
+        app.state.shutdown_clean = clean
+        if clean:
+            log.info("shutdown: every changed model snapshotted")
+        else:
+            log.error("shutdown: some snapshots failed; their latest updates are lost")
+        await asyncio.to_thread(store.close)
+        await asyncio.to_thread(executor.shutdown, wait=True)
+
+
+# -- error bodies: always {"detail": "<message>"} -------------------------------------------------
+async def _registry_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RegistryError)
+    return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """500 in the same shape as every other error (the traceback goes to the log)."""
+    return JSONResponse(
+        {"detail": f"internal error: {type(exc).__name__}; see the service log"},
+        status_code=500,
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 with one readable line per problem; never echoes the input (it may hold NaN)."""
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+
+
+# -- middlewares ----------------------------------------------------------------------------------
+class RequestMetricsMiddleware:
+    """Counts and times every HTTP request by route template, method and status."""
+
+    def __init__(
+        self, app: ASGIApp, metrics: ServiceMetrics, routes: Sequence[BaseRoute] = ()
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes  # to name requests refused before routing (401, 413)
+        # Label children, looked up once per (route, method[, status]) instead of per request.
+        self._counters: dict[tuple[str, str, int], Any] = {}
+        self._histograms: dict[tuple[str, str], Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status_code = 500  # what the client gets if the app raises before answering
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status_code
+            if message["type"] == "http.response.start":
+                status_code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = _route_template(scope, self.routes)
+            method = scope["method"]
+            counter = self._counters.get((route, method, status_code))
+            if counter is None:
+                counter = self.metrics.http_requests.labels(route, method, str(status_code))
+                self._counters[(route, method, status_code)] = counter
+            counter.inc()
+            histogram = self._histograms.get((route, method))
+            if histogram is None:
+                histogram = self.metrics.http_duration.labels(route, method)
+                self._histograms[(route, method)] = histogram
+            histogram.observe(elapsed)
+
+
+async def _send_json(send: Send, status: int, detail: str, headers: list | None = None) -> None:
+    """Answer with ``{"detail": ...}`` from a middleware (the app never sees the request)."""
+    body = json.dumps({"detail": detail}).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *(headers or []),
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class BearerAuthMiddleware:
+    """401 for POST/PUT/PATCH/DELETE without ``Authorization: Bearer <token>``, if one is set.
+
+    One rule for every mutating route, so a new route cannot forget it; reads stay open.
+    """
+
+    MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+    def __init__(self, app: ASGIApp, token: SecretStr | None) -> None:
+        self.app = app
+        self.expected = None if token is None else token.get_secret_value().encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (self.expected is None or scope["type"] != "http"
+                or scope["method"] not in self.MUTATING):
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = credentials.strip()
+                break
+        # compare_digest: the time taken does not reveal how much of the token matched.
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        await _send_json(
+            send, 401,
+            "missing or invalid bearer token (Authorization: Bearer <GLN_API_TOKEN>)",
+            [(b"www-authenticate", b"Bearer")],
+        )
+
+
+def _route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+    """``/v1/models/{name}/learn``, never the concrete path (bounded label values)."""
+    route = scope.get("route")
+    if route is not None:
+        return str(getattr(route, "path", "unmatched"))
+    # The router did not run (e.g. the body limit refused the request): match by hand.
+    for candidate in routes:
+        match, _ = candidate.matches(scope)
+        if match != Match.NONE:
+            return str(getattr(candidate, "path", "unmatched"))
+    return "unmatched"
+
+
+class BodyLimitMiddleware:
+    """413 for a request body over ``max_bytes``, before the app sees any of it.
+
+    A declared Content-Length over the limit is refused without reading. Otherwise the body
+    is read here, counting bytes as they stream in (a chunked upload or a lying
+    Content-Length cannot get past), and handed to the app whole. Our handlers buffer the
+    body anyway, so this costs no extra memory in practice.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0  # malformed; the server or the stream count will catch it
+                if declared > self.max_bytes:
+                    await self._refuse(send)
+                    return
+                break
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
+
+    async def _refuse(self, send: Send) -> None:
+        await _send_json(
+            send, 413, f"request body larger than {self.max_bytes} bytes (GLN_MAX_BODY_BYTES)",
+            # The rest of the body was not read: do not reuse this connection.
+            [(b"connection", b"close")],
+        )
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that first returns ``messages``, then defers to the real one."""
+    queue = list(messages)
+
+    async def replayed() -> Message:
+        if queue:
+            return queue.pop(0)
+        return await receive()
+
+    return replayed
+

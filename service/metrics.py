@@ -1,0 +1,127 @@
+"""Every Prometheus metric of the service, defined once, on a registry owned by one app.
+
+The names and labels are a contract with the Grafana dashboard (docs/interfaces.md). Each app
+gets its own :class:`ServiceMetrics` (and so its own ``CollectorRegistry``), which lets tests
+build several apps in one process without "duplicated timeseries" errors.
+
+The model name is the only per-model label; :meth:`ServiceMetrics.forget_model` removes a
+model's series when the model is deleted, so label values stay bounded by the live models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from importlib import metadata
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# 100 us .. 1 s: a single-example request is well under a millisecond when the model is small.
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)
+SNAPSHOT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
+
+
+def package_version() -> str:
+    """The installed gln-service version, or ``"unknown"`` when running from a bare checkout."""
+    try:
+        return metadata.version("gln-service")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class ServiceMetrics:
+    """The service's metrics on a private registry; render them with :meth:`render`."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, device: str, version: str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter(
+            "gln_http_requests", "HTTP requests answered.",
+            ["route", "method", "status"], registry=r,
+        )
+        self.http_duration = Histogram(
+            "gln_http_request_duration_seconds", "Time to answer an HTTP request.",
+            ["route", "method"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.examples_learned = Counter(
+            "gln_examples_learned", "Examples learned.", ["model"], registry=r,
+        )
+        self.log_loss = Counter(
+            "gln_prequential_log_loss_nats",
+            "Sum of prequential log loss (nats): each example is scored before it is learned.",
+            ["model"], registry=r,
+        )
+        self.correct = Counter(
+            "gln_prequential_correct",
+            "Prequential correct predictions (argmax before the update equals the label).",
+            ["model"], registry=r,
+        )
+        self.examples_predicted = Counter(
+            "gln_examples_predicted", "Rows answered by predict.", ["model"], registry=r,
+        )
+        self.models_loaded = Gauge("gln_models_loaded", "Models held in memory.", registry=r)
+        self.model_bytes = Gauge(
+            "gln_model_bytes", "Bytes held by a model's arrays.", ["model"], registry=r,
+        )
+        self.snapshot_duration = Histogram(
+            "gln_snapshot_duration_seconds", "Time to serialise and store one snapshot.",
+            buckets=SNAPSHOT_BUCKETS, registry=r,
+        )
+        self.snapshot_bytes = Gauge(
+            "gln_snapshot_bytes", "Size of a model's latest snapshot.", ["model"], registry=r,
+        )
+        self.snapshot_last_success = Gauge(
+            "gln_snapshot_last_success_timestamp_seconds",
+            "Unix time of a model's latest successful snapshot.", ["model"], registry=r,
+        )
+        self.build_info = Gauge(
+            "gln_build_info", "Version and device of this process (value 1).",
+            ["version", "device"], registry=r,
+        )
+        self.build_info.labels(version=version or package_version(), device=device).set(1)
+
+    # -- per-model series -------------------------------------------------------------------
+    def _per_model(self) -> tuple[Counter | Gauge, ...]:
+        return (
+            self.examples_learned, self.log_loss, self.correct, self.examples_predicted,
+            self.model_bytes, self.snapshot_bytes, self.snapshot_last_success,
+        )
+
+    def add_model(self, name: str, nbytes: int) -> None:
+        """Start a model's series at zero so dashboards show it before its first example."""
+        for metric in (self.examples_learned, self.log_loss, self.correct,
+                       self.examples_predicted):
+            metric.labels(model=name)
+        self.model_bytes.labels(model=name).set(nbytes)
+
+    def forget_model(self, name: str) -> None:
+        """Remove every series labelled with this model (it was deleted)."""
+        for metric in self._per_model():
+            with contextlib.suppress(KeyError):
+                metric.remove(name)
+
+    def observe_learned(self, name: str, n: int, log_loss_sum: float, correct: int) -> None:
+        """Count one learned chunk: examples, summed prequential log loss, correct guesses."""
+        self.examples_learned.labels(model=name).inc(n)
+        self.log_loss.labels(model=name).inc(log_loss_sum)
+        self.correct.labels(model=name).inc(correct)
+
+    def observe_snapshot(self, name: str, seconds: float, nbytes: int, at: float) -> None:
+        """Record one successful snapshot of a model, taken at unix time ``at``."""
+        self.snapshot_duration.observe(seconds)
+        self.snapshot_bytes.labels(model=name).set(nbytes)
+        self.snapshot_last_success.labels(model=name).set(at)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text exposition format."""
+        return generate_latest(self.registry)

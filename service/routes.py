@@ -1,0 +1,228 @@
+"""HTTP handlers: validate the body (pydantic), hand the work to the registry, shape the reply.
+
+Handlers stay thin on purpose: everything that touches a model (checks against its width and
+classes, the learn queue, locking, snapshots) is in :mod:`service.registry`, whose errors carry
+their own status codes (mapped to ``{"detail": ...}`` bodies in :mod:`service.app`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, TypeVar
+
+import numpy as np
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from service.registry import ModelRegistry
+from service.schemas import (
+    CreateModelRequest,
+    Detail,
+    ExplainResponse,
+    FeaturesRequest,
+    LearnRequest,
+    LearnResponse,
+    ModelInfo,
+    PredictResponse,
+    SnapshotOut,
+    Status,
+)
+
+router = APIRouter()
+
+
+# -- dependencies ---------------------------------------------------------------------------------
+async def get_registry(request: Request) -> ModelRegistry:
+    """The app's registry (made by the lifespan); 503 if the app has not started.
+
+    ``async`` although it awaits nothing: FastAPI runs plain ``def`` dependencies in a thread
+    pool, a needless thread hop on every request.
+    """
+    registry: ModelRegistry | None = getattr(request.app.state, "registry", None)
+    if registry is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "service is starting")
+    return registry
+
+
+Registry = Annotated[ModelRegistry, Depends(get_registry)]
+
+# Mutating routes (POST, DELETE) need the bearer token when GLN_API_TOKEN is set. The check
+# itself is a middleware (service.app.BearerAuthMiddleware): it covers every such route, and
+# costs far less per request than a FastAPI dependency. This only documents it in OpenAPI.
+BEARER = {"security": [{"bearerAuth": []}]}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for error replies, which all have a ``{"detail": ...}`` body."""
+    return {code: {"model": Detail} for code in codes}
+
+
+# -- data bodies ----------------------------------------------------------------------------------
+# The data routes parse their own bodies instead of declaring a pydantic parameter: pydantic's
+# Rust JSON parser validates straight from the bytes (several times faster than json.loads
+# followed by validation), and a large body is parsed in a thread instead of stalling every
+# other request on the event loop. Large answers are encoded in a thread for the same reason.
+# OpenAPI still shows the schemas: the request body via openapi_extra, the reply via
+# response_model (which FastAPI does not apply to a returned Response).
+OFFLOAD_BYTES = 64 * 1024  # bodies larger than this are parsed in a thread
+OFFLOAD_VALUES = 20_000  # answers with more numbers than this are encoded in a thread
+_ANY = TypeAdapter(Any)
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """openapi_extra for a route whose JSON body is ``model`` (and that needs the token)."""
+    return {
+        **BEARER,
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        },
+    }
+
+
+async def parse_body(request: Request, model: type[Body]) -> Body:
+    """The request's JSON body validated as ``model``; 422 (RequestValidationError) if not.
+
+    NaN and Infinity tokens parse as floats on purpose: the model check rejects them with a
+    clear message, rather than a generic JSON error.
+    """
+    raw = await request.body()
+    try:
+        if len(raw) > OFFLOAD_BYTES:
+            return await asyncio.to_thread(model.model_validate_json, raw)
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+
+
+def _dump(payload: dict[str, Any]) -> bytes:
+    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
+    return _ANY.dump_json(plain)
+
+
+async def json_response(payload: dict[str, Any]) -> Response:
+    """``payload`` (NumPy arrays allowed) as a JSON response; big ones encoded in a thread."""
+    size = sum(v.size for v in payload.values() if isinstance(v, np.ndarray))
+    content = await asyncio.to_thread(_dump, payload) if size > OFFLOAD_VALUES else _dump(payload)
+    return Response(content, media_type="application/json")
+
+
+# -- data (first: routes are matched in order, and these are the hot ones) ------------------------
+@router.post(
+    "/v1/models/{name}/learn", response_model=LearnResponse,
+    openapi_extra=_json_body(LearnRequest), responses=_errors(401, 404, 413, 422),
+    tags=["data"],
+)
+async def learn(name: str, request: Request, registry: Registry) -> Response:
+    """Learn the rows in order; each row is first predicted (prequential), then learned."""
+    body = await parse_body(request, LearnRequest)
+    result = await registry.learn(name, body.features, body.labels)
+    return await json_response({
+        "examples": len(result.losses),
+        "sequence": result.sequence,
+        "probabilities": result.probabilities,
+        "log_loss": float(result.losses.mean()),
+    })
+
+
+@router.post(
+    "/v1/models/{name}/predict", response_model=PredictResponse,
+    openapi_extra=_json_body(FeaturesRequest), responses=_errors(401, 404, 413, 422),
+    tags=["data"],
+)
+async def predict(name: str, request: Request, registry: Registry) -> Response:
+    """Class probabilities of each row; the model does not learn."""
+    body = await parse_body(request, FeaturesRequest)
+    return await json_response({"probabilities": await registry.predict(name, body.features)})
+
+
+@router.post(
+    "/v1/models/{name}/explain", response_model=ExplainResponse,
+    openapi_extra=_json_body(FeaturesRequest), responses=_errors(401, 404, 413, 422),
+    tags=["data"],
+)
+async def explain(name: str, request: Request, registry: Registry) -> Response:
+    """Per-class saliency of each row: (rows, classes, features)."""
+    body = await parse_body(request, FeaturesRequest)
+    return await json_response({"saliency": await registry.explain(name, body.features)})
+
+
+@router.post(
+    "/v1/models/{name}/snapshot", response_model=SnapshotOut, openapi_extra=BEARER,
+    responses=_errors(401, 404, 503), tags=["models"],
+)
+async def snapshot(name: str, registry: Registry) -> dict[str, Any]:
+    """Write a snapshot now and return its version."""
+    info = await registry.snapshot(name)
+    return {"version": info.version, "created_at": info.created_at,
+            "nbytes": info.nbytes, "sha256": info.sha256}
+
+
+# -- models -------------------------------------------------------------------------------------
+@router.post(
+    "/v1/models", status_code=status.HTTP_201_CREATED, response_model=ModelInfo,
+    openapi_extra=BEARER, responses=_errors(401, 409, 413, 422, 503), tags=["models"],
+)
+async def create_model(body: CreateModelRequest, registry: Registry) -> dict[str, Any]:
+    """Create a model from a GLN config; it is snapshotted at once (version 1)."""
+    entry = await registry.create(body.name, body.config)
+    return entry.describe()
+
+
+@router.get("/v1/models", response_model=list[ModelInfo], tags=["models"])
+async def list_models(registry: Registry) -> list[dict[str, Any]]:
+    """Every loaded model, by name."""
+    return [entry.describe() for entry in registry.models()]
+
+
+@router.get(
+    "/v1/models/{name}", response_model=ModelInfo, responses=_errors(404), tags=["models"]
+)
+async def get_model(name: str, registry: Registry) -> dict[str, Any]:
+    """Config, examples seen, online (prequential) metrics and the latest snapshot."""
+    return (await registry.get(name)).describe()
+
+
+@router.delete(
+    "/v1/models/{name}", status_code=status.HTTP_204_NO_CONTENT, openapi_extra=BEARER,
+    responses=_errors(401, 404, 503), tags=["models"],
+)
+async def delete_model(name: str, registry: Registry) -> Response:
+    """Forget the model and remove its snapshots (queued learn requests finish first)."""
+    await registry.delete(name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# -- operations ---------------------------------------------------------------------------------
+@router.get("/healthz", response_model=Status, tags=["operations"])
+async def healthz() -> dict[str, str]:
+    """The process is alive and answering."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz", response_model=Status, responses=_errors(503), tags=["operations"]
+)
+async def readyz(registry: Registry) -> Any:
+    """200 once every stored model is restored and the snapshot store answers; else 503."""
+    problem = None
+    if not registry.restored:
+        problem = "restoring models from snapshots"
+    elif registry.failed:
+        failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
+        problem = f"could not restore stored model(s) ({failed}); fix or DELETE them"
+    elif not await registry.store_reachable():
+        problem = "snapshot store unreachable"
+    if problem is not None:
+        return JSONResponse({"detail": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+    return {"status": "ready"}
+
+
+@router.get("/metrics", tags=["operations"], response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition of every gln_* metric."""
+    service_metrics = request.app.state.metrics
+    return Response(service_metrics.render(), media_type=service_metrics.content_type)

@@ -1,0 +1,122 @@
+"""Request and response bodies of the HTTP API (pydantic), which also make the OpenAPI page.
+
+Shapes only: whether a row has the model's width, whether values are finite and labels are
+class indices depends on the model, so ``GLN.check_input`` decides that (in the registry).
+Floats accept NaN and infinity here on purpose, so such a request reaches that check and gets
+its clear 422 message instead of a generic parse error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateModelRequest(_Body):
+    """A new model: its name and the GLN constructor arguments."""
+
+    name: str = Field(pattern=NAME_PATTERN, examples=["fraud"],
+                      description="1-64 characters from A-Z a-z 0-9 _ . -")
+    config: dict[str, Any] = Field(
+        examples=[{"num_features": 30, "num_classes": 2, "layer_sizes": [32, 32, 1],
+                   "context_dim": 4, "learning_rate": 0.01}],
+        description="GLN constructor arguments (num_features and num_classes at least); the "
+        "device is the server's (GLN_DEVICE).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_path_step(cls, name: str) -> str:
+        # '.' and '..' fit the alphabet but mean something else in URLs and directories.
+        if name in {".", ".."}:
+            raise ValueError("'.' and '..' are not model names")
+        return name
+
+
+class FeaturesRequest(_Body):
+    """Rows to predict or explain."""
+
+    features: Rows = Field(min_length=1, examples=[[[0.1, 0.2, 0.3]]],
+                           description="One row per example, each num_features wide.")
+
+
+class LearnRequest(FeaturesRequest):
+    """Labelled rows to learn, in order."""
+
+    labels: list[StrictInt] = Field(min_length=1, examples=[[1]],
+                              description="Class index of each row, in [0, num_classes).")
+
+
+class PredictResponse(BaseModel):
+    probabilities: list[list[float]] = Field(description="(rows, num_classes); each row sums to 1.")
+
+
+class LearnResponse(BaseModel):
+    examples: int = Field(description="Rows learned.")
+    sequence: int = Field(
+        description="0-based index of this request's first example in the model's stream; "
+        "its rows are examples sequence .. sequence + examples - 1."
+    )
+    probabilities: list[list[float]] = Field(
+        description="Each row as predicted before its own update."
+    )
+    log_loss: float = Field(description="Mean prequential log loss of these rows (nats).")
+
+
+class ExplainResponse(BaseModel):
+    saliency: list[list[list[float]]] = Field(
+        description="(rows, num_classes, num_features): how each feature moves each class's "
+        "output logit for that row."
+    )
+
+
+class WindowStats(BaseModel):
+    examples: int
+    log_loss: float | None = Field(description="Mean prequential log loss (nats).")
+    accuracy: float | None = Field(description="Share of examples predicted right.")
+
+
+class TotalStats(WindowStats):
+    since: float = Field(description="Unix time counting began: creation or restore.")
+
+
+class OnlineMetrics(BaseModel):
+    window_size: int
+    recent: WindowStats = Field(description="The last window_size learned examples.")
+    total: TotalStats = Field(description="Every example learned by this process.")
+
+
+class SnapshotOut(BaseModel):
+    version: int = Field(description="Increases by one per snapshot of the model.")
+    created_at: float = Field(description="Unix time.")
+    nbytes: int
+    sha256: str
+
+
+class ModelInfo(BaseModel):
+    name: str
+    config: dict[str, Any]
+    examples_seen: int = Field(description="Examples learned since creation (across restarts).")
+    pending_examples: int = Field(description="Examples queued and not learned yet.")
+    nbytes: int = Field(description="Bytes held by the model's arrays.")
+    metrics: OnlineMetrics
+    snapshot: SnapshotOut | None = Field(description="The latest snapshot, if any.")
+
+
+class Detail(BaseModel):
+    """Every error body."""
+
+    detail: str
+
+
+class Status(BaseModel):
+    status: str

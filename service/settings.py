@@ -1,0 +1,75 @@
+"""Service configuration: one settings object, read from ``GLN_*`` environment variables.
+
+Every knob of the service lives here so that a reader finds them in one place, and so that
+tests can build an app with explicit settings (``create_app(Settings(...))``) instead of
+patching the environment.
+
+>>> Settings(port=9000).port
+9000
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Configuration of one service process; each field is ``GLN_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="GLN_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu", description="Device for every model this process creates (passed to GLN)."
+    )
+    redis_url: str | None = Field(
+        None,
+        description="Redis URL for snapshots (redis://host:6379/0). Unset: use snapshot_dir.",
+    )
+    redis_key_prefix: str = Field("gln", description="Prefix of every Redis key the store uses.")
+    snapshot_dir: str = Field(
+        "./snapshots", description="Directory for snapshots when no Redis URL is set."
+    )
+    snapshot_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds between periodic snapshots (only models changed since their last).",
+    )
+    api_token: SecretStr | None = Field(
+        None, description="When set, POST and DELETE routes need 'Authorization: Bearer <token>'."
+    )
+    max_body_bytes: int = Field(64 * MIB, gt=0, description="Largest accepted request body.")
+    max_rows_per_request: int = Field(
+        10_000, gt=0, description="Largest number of rows in one predict/learn/explain request."
+    )
+    max_chunk_rows: int = Field(
+        10_000,
+        gt=0,
+        description="Most rows the learn worker coalesces into one model.learn call.",
+    )
+    max_model_bytes: int = Field(
+        1024 * MIB, gt=0, description="Largest model (GLN.nbytes) a client may create."
+    )
+    recent_window: int = Field(
+        1000, gt=0, description="Examples in the 'recent' window of a model's online metrics."
+    )
+    worker_threads: int = Field(
+        4, gt=0, description="Threads that run model calls and snapshots off the event loop."
+    )
+    restore_wait_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long a request for a model not loaded yet waits for start-up restore "
+        "before answering 503.",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds uvicorn waits for open requests on SIGTERM."
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = Field(False, description="Log every request (metrics already count them).")

@@ -1,0 +1,127 @@
+"""Fixtures for the HTTP service tests: real apps, their lifespan, and real HTTP clients.
+
+Every test talks HTTP to the real app through ``httpx.ASGITransport``; the lifespan (store,
+thread pool, restore, shutdown snapshot) runs with ``app.router.lifespan_context``. Snapshots
+go to a temporary directory, or to the real Redis of the ``redis_url`` fixture
+(tests/conftest.py) under a key prefix private to the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.settings import Settings
+
+SMALL_CONFIG: dict[str, Any] = {
+    "num_features": 6,
+    "num_classes": 3,
+    "layer_sizes": [8, 8, 1],
+    "context_dim": 3,
+    "learning_rate": 0.05,
+    "seed": 7,
+}
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI, *, wait_restored: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    """Run ``app``'s lifespan and yield an HTTP client wired to it (no sockets)."""
+    async with app.router.lifespan_context(app):
+        if wait_restored:
+            await app.state.registry.wait_restored()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            yield client
+
+
+async def create_model(
+    client: httpx.AsyncClient,
+    name: str = "m",
+    config: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """POST /v1/models and return the created model's info (asserts 201)."""
+    r = await client.post(
+        "/v1/models", json={"name": name, "config": config or SMALL_CONFIG}, **kwargs
+    )
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def make_data(
+    n: int, seed: int = 0, num_features: int = 6, num_classes: int = 3
+) -> tuple[list[list[float]], list[int]]:
+    """A learnable toy stream: the label is the argmax of a fixed projection of the row."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, num_features))
+    W = np.random.default_rng(1234).normal(size=(num_features, num_classes))
+    y = (X @ W).argmax(axis=1)
+    return X.tolist(), y.tolist()
+
+
+@pytest.fixture(autouse=True)
+def _no_gln_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Settings in tests come from arguments only, never from a GLN_* variable of the shell."""
+    for key in list(os.environ):
+        if key.startswith("GLN_"):
+            monkeypatch.delenv(key)
+    yield
+
+
+@pytest.fixture
+def settings(tmp_path: Any) -> Settings:
+    """Directory store in tmp_path; periodic snapshots effectively off (tests call them)."""
+    return Settings(snapshot_dir=str(tmp_path / "snapshots"), snapshot_interval_s=3600)
+
+
+@pytest.fixture(params=["directory", "redis"])
+def store_settings(request: pytest.FixtureRequest, tmp_path: Any) -> Settings:
+    """The same settings for each store kind: a directory, then a real Redis."""
+    if request.param == "directory":
+        return Settings(snapshot_dir=str(tmp_path / "snapshots"), snapshot_interval_s=3600)
+    return Settings(
+        redis_url=request.getfixturevalue("redis_url"),
+        redis_key_prefix=request.getfixturevalue("redis_key_prefix"),
+        snapshot_dir=str(tmp_path / "unused"),
+        snapshot_interval_s=3600,
+    )
+
+
+@pytest.fixture
+def app(settings: Settings) -> FastAPI:
+    return create_app(settings)
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(app) as c:
+        yield c
+
+
+# The helpers above as fixtures, so test modules need not import this conftest.
+@pytest.fixture
+def small_config() -> dict[str, Any]:
+    return dict(SMALL_CONFIG)
+
+
+@pytest.fixture(name="serve")
+def serve_fixture() -> Callable[..., Any]:
+    return serve
+
+
+@pytest.fixture(name="create_model")
+def create_model_fixture() -> Callable[..., Any]:
+    return create_model
+
+
+@pytest.fixture(name="make_data")
+def make_data_fixture() -> Callable[..., Any]:
+    return make_data

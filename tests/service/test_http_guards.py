@@ -1,0 +1,218 @@
+"""The guards in front of the handlers: bearer token on mutating routes, and the body limit.
+
+A request a guard refuses must change nothing, so every test also checks the model afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from service.app import create_app
+from service.settings import Settings
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+async def token_client(settings: Settings, serve) -> AsyncIterator[httpx.AsyncClient]:
+    with_token = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
+    async with serve(create_app(with_token)) as client:
+        yield client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# -- auth -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        bearer("wrong"),
+        bearer(TOKEN + "x"),
+        bearer(""),
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": TOKEN},
+    ],
+    ids=["none", "wrong", "longer", "empty", "basic-scheme", "no-scheme"],
+)
+async def test_mutating_routes_need_the_token(
+    token_client: httpx.AsyncClient, headers, small_config, make_data
+):
+    good = bearer(TOKEN)
+    r = await token_client.post(
+        "/v1/models", json={"name": "m", "config": small_config}, headers=good
+    )
+    assert r.status_code == 201
+    X, y = make_data(2)
+    attempts = [
+        ("POST", "/v1/models", {"name": "other", "config": small_config}),
+        ("POST", "/v1/models/m/learn", {"features": X, "labels": y}),
+        ("POST", "/v1/models/m/predict", {"features": X}),
+        ("POST", "/v1/models/m/explain", {"features": X}),
+        ("POST", "/v1/models/m/snapshot", None),
+        ("DELETE", "/v1/models/m", None),
+    ]
+    for method, path, body in attempts:
+        r = await token_client.request(method, path, json=body, headers=headers)
+        assert r.status_code == 401, (method, path, r.text)
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert "bearer token" in r.json()["detail"]
+    # Nothing happened: one model, nothing learned, still at its first snapshot.
+    listed = (await token_client.get("/v1/models")).json()
+    assert [(m["name"], m["examples_seen"], m["snapshot"]["version"]) for m in listed] == [
+        ("m", 0, 1)
+    ]
+
+
+async def test_the_right_token_opens_every_route(
+    token_client: httpx.AsyncClient, small_config, make_data
+):
+    good = bearer(TOKEN)
+    X, y = make_data(2)
+    calls = [
+        ("POST", "/v1/models", {"name": "m", "config": small_config}, 201),
+        ("POST", "/v1/models/m/learn", {"features": X, "labels": y}, 200),
+        ("POST", "/v1/models/m/predict", {"features": X}, 200),
+        ("POST", "/v1/models/m/explain", {"features": X}, 200),
+        ("POST", "/v1/models/m/snapshot", None, 200),
+        ("DELETE", "/v1/models/m", None, 204),
+    ]
+    for method, path, body, expected in calls:
+        r = await token_client.request(method, path, json=body, headers=good)
+        assert r.status_code == expected, (method, path, r.text)
+
+
+async def test_reads_need_no_token(token_client: httpx.AsyncClient, small_config):
+    await token_client.post(
+        "/v1/models", json={"name": "m", "config": small_config}, headers=bearer(TOKEN)
+    )
+    for path in ["/v1/models", "/v1/models/m", "/healthz", "/readyz", "/metrics"]:
+        assert (await token_client.get(path)).status_code == 200, path
+
+
+async def test_openapi_documents_the_bearer_scheme(token_client: httpx.AsyncClient):
+    spec = (await token_client.get("/openapi.json")).json()
+    assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    paths = spec["paths"]
+    assert paths["/v1/models/{name}/learn"]["post"]["security"] == [{"bearerAuth": []}]
+    assert paths["/v1/models/{name}"]["delete"]["security"] == [{"bearerAuth": []}]
+    assert "security" not in paths["/v1/models/{name}"]["get"]
+
+
+async def test_without_a_configured_token_no_header_is_needed(
+    client: httpx.AsyncClient, create_model
+):
+    await create_model(client)  # asserts 201 without any Authorization header
+
+
+# -- body limit -----------------------------------------------------------------------------------
+@pytest.fixture
+async def small_body_app(settings: Settings):
+    return create_app(settings.model_copy(update={"max_body_bytes": 1000}))
+
+
+def learn_body(rows: int) -> bytes:
+    return json.dumps({"features": [[0.5] * 6] * rows, "labels": [1] * rows}).encode()
+
+
+async def test_body_over_the_limit_is_413_by_content_length(small_body_app, serve, create_model):
+    async with serve(small_body_app) as client:
+        await create_model(client)
+        body = learn_body(40)
+        assert len(body) > 1000
+        r = await client.post(
+            "/v1/models/m/learn", content=body, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 413
+        assert "GLN_MAX_BODY_BYTES" in r.json()["detail"]
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+
+
+async def test_body_at_the_limit_passes(small_body_app, serve, create_model):
+    async with serve(small_body_app) as client:
+        await create_model(client)
+        body = learn_body(4)
+        body = body[:-1] + b" " * (1000 - len(body)) + b"}"  # pad with JSON whitespace
+        assert len(body) == 1000
+        r = await client.post(
+            "/v1/models/m/learn", content=body, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["examples"] == 4
+
+
+async def test_streamed_body_over_the_limit_is_413(small_body_app, serve, create_model):
+    """No Content-Length (chunked upload): the middleware counts the bytes as they arrive."""
+    async with serve(small_body_app) as client:
+        await create_model(client)
+        body = learn_body(40)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 100):
+                yield body[start : start + 100]
+
+        r = await client.post(
+            "/v1/models/m/learn", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 413
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+
+
+async def test_streamed_body_under_the_limit_is_reassembled(small_body_app, serve, create_model):
+    async with serve(small_body_app) as client:
+        await create_model(client)
+        body = learn_body(3)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 7):
+                yield body[start : start + 7]
+
+        r = await client.post(
+            "/v1/models/m/learn", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["examples"] == 3
+
+
+async def test_lying_content_length_cannot_pass_the_limit(small_body_app, serve, create_model):
+    """A raw ASGI request that declares 10 bytes and streams 4,000: 413, nothing learned."""
+    app = small_body_app
+    async with serve(app) as client:
+        await create_model(client)
+        body = learn_body(100)
+        messages = [
+            {"type": "http.request", "body": body[i : i + 500], "more_body": i + 500 < len(body)}
+            for i in range(0, len(body), 500)
+        ]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/models/m/learn",
+            "raw_path": b"/v1/models/m/learn",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"10")],
+            "client": ("127.0.0.1", 1),
+            "server": ("testserver", 80),
+        }
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 413
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0

@@ -1,0 +1,157 @@
+"""One writer per model: concurrent learners give exactly the sequential result.
+
+Many clients learn at once; the service coalesces their requests into chunks. Each response
+says where its rows landed in the model's stream (``sequence``), so replaying every request
+in that order on a fresh model must reproduce every answered probability and the final bytes.
+Concurrent predictions must each equal the model's prediction at some request boundary, never
+a state in the middle of a chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from gln import GLN
+from service.store import open_store
+
+CLIENTS = 8
+REQUESTS_PER_CLIENT = 25
+
+
+async def _learner(client: httpx.AsyncClient, rng: np.random.Generator, make_data) -> list[dict]:
+    answered = []
+    for _ in range(REQUESTS_PER_CLIENT):
+        n = int(rng.integers(1, 4))  # 1-3 rows per request
+        X, y = make_data(n, seed=int(rng.integers(1 << 30)))
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200, r.text
+        answered.append({"X": X, "y": y, **r.json()})
+    return answered
+
+
+async def test_concurrent_learners_equal_a_sequential_replay(
+    client: httpx.AsyncClient, settings, small_config, create_model, make_data
+):
+    await create_model(client)
+    rngs = [np.random.default_rng(100 + i) for i in range(CLIENTS)]
+    per_client = await asyncio.gather(*(_learner(client, rng, make_data) for rng in rngs))
+    answered = sorted((a for batch in per_client for a in batch), key=lambda a: a["sequence"])
+
+    # The sequences tile the stream: no gap, no overlap.
+    total = sum(a["examples"] for a in answered)
+    expected_start = 0
+    for a in answered:
+        assert a["sequence"] == expected_start
+        expected_start += a["examples"]
+    info = (await client.get("/v1/models/m")).json()
+    assert info["examples_seen"] == total
+    assert info["metrics"]["total"]["examples"] == total
+
+    # Replaying request by request in stream order reproduces every answer exactly.
+    replay = GLN(**small_config)
+    for a in answered:
+        probs = replay.learn(np.array(a["X"]), np.array(a["y"]))
+        np.testing.assert_array_equal(np.array(a["probabilities"]), probs)
+
+    # ... and the final state, byte for byte (read back through a snapshot).
+    version = (await client.post("/v1/models/m/snapshot")).json()["version"]
+    store = open_store(None, settings.snapshot_dir)
+    blob, snap = store.load("m")
+    assert snap.version == version
+    assert blob == replay.to_bytes()
+
+
+async def test_coalescing_happens_under_load(client: httpx.AsyncClient, app, create_model):
+    """With many requests waiting, the worker learns them in fewer model calls than requests."""
+    await create_model(client)
+    entry = await app.state.registry.get("m")
+    calls = 0
+    learn = entry.model.learn
+
+    def counting_learn(X, y):
+        nonlocal calls
+        calls += 1
+        return learn(X, y)
+
+    entry.model.learn = counting_learn
+    body = {"features": [[0.1] * 6], "labels": [1]}
+    responses = await asyncio.gather(
+        *(client.post("/v1/models/m/learn", json=body) for _ in range(64))
+    )
+    assert all(r.status_code == 200 for r in responses)
+    assert sorted(r.json()["sequence"] for r in responses) == list(range(64))
+    assert 1 <= calls < 64
+
+
+async def test_predictions_never_see_half_a_chunk(
+    client: httpx.AsyncClient, small_config, create_model, make_data
+):
+    await create_model(client)
+    probe, _ = make_data(3, seed=999)
+
+    async def learner(seed: int) -> list[dict]:
+        answered = []
+        for i in range(10):
+            X, y = make_data(16, seed=seed * 100 + i)
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            answered.append({"X": X, "y": y, **r.json()})
+        return answered
+
+    async def predictor() -> list[list[list[float]]]:
+        seen = []
+        for _ in range(30):
+            r = await client.post("/v1/models/m/predict", json={"features": probe})
+            seen.append(r.json()["probabilities"])
+        return seen
+
+    results = await asyncio.gather(learner(1), learner(2), learner(3), predictor(), predictor())
+    answered = sorted((a for batch in results[:3] for a in batch), key=lambda a: a["sequence"])
+    predictions = results[3] + results[4]
+
+    # Every state a reader may legally see: before any request, and after each one.
+    replay = GLN(**small_config)
+    legal = [replay.predict_proba(np.array(probe)).tolist()]
+    for a in answered:
+        replay.learn(np.array(a["X"]), np.array(a["y"]))
+        legal.append(replay.predict_proba(np.array(probe)).tolist())
+    for p in predictions:
+        assert p in legal
+
+
+@pytest.mark.parametrize("rows", [1, 50])
+async def test_pending_examples_drain_to_zero(client: httpx.AsyncClient, create_model, rows):
+    await create_model(client)
+    body = {"features": [[0.3] * 6] * rows, "labels": [2] * rows}
+    await asyncio.gather(*(client.post("/v1/models/m/learn", json=body) for _ in range(10)))
+    info = (await client.get("/v1/models/m")).json()
+    assert info["pending_examples"] == 0
+    assert info["examples_seen"] == 10 * rows
+
+
+async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
+    app, serve, create_model, make_data
+):
+    async with serve(app) as _:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            await create_model(client)
+            entry = await app.state.registry.get("m")
+            learn = entry.model.learn
+
+            def broken_once(X, y):
+                entry.model.learn = learn
+                raise RuntimeError("device lost")
+
+            entry.model.learn = broken_once
+            X, y = make_data(3)
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            assert r.status_code == 500
+            assert r.json() == {"detail": "internal error: RuntimeError; see the service log"}
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            assert r.status_code == 200 and r.json()["sequence"] == 0
+            info = (await client.get("/v1/models/m")).json()
+            assert info["examples_seen"] == 3 and info["pending_examples"] == 0

@@ -1,0 +1,132 @@
+"""``python -m service`` really serves: a subprocess on a free port, SIGTERM, a snapshot on disk.
+
+Also the settings: every GLN_* variable of the issue is read with its documented default.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gln import GLN
+from service.settings import Settings
+from service.store import open_store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_python_m_service_serves_and_snapshots_on_sigterm(tmp_path: Path, make_data):
+    port = _free_port()
+    snapshots = tmp_path / "snaps"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GLN_")},
+        "GLN_PORT": str(port),
+        "GLN_SNAPSHOT_DIR": str(snapshots),
+        "GLN_SNAPSHOT_INTERVAL_S": "3600",
+        "GLN_MAX_BODY_BYTES": "4096",
+        "GLN_LOG_LEVEL": "warning",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=base, timeout=5) as client:
+            deadline = time.monotonic() + 30
+            while True:  # a separate process: polling its port is the only signal we have
+                assert proc.poll() is None, proc.stdout.read().decode()
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "server did not answer /healthz in 30 s"
+                time.sleep(0.05)
+            config = {"num_features": 6, "num_classes": 3, "layer_sizes": [8, 1]}
+            r = client.post("/v1/models", json={"name": "m", "config": config})
+            assert r.status_code == 201, r.text
+            X, y = make_data(20)
+            r = client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            assert r.status_code == 200 and r.json()["examples"] == 20
+            assert client.get("/readyz").status_code == 200
+
+            # A real chunked upload over GLN_MAX_BODY_BYTES, no Content-Length.
+            def chunks():
+                for _ in range(100):
+                    yield b" " * 100
+
+            r = client.post(
+                "/v1/models/m/predict",
+                content=chunks(),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 413
+
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, output.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    store = open_store(None, str(snapshots))
+    blob, info = store.load("m")
+    assert info.version == 2  # v1 at creation, v2 written by the SIGTERM shutdown
+    assert GLN.from_bytes(blob).examples_seen == 20
+
+
+def test_settings_read_gln_environment(monkeypatch: pytest.MonkeyPatch):
+    defaults = Settings()
+    assert (defaults.host, defaults.port, defaults.device) == ("127.0.0.1", 8000, "cpu")
+    assert defaults.redis_url is None and defaults.snapshot_dir == "./snapshots"
+    assert defaults.snapshot_interval_s == 60 and defaults.api_token is None
+    assert defaults.max_body_bytes == 64 * 1024 * 1024
+
+    env = {
+        "GLN_HOST": "0.0.0.0",
+        "GLN_PORT": "9001",
+        "GLN_DEVICE": "auto",
+        "GLN_REDIS_URL": "redis://cache:6379/1",
+        "GLN_SNAPSHOT_DIR": "/data/snaps",
+        "GLN_SNAPSHOT_INTERVAL_S": "5",
+        "GLN_API_TOKEN": "hunter2-xyz",
+        "GLN_MAX_BODY_BYTES": "1024",
+        "GLN_MAX_ROWS_PER_REQUEST": "7",
+        "GLN_LOG_LEVEL": "debug",
+    }
+    for key, val in env.items():
+        monkeypatch.setenv(key, val)
+    s = Settings()
+    assert (s.host, s.port, s.device, s.redis_url) == (
+        "0.0.0.0",
+        9001,
+        "auto",
+        "redis://cache:6379/1",
+    )
+    assert (s.snapshot_dir, s.snapshot_interval_s, s.max_body_bytes) == ("/data/snaps", 5, 1024)
+    assert s.api_token is not None and s.api_token.get_secret_value() == "hunter2-xyz"
+    assert "hunter2" not in repr(s)  # the token never lands in logs
+    assert (s.max_rows_per_request, s.log_level) == (7, "debug")
+
+    monkeypatch.setenv("GLN_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="device"):
+        Settings()

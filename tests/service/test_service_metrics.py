@@ -1,0 +1,126 @@
+"""/metrics: the names of docs/interfaces.md, with values that match what the API answered."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
+from service.metrics import package_version
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, frozenset], float]:
+    """Every sample of /metrics as {(sample name, labels): value}."""
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def series_with(samples: dict, **labels: str) -> list[str]:
+    wanted = set(labels.items())
+    return sorted(name for name, lbls in samples if wanted <= set(lbls))
+
+
+async def test_model_metrics_match_the_learn_answers(
+    client: httpx.AsyncClient, create_model, make_data
+):
+    await create_model(client, "m")
+    X, y = make_data(50)
+    loss_sum, correct = 0.0, 0
+    for start in range(0, 50, 10):
+        body = (
+            await client.post(
+                "/v1/models/m/learn",
+                json={"features": X[start : start + 10], "labels": y[start : start + 10]},
+            )
+        ).json()
+        p = np.array(body["probabilities"])
+        loss_sum += body["log_loss"] * body["examples"]
+        correct += int((p.argmax(axis=1) == np.array(y[start : start + 10])).sum())
+    await client.post("/v1/models/m/predict", json={"features": X[:7]})
+    snap = (await client.post("/v1/models/m/snapshot")).json()
+    info = (await client.get("/v1/models/m")).json()
+
+    s = await scrape(client)
+    assert value(s, "gln_examples_learned_total", model="m") == 50
+    assert value(s, "gln_prequential_log_loss_nats_total", model="m") == pytest.approx(loss_sum)
+    assert value(s, "gln_prequential_correct_total", model="m") == correct
+    assert value(s, "gln_examples_predicted_total", model="m") == 7
+    assert value(s, "gln_models_loaded") == 1
+    assert value(s, "gln_model_bytes", model="m") == info["nbytes"]
+    assert value(s, "gln_snapshot_bytes", model="m") == snap["nbytes"]
+    assert value(s, "gln_snapshot_last_success_timestamp_seconds", model="m") == pytest.approx(
+        snap["created_at"]
+    )
+    assert value(s, "gln_snapshot_duration_seconds_count") == 2  # creation + on demand
+    assert value(s, "gln_build_info", version=package_version(), device="cpu") == 1
+
+
+async def test_http_metrics_use_route_templates(settings, serve, create_model, make_data):
+    app = create_app(settings.model_copy(update={"max_body_bytes": 2000}))
+    async with serve(app) as client:
+        await create_model(client, "m")
+        X, y = make_data(3)
+        for _ in range(3):
+            await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        await client.post("/v1/models/m/learn", json={"features": X, "labels": [9, 9, 9]})
+        await client.post("/v1/models/zzz/learn", json={"features": X, "labels": y})
+        big, big_y = make_data(60)
+        await client.post("/v1/models/m/learn", json={"features": big, "labels": big_y})
+        await client.get("/no/such/path")
+
+        s = await scrape(client)
+    learn = "/v1/models/{name}/learn"
+    total = "gln_http_requests_total"
+    assert value(s, total, route=learn, method="POST", status="200") == 3
+    assert value(s, total, route=learn, method="POST", status="422") == 1
+    assert value(s, total, route=learn, method="POST", status="404") == 1
+    assert value(s, total, route=learn, method="POST", status="413") == 1
+    assert value(s, total, route="/v1/models", method="POST", status="201") == 1
+    assert value(s, total, route="unmatched", method="GET", status="404") == 1
+    assert value(s, "gln_http_request_duration_seconds_count", route=learn, method="POST") == 6
+    # No concrete path ever becomes a label value.
+    assert not [lbls for _, lbls in s if ("route", "/v1/models/m/learn") in lbls]
+    buckets = sorted(
+        float(dict(lbls)["le"])
+        for name, lbls in s
+        if name == "gln_http_request_duration_seconds_bucket" and ("route", learn) in lbls
+    )
+    assert buckets[0] == 0.0001 and buckets[-2] == 1.0
+
+
+async def test_delete_removes_the_model_series(client: httpx.AsyncClient, create_model, make_data):
+    await create_model(client, "gone")
+    await create_model(client, "kept")
+    X, y = make_data(2)
+    for name in ("gone", "kept"):
+        await client.post(f"/v1/models/{name}/learn", json={"features": X, "labels": y})
+        await client.post(f"/v1/models/{name}/predict", json={"features": X})
+    s = await scrape(client)
+    assert len(series_with(s, model="gone")) == len(series_with(s, model="kept")) > 0
+    await client.delete("/v1/models/gone")
+    s = await scrape(client)
+    assert series_with(s, model="gone") == []
+    assert value(s, "gln_examples_learned_total", model="kept") == 2
+    assert value(s, "gln_models_loaded") == 1
+
+
+async def test_each_app_has_its_own_registry(settings, tmp_path, serve, create_model):
+    other = settings.model_copy(update={"snapshot_dir": str(tmp_path / "other")})
+    async with serve(create_app(settings)) as a, serve(create_app(other)) as b:
+        await create_model(a, "only-in-a")
+        sa, sb = await scrape(a), await scrape(b)
+    assert value(sa, "gln_models_loaded") == 1
+    assert value(sb, "gln_models_loaded") == 0
+    assert series_with(sb, model="only-in-a") == []

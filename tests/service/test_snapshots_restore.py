@@ -1,0 +1,237 @@
+"""Snapshots and restore: on demand, periodic, at shutdown; readiness; deletion.
+
+The round-trip tests run against both stores: a directory (tmp_path) and a real Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+import service.app
+from gln import GLN
+from service.app import create_app
+from service.settings import Settings
+from service.store import open_store
+
+
+def _store(settings: Settings):
+    return open_store(
+        settings.redis_url, settings.snapshot_dir, key_prefix=settings.redis_key_prefix
+    )
+
+
+async def test_restore_gives_the_same_model_on_a_new_app(
+    store_settings: Settings, serve, create_model, make_data
+):
+    X, y = make_data(60)
+    probe, _ = make_data(5, seed=3)
+    async with serve(create_app(store_settings)) as client:
+        await create_model(client, "fraud")
+        await create_model(client, "other")
+        r = await client.post("/v1/models/fraud/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200
+        snap = (await client.post("/v1/models/fraud/snapshot")).json()
+        assert snap["version"] == 2
+        before = (await client.post("/v1/models/fraud/predict", json={"features": probe})).json()
+
+    async with serve(create_app(store_settings)) as client:
+        assert (await client.get("/readyz")).status_code == 200
+        assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["fraud", "other"]
+        info = (await client.get("/v1/models/fraud")).json()
+        assert info["examples_seen"] == 60
+        assert info["snapshot"]["version"] == 2
+        assert info["snapshot"]["sha256"] == snap["sha256"]
+        after = (await client.post("/v1/models/fraud/predict", json={"features": probe})).json()
+        assert after == before
+        # The stream continues where it stopped.
+        r = await client.post("/v1/models/fraud/learn", json={"features": X[:2], "labels": y[:2]})
+        assert r.json()["sequence"] == 60
+
+
+async def test_shutdown_snapshots_changed_models_only(
+    store_settings: Settings, serve, small_config, create_model, make_data
+):
+    X, y = make_data(30)
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "learned")
+        await create_model(client, "idle")
+        await client.post("/v1/models/learned/learn", json={"features": X, "labels": y})
+    assert app.state.shutdown_clean is True
+
+    store = _store(store_settings)
+    try:
+        blob, info = store.load("learned")
+        assert info.version == 2  # creation, then shutdown
+        assert store.load("idle")[1].version == 1  # unchanged: not written again
+    finally:
+        store.close()
+    reference = GLN(**small_config)
+    reference.learn(np.array(X), np.array(y))
+    assert blob == reference.to_bytes()
+
+
+async def test_periodic_snapshots_write_only_changed_models(
+    settings: Settings, serve, create_model, make_data
+):
+    fast = settings.model_copy(update={"snapshot_interval_s": 0.05})
+    app = create_app(fast)
+    async with serve(app) as client:
+        await create_model(client, "a")
+        await create_model(client, "b")
+        X, y = make_data(5)
+        await client.post("/v1/models/a/learn", json={"features": X, "labels": y})
+        deadline = time.monotonic() + 10
+        while (await client.get("/v1/models/a")).json()["snapshot"]["version"] < 2:
+            assert time.monotonic() < deadline, "no periodic snapshot within 10 s"
+            await asyncio.sleep(0.02)
+        # A pass with nothing changed writes nothing.
+        assert await app.state.registry.snapshot_changed() is True
+        assert (await client.get("/v1/models/a")).json()["snapshot"]["version"] == 2
+        assert (await client.get("/v1/models/b")).json()["snapshot"]["version"] == 1
+
+
+async def test_delete_removes_snapshots(store_settings: Settings, serve, create_model):
+    async with serve(create_app(store_settings)) as client:
+        await create_model(client, "gone")
+        await create_model(client, "kept")
+        await client.post("/v1/models/gone/snapshot")
+        assert (await client.delete("/v1/models/gone")).status_code == 204
+        store = _store(store_settings)
+        try:
+            assert store.names() == ["kept"]
+        finally:
+            store.close()
+    async with serve(create_app(store_settings)) as client:
+        assert (await client.get("/v1/models/gone")).status_code == 404
+        assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["kept"]
+
+
+async def test_delete_lets_queued_learning_finish(
+    client: httpx.AsyncClient, app, settings, create_model, make_data
+):
+    await create_model(client)
+    entry = await app.state.registry.get("m")
+    X, y = make_data(4)
+    learns = [
+        asyncio.ensure_future(client.post("/v1/models/m/learn", json={"features": X, "labels": y}))
+        for _ in range(20)
+    ]
+    while entry.pending_examples == 0:  # yield to the loop until requests are queued
+        await asyncio.sleep(0)
+    r = await client.delete("/v1/models/m")
+    assert r.status_code == 204
+    responses = [await f for f in learns]
+    learned = [r.json()["sequence"] for r in responses if r.status_code == 200]
+    assert {r.status_code for r in responses} <= {200, 404}
+    # The queued requests were learned (not dropped) before the model went away.
+    assert learned and sorted(learned) == list(range(0, 4 * len(learned), 4))
+    assert (await client.get("/v1/models/m")).status_code == 404
+    # No snapshot resurrected the model after its deletion.
+    assert open_store(None, settings.snapshot_dir).names() == []
+
+
+class _GatedStore:
+    """A real store whose ``load`` waits for a gate: start-up restore takes as long as we say."""
+
+    def __init__(self, inner, gate: threading.Event) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def load(self, name: str):
+        self._gate.wait(timeout=30)
+        return self._inner.load(name)
+
+    def __getattr__(self, attr: str):
+        return getattr(self._inner, attr)
+
+
+async def test_readyz_is_503_until_every_model_is_restored(
+    settings: Settings, serve, create_model, monkeypatch: pytest.MonkeyPatch
+):
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "stored")
+
+    gate = threading.Event()
+    real_open_store = service.app.open_store
+    monkeypatch.setattr(
+        service.app, "open_store", lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate)
+    )
+    impatient = settings.model_copy(update={"restore_wait_s": 0.05})
+    app = create_app(impatient)
+    try:
+        async with serve(app, wait_restored=False) as client:
+            assert (await client.get("/healthz")).status_code == 200
+            r = await client.get("/readyz")
+            assert r.status_code == 503 and "restoring" in r.json()["detail"]
+            # A stored model may still be on its way: 503, not a misleading 404.
+            assert (await client.get("/v1/models/stored")).status_code == 503
+            gate.set()
+            await app.state.registry.wait_restored()
+            assert (await client.get("/readyz")).status_code == 200
+            assert (await client.get("/v1/models/stored")).status_code == 200
+    finally:
+        gate.set()
+
+
+async def test_unreadable_snapshot_keeps_readyz_503_until_deleted(
+    settings: Settings, serve, create_model
+):
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "good")
+        await create_model(client, "broken")
+    version_file = Path(settings.snapshot_dir) / "broken" / "v1.snap"
+    version_file.write_bytes(b"not a snapshot" + version_file.read_bytes()[14:])
+
+    async with serve(create_app(settings)) as client:
+        r = await client.get("/readyz")
+        assert r.status_code == 503
+        assert "broken" in r.json()["detail"]
+        assert (await client.get("/v1/models/good")).status_code == 200  # the others serve
+        assert (await client.get("/v1/models/broken")).status_code == 404
+        # Its name stays taken until the operator deletes the bad snapshot.
+        r = await client.post("/v1/models", json={"name": "broken", "config": {"num_features": 2}})
+        assert r.status_code == 409
+        assert (await client.delete("/v1/models/broken")).status_code == 204
+        assert (await client.get("/readyz")).status_code == 200
+        assert open_store(None, settings.snapshot_dir).names() == ["good"]
+
+
+async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", snapshot_dir=str(tmp_path))
+    async with serve(create_app(settings), wait_restored=False) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        r = await client.get("/readyz")
+        assert r.status_code == 503
+
+
+async def test_store_failure_after_start(
+    settings: Settings, client: httpx.AsyncClient, create_model, small_config
+):
+    """The snapshot directory disappears (replaced by a file): not ready, creates refused."""
+    await create_model(client, "m")
+    snapshot_dir = Path(settings.snapshot_dir)
+    for path in sorted(snapshot_dir.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    snapshot_dir.rmdir()
+    snapshot_dir.write_text("in the way")
+
+    r = await client.get("/readyz")
+    assert r.status_code == 503 and "unreachable" in r.json()["detail"]
+    r = await client.post("/v1/models", json={"name": "new", "config": small_config})
+    assert r.status_code == 503 and "snapshot store" in r.json()["detail"]
+    assert (await client.get("/v1/models/new")).status_code == 404
+    assert (await client.post("/v1/models/m/snapshot")).status_code == 503
+    snapshot_dir.unlink()  # let the shutdown snapshot pass (the dir store recreates paths)
