@@ -6,8 +6,10 @@
 The plain peer is the textbook implementation: for every example, gate with a matrix-vector
 product, gather the active weight rows by fancy indexing, mix, update, project and scatter
 them back. It shares the model's hyperplanes, scaling and initial weights, so both do the same
-arithmetic; the run checks that their predictions agree before it reports the ratio. Prints one
-JSON line.
+arithmetic; the run reports how often their predicted classes agree. (Not always bit-equal:
+the peer gates with a plain float32 product, which now and then rounds a borderline halfspace
+decision the other way than ``gln``'s exact one, and the paths then drift apart slightly.)
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     fast_rate = (args.examples - 8) / (time.perf_counter() - start)
 
     # The peer learns the same stream from the same state; outputs must agree.
-    checked, peer = GLN(**config), None
+    checked = GLN(**config)
     checked.learn(X[:8], y[:8])
     peer = PlainGLN(GLN.from_bytes(checked.to_bytes()))
     tail = slice(8, 8 + args.plain_examples)
@@ -97,8 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
     plain_outputs = np.array([peer.learn_one(x, int(label)) for x, label in rows])
     plain_rate = args.plain_examples / (time.perf_counter() - start)
     q = plain_outputs.astype(np.float64)
-    plain_probs = q / q.sum(axis=1, keepdims=True) if args.classes > 2 else None
-    agree = plain_probs is None or bool(np.allclose(plain_probs, expected, atol=1e-3))
+    plain_probs = q / q.sum(axis=1, keepdims=True) if args.classes > 2 else np.hstack([1 - q, q])
+    class_agreement = float((plain_probs.argmax(axis=1) == expected.argmax(axis=1)).mean())
 
     result = {
         "benchmark": "learn_speed",
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
         "gln_examples_per_second": fast_rate,
         "plain_numpy_examples_per_second": plain_rate,
         "speedup": fast_rate / plain_rate,
-        "outputs_agree": agree,
+        "predicted_class_agreement": class_agreement,
+        "max_probability_difference": float(np.abs(plain_probs - expected).max()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
     }
     print(json.dumps(result))

@@ -14,6 +14,7 @@ same whether a row is gated alone or in a chunk, which keeps ``learn`` exactly s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -32,23 +33,49 @@ def sample_halfspaces(
     return normals.astype(np.float32), offsets.astype(np.float32)
 
 
-def halfspace_bits(xp: ModuleType, z: Any, normals: Any, offsets: Any) -> Any:
-    """``[z_t . v_p >= b_p]`` for every row t and hyperplane p, decided exactly: (n, P) bool."""
+def rounding_tolerances(xp: ModuleType, z: Any) -> Any:
+    """Per row, a margin beyond which a float32 ``z . v - b`` has the sign of the exact value.
+
+    Rounding bound of a float32 dot product of length d in any summation order:
+    ``|error| <= gamma_d * sum_i |z_i v_i| <= gamma_d * ||z||_2`` for unit normals; doubled to
+    cover the subtraction of the offset and the float64 re-check. Returns (n,) float32.
+    """
+    dim = z.shape[1]
+    gamma = dim * _FLOAT32_UNIT_ROUNDOFF / (1.0 - dim * _FLOAT32_UNIT_ROUNDOFF)
+    z64 = z.astype(xp.float64)
+    return (2.0 * gamma * xp.sqrt((z64 * z64).sum(axis=1)) + 1e-30).astype(xp.float32)
+
+
+def exact_dots(xp: ModuleType, z: Any, normals: Any, rows: Any, planes: Any) -> Any:
+    """``z[rows[k]] . normals[planes[k]]`` in float64 for each k (the plain-array version)."""
+    return (z[rows].astype(xp.float64) * normals[planes].astype(xp.float64)).sum(axis=1)
+
+
+def halfspace_bits(
+    xp: ModuleType, z: Any, normals: Any, offsets: Any, dots: Callable[..., Any] | None = None
+) -> Any:
+    """``[z_t . v_p >= b_p]`` for every row t and hyperplane p, decided exactly: (n, P) bool.
+
+    ``dots(z, normals, rows, planes)`` computes the float64 re-checks (default: ``exact_dots``).
+    """
     margin = z @ normals.T
     margin -= offsets
     bits = margin >= 0
-    dim = z.shape[1]
-    # Rounding bound of a float32 dot product of length dim in any summation order:
-    # |error| <= gamma_dim * sum_i |z_i v_i| <= gamma_dim * ||z||_2 (unit normals).
-    gamma = dim * _FLOAT32_UNIT_ROUNDOFF / (1.0 - dim * _FLOAT32_UNIT_ROUNDOFF)
-    z64 = z.astype(xp.float64)
-    tolerance = (2.0 * gamma * xp.sqrt((z64 * z64).sum(axis=1)) + 1e-30).astype(xp.float32)
+    tolerance = rounding_tolerances(xp, z)
     xp.abs(margin, out=margin)
     rows, planes = xp.nonzero(margin <= tolerance[:, None])
     if rows.size:
-        exact = (z64[rows] * normals[planes].astype(xp.float64)).sum(axis=1)
+        exact = dots(z, normals, rows, planes) if dots else exact_dots(xp, z, normals, rows, planes)
         bits[rows, planes] = exact >= offsets[planes].astype(xp.float64)
     return bits
+
+
+def halfspace_contexts(
+    xp: ModuleType, z: Any, normals: Any, offsets: Any, context_dim: int,
+    dots: Callable[..., Any] | None = None,
+) -> Any:
+    """Every neuron's context index for every row: (n, P / m) int32."""
+    return context_indices(xp, halfspace_bits(xp, z, normals, offsets, dots), context_dim)
 
 
 def context_indices(xp: ModuleType, bits: Any, context_dim: int) -> Any:

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from gln.backend import array_module, resolve_device, to_numpy
-from gln.gating import context_indices, halfspace_bits, sample_halfspaces
-from gln.kernels import layer_pass_for
+from gln.gating import sample_halfspaces
+from gln.kernels import contexts_for, layer_pass_for
 from gln.network import network_pass
 from gln.scaling import INPUT_SCALINGS, RunningMoments, moments_before_each_row, scale_inputs
 from gln.schedules import make_schedule
@@ -111,6 +111,7 @@ class GLN:
         self._device = resolve_device(device)
         self._xp = array_module(self._device)
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
+        self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
         self._init_state()
 
     # ------------------------------------------------------------------ state
@@ -300,8 +301,7 @@ class GLN:
 
     def _contexts(self, z: Any) -> list[Any]:
         xp = self._xp
-        indices = context_indices(xp, halfspace_bits(xp, z, self.normals, self.offsets),
-                                  self.context_dim)  # (n, G * sum(K))
+        indices = self._halfspace_contexts(z, self.normals, self.offsets, self.context_dim)
         indices = indices.reshape(z.shape[0], self.num_glns, sum(self.layer_sizes))
         bounds = np.cumsum([0, *self.layer_sizes])
         layers = zip(bounds[:-1], bounds[1:], strict=True)

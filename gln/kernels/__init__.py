@@ -6,10 +6,14 @@ back to the plain-array reference in ``gln.network``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
+from gln.gating import halfspace_contexts
 from gln.network import LayerPass, reference_layer_pass
 
 
@@ -24,3 +28,12 @@ def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
 
         return cuda_layer_pass
     return reference_layer_pass(xp)
+
+
+def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
+    """``f(z, normals, offsets, context_dim) -> (n, P / m) int32`` context indices for ``xp``."""
+    if use_kernels and xp is np:
+        from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
+
+        return functools.partial(halfspace_contexts, xp, dots=cpu_exact_dots)
+    return functools.partial(halfspace_contexts, xp)

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from gln.gating import context_indices, halfspace_bits, sample_halfspaces
+from gln.gating import context_indices, halfspace_bits, halfspace_contexts, sample_halfspaces
+from gln.kernels import contexts_for
 
 
 def test_normals_are_uniform_on_the_unit_sphere_and_offsets_normal():
@@ -48,3 +49,21 @@ def test_borderline_rows_get_the_same_decision_alone_or_in_a_batch():
     exact = (z.astype(np.float64) @ normals.astype(np.float64).T) >= offsets.astype(np.float64)
     borderline = [(t, t % 16) for t in range(64)]
     assert all(batch[t, p] == exact[t, p] for t, p in borderline)
+
+
+def test_cpu_kernel_contexts_match_the_reference_on_and_off_the_hyperplanes():
+    rng = np.random.default_rng(3)
+    d, m = 200, 4
+    normals, offsets = sample_halfspaces(rng, 40 * m, d, 1.0)
+    z = rng.normal(size=(120, d))
+    for t in range(0, 120, 2):  # every other row sits on one of the hyperplanes
+        v = normals[t % (40 * m)].astype(np.float64)
+        z[t] += (offsets[t % (40 * m)] - z[t] @ v) * v
+    z = z.astype(np.float32)
+    cpu_halfspace_contexts = contexts_for(np)
+    fused = cpu_halfspace_contexts(z, normals, offsets, m)
+    assert fused.dtype == np.int32 and fused.shape == (120, 40)
+    assert np.array_equal(fused, halfspace_contexts(np, z, normals, offsets, m))
+    alone = np.concatenate([cpu_halfspace_contexts(z[t:t + 1], normals, offsets, m)
+                            for t in range(120)])
+    assert np.array_equal(fused, alone)

@@ -295,3 +295,16 @@ def test_the_cpu_path_never_imports_cupy():
         "assert 'cupy' not in sys.modules, 'cupy was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_results_do_not_depend_on_the_kernel_thread_count(monkeypatch):
+    import gln.kernels.cpu as cpu
+
+    X, y = stream(200)
+    blobs = []
+    for threshold in (0, 10**12):  # every call parallel, then every call on one thread
+        monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", threshold)
+        model = small_model()
+        model.learn(X, y)
+        blobs.append(model.to_bytes())
+    assert blobs[0] == blobs[1]
