@@ -34,6 +34,7 @@ from gln.kernels.cuda import (
 )
 from gln.network import reference_layer_pass
 from gln.scaling import RunningMoments, moments_before_each_row
+from tests.gln.layer_data import random_layer
 
 KERNELS = Path(__file__).resolve().parents[2] / "gln" / "kernels"
 SOURCES = sorted(KERNELS.glob("*.cu"))
@@ -276,20 +277,6 @@ def emulated_layer_pass(libraries, mode="auto"):
         assert status == 0, "a warp's lanes diverged at a warp-collective call"
 
     return layer_pass
-
-
-def random_layer(rng, glns, neurons, contexts, inputs, n, shared, repeat=0.5):
-    """Well-conditioned random layer data; contexts repeat with probability ``repeat``."""
-    w = (rng.uniform(-1, 1, (glns, neurons, contexts, inputs)) / np.sqrt(inputs)).astype(
-        np.float32)
-    ctx = rng.integers(0, contexts, (n, glns, neurons)).astype(np.int32)
-    for t in range(1, n):  # runs of one context exercise the in-register hand-over
-        same = rng.random((glns, neurons)) < repeat
-        ctx[t][same] = ctx[t - 1][same]
-    x = rng.normal(0, 2, (n, 1 if shared else glns, inputs)).astype(np.float32)
-    targets = rng.integers(0, 2, (n, glns)).astype(np.float32)
-    rates = rng.uniform(0.001, 0.1, n).astype(np.float32)
-    return w, ctx, x, targets, rates
 
 
 def run(layer_pass, w, ctx, x, targets, rates, learn, pred_clip=0.01, weight_clip=1.5):

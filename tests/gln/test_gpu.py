@@ -14,6 +14,7 @@ from gln import GLN
 from gln.network import reference_layer_pass
 from gln.scaling import RunningMoments
 from gln.scaling import moments_before_each_row as numpy_moments
+from tests.gln.layer_data import random_layer
 
 
 def _cupy_with_gpu():
@@ -32,20 +33,6 @@ cp = _cupy_with_gpu()
 if cp is None:
     pytest.skip("needs CuPy and a CUDA GPU (pip install '.[gpu]')", allow_module_level=True)
 pytestmark = pytest.mark.gpu
-
-
-def random_layer(rng, glns, neurons, contexts, inputs, n, shared, repeat=0.5):
-    """Well-conditioned random layer data; contexts repeat with probability ``repeat``."""
-    w = (rng.uniform(-1, 1, (glns, neurons, contexts, inputs)) / np.sqrt(inputs)).astype(
-        np.float32)
-    ctx = rng.integers(0, contexts, (n, glns, neurons)).astype(np.int32)
-    for t in range(1, n):  # runs of one context exercise the in-register hand-over
-        same = rng.random((glns, neurons)) < repeat
-        ctx[t][same] = ctx[t - 1][same]
-    x = rng.normal(0, 2, (n, 1 if shared else glns, inputs)).astype(np.float32)
-    targets = rng.integers(0, 2, (n, glns)).astype(np.float32)
-    rates = rng.uniform(0.001, 0.1, n).astype(np.float32)
-    return w, ctx, x, targets, rates
 
 
 def run_cuda(data, learn, mode="auto", pred_clip=0.01, weight_clip=1.5):

@@ -8,6 +8,7 @@ from hypothesis.extra.numpy import arrays
 
 from gln.kernels import layer_pass_for
 from gln.network import reference_layer_pass
+from tests.gln.layer_data import random_layer
 
 
 def logit(p):
@@ -85,15 +86,6 @@ def test_weights_are_projected_onto_the_hypercube(kernel):
     _, new_w = one_layer(x, w, target=1, rate=1.0, weight_clip=5.0, kernel=kernel)
     assert new_w.max() <= 5.0 and new_w.min() >= -5.0
     assert new_w[0] == 5.0 and new_w[1] == -5.0  # pushed past the bound, clipped back
-
-
-def random_layer(rng, glns, neurons, contexts, inputs, n, shared):
-    w = rng.uniform(-1, 1, (glns, neurons, contexts, inputs)).astype(np.float32)
-    ctx = rng.integers(0, contexts, (n, glns, neurons)).astype(np.int32)
-    x = rng.normal(0, 2, (n, 1 if shared else glns, inputs)).astype(np.float32)
-    targets = rng.integers(0, 2, (n, glns)).astype(np.float32)
-    rates = rng.uniform(0.001, 0.1, n).astype(np.float32)
-    return w, ctx, x, targets, rates
 
 
 @pytest.mark.parametrize("shared", [True, False])
