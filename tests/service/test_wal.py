@@ -1,0 +1,615 @@
+"""Contract tests for the write-ahead logs, run against a real Redis and a real directory.
+
+The first part runs once per log (``backend`` is parametrised); a small ``Backend`` helper per
+log knows how to list what it keeps underneath (Redis keys, files). The tests check what the
+service will rely on: what was appended comes back exactly, in order, once; trims drop exactly
+the entries asked for; idempotency keys name the entry they were logged with; a crash's torn
+last record is ignored while real corruption is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from service.wal import (
+    FileWriteAheadLog,
+    LogEntry,
+    RedisWriteAheadLog,
+    WalCorruptError,
+    WalDurabilityError,
+    WalGapError,
+    WriteAheadLog,
+    _next_redis_id,
+    open_wal,
+)
+
+
+class Backend:
+    """A log under test plus a way to list what it keeps underneath."""
+
+    kind: str
+
+    def make(self, **options: object) -> WriteAheadLog:
+        raise NotImplementedError
+
+    def traces(self) -> list[str]:
+        """Every key or file the log keeps (for 'nothing left behind' checks)."""
+        raise NotImplementedError
+
+
+class RedisBackend(Backend):
+    kind = "redis"
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url, self.prefix = url, prefix
+        self.client = redis.Redis.from_url(url)
+
+    def make(self, **options: object) -> WriteAheadLog:
+        return RedisWriteAheadLog(self.url, key_prefix=self.prefix, **options)  # type: ignore[arg-type]
+
+    def traces(self) -> list[str]:
+        return sorted(k.decode() for k in self.client.scan_iter(match=f"{self.prefix}*"))
+
+
+class FileBackend(Backend):
+    kind = "file"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def make(self, **options: object) -> WriteAheadLog:
+        return FileWriteAheadLog(self.root, **options)  # type: ignore[arg-type]
+
+    def traces(self) -> list[str]:
+        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*"))
+
+
+@pytest.fixture(params=["redis", "file"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """One Backend per log kind; Redis keys live under a per-test prefix."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_key_prefix")
+        yield RedisBackend(url, prefix)
+    else:
+        yield FileBackend(tmp_path / "wal")
+
+
+@pytest.fixture
+def wal(backend: Backend) -> Iterator[WriteAheadLog]:
+    log = backend.make()
+    yield log
+    log.close()
+
+
+def chunk(n: int, d: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, d)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def tagged(tag: int, n: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk whose labels say which append it came from."""
+    return np.full((n, 2), tag, np.float32), np.full(n, tag, np.int64)
+
+
+def tags(entries: Iterator[LogEntry]) -> list[int]:
+    return [int(e.labels[0]) for e in entries]
+
+
+def assert_same(entry: LogEntry, features: np.ndarray, labels: np.ndarray) -> None:
+    assert entry.features.dtype == features.dtype and entry.features.shape == features.shape
+    assert entry.labels.dtype == labels.dtype and entry.labels.shape == labels.shape
+    assert entry.features.tobytes() == features.tobytes()  # bit-exact, NaNs included
+    assert entry.labels.tobytes() == labels.tobytes()
+
+
+# -- the contract, for both logs ----------------------------------------------------------------
+
+
+def test_round_trip_is_exact(wal: WriteAheadLog) -> None:
+    assert isinstance(wal, WriteAheadLog)
+    X, y = chunk(7)
+    X[0, 0], X[1, 1], X[2, 2] = np.nan, -0.0, np.finfo(np.float32).tiny
+    before = time.time()
+    entry_id = wal.append("m", X, y, ["k1", None])
+    assert isinstance(entry_id, str)
+    (entry,) = wal.read_after("m", None)
+    assert entry.id == entry_id and y.dtype == np.int64
+    assert_same(entry, X, y)
+    assert entry.idempotency_keys == ("k1", None)
+    assert before - 1 <= entry.created_at <= time.time() + 1
+    assert wal.last_id("m") == entry_id
+
+
+def test_other_dtypes_and_byte_orders_are_kept(wal: WriteAheadLog) -> None:
+    X64 = np.arange(6, dtype=np.float64).reshape(3, 2) / 3
+    y32 = np.array([1, 2, 3], dtype=np.int32)
+    wal.append("m", X64, y32)
+    big_endian = np.arange(4, dtype=">f4").reshape(2, 2)
+    wal.append("m", big_endian, np.array([0, 1], dtype=np.uint8))
+    wal.append("m", np.asfortranarray(X64.astype(np.float32)), y32.astype(np.int64))
+    first, second, third = wal.read_after("m", None)
+    assert_same(first, X64, y32)
+    assert second.features.dtype == np.dtype("<f4")  # stored little-endian, same values
+    assert np.array_equal(second.features, big_endian) and second.labels.dtype == np.uint8
+    assert np.array_equal(third.features, X64.astype(np.float32))
+
+
+def test_order_across_many_appends(wal: WriteAheadLog) -> None:
+    ids = [wal.append("m", *tagged(i)) for i in range(60)]
+    assert len(set(ids)) == 60
+    entries = list(wal.read_after("m", None))
+    assert [e.id for e in entries] == ids
+    assert tags(iter(entries)) == list(range(60))
+    assert wal.last_id("m") == ids[-1]
+
+
+def test_read_after_a_middle_id(wal: WriteAheadLog) -> None:
+    ids = [wal.append("m", *tagged(i)) for i in range(20)]
+    assert tags(wal.read_after("m", ids[11])) == list(range(12, 20))
+    assert [e.id for e in wal.read_after("m", ids[0])] == ids[1:]
+    assert list(wal.read_after("m", ids[-1])) == []
+
+
+def test_unknown_model_is_empty(wal: WriteAheadLog) -> None:
+    assert list(wal.read_after("nobody", None)) == []
+    assert wal.last_id("nobody") is None
+    assert wal.seen_key("nobody", "k") is None
+    wal.trim_through("nobody", wal.append("other", *tagged(1)))  # a no-op, not an error
+
+
+def test_models_are_separate(wal: WriteAheadLog) -> None:
+    wal.append("a", *tagged(1))
+    wal.append("b", *tagged(2), ["k"])
+    wal.append("a", *tagged(3))
+    assert tags(wal.read_after("a", None)) == [1, 3]
+    assert tags(wal.read_after("b", None)) == [2]
+    assert wal.seen_key("a", "k") is None
+
+
+def test_trim_through_keeps_only_later_entries(wal: WriteAheadLog) -> None:
+    ids = [wal.append("m", *tagged(i)) for i in range(10)]
+    wal.trim_through("m", ids[3])
+    assert tags(wal.read_after("m", None)) == list(range(4, 10))
+    assert tags(wal.read_after("m", ids[3])) == list(range(4, 10))  # the snapshot's own id
+    assert wal.last_id("m") == ids[-1]
+    wal.trim_through("m", ids[1])  # older than the trim point: nothing changes
+    assert tags(wal.read_after("m", None)) == list(range(4, 10))
+
+    wal.trim_through("m", ids[-1])  # everything
+    assert list(wal.read_after("m", None)) == []
+    assert wal.last_id("m") == ids[-1]  # ids keep increasing after a full trim
+    new_id = wal.append("m", *tagged(10))
+    assert [e.id for e in wal.read_after("m", ids[-1])] == [new_id]
+    assert wal.last_id("m") == new_id
+
+
+def test_replay_from_before_the_trim_point_is_a_gap(wal: WriteAheadLog) -> None:
+    ids = [wal.append("m", *tagged(i)) for i in range(5)]
+    wal.trim_through("m", ids[2])
+    with pytest.raises(WalGapError, match="trimmed"):
+        wal.read_after("m", ids[1])
+    assert issubclass(WalGapError, WalCorruptError)
+
+
+def test_log_survives_reopening(backend: Backend) -> None:
+    first = backend.make()
+    ids = [first.append("m", *tagged(i), [f"key-{i}"]) for i in range(6)]
+    first.trim_through("m", ids[1])
+    first.close()
+    second = backend.make()
+    assert tags(second.read_after("m", None)) == [2, 3, 4, 5]
+    assert second.last_id("m") == ids[-1]
+    assert second.seen_keys("m", ["key-0", "key-5", "nope", None]) == [ids[0], ids[5], None, None]
+    new_id = second.append("m", *tagged(6))
+    assert [e.id for e in second.read_after("m", ids[-1])] == [new_id]  # ids went on growing
+    second.close()
+
+
+def test_idempotency_keys_name_their_entry(wal: WriteAheadLog) -> None:
+    first = wal.append("m", *tagged(1), ["req-a", None, "req-b"])
+    assert wal.seen_key("m", "req-a") == first
+    assert wal.seen_key("m", "req-b") == first
+    assert wal.seen_key("m", "req-c") is None
+    # A retry is recognised before it is appended (what the learn worker does) ...
+    retry = ["req-c", "req-a"]
+    seen = wal.seen_keys("m", retry)
+    assert seen == [None, first]
+    fresh = [k for k, s in zip(retry, seen, strict=True) if s is None]
+    second = wal.append("m", *tagged(2), fresh)
+    assert wal.seen_key("m", "req-c") == second
+    # ... and a key appended again anyway keeps naming its first entry.
+    wal.append("m", *tagged(3), ["req-a"])
+    assert wal.seen_key("m", "req-a") == first
+    # Keys outlive the entries they were logged with (the TTL decides, not the trim).
+    wal.trim_through("m", second)
+    assert wal.seen_keys("m", ["req-a", "req-c"]) == [first, second]
+
+
+def test_idempotency_keys_expire(backend: Backend) -> None:
+    wal = backend.make(idempotency_ttl_s=0.3)
+    entry_id = wal.append("m", *tagged(1), ["k"])
+    assert wal.seen_key("m", "k") == entry_id
+    time.sleep(0.45)
+    assert wal.seen_key("m", "k") is None
+    assert wal.append("m", *tagged(2), ["k"]) != entry_id
+    assert wal.seen_key("m", "k") not in (None, entry_id)
+    wal.close()
+
+
+def test_delete_removes_everything(wal: WriteAheadLog, backend: Backend) -> None:
+    for i in range(5):
+        wal.append("gone", *tagged(i), [f"k{i}"])
+    wal.trim_through("gone", wal.last_id("gone"))
+    wal.append("gone", *tagged(9), ["k9"])
+    wal.append("kept", *tagged(1), ["k1"])
+    wal.delete("gone")
+    assert list(wal.read_after("gone", None)) == []
+    assert wal.last_id("gone") is None and wal.seen_key("gone", "k9") is None
+    assert not [t for t in backend.traces() if "gone" in t]
+    assert tags(wal.read_after("kept", None)) == [1]
+
+    wal.delete("kept")
+    wal.delete("never-existed")  # a no-op, not an error
+    assert backend.traces() == []
+    assert tags(wal.read_after("gone", None)) == []
+    wal.append("gone", *tagged(7))  # a fresh log
+    assert tags(wal.read_after("gone", None)) == [7]
+
+
+def test_large_chunk_round_trip(wal: WriteAheadLog) -> None:
+    X = np.random.default_rng(1).random((10_000, 784), dtype=np.float32)
+    y = np.arange(10_000, dtype=np.int64) % 10
+    entry_id = wal.append("big", X, y)
+    (entry,) = wal.read_after("big", None)
+    assert entry.id == entry_id
+    assert_same(entry, X, y)
+
+
+def test_concurrent_appends_are_each_logged_once(wal: WriteAheadLog) -> None:
+    threads, per_thread = 8, 25
+    ids: list[list[str]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(per_thread):
+                ids[t].append(wal.append("race", *tagged(t * 1000 + i, n=1 + i % 4)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=30)
+    assert not errors, errors[0]
+    entries = list(wal.read_after("race", None))
+    seen = tags(iter(entries))
+    assert sorted(seen) == sorted(t * 1000 + i for t in range(threads) for i in range(per_thread))
+    for t in range(threads):  # each thread's appends in its own order
+        assert [s for s in seen if s // 1000 == t] == [t * 1000 + i for i in range(per_thread)]
+    by_id = {e.id: int(e.labels[0]) for e in entries}
+    assert len(by_id) == threads * per_thread
+    for t in range(threads):  # the id each append returned names that append's entry
+        assert [by_id[i] for i in ids[t]] == [t * 1000 + i for i in range(per_thread)]
+
+
+def test_bad_arguments_are_refused(wal: WriteAheadLog) -> None:
+    X, y = chunk(3)
+    bad = [
+        (X[0], y),  # 1-D features
+        (X.astype(np.int32), y),  # integer features
+        (X, y.astype(np.float32)),  # float labels
+        (X, y[:2]),  # row counts differ
+        (X.tolist(), y),  # not an ndarray
+    ]
+    for features, labels in bad:
+        with pytest.raises(ValueError):
+            wal.append("m", features, labels)  # type: ignore[arg-type]
+    for key in ["", "has space", "x" * 201, "é", 5]:
+        with pytest.raises(ValueError, match="idempotency key"):
+            wal.append("m", X, y, [key])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        wal.append("m", X, y, "one-key")  # type: ignore[arg-type]
+    for name in [".", "..", "", "a/b", "a:b", "x" * 65]:
+        with pytest.raises(ValueError):
+            wal.append(name, X, y)
+        with pytest.raises(ValueError):
+            wal.read_after(name, None)
+    with pytest.raises(ValueError, match="entry id"):
+        wal.read_after("m", "not-an-id")
+    assert list(wal.read_after("m", None)) == []  # nothing half-logged
+
+
+def test_ping_true_for_working_log(wal: WriteAheadLog) -> None:
+    assert wal.ping() is True
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def _log_file(root: Path, name: str = "m") -> Path:
+    return root / name / "wal.log"
+
+
+def _torn(record: bytes, how: str) -> bytes:
+    if how == "partial-frame":
+        return record[:5]
+    if how == "partial-payload":
+        return record[: len(record) // 2]
+    if how == "bad-crc-last":
+        return record[:-1] + bytes([record[-1] ^ 0xFF])
+    assert how == "zero-tail"
+    return bytes(len(record))
+
+
+@pytest.mark.parametrize("how", ["partial-frame", "partial-payload", "bad-crc-last", "zero-tail"])
+def test_file_torn_tail_is_ignored_and_cut_off(tmp_path: Path, how: str) -> None:
+    wal = FileWriteAheadLog(tmp_path)
+    for i in range(3):
+        wal.append("m", *tagged(i), [f"k{i}"])
+    wal.close()
+    path = _log_file(tmp_path)
+    good = path.read_bytes()
+    # What a fourth append cut short by a crash might leave behind.
+    probe = FileWriteAheadLog(tmp_path / "probe")
+    probe.append("m", *tagged(99))
+    probe.append("m", *tagged(99))
+    last_record = _log_file(tmp_path / "probe").read_bytes()
+    last_record = last_record[len(last_record) // 2:]
+    with open(path, "ab") as fh:
+        fh.write(_torn(last_record, how))
+
+    wal = FileWriteAheadLog(tmp_path)
+    assert tags(wal.read_after("m", None)) == [0, 1, 2]
+    assert wal.last_id("m") == "3" and wal.seen_key("m", "k2") == "3"
+    assert wal.append("m", *tagged(3)) == "4"
+    wal.close()
+    assert path.read_bytes().startswith(good)
+    reopened = FileWriteAheadLog(tmp_path)
+    assert tags(reopened.read_after("m", None)) == [0, 1, 2, 3]
+
+
+def test_file_corruption_in_the_middle_is_refused(tmp_path: Path) -> None:
+    wal = FileWriteAheadLog(tmp_path)
+    for i in range(3):
+        wal.append("m", *tagged(i, n=50))
+    wal.close()
+    path = _log_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the second record's arrays
+    path.write_bytes(bytes(data))
+
+    wal = FileWriteAheadLog(tmp_path)
+    with pytest.raises(WalCorruptError, match="damaged"):
+        wal.read_after("m", None)
+    with pytest.raises(WalCorruptError):
+        wal.append("m", *tagged(3))
+    assert path.read_bytes() == bytes(data)  # nothing was cut off or overwritten
+
+
+def test_file_change_on_disk_after_opening_is_detected(tmp_path: Path) -> None:
+    wal = FileWriteAheadLog(tmp_path)
+    wal.append("m", *tagged(1, n=50))
+    path = _log_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(WalCorruptError, match="changed on disk"):
+        list(wal.read_after("m", None))
+
+
+def test_file_trim_rewrites_atomically_and_shares_a_snapshot_dir(tmp_path: Path) -> None:
+    from service.store import DirectorySnapshotStore
+
+    store = DirectorySnapshotStore(tmp_path)
+    wal = FileWriteAheadLog(tmp_path, fsync=False)
+    ids = [wal.append("m", *tagged(i)) for i in range(4)]
+    store.save("m", b"weights", metadata={"wal_id": ids[1]})
+    wal.trim_through("m", store.load("m")[1].metadata["wal_id"])
+    files = sorted(p.name for p in (tmp_path / "m").iterdir() if p.name != ".lock")
+    assert files == ["HEAD", "v1.snap", "wal.log"]  # no temp files left
+    store.save("m", b"weights 2")  # the store's clean-up leaves the log alone
+    assert tags(wal.read_after("m", ids[1])) == [2, 3]
+    wal.delete("m")  # the log goes, the snapshot stays
+    assert store.load("m")[0] == b"weights 2"
+    assert not _log_file(tmp_path).exists()
+
+
+def test_file_reader_survives_a_concurrent_trim(tmp_path: Path) -> None:
+    wal = FileWriteAheadLog(tmp_path, fsync=False)
+    ids = [wal.append("m", *tagged(i)) for i in range(5)]
+    reader = wal.read_after("m", None)
+    assert int(next(reader).labels[0]) == 0
+    wal.trim_through("m", ids[3])
+    assert tags(reader) == [1, 2, 3, 4]  # the snapshot of the log it started with
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+
+
+def test_next_redis_id_for_xtrim_minid() -> None:
+    assert _next_redis_id("1712-0") == "1712-1"
+    assert _next_redis_id("5-41") == "5-42"
+    assert _next_redis_id(f"5-{2**64 - 1}") == "6-0"
+    with pytest.raises(ValueError):
+        _next_redis_id("5")
+
+
+def test_redis_layout_and_same_millisecond_trim(redis_url: str, redis_key_prefix: str) -> None:
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix)
+    client = redis.Redis.from_url(redis_url)
+    ids = [wal.append("m", *tagged(i), ["k"]) for i in range(3)]
+    stream = f"{redis_key_prefix}:wal:m"
+    assert client.type(stream) == b"stream" and client.xlen(stream) == 3
+    assert client.get(f"{stream}:key:k") == ids[0].encode()
+    assert 0 < client.pttl(f"{stream}:key:k") <= 24 * 3600 * 1000
+    # Entries in the same millisecond differ only in the sequence part; trimming through the
+    # first must keep the second.
+    pipe = client.pipeline()
+    for _ in range(2):
+        pipe.xadd(stream, {b"filler": b""}, id=b"*")
+    a, b = (i.decode() for i in pipe.execute())
+    wal.trim_through("m", ids[-1])
+    assert [i.decode() for i, _ in client.xrange(stream)] == [a, b]
+
+
+def test_redis_reads_in_pages(redis_url: str, redis_key_prefix: str) -> None:
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix, read_page_entries=3)
+    ids = [wal.append("m", *tagged(i)) for i in range(10)]
+    assert tags(wal.read_after("m", None)) == list(range(10))
+    assert tags(wal.read_after("m", ids[2])) == list(range(3, 10))
+    assert [e.id for e in wal.read_after("m", ids[5])] == ids[6:]
+
+
+def test_redis_foreign_entry_is_corruption(redis_url: str, redis_key_prefix: str) -> None:
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix)
+    wal.append("m", *tagged(1))
+    redis.Redis.from_url(redis_url).xadd(f"{redis_key_prefix}:wal:m", {b"meta": b"{}"})
+    with pytest.raises(WalCorruptError):
+        list(wal.read_after("m", None))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_redis_ping_false_when_unreachable() -> None:
+    wal = RedisWriteAheadLog(f"redis://127.0.0.1:{_free_port()}/0", socket_connect_timeout=1)
+    assert wal.ping() is False
+    wal.close()
+
+
+def test_redis_rejects_bad_arguments(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="durability"):
+        RedisWriteAheadLog(redis_url, durability="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="key_prefix"):
+        RedisWriteAheadLog(redis_url, key_prefix="")
+    with pytest.raises(ValueError, match="idempotency_ttl_s"):
+        RedisWriteAheadLog(redis_url, idempotency_ttl_s=0)
+
+
+def _server_facts(url: str) -> tuple[tuple[int, ...], bool]:
+    client = redis.Redis.from_url(url)
+    try:
+        version = client.info("server")["redis_version"]
+        aof = bool(int(client.info("persistence")["aof_enabled"]))
+    finally:
+        client.close()
+    return tuple(int(p) for p in str(version).split(".")[:3]), aof
+
+
+def test_redis_waitaof_refused_with_a_clear_error(redis_url: str, redis_key_prefix: str) -> None:
+    version, aof = _server_facts(redis_url)
+    if version >= (7, 2) and aof:
+        pytest.skip("this Redis supports WAITAOF; the refusal cannot be shown on it")
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix, durability="waitaof")
+    with pytest.raises(WalDurabilityError, match="waitaof") as caught:
+        wal.append("m", *tagged(1))
+    message = str(caught.value)
+    if version < (7, 2):
+        assert "Redis >= 7.2" in message
+    if not aof:
+        assert "appendonly yes" in message
+    assert list(wal.read_after("m", None)) == []  # refused before anything was logged
+    with pytest.raises(WalDurabilityError):
+        wal.check_durability()
+
+
+def test_redis_always_refused_without_aof(redis_url: str, redis_key_prefix: str) -> None:
+    if _server_facts(redis_url)[1]:
+        pytest.skip("this Redis has AOF on")
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix, durability="always")
+    with pytest.raises(WalDurabilityError, match="appendonly yes"):
+        wal.check_durability()
+
+
+def _redis_server_binary() -> tuple[str, tuple[int, ...]]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server on PATH to start a private server with AOF")
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    version = out.split("v=", 1)[1].split()[0] if "v=" in out else "0"
+    return binary, tuple(int(p) for p in version.split(".")[:3])
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """A private redis-server with ``appendonly yes`` and ``appendfsync always``."""
+    binary, version = _redis_server_binary()
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("private redis-server with AOF did not start")
+                time.sleep(0.05)
+        client.close()
+        yield url, version
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_redis_always_with_aof_fsync_always(aof_redis: tuple[str, tuple[int, ...]]) -> None:
+    url, _ = aof_redis
+    wal = RedisWriteAheadLog(url, durability="always")
+    wal.check_durability()
+    entry_id = wal.append("m", *tagged(1))
+    assert [e.id for e in wal.read_after("m", None)] == [entry_id]
+    wal.close()
+
+
+def test_redis_waitaof_confirms_the_fsync(aof_redis: tuple[str, tuple[int, ...]]) -> None:
+    url, version = aof_redis
+    if version < (7, 2):
+        pytest.skip(f"WAITAOF needs Redis >= 7.2; the local redis-server is {version}")
+    wal = RedisWriteAheadLog(url, durability="waitaof")
+    entry_id = wal.append("m", *tagged(1), ["k"])
+    assert wal.seen_key("m", "k") == entry_id
+    wal.close()
+
+
+# -- open_wal -------------------------------------------------------------------------------------
+
+
+def test_open_wal_picks_by_redis_url(tmp_path: Path, redis_url: str) -> None:
+    assert isinstance(open_wal(None, str(tmp_path)), FileWriteAheadLog)
+    files = open_wal("", str(tmp_path), fsync=False, idempotency_ttl_s=5)
+    assert isinstance(files, FileWriteAheadLog) and not files.fsync
+    assert files.idempotency_ttl_s == 5
+    in_redis = open_wal(redis_url, str(tmp_path / "unused"), key_prefix="p", durability="always")
+    assert isinstance(in_redis, RedisWriteAheadLog)
+    assert (in_redis.key_prefix, in_redis.durability) == ("p", "always")
+    in_redis.close()
+    assert not (tmp_path / "unused").exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_check_durability_passes_for_the_defaults(wal: WriteAheadLog) -> None:
+    wal.check_durability()  # everysec / fsync: nothing the server could refuse
