@@ -112,7 +112,13 @@ class GLN:
         self._xp = array_module(self._device)
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
         self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
-        self._init_state()
+        try:
+            self._init_state()
+        except MemoryError:
+            raise ValueError(
+                f"the model needs about {self.estimate_nbytes(self.config_for_estimate())} bytes, "
+                "more memory than is available"
+            ) from None
 
     # ------------------------------------------------------------------ state
     @property
@@ -162,6 +168,29 @@ class GLN:
             "device": self.device,
         }
 
+    def config_for_estimate(self) -> dict[str, Any]:
+        """The size-determining arguments, as ``estimate_nbytes`` takes them."""
+        return {"num_features": self.num_features, "num_classes": self.num_classes,
+                "layer_sizes": self.layer_sizes, "context_dim": self.context_dim}
+
+    @staticmethod
+    def estimate_nbytes(config: dict[str, Any]) -> int:
+        """Bytes a model with this configuration will hold, computed without building it.
+
+        Lets a host refuse a configuration before allocating it. Needs ``num_features`` and
+        optionally ``num_classes``, ``layer_sizes`` and ``context_dim`` (constructor defaults
+        otherwise); raises ``ValueError`` if they are not positive ints.
+        """
+        features = _positive_int("num_features", config.get("num_features"))
+        classes = _positive_int("num_classes", config.get("num_classes", 2))
+        sizes = [_positive_int("layer_sizes[i]", k) for k in config.get("layer_sizes", (32, 32, 1))]
+        contexts = 2 ** _positive_int("context_dim", config.get("context_dim", 4))
+        glns = 1 if classes == 2 else classes
+        inputs = [1 + k for k in (features, *sizes[:-1])]
+        weights = sum(glns * k * contexts * i for k, i in zip(sizes, inputs, strict=True))
+        planes = glns * sum(sizes) * (contexts.bit_length() - 1)
+        return 4 * (weights + planes * features + planes) + 16 * features
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the model's arrays (weights, hyperplanes, statistics)."""
@@ -189,7 +218,10 @@ class GLN:
         finite = np.isfinite(X64) & (np.abs(X64) <= np.finfo(np.float32).max)
         if not finite.all():
             row, col = np.argwhere(~finite)[0]
-            raise ValueError(f"features must be finite: row {row}, column {col} is {X64[row, col]}")
+            raise ValueError(
+                f"features must be finite and within float32 range (|x| <= 3.4e38): "
+                f"row {row}, column {col} is {X64[row, col]}"
+            )
         X32 = np.ascontiguousarray(X64, dtype=np.float32)
         if y is None:
             return X32, None
@@ -388,7 +420,10 @@ def _positive_int(name: str, value: Any) -> int:
 def _float_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large a number") from None
     inside = low <= value <= high if closed else low < value < high
     if not inside:
         interval = f"[{low}, {high}]" if closed else f"({low}, {high})"

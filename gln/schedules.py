@@ -7,6 +7,8 @@ is ``InverseTime(scale=100, cap=0.01)``.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,9 +70,13 @@ def make_schedule(spec: Any) -> Schedule:
     if isinstance(spec, bool):
         raise ValueError(f"learning_rate must be a positive number, got {spec!r}")
     if isinstance(spec, int | float):
-        if not np.isfinite(spec) or spec <= 0:
+        try:
+            rate = float(spec)
+        except OverflowError:
+            rate = math.inf
+        if not math.isfinite(rate) or rate <= 0:
             raise ValueError(f"learning_rate must be a positive finite number, got {spec!r}")
-        return Constant(float(spec))
+        return Constant(rate)
     if isinstance(spec, dict):
         kind = spec.get("schedule")
         if kind == "inverse_time":
@@ -81,7 +87,10 @@ def make_schedule(spec: Any) -> Schedule:
             for key, value in (("scale", scale), ("cap", cap)):
                 if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                     raise ValueError(f"learning_rate.{key} must be a positive number")
-            return InverseTime(float(scale), float(cap))
+            try:
+                return InverseTime(float(scale), float(cap))
+            except OverflowError:
+                raise ValueError("learning_rate.scale and cap must fit a float") from None
         raise ValueError(
             "learning_rate dict must be {'schedule': 'inverse_time', 'scale': s, 'cap': c}, "
             f"got {spec!r}"

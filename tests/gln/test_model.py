@@ -308,3 +308,21 @@ def test_results_do_not_depend_on_the_kernel_thread_count(monkeypatch):
         model.learn(X, y)
         blobs.append(model.to_bytes())
     assert blobs[0] == blobs[1]
+
+
+@pytest.mark.parametrize("name", ["pred_clip", "weight_clip", "bias", "offset_scale", "min_std",
+                                  "learning_rate"])
+def test_numbers_too_large_for_a_float_are_a_clear_value_error(name):
+    with pytest.raises(ValueError, match="learning_rate" if name == "learning_rate" else name):
+        small_model(**{name: 10**400})
+    with pytest.raises(ValueError, match="learning_rate"):
+        small_model(learning_rate={"schedule": "inverse_time", "scale": 10**400, "cap": 0.1})
+
+
+def test_size_is_known_before_building_and_absurd_sizes_fail_cleanly():
+    for config in [dict(num_features=6, num_classes=3, layer_sizes=(8, 4, 1), context_dim=3),
+                   dict(num_features=30), dict(num_features=784, num_classes=10,
+                                                layer_sizes=(128, 128, 1), context_dim=4)]:
+        assert GLN.estimate_nbytes(config) == GLN(**config).nbytes
+    with pytest.raises(ValueError, match="bytes"):
+        GLN(num_features=10**13, num_classes=2, layer_sizes=(1,))
