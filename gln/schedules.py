@@ -8,7 +8,6 @@ is ``InverseTime(scale=100, cap=0.01)``.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
