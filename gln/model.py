@@ -215,12 +215,16 @@ class GLN:
             raise ValueError(
                 f"each row must have {self.num_features} features, got {X64.shape[1]}"
             )
-        finite = np.isfinite(X64) & (np.abs(X64) <= np.finfo(np.float32).max)
+        finite = np.isfinite(X64)
         if not finite.all():
             row, col = np.argwhere(~finite)[0]
+            raise ValueError(f"features must be finite: row {row}, column {col} is {X64[row, col]}")
+        representable = np.abs(X64) <= np.finfo(np.float32).max
+        if not representable.all():
+            row, col = np.argwhere(~representable)[0]
             raise ValueError(
-                f"features must be finite and within float32 range (|x| <= 3.4e38): "
-                f"row {row}, column {col} is {X64[row, col]}"
+                f"features must fit in float32 (|x| <= 3.4e38): row {row}, column {col} is "
+                f"{X64[row, col]}"
             )
         X32 = np.ascontiguousarray(X64, dtype=np.float32)
         if y is None:

@@ -48,6 +48,11 @@ from service.store import open_store
 
 log = logging.getLogger(__name__)
 
+# FastAPI's native OpenTelemetry hooks, all off: this service exports Prometheus metrics
+# (service.metrics), and left on, FastAPI asks the global OpenTelemetry providers on every
+# request whether they have been configured.
+NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
+
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the service app; ``settings`` defaults to the ``GLN_*`` environment."""
@@ -57,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=package_version(),
         summary="Gated Linear Networks that learn online, one example at a time, over HTTP.",
         lifespan=_lifespan,
+        telemetry=NO_TELEMETRY,
     )
     app.state.settings = settings
     app.state.metrics = ServiceMetrics(device=settings.device)

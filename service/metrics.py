@@ -11,6 +11,7 @@ model's series when the model is deleted, so label values stay bounded by the li
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from importlib import metadata
 
 from prometheus_client import (
@@ -27,6 +28,16 @@ LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )
 SNAPSHOT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class _ModelCounters:
+    """One model's children of the per-model counters."""
+
+    learned: Counter
+    log_loss: Counter
+    correct: Counter
+    predicted: Counter
 
 
 def package_version() -> str:
@@ -89,6 +100,9 @@ class ServiceMetrics:
             ["version", "device"], registry=r,
         )
         self.build_info.labels(version=version or package_version(), device=device).set(1)
+        # Each model's learn/predict counters, looked up once: ``.labels(...)`` costs a lock
+        # and a dict lookup per metric, and predict counts on every request.
+        self._counters: dict[str, _ModelCounters] = {}
 
     # -- per-model series -------------------------------------------------------------------
     def _per_model(self) -> tuple[Counter | Gauge, ...]:
@@ -104,17 +118,35 @@ class ServiceMetrics:
             metric.labels(model=name)
         self.model_bytes.labels(model=name).set(nbytes)
 
+    def _model_counters(self, name: str) -> _ModelCounters:
+        counters = self._counters.get(name)
+        if counters is None:
+            counters = _ModelCounters(
+                learned=self.examples_learned.labels(model=name),
+                log_loss=self.log_loss.labels(model=name),
+                correct=self.correct.labels(model=name),
+                predicted=self.examples_predicted.labels(model=name),
+            )
+            self._counters[name] = counters
+        return counters
+
     def forget_model(self, name: str) -> None:
         """Remove every series labelled with this model (it was deleted)."""
+        self._counters.pop(name, None)
         for metric in self._per_model():
             with contextlib.suppress(KeyError):
                 metric.remove(name)
 
     def observe_learned(self, name: str, n: int, log_loss_sum: float, correct: int) -> None:
         """Count one learned chunk: examples, summed prequential log loss, correct guesses."""
-        self.examples_learned.labels(model=name).inc(n)
-        self.log_loss.labels(model=name).inc(log_loss_sum)
-        self.correct.labels(model=name).inc(correct)
+        counters = self._model_counters(name)
+        counters.learned.inc(n)
+        counters.log_loss.inc(log_loss_sum)
+        counters.correct.inc(correct)
+
+    def observe_predicted(self, name: str, n: int) -> None:
+        """Count rows answered by predict."""
+        self._model_counters(name).predicted.inc(n)
 
     def observe_snapshot(self, name: str, seconds: float, nbytes: int, at: float) -> None:
         """Record one successful snapshot of a model, taken at unix time ``at``."""

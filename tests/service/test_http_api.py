@@ -226,7 +226,7 @@ BAD_LEARN_BODIES = [
     ({"features": [[0.0] * 6]}, "labels"),  # labels missing
     ({"features": [["a"] * 6], "labels": [0]}, "features"),  # not numbers
     ({"features": [[0.0] * 6], "labels": [0.5]}, "labels"),
-    ({"features": [[1e39] + [0.0] * 5], "labels": [0]}, "finite"),  # beyond float32
+    ({"features": [[1e39] + [0.0] * 5], "labels": [0]}, "float32"),  # finite, beyond float32
 ]
 
 
