@@ -240,6 +240,10 @@ class GLN:
             )
         if labels.dtype.kind not in "biuf":
             raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+        if labels.dtype.kind in "iu" and (
+            labels.size == 0 or (labels.min() >= 0 and labels.max() < self.num_classes)
+        ):
+            return X32, labels.astype(np.int64, copy=False)  # the common case, checked cheaply
         as_float = labels.astype(np.float64)
         valid = np.isfinite(as_float) & (as_float == np.round(as_float))
         valid &= (as_float >= 0) & (as_float < self.num_classes)
