@@ -203,7 +203,24 @@ class _ClosingMixin:
         self.close()
 
 
-class RedisSnapshotStore(_ClosingMixin):
+class _RedisClient(_ClosingMixin):
+    """What every Redis-backed class here shares: one client, health by PING, closing."""
+
+    _client: redis.Redis
+
+    def ping(self) -> bool:
+        """True when Redis answers PING; False on any connection or server error."""
+        try:
+            return bool(self._client.ping())
+        except (redis.RedisError, OSError):
+            return False
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
+
+
+class RedisSnapshotStore(_RedisClient):
     """Snapshots in Redis: versioned chunk keys plus one head hash per model.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name, ``V`` a version)::
@@ -353,16 +370,6 @@ class RedisSnapshotStore(_ClosingMixin):
         pipe.srem(self._models_key(), name)
         pipe.execute()
 
-    def ping(self) -> bool:
-        """True when Redis answers PING; False on any connection or server error."""
-        try:
-            return bool(self._client.ping())
-        except (redis.RedisError, OSError):
-            return False
-
-    def close(self) -> None:
-        """Close the client's connections."""
-        self._client.close()
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import redis
 
-from service.store import _check_name, _ClosingMixin, _fsync_dir
+from service.store import _check_name, _ClosingMixin, _fsync_dir, _RedisClient
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_TTL_S",
@@ -324,7 +324,7 @@ return false
 """
 
 
-class RedisWriteAheadLog(_ClosingMixin):
+class RedisWriteAheadLog(_RedisClient):
     """The log as one Redis Stream per model, plus one short-lived key per idempotency key.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name)::
@@ -572,16 +572,6 @@ class RedisWriteAheadLog(_ClosingMixin):
         if batch:
             self._client.delete(*batch)
 
-    def ping(self) -> bool:
-        """True when Redis answers PING; False on any connection or server error."""
-        try:
-            return bool(self._client.ping())
-        except (redis.RedisError, OSError):
-            return False
-
-    def close(self) -> None:
-        """Close the client's connections."""
-        self._client.close()
 
 
 # -- files --------------------------------------------------------------------------------------
