@@ -145,6 +145,15 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _model_dir_in(root: Path, name: str) -> Path:
+    """``root / name`` for a checked model name, refusing anything that resolves elsewhere."""
+    model_dir = root / _check_name(name)
+    # Defence in depth: the name check already rules this out.
+    if model_dir.resolve().parent != root.resolve():
+        raise ValueError(f"name {name!r} escapes the directory {root}")
+    return model_dir
+
+
 def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     """Copy ``metadata`` into a plain dict, refusing anything but string keys and values."""
     if metadata is None:
@@ -536,11 +545,7 @@ class DirectorySnapshotStore(_ClosingMixin):
         return f"DirectorySnapshotStore({str(self.path)!r})"
 
     def _model_dir(self, name: str) -> Path:
-        model_dir = self.path / _check_name(name)
-        # Defence in depth: the name check already rules this out.
-        if model_dir.resolve().parent != self.path.resolve():
-            raise ValueError(f"name {name!r} escapes the snapshot directory")
-        return model_dir
+        return _model_dir_in(self.path, name)
 
     @contextlib.contextmanager
     def _locked(self, model_dir: Path) -> Iterator[None]:

@@ -55,7 +55,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import redis
 
-from service.store import _check_name, _ClosingMixin, _fsync_dir, _RedisClient
+from service.store import _check_name, _ClosingMixin, _fsync_dir, _model_dir_in, _RedisClient
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_TTL_S",
@@ -681,10 +681,7 @@ class FileWriteAheadLog(_ClosingMixin):
     # -- per-model state ------------------------------------------------------------------
 
     def _log_path(self, name: str) -> Path:
-        model_dir = self.path / _check_name(name)
-        if model_dir.resolve().parent != self.path.resolve():
-            raise ValueError(f"name {name!r} escapes the log directory")
-        return model_dir / _LOG_NAME
+        return _model_dir_in(self.path, name) / _LOG_NAME
 
     @contextlib.contextmanager
     def _state(self, name: str) -> Iterator[tuple[_FileState, Path]]:
