@@ -41,11 +41,11 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, BinaryIO, Protocol, Self, runtime_checkable
 
 import redis
 
@@ -501,16 +501,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one.
+def _replace_atomically(
+    path: Path, write: Callable[[BinaryIO], object], *, tmp_prefix: str = ".tmp-"
+) -> None:
+    """Replace ``path`` with what ``write`` writes, so readers see the old file or the new one.
 
     Temp file in the same directory, fsync, ``os.replace`` (atomic on POSIX and Windows),
-    then fsync the directory so the rename itself survives a power cut.
+    then fsync the directory so the rename itself survives a power cut. A failure leaves the
+    old file and removes the temp file.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=f"-{path.name}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tmp_prefix, suffix=f"-{path.name}")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -519,6 +522,11 @@ def _write_atomically(path: Path, data: bytes | memoryview) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Replace ``path`` with ``data`` atomically (see ``_replace_atomically``)."""
+    _replace_atomically(path, lambda fh: fh.write(data))
 
 
 class DirectorySnapshotStore(_ClosingMixin):

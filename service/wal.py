@@ -50,12 +50,19 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import redis
 
-from service.store import _check_name, _ClosingMixin, _fsync_dir, _model_dir_in, _RedisClient
+from service.store import (
+    _check_name,
+    _ClosingMixin,
+    _fsync_dir,
+    _model_dir_in,
+    _RedisClient,
+    _replace_atomically,
+)
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_TTL_S",
@@ -853,28 +860,21 @@ class FileWriteAheadLog(_ClosingMixin):
             })
             path.parent.mkdir(exist_ok=True)
             start = kept[0].offset if kept else state.end
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(base)
-                    if kept:
-                        with open(path, "rb") as src:
-                            src.seek(start)
-                            remaining = state.end - start
-                            while remaining:
-                                block = src.read(min(_COPY_BYTES, remaining))
-                                if not block:
-                                    raise WalCorruptError(f"{path} shrank while being trimmed")
-                                out.write(block)
-                                remaining -= len(block)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            _fsync_dir(path.parent)
+
+            def write_trimmed(out: BinaryIO) -> None:
+                out.write(base)
+                if kept:
+                    with open(path, "rb") as src:
+                        src.seek(start)
+                        remaining = state.end - start
+                        while remaining:
+                            block = src.read(min(_COPY_BYTES, remaining))
+                            if not block:
+                                raise WalCorruptError(f"{path} shrank while being trimmed")
+                            out.write(block)
+                            remaining -= len(block)
+
+            _replace_atomically(path, write_trimmed, tmp_prefix=_TMP_PREFIX)
             if state.fd is not None:
                 os.close(state.fd)
                 state.fd = None
