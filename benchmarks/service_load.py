@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,27 +124,25 @@ class RawConnection:
                 pass
 
 
-async def run_raw(url: str, path: str, bodies: list[bytes], connections: int,
-                  warmup: float, duration: float, token: str | None) -> tuple[list[float], int]:
-    parts = urlsplit(url)
-    conns = [RawConnection(parts.hostname or "127.0.0.1", parts.port or 80, token)
-             for _ in range(connections)]
-    await asyncio.gather(*(c.open() for c in conns))
-    raws = [conns[0].request_bytes(path, b) for b in bodies]
+async def _drive(senders: list[Callable[[int], Awaitable[int]]], warmup: float,
+                 duration: float) -> tuple[list[float], int]:
+    """Run every sender in a closed loop; latencies and non-200 count after the warm-up.
+
+    ``sender(i)`` sends the i-th request body and returns the response status.
+    """
     latencies: list[float] = []
     errors = 0
-    t_start = time.perf_counter()
-    measure_from = t_start + warmup
+    measure_from = time.perf_counter() + warmup
     stop_at = measure_from + duration
 
-    async def worker(conn: RawConnection, offset: int) -> None:
+    async def worker(send: Callable[[int], Awaitable[int]], offset: int) -> None:
         nonlocal errors
         i = offset
         while True:
             t0 = time.perf_counter()
             if t0 >= stop_at:
                 return
-            status = await conn.send(raws[i % len(raws)])
+            status = await send(i)
             t1 = time.perf_counter()
             i += 1
             if t0 >= measure_from:
@@ -152,11 +150,25 @@ async def run_raw(url: str, path: str, bodies: list[bytes], connections: int,
                 if status != 200:
                     errors += 1
 
+    await asyncio.gather(*(worker(send, k * 7) for k, send in enumerate(senders)))
+    return latencies, errors
+
+
+async def run_raw(url: str, path: str, bodies: list[bytes], connections: int,
+                  warmup: float, duration: float, token: str | None) -> tuple[list[float], int]:
+    parts = urlsplit(url)
+    conns = [RawConnection(parts.hostname or "127.0.0.1", parts.port or 80, token)
+             for _ in range(connections)]
+    await asyncio.gather(*(c.open() for c in conns))
+    raws = [conns[0].request_bytes(path, b) for b in bodies]
+
+    def sender(conn: RawConnection) -> Callable[[int], Awaitable[int]]:
+        return lambda i: conn.send(raws[i % len(raws)])
+
     try:
-        await asyncio.gather(*(worker(c, k * 7) for k, c in enumerate(conns)))
+        return await _drive([sender(c) for c in conns], warmup, duration)
     finally:
         await asyncio.gather(*(c.close() for c in conns))
-    return latencies, errors
 
 
 async def run_httpx(url: str, path: str, bodies: list[bytes], connections: int,
@@ -165,31 +177,14 @@ async def run_httpx(url: str, path: str, bodies: list[bytes], connections: int,
     if token:
         headers["authorization"] = f"Bearer {token}"
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    latencies: list[float] = []
-    errors = 0
     async with httpx.AsyncClient(base_url=url, limits=limits, headers=headers,
                                  timeout=60) as client:
-        t_start = time.perf_counter()
-        measure_from = t_start + warmup
-        stop_at = measure_from + duration
 
-        async def worker(offset: int) -> None:
-            nonlocal errors
-            i = offset
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop_at:
-                    return
-                r = await client.post(path, content=bodies[i % len(bodies)])
-                t1 = time.perf_counter()
-                i += 1
-                if t0 >= measure_from:
-                    latencies.append(t1 - t0)
-                    if r.status_code != 200:
-                        errors += 1
+        async def send(i: int) -> int:
+            response = await client.post(path, content=bodies[i % len(bodies)])
+            return response.status_code
 
-        await asyncio.gather(*(worker(k * 7) for k in range(connections)))
-    return latencies, errors
+        return await _drive([send] * connections, warmup, duration)
 
 
 # -- the server -----------------------------------------------------------------------------------
