@@ -15,6 +15,21 @@ JSON = {"content-type": "application/json"}
 
 
 # -- create / list / get / delete ----------------------------------------------------------------
+
+async def learn_in_requests(client, X, y, rows: int) -> tuple[list[float], list[bool]]:
+    """Learn X, y in requests of ``rows``; each row's prequential log loss and correctness."""
+    losses, correct = [], []
+    for i in range(0, len(X), rows):
+        labels = y[i : i + rows]
+        body = (
+            await client.post("/v1/models/m/learn", json={"features": X[i : i + rows],
+                                                          "labels": labels})
+        ).json()
+        p = np.array(body["probabilities"])
+        losses += list(-np.log(p[np.arange(len(labels)), labels]))
+        correct += list(p.argmax(axis=1) == np.array(labels))
+    return losses, correct
+
 async def test_create_returns_201_with_info_and_a_first_snapshot(
     client: httpx.AsyncClient, small_config, create_model
 ):
@@ -150,16 +165,7 @@ async def test_learn_answers_prequential_probabilities_like_the_library(
 async def test_online_metrics_window_and_total(client: httpx.AsyncClient, create_model, make_data):
     await create_model(client)
     X, y = make_data(30)
-    losses, correct = [], []
-    for i in range(0, 30, 10):
-        body = (
-            await client.post(
-                "/v1/models/m/learn", json={"features": X[i : i + 10], "labels": y[i : i + 10]}
-            )
-        ).json()
-        p = np.array(body["probabilities"])
-        losses += list(-np.log(p[np.arange(10), y[i : i + 10]]))
-        correct += list(p.argmax(axis=1) == np.array(y[i : i + 10]))
+    losses, correct = await learn_in_requests(client, X, y, 10)
     m = (await client.get("/v1/models/m")).json()["metrics"]
     assert m["window_size"] == 1000
     assert m["recent"]["examples"] == 30 and m["total"]["examples"] == 30
@@ -174,15 +180,7 @@ async def test_recent_window_keeps_only_the_last_examples(
     async with serve(create_app(settings.model_copy(update={"recent_window": 8}))) as client:
         await create_model(client)
         X, y = make_data(20)
-        all_losses = []
-        for i in range(0, 20, 5):  # requests of 5 rows wrap the ring buffer
-            body = (
-                await client.post(
-                    "/v1/models/m/learn", json={"features": X[i : i + 5], "labels": y[i : i + 5]}
-                )
-            ).json()
-            p = np.array(body["probabilities"])
-            all_losses += list(-np.log(p[np.arange(5), y[i : i + 5]]))
+        all_losses, _ = await learn_in_requests(client, X, y, 5)  # 5-row requests wrap the ring
         m = (await client.get("/v1/models/m")).json()["metrics"]
         assert m["recent"]["examples"] == 8
         assert m["recent"]["log_loss"] == pytest.approx(np.mean(all_losses[-8:]))

@@ -148,19 +148,23 @@ async def test_body_at_the_limit_passes(small_body_app, serve, create_model):
         assert r.json()["examples"] == 4
 
 
+async def learn_in_pieces(client, body: bytes, piece: int):
+    """POST a learn body as a chunked upload (no Content-Length), ``piece`` bytes at a time."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), piece):
+            yield body[start : start + piece]
+
+    return await client.post(
+        "/v1/models/m/learn", content=chunks(), headers={"content-type": "application/json"}
+    )
+
+
 async def test_streamed_body_over_the_limit_is_413(small_body_app, serve, create_model):
     """No Content-Length (chunked upload): the middleware counts the bytes as they arrive."""
     async with serve(small_body_app) as client:
         await create_model(client)
-        body = learn_body(40)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            for start in range(0, len(body), 100):
-                yield body[start : start + 100]
-
-        r = await client.post(
-            "/v1/models/m/learn", content=chunks(), headers={"content-type": "application/json"}
-        )
+        r = await learn_in_pieces(client, learn_body(40), 100)
         assert r.status_code == 413
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
 
@@ -168,15 +172,7 @@ async def test_streamed_body_over_the_limit_is_413(small_body_app, serve, create
 async def test_streamed_body_under_the_limit_is_reassembled(small_body_app, serve, create_model):
     async with serve(small_body_app) as client:
         await create_model(client)
-        body = learn_body(3)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            for start in range(0, len(body), 7):
-                yield body[start : start + 7]
-
-        r = await client.post(
-            "/v1/models/m/learn", content=chunks(), headers={"content-type": "application/json"}
-        )
+        r = await learn_in_pieces(client, learn_body(3), 7)
         assert r.status_code == 200, r.text
         assert r.json()["examples"] == 3
 
