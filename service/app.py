@@ -6,9 +6,10 @@ and (while the lifespan runs) its own snapshot store, thread pool and model regi
 
 Lifespan:
 
-* start-up opens the store, starts restoring every stored model in the background (``/readyz``
-  answers 503 until that is done, ``/healthz`` answers at once), and starts the periodic
-  snapshot task;
+* start-up opens the store and the write-ahead log (refusing to start if the log cannot give
+  the configured durability), starts restoring every stored model in the background (snapshot,
+  then the log's tail; ``/readyz`` answers 503 until that is done, ``/healthz`` answers at
+  once), and starts the periodic snapshot task;
 * shutdown (uvicorn runs it on SIGTERM, after open requests finish) stops the periodic task,
   lets every model's queued learn requests finish, then snapshots every model that changed
   since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
@@ -45,6 +46,7 @@ from service.registry import ModelRegistry, RegistryError
 from service.routes import router
 from service.settings import Settings
 from service.store import open_store
+from service.wal import WalDurabilityError, WriteAheadLog, open_wal
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="gln-worker")
     store = open_store(settings.redis_url, settings.snapshot_dir,
                        key_prefix=settings.redis_key_prefix)
-    registry = ModelRegistry(store, settings, app.state.metrics, executor)
+    wal = await asyncio.to_thread(_open_log, settings)
+    registry = ModelRegistry(store, settings, app.state.metrics, executor, wal)
     app.state.registry = registry
     restore = asyncio.create_task(registry.restore_all(), name="gln-restore")
     periodic = asyncio.create_task(
@@ -122,7 +125,32 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         else:
             log.error("shutdown: some snapshots failed; their latest updates are lost")
         await asyncio.to_thread(store.close)
+        if wal is not None:
+            await asyncio.to_thread(wal.close)
         await asyncio.to_thread(executor.shutdown, wait=True)
+
+
+def _open_log(settings: Settings) -> WriteAheadLog | None:
+    """The write-ahead log the settings ask for (None when disabled), checked.
+
+    A server that cannot give the configured durability refuses to start
+    (WalDurabilityError); one that cannot be reached yet is checked at the first append.
+    """
+    if not settings.wal_enabled:
+        return None
+    wal = open_wal(
+        settings.redis_url, settings.wal_dir or settings.snapshot_dir,
+        key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
+        idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
+    )
+    try:
+        wal.check_durability()
+    except WalDurabilityError:
+        wal.close()
+        raise
+    except Exception as exc:  # unreachable: the first append checks again
+        log.warning("could not check the log's durability at start-up: %s", exc)
+    return wal
 
 
 # -- error bodies: always {"detail": "<message>"} -------------------------------------------------

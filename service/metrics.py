@@ -95,6 +95,28 @@ class ServiceMetrics:
             "gln_snapshot_last_success_timestamp_seconds",
             "Unix time of a model's latest successful snapshot.", ["model"], registry=r,
         )
+        self.wal_append_duration = Histogram(
+            "gln_wal_append_duration_seconds",
+            "Time to append one learn chunk to the write-ahead log (durably, as configured).",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.wal_append_errors = Counter(
+            "gln_wal_append_errors", "Write-ahead log appends that failed (answered 503).",
+            registry=r,
+        )
+        self.wal_replayed_entries = Counter(
+            "gln_wal_replayed_entries",
+            "Log entries applied from the log itself: start-up replay, or catching up after a "
+            "failed append.", registry=r,
+        )
+        self.wal_replayed_examples = Counter(
+            "gln_wal_replayed_examples", "Examples in the replayed log entries.", registry=r,
+        )
+        self.learn_duplicates = Counter(
+            "gln_learn_duplicates",
+            "Learn requests not learned again because their Idempotency-Key was already logged.",
+            registry=r,
+        )
         self.build_info = Gauge(
             "gln_build_info", "Version and device of this process (value 1).",
             ["version", "device"], registry=r,

@@ -19,12 +19,13 @@ carry their status code; routes never translate exceptions themselves."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import itertools
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ from gln import GLN
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.store import SnapshotInfo, SnapshotStore
+from service.wal import LogEntry, WriteAheadLog
+
+# Snapshot metadata key: id of the last log entry the snapshot's weights include.
+WAL_ID = "wal_id"
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +79,15 @@ class InvalidRequest(RegistryError):
 
 
 class Unavailable(RegistryError):
-    """Not restored yet, or the snapshot store cannot be reached."""
+    """Not restored yet, or the snapshot store or the write-ahead log cannot be reached."""
 
     status_code = 503
+
+
+class LimitExceeded(RegistryError):
+    """Creating the model would pass GLN_MAX_MODELS or GLN_MAX_TOTAL_MODEL_BYTES."""
+
+    status_code = 409
 
 
 # -- online metrics -----------------------------------------------------------------------------
@@ -134,18 +145,55 @@ class OnlineStats:
 # -- one model ----------------------------------------------------------------------------------
 @dataclass
 class LearnResult:
-    """What one learn request gets back: its rows' prequential probabilities and losses."""
+    """What one learn request gets back: its rows' prequential probabilities and losses.
 
-    sequence: int  # stream index of the request's first example
-    probabilities: np.ndarray  # (n, num_classes), each row predicted before its own update
-    losses: np.ndarray  # (n,) log loss of each row, nats
+    A retried request (same idempotency key) is not learned again: it gets ``duplicate`` and
+    the original answer when this process still holds it (else None for the three fields).
+    """
+
+    sequence: int | None  # stream index of the request's first example
+    probabilities: np.ndarray | None  # (n, num_classes), each row before its own update
+    losses: np.ndarray | None  # (n,) log loss of each row, nats
+    rows: int
+    duplicate: bool = False
+    log_id: str | None = None  # the write-ahead log entry holding the rows
 
     @property
-    def mean_loss(self) -> float:
+    def mean_loss(self) -> float | None:
         """Mean log loss of the request's rows (nats); equal to ``losses.mean()``."""
         # sum / n rather than ndarray.mean(): a third of the cost on the one-row arrays that
         # single-example requests get, and the same float.
+        if self.losses is None:
+            return None
         return float(self.losses.sum()) / len(self.losses)
+
+
+class _AnswerCache:
+    """The original answers of the newest keyed learn requests, at most ``max_rows`` rows.
+
+    Lets a retry get exactly what the original request got. Touched only under the model
+    lock (worker thread, replay).
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._answers: OrderedDict[str, LearnResult] = OrderedDict()
+        self._rows = 0
+
+    def put(self, key: str, result: LearnResult) -> None:
+        if result.rows > self.max_rows:
+            return
+        old = self._answers.pop(key, None)
+        if old is not None:
+            self._rows -= old.rows
+        self._answers[key] = result
+        self._rows += result.rows
+        while self._rows > self.max_rows:
+            _, dropped = self._answers.popitem(last=False)
+            self._rows -= dropped.rows
+
+    def get(self, key: str) -> LearnResult | None:
+        return self._answers.get(key)
 
 
 class _Verb(enum.Enum):
@@ -160,6 +208,7 @@ class _Job:
     X: np.ndarray
     y: np.ndarray | None  # labels, for LEARN only
     future: asyncio.Future[Any]
+    key: str | None = None  # LEARN: idempotency key
 
 
 @dataclass
@@ -167,11 +216,11 @@ class _GroupResult:
     """(thread -> loop) The outcome of one run of same-verb jobs."""
 
     jobs: list[_Job]
-    output: np.ndarray | None = None  # probabilities or saliency, rows in job order
+    output: np.ndarray | None = None  # PREDICT/EXPLAIN: rows in job order
     error: Exception | None = None
-    start: int = 0  # LEARN: stream index of the group's first example
-    losses: np.ndarray | None = None  # LEARN: prequential log loss per row
-    correct: np.ndarray | None = None  # LEARN: prequential argmax == label per row
+    learned: list[LearnResult] | None = None  # LEARN: one per job
+    losses: np.ndarray | None = None  # LEARN: prequential log loss per newly learned row
+    correct: np.ndarray | None = None  # LEARN: prequential argmax == label, same rows
 
 
 class ModelEntry:
@@ -184,6 +233,14 @@ class ModelEntry:
     (exactly equal to learning them one by one), a run of predictions one ``predict_proba``.
     So a prediction sees every learn request queued before it and none queued after, never
     half of one; and many small requests cost one thread hop and one model call, not many.
+
+    With a write-ahead log, a learn run is appended to the log (one entry) before it is
+    applied, and answered after; ``applied_id`` is the newest entry the weights include, and
+    a snapshot records it. Requests whose idempotency key the log already holds are answered
+    as duplicates and not learned again. If an append fails, nobody knows whether the entry
+    reached the log; the model is then "in doubt" and, before it learns anything else,
+    applies whatever the log holds after ``applied_id``, so the weights always equal a
+    replay of the log (docs/durability.md).
     """
 
     def __init__(
@@ -195,10 +252,15 @@ class ModelEntry:
         metrics: ServiceMetrics,
         settings: Settings,
         snapshot: SnapshotInfo | None = None,
+        wal: WriteAheadLog | None = None,
     ) -> None:
         self.name = name
         self.model = model
         self.snapshot = snapshot
+        self.wal = wal
+        self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
+        self._log_in_doubt = False
+        self._answers = _AnswerCache(settings.idempotency_cache_rows)
         self.stats = OnlineStats(settings.recent_window)
         # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
         # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
@@ -245,10 +307,14 @@ class ModelEntry:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # -- the queue --
-    async def learn(self, X: np.ndarray, y: np.ndarray) -> LearnResult:
-        """Learn validated rows in queue order; their prequential outputs and sequence."""
+    async def learn(self, X: np.ndarray, y: np.ndarray, key: str | None = None) -> LearnResult:
+        """Learn validated rows in queue order; their prequential outputs and sequence.
+
+        ``key`` (an idempotency key): if the log already holds a request with this key, the
+        rows are not learned again and the answer is marked ``duplicate``.
+        """
         self._pending_learn_rows += len(y)
-        return await self._submit(_Verb.LEARN, X, y)
+        return await self._submit(_Verb.LEARN, X, y, key)
 
     async def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """Class probabilities, after every learn request queued before this one."""
@@ -258,13 +324,15 @@ class ModelEntry:
         """Per-class saliency (n, num_classes, num_features), in queue order like predict."""
         return await self._submit(_Verb.EXPLAIN, X, None)
 
-    async def _submit(self, verb: _Verb, X: np.ndarray, y: np.ndarray | None) -> Any:
+    async def _submit(
+        self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, key: str | None = None
+    ) -> Any:
         if self._closing:
             if y is not None:
                 self._pending_learn_rows -= len(y)
             raise ModelNotFound(self.name)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(verb, X, y, future))
+        self._pending.append(_Job(verb, X, y, future, key))
         self._wake.set()
         # Once queued, a request is carried out even if its client goes away: shield the
         # future so a cancelled handler does not cancel it (its answer is simply dropped).
@@ -309,22 +377,165 @@ class ModelEntry:
 
     def _serve_group(self, group: _GroupResult) -> None:
         jobs = group.jobs
-        X = jobs[0].X if len(jobs) == 1 else np.concatenate([job.X for job in jobs])
         verb = jobs[0].verb
+        if verb is _Verb.LEARN:
+            self._learn_group(group)
+            return
+        X = jobs[0].X if len(jobs) == 1 else np.concatenate([job.X for job in jobs])
         if verb is _Verb.PREDICT:
             group.output = self.model.predict_proba(X)
-        elif verb is _Verb.EXPLAIN:
-            group.output = self.model.saliency(X)
         else:
-            y = jobs[0].y if len(jobs) == 1 else np.concatenate([job.y for job in jobs])
+            group.output = self.model.saliency(X)
+
+    def _learn_group(self, group: _GroupResult) -> None:
+        """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
+        jobs = group.jobs
+        learned: list[LearnResult | None] = [None] * len(jobs)
+        copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
+        fresh = list(range(len(jobs)))
+        if self.wal is not None:
+            if self._log_in_doubt:
+                self._catch_up()
+            fresh = self._sort_out_duplicates(jobs, learned, copies)
+        if fresh:
+            run = [jobs[i] for i in fresh]
+            X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
+            y = run[0].y if len(run) == 1 else np.concatenate([job.y for job in run])
             assert y is not None
-            group.start = int(self.model.examples_seen)
-            probs = np.asarray(self.model.learn(X, y), dtype=np.float64)
-            self._updates += 1
-            p_true = probs[np.arange(len(y)), y]
-            group.output = probs
-            group.losses = -np.log(np.clip(p_true, _MIN_PROB, 1.0))
-            group.correct = probs.argmax(axis=1) == y
+            entry_id = None if self.wal is None else self._append(run, X, y)
+            start, probs, losses, correct = self._apply(X, y, entry_id)
+            offset = 0
+            for i, job in zip(fresh, run, strict=True):
+                n = len(job.X)
+                result = LearnResult(
+                    start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
+                    log_id=entry_id,
+                )
+                learned[i] = result
+                if job.key is not None:
+                    self._answers.put(job.key, result)
+                offset += n
+            group.losses, group.correct = losses, correct
+        for i, first in copies:
+            original = learned[first]
+            assert original is not None
+            learned[i] = dataclasses.replace(original, duplicate=True)
+        group.learned = [result for result in learned if result is not None]
+        assert len(group.learned) == len(jobs)
+
+    def _apply(
+        self, X: np.ndarray, y: np.ndarray, entry_id: str | None
+    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """(model lock) Learn rows; their first sequence, probabilities, losses, hits."""
+        start = int(self.model.examples_seen)
+        probs = np.asarray(self.model.learn(X, y), dtype=np.float64)
+        self._updates += 1
+        if entry_id is not None:
+            self.applied_id = entry_id
+        p_true = probs[np.arange(len(y)), y]
+        losses = -np.log(np.clip(p_true, _MIN_PROB, 1.0))
+        return start, probs, losses, probs.argmax(axis=1) == y
+
+    def _sort_out_duplicates(
+        self, jobs: list[_Job], learned: list[LearnResult | None],
+        copies: list[tuple[int, int]],
+    ) -> list[int]:
+        """(model lock) Indices of jobs to learn; fill in the answers of the retried ones."""
+        assert self.wal is not None
+        keyed = [i for i, job in enumerate(jobs) if job.key is not None]
+        if not keyed:
+            return list(range(len(jobs)))
+        try:
+            logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
+        except Exception as exc:
+            raise Unavailable(f"write-ahead log unavailable, nothing learned: {exc}") from exc
+        logged_at = dict(zip(keyed, logged, strict=True))
+        first_with: dict[str, int] = {}
+        fresh = []
+        for i, job in enumerate(jobs):
+            key = job.key
+            if key is None:
+                fresh.append(i)
+            elif logged_at[i] is not None:
+                learned[i] = self._duplicate_answer(key, len(job.X), logged_at[i])
+            elif key in first_with:
+                copies.append((i, first_with[key]))
+            else:
+                first_with[key] = i
+                fresh.append(i)
+        self._metrics.learn_duplicates.inc(len(jobs) - len(fresh))
+        return fresh
+
+    def _duplicate_answer(self, key: str, rows: int, log_id: str | None) -> LearnResult:
+        original = self._answers.get(key)
+        if original is not None and original.log_id == log_id:
+            return dataclasses.replace(original, duplicate=True)
+        return LearnResult(None, None, None, rows, duplicate=True, log_id=log_id)
+
+    def _append(self, jobs: list[_Job], X: np.ndarray, y: np.ndarray) -> str:
+        """(model lock) Log the run as one entry; 503 (Unavailable) if the log fails.
+
+        After a failure the entry may or may not be in the log (the write may have landed and
+        only its answer been lost); the model is put in doubt and catches up at once if it
+        can, else before its next learn, so it never skips or repeats a logged entry.
+        """
+        assert self.wal is not None
+        t0 = time.perf_counter()
+        try:
+            entry_id = self.wal.append(
+                self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs]
+            )
+        except Exception as exc:
+            self._metrics.wal_append_errors.inc()
+            self._log_in_doubt = True
+            log.warning("log append for %r failed: %s", self.name, exc)
+            try:
+                self._catch_up()
+            except Exception as again:
+                log.warning("catching %r up with its log failed too: %s", self.name, again)
+            raise Unavailable(
+                f"write-ahead log did not confirm the append ({type(exc).__name__}: {exc}); "
+                "the request is not acknowledged: retry it with the same Idempotency-Key"
+            ) from exc
+        self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
+        return entry_id
+
+    def _catch_up(self) -> int:
+        """(model lock) Apply every log entry after ``applied_id``; how many there were.
+
+        At restore this is the replay of the log tail; after a failed append it picks up an
+        entry that reached the log although its append raised.
+        """
+        assert self.wal is not None
+        count = 0
+        for entry in self.wal.read_after(self.name, self.applied_id):
+            self._apply_logged(entry)
+            count += 1
+        self._log_in_doubt = False
+        return count
+
+    def _apply_logged(self, entry: LogEntry) -> None:
+        """(model lock) Learn one log entry, and remember its keyed requests' answers."""
+        start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
+        self._metrics.wal_replayed_entries.inc()
+        self._metrics.wal_replayed_examples.inc(len(entry.labels))
+        if len(entry.request_rows) != len(entry.idempotency_keys):
+            return
+        offset = 0
+        for key, n in zip(entry.idempotency_keys, entry.request_rows, strict=True):
+            if key is not None:
+                self._answers.put(key, LearnResult(
+                    start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
+                    log_id=entry.id,
+                ))
+            offset += n
+
+    def replay_log(self) -> int:
+        """(thread) Bring a restored model up to its log: apply the entries after its snapshot."""
+        if self.wal is None:
+            return 0
+        with self.lock:
+            return self._catch_up()
 
     def _answer(self, groups: list[_GroupResult]) -> None:
         """(loop) Give every request its slice; count learned examples in stats and metrics."""
@@ -337,26 +548,24 @@ class ModelEntry:
                     if not job.future.done():
                         job.future.set_exception(group.error)
                 continue
-            assert group.output is not None
             if is_learn:
-                assert group.losses is not None and group.correct is not None
-                self.stats.add(group.losses, group.correct)
-                self._metrics.observe_learned(
-                    self.name, len(group.losses), float(group.losses.sum()),
-                    int(group.correct.sum()),
-                )
+                assert group.learned is not None
+                if group.losses is not None and group.correct is not None:
+                    self.stats.add(group.losses, group.correct)
+                    self._metrics.observe_learned(
+                        self.name, len(group.losses), float(group.losses.sum()),
+                        int(group.correct.sum()),
+                    )
+                for job, result in zip(group.jobs, group.learned, strict=True):
+                    if not job.future.done():
+                        job.future.set_result(result)
+                continue
+            assert group.output is not None
             offset = 0
             for job in group.jobs:
                 n = len(job.X)
                 if not job.future.done():
-                    if is_learn:
-                        assert group.losses is not None
-                        job.future.set_result(LearnResult(
-                            group.start + offset, group.output[offset:offset + n],
-                            group.losses[offset:offset + n],
-                        ))
-                    else:
-                        job.future.set_result(group.output[offset:offset + n])
+                    job.future.set_result(group.output[offset:offset + n])
                 offset += n
 
     # -- snapshots --
@@ -365,7 +574,12 @@ class ModelEntry:
         return await self._run(self._save_snapshot_sync, store, force)
 
     def _save_snapshot_sync(self, store: SnapshotStore, force: bool) -> SnapshotInfo | None:
-        """(thread) Serialise under the model lock, store outside it (learning continues)."""
+        """(thread) Serialise under the model lock, store outside it (learning continues).
+
+        The snapshot records the newest log entry its weights include; once it is the
+        current snapshot, the log is trimmed through that entry (a failed trim only leaves
+        a longer log, which replays to the same model).
+        """
         with self.snapshot_lock:
             if self.deleted:
                 raise ModelNotFound(self.name)
@@ -374,13 +588,20 @@ class ModelEntry:
                 updates = self._updates
                 if not force and updates == self._snapshotted_updates:
                     return None
+                applied_id = self.applied_id
                 blob = self.model.to_bytes()
-            info = store.save(self.name, blob)
+            metadata = None if applied_id is None else {WAL_ID: applied_id}
+            info = store.save(self.name, blob, metadata=metadata)
             self._snapshotted_updates = updates
             self.snapshot = info
             self._metrics.observe_snapshot(
                 self.name, time.perf_counter() - t0, info.nbytes, info.created_at
             )
+            if self.wal is not None and applied_id is not None:
+                try:
+                    self.wal.trim_through(self.name, applied_id)
+                except Exception as exc:
+                    log.warning("trimming the log of %r failed (kept longer): %s", self.name, exc)
             return info
 
     async def delete_snapshots(self, store: SnapshotStore) -> None:
@@ -396,6 +617,13 @@ class ModelEntry:
             except BaseException:
                 self.deleted = False
                 raise
+            if self.wal is not None:
+                # After the snapshots: a crash in between, or a failure here, leaves a log
+                # without a model, which restore ignores and the next create of the name clears.
+                try:
+                    self.wal.delete(self.name)
+                except Exception as exc:
+                    log.warning("deleting the log of %r failed (left behind): %s", self.name, exc)
 
     def describe(self) -> dict[str, Any]:
         """The model's public info: config, progress, online metrics, latest snapshot."""
@@ -432,8 +660,10 @@ class ModelRegistry:
         settings: Settings,
         metrics: ServiceMetrics,
         executor: Executor,
+        wal: WriteAheadLog | None = None,
     ) -> None:
         self.store = store
+        self.wal = wal
         self.settings = settings
         self.metrics = metrics
         self.executor = executor
@@ -448,7 +678,7 @@ class ModelRegistry:
     def _entry(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ModelEntry:
         return ModelEntry(
             name, model, executor=self.executor, metrics=self.metrics,
-            settings=self.settings, snapshot=snapshot,
+            settings=self.settings, snapshot=snapshot, wal=self.wal,
         )
 
     def _add(self, entry: ModelEntry) -> None:
@@ -473,11 +703,14 @@ class ModelRegistry:
         return dict(self._failed)
 
     async def store_reachable(self) -> bool:
-        """``store.ping()`` off the event loop."""
+        """``ping()`` of the store and of the log, off the event loop."""
         try:
-            return bool(await self._run(self.store.ping))
+            return bool(await self._run(self._ping))
         except Exception:
             return False
+
+    def _ping(self) -> bool:
+        return bool(self.store.ping()) and (self.wal is None or bool(self.wal.ping()))
 
     # -- lookups --
     async def _wait_restored(self) -> None:
@@ -529,17 +762,36 @@ class ModelRegistry:
                         f"invalid config: the model would hold {needed} bytes, more than "
                         f"GLN_MAX_MODEL_BYTES={self.settings.max_model_bytes}"
                     )
+                self._check_room(needed)
                 model = await self._run(self._build, config)
             except (ValueError, TypeError) as exc:
                 raise InvalidRequest(f"invalid config: {exc}") from exc
             entry = self._entry(name, model, None)
             try:
+                if self.wal is not None:  # a log left by a crash during an earlier delete
+                    await self._run(self.wal.delete, name)
                 await entry.save_snapshot(self.store, force=True)
             except Exception as exc:
                 log.exception("first snapshot of %r failed", name)
                 raise Unavailable(f"snapshot store unavailable: {exc}") from exc
             self._add(entry)
             return entry
+
+    def _check_room(self, needed: int) -> None:
+        """409 if one more model of ``needed`` bytes passes the server's limits."""
+        limit = self.settings.max_models
+        if len(self._models) + len(self._failed) >= limit:
+            raise LimitExceeded(
+                f"the server holds {len(self._models)} models, GLN_MAX_MODELS={limit}; "
+                "delete one first"
+            )
+        held = sum(int(entry.model.nbytes) for entry in self._models.values())
+        budget = self.settings.max_total_model_bytes
+        if held + needed > budget:
+            raise LimitExceeded(
+                f"the model would hold {needed} bytes and the server's models hold {held}; "
+                f"together more than GLN_MAX_TOTAL_MODEL_BYTES={budget}"
+            )
 
     def _build(self, config: dict[str, Any]) -> GLN:
         return GLN(**config, device=self.settings.device)
@@ -555,6 +807,8 @@ class ModelRegistry:
             if name in self._failed:
                 try:
                     await self._run(self.store.delete, name)
+                    if self.wal is not None:
+                        await self._run(self.wal.delete, name)
                 except Exception as exc:
                     raise Unavailable(f"snapshot store unavailable: {exc}") from exc
                 del self._failed[name]
@@ -608,13 +862,18 @@ class ModelRegistry:
         return probs
 
     async def learn(
-        self, name: str, features: Sequence[Sequence[float]], labels: Sequence[int]
+        self, name: str, features: Sequence[Sequence[float]], labels: Sequence[int],
+        key: str | None = None,
     ) -> LearnResult:
-        """Validate, then queue the rows on the model's single writer and wait for them."""
+        """Validate, then queue the rows on the model's single writer and wait for them.
+
+        ``key`` is the request's idempotency key (already checked): a request whose key the
+        log holds is answered as a duplicate, not learned twice.
+        """
         entry = await self.get(name)
         X, y = await self._check(entry, features, labels)
         assert y is not None
-        return await entry.learn(X, y)
+        return await entry.learn(X, y, key)
 
     async def explain(self, name: str, features: Sequence[Sequence[float]]) -> np.ndarray:
         """Per-class saliency of each row: (n, num_classes, num_features)."""
@@ -690,6 +949,9 @@ class ModelRegistry:
                     return  # deleted by someone else since names()
                 blob, info = loaded
                 model = await self._run(GLN.from_bytes, blob, self.settings.device)
+                entry = self._entry(name, model, info)
+                t0 = time.perf_counter()
+                replayed = await self._run(entry.replay_log)
             except Exception as exc:
                 if not await self.store_reachable():
                     log.warning("store unreachable restoring %r; retrying in %.0f s", name, delay)
@@ -699,7 +961,11 @@ class ModelRegistry:
                 log.exception("cannot restore model %r", name)
                 self._failed[name] = f"{type(exc).__name__}: {exc}"
                 return
-            self._add(self._entry(name, model, info))
+            log.info(
+                "restored %r: snapshot version %d, then %d log entries in %.3f s",
+                name, info.version, replayed, time.perf_counter() - t0,
+            )
+            self._add(entry)
             return
 
     async def close(self) -> bool:

@@ -31,6 +31,7 @@ from service.schemas import (
     SnapshotOut,
     Status,
 )
+from service.wal import check_idempotency_key
 
 router = APIRouter()
 
@@ -140,13 +141,22 @@ class DataRoute(APIRoute):
         return handler
 
 
-def _data_route(path: str, response_model: type[BaseModel], body: type[BaseModel]) -> Any:
-    """Decorator: ``POST path`` as a :class:`DataRoute` taking a JSON ``body``."""
+def _data_route(
+    path: str, response_model: type[BaseModel], body: type[BaseModel],
+    parameters: list[dict[str, Any]] | None = None, errors: tuple[int, ...] = (),
+) -> Any:
+    """Decorator: ``POST path`` as a :class:`DataRoute` taking a JSON ``body``.
+
+    ``parameters`` documents header parameters the endpoint reads itself.
+    """
+    extra = _json_body(body)
+    if parameters:
+        extra["parameters"] = parameters
 
     def decorator(endpoint: Callable[..., Awaitable[Response]]) -> Any:
         router.add_api_route(
             path, endpoint, methods=["POST"], response_model=response_model,
-            openapi_extra=_json_body(body), responses=_errors(401, 404, 413, 422),
+            openapi_extra=extra, responses=_errors(401, 404, 413, 422, *errors),
             tags=["data"], route_class_override=DataRoute,
         )
         return endpoint
@@ -154,17 +164,49 @@ def _data_route(path: str, response_model: type[BaseModel], body: type[BaseModel
     return decorator
 
 
-@_data_route("/v1/models/{name}/learn", LearnResponse, LearnRequest)
+IDEMPOTENCY_HEADER = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,200}$"},
+    "description": "Names this request (1-200 visible ASCII characters): a retry with the "
+    "same key is answered as a duplicate and not learned twice (remembered for "
+    "GLN_IDEMPOTENCY_TTL_S).",
+}
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key header, checked; 422 if malformed."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    try:
+        return check_idempotency_key(key)
+    except ValueError as exc:
+        raise RequestValidationError([{
+            "loc": ("header", "Idempotency-Key"), "msg": str(exc), "type": "value_error",
+        }]) from None
+
+
+@_data_route("/v1/models/{name}/learn", LearnResponse, LearnRequest,
+             parameters=[IDEMPOTENCY_HEADER], errors=(503,))
 async def learn(name: str, request: Request) -> Response:
-    """Learn the rows in order; each row is first predicted (prequential), then learned."""
+    """Learn the rows in order; each row is first predicted (prequential), then learned.
+
+    The rows are in the write-ahead log before the answer is sent. A retry carrying the same
+    Idempotency-Key is not learned again (``duplicate``: true).
+    """
     registry = registry_of(request)
+    key = idempotency_key(request)
     body = await parse_body(request, LearnRequest)
-    result = await registry.learn(name, body.features, body.labels)
+    result = await registry.learn(name, body.features, body.labels, key)
     return await json_response({
-        "examples": len(result.losses),
+        "examples": result.rows,
         "sequence": result.sequence,
         "probabilities": result.probabilities,
         "log_loss": result.mean_loss,
+        "duplicate": result.duplicate,
+        "log_id": result.log_id,
     })
 
 

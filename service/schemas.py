@@ -61,15 +61,26 @@ class PredictResponse(BaseModel):
 
 
 class LearnResponse(BaseModel):
-    examples: int = Field(description="Rows learned.")
-    sequence: int = Field(
+    examples: int = Field(description="Rows in the request.")
+    sequence: int | None = Field(
         description="0-based index of this request's first example in the model's stream; "
-        "its rows are examples sequence .. sequence + examples - 1."
+        "its rows are examples sequence .. sequence + examples - 1. Null only for a "
+        "duplicate whose original answer the server no longer holds."
     )
-    probabilities: list[list[float]] = Field(
-        description="Each row as predicted before its own update."
+    probabilities: list[list[float]] | None = Field(
+        description="Each row as predicted before its own update (null as for sequence)."
     )
-    log_loss: float = Field(description="Mean prequential log loss of these rows (nats).")
+    log_loss: float | None = Field(
+        description="Mean prequential log loss of these rows (nats; null as for sequence)."
+    )
+    duplicate: bool = Field(
+        False,
+        description="True when the Idempotency-Key was already learned: nothing was learned "
+        "now, and the other fields repeat the original answer.",
+    )
+    log_id: str | None = Field(
+        None, description="Write-ahead log entry holding the rows (null without a log)."
+    )
 
 
 class ExplainResponse(BaseModel):

@@ -41,6 +41,34 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds between periodic snapshots (only models changed since their last).",
     )
+    wal_enabled: bool = Field(
+        True,
+        description="Log every learned chunk before answering it (write-ahead log), so a crash "
+        "loses no acknowledged example. Off: only snapshots keep learning.",
+    )
+    wal_durability: Literal["everysec", "always", "waitaof"] = Field(
+        "everysec",
+        description="Redis log: when an append counts as done (docs/durability.md): in Redis "
+        "memory (everysec), Redis fsyncs every write (always: needs appendfsync always), or "
+        "WAITAOF confirms the fsync (waitaof: Redis >= 7.2 with appendonly yes).",
+    )
+    wal_fsync: bool = Field(True, description="File log: fdatasync every append.")
+    wal_dir: str | None = Field(
+        None, description="Directory of the file log (no Redis). Unset: snapshot_dir."
+    )
+    idempotency_ttl_s: float = Field(
+        86400.0, gt=0, description="How long a learn request's Idempotency-Key is remembered."
+    )
+    idempotency_cache_rows: int = Field(
+        100_000,
+        ge=0,
+        description="Rows of original learn answers kept in memory, to answer a retried "
+        "Idempotency-Key with the original probabilities.",
+    )
+    max_models: int = Field(1000, gt=0, description="Most models one server holds.")
+    max_total_model_bytes: int = Field(
+        8192 * MIB, gt=0, description="Most bytes all models together may hold (GLN.nbytes)."
+    )
     api_token: SecretStr | None = Field(
         None, description="When set, POST and DELETE routes need 'Authorization: Bearer <token>'."
     )

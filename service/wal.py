@@ -74,6 +74,7 @@ __all__ = [
     "WalDurabilityError",
     "WalGapError",
     "WriteAheadLog",
+    "check_idempotency_key",
     "open_wal",
 ]
 
@@ -127,6 +128,7 @@ class LogEntry:
     labels: np.ndarray
     idempotency_keys: tuple[str | None, ...] = ()
     created_at: float = 0.0
+    request_rows: tuple[int, ...] = ()  # rows of each request in the chunk, if logged
 
 
 @runtime_checkable
@@ -139,12 +141,15 @@ class WriteAheadLog(Protocol):
         features: np.ndarray,
         labels: np.ndarray,
         idempotency_keys: Sequence[str | None] | None = None,
+        request_rows: Sequence[int] | None = None,
     ) -> str:
         """Log one chunk (``features`` (n, d) floats, ``labels`` (n,) ints) durably; its id.
 
         ``idempotency_keys`` has one item per request of the chunk (None where a request has
         no key). A key already remembered keeps its original entry id; callers check
         :meth:`seen_keys` first so that a retried request is not logged (or learned) again.
+        ``request_rows`` (optional, one count per request, summing to n) records how the
+        chunk splits into requests, so that a replay can give each request its own answer.
         """
         ...
 
@@ -191,7 +196,8 @@ class WriteAheadLog(Protocol):
 # -- entry encoding, shared by both logs --------------------------------------------------------
 
 
-def _check_key(key: object) -> str:
+def check_idempotency_key(key: object) -> str:
+    """``key`` if it is a valid idempotency key: 1-200 visible ASCII characters; else ValueError."""
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise ValueError(
             f"idempotency key must be 1-200 visible ASCII characters, got {key!r}"
@@ -204,7 +210,7 @@ def _check_keys(keys: Sequence[str | None] | None) -> list[str | None]:
         return []
     if isinstance(keys, str | bytes):
         raise TypeError("idempotency_keys must be a list of str or None, not a single str")
-    return [None if k is None else _check_key(k) for k in keys]
+    return [None if k is None else check_idempotency_key(k) for k in keys]
 
 
 def _little_endian(a: np.ndarray) -> np.ndarray:
@@ -214,8 +220,21 @@ def _little_endian(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def _check_request_rows(rows: Sequence[int] | None, n: int) -> list[int]:
+    if rows is None:
+        return []
+    counts = [int(r) for r in rows]
+    if any(r < 1 for r in counts) or sum(counts) != n:
+        raise ValueError(f"request_rows must be positive counts summing to {n}, got {counts}")
+    return counts
+
+
 def _encode_entry(
-    features: np.ndarray, labels: np.ndarray, keys: list[str | None], created_at: float
+    features: np.ndarray,
+    labels: np.ndarray,
+    keys: list[str | None],
+    created_at: float,
+    request_rows: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """Check the arrays; return the entry's JSON-able header and the two raw byte strings."""
     if not isinstance(features, np.ndarray) or features.ndim != 2 or features.dtype.kind != "f":
@@ -240,6 +259,9 @@ def _encode_entry(
         "y": {"dtype": y.dtype.str, "shape": list(y.shape)},
         "keys": keys,
     }
+    rows = _check_request_rows(request_rows, len(labels))
+    if rows:
+        header["rows"] = rows
     return header, x.tobytes(), y.tobytes()
 
 
@@ -267,13 +289,16 @@ def _decode_entry(
         labels = _decode_array(header.get("y"), y_raw, f"entry {entry_id} labels")
         keys = tuple(header.get("keys") or ())
         created_at = float(header.get("t", 0.0))
+        rows = tuple(int(r) for r in header.get("rows") or ())
     except WalCorruptError:
         raise
     except (TypeError, ValueError) as exc:
         raise WalCorruptError(f"entry {entry_id}: unreadable header {header!r}: {exc}") from exc
     if features.ndim != 2 or labels.ndim != 1 or len(features) != len(labels):
         raise WalCorruptError(f"entry {entry_id}: shapes {features.shape} and {labels.shape}")
-    return LogEntry(entry_id, features, labels, keys, created_at)
+    if rows and sum(rows) != len(labels):
+        raise WalCorruptError(f"entry {entry_id}: request rows {rows} for {len(labels)} labels")
+    return LogEntry(entry_id, features, labels, keys, created_at, rows)
 
 
 def _check_ttl(idempotency_ttl_s: float) -> float:
@@ -409,7 +434,7 @@ class RedisWriteAheadLog(_RedisClient):
         return f"{self.key_prefix}:wal:{_check_name(name)}"
 
     def _idem_key(self, name: str, key: str) -> str:
-        return f"{self._stream_key(name)}:key:{_check_key(key)}"
+        return f"{self._stream_key(name)}:key:{check_idempotency_key(key)}"
 
     # -- durability -----------------------------------------------------------------------
 
@@ -452,6 +477,7 @@ class RedisWriteAheadLog(_RedisClient):
         features: np.ndarray,
         labels: np.ndarray,
         idempotency_keys: Sequence[str | None] | None = None,
+        request_rows: Sequence[int] | None = None,
     ) -> str:
         """XADD the chunk and SET its idempotency keys in one atomic script; the entry id.
 
@@ -462,7 +488,7 @@ class RedisWriteAheadLog(_RedisClient):
         """
         stream = self._stream_key(name)
         keys = _check_keys(idempotency_keys)
-        header, x, y = _encode_entry(features, labels, keys, time.time())
+        header, x, y = _encode_entry(features, labels, keys, time.time(), request_rows)
         if not self._checked:
             with self._check_lock:
                 if not self._checked:
@@ -777,11 +803,12 @@ class FileWriteAheadLog(_ClosingMixin):
         features: np.ndarray,
         labels: np.ndarray,
         idempotency_keys: Sequence[str | None] | None = None,
+        request_rows: Sequence[int] | None = None,
     ) -> str:
         """Write one record (after cutting off any torn tail), fsync it, return its id."""
         keys = _check_keys(idempotency_keys)
         now = time.time()
-        header, x, y = _encode_entry(features, labels, keys, now)
+        header, x, y = _encode_entry(features, labels, keys, now, request_rows)
         with self._state(name) as (state, path):
             entry_id = state.last_id + 1
             record = _frame({"kind": "entry", "id": entry_id, **header}, x, y)

@@ -29,9 +29,10 @@ async def test_openapi_documents_the_data_routes(client: httpx.AsyncClient):
     for verb, schema in [("learn", "LearnRequest"), ("predict", "FeaturesRequest"),
                          ("explain", "FeaturesRequest")]:
         post = spec["paths"][f"/v1/models/{{name}}/{verb}"]["post"]
-        assert [(p["name"], p["in"], p["required"]) for p in post["parameters"]] == [
-            ("name", "path", True)
-        ]
+        expected = [("name", "path", True)]
+        if verb == "learn":
+            expected.append(("Idempotency-Key", "header", False))
+        assert [(p["name"], p["in"], p["required"]) for p in post["parameters"]] == expected
         body = post["requestBody"]["content"]["application/json"]["schema"]
         assert body["title"] == schema
         assert "200" in post["responses"] and "422" in post["responses"]

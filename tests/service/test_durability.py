@@ -1,0 +1,270 @@
+"""The write-ahead log inside the service: replay after a crash, trims, idempotency, limits.
+
+A crash is staged in process: the app's models are marked as snapshotted before shutdown, so
+the shutdown writes no snapshot, exactly as if the process had died after its last answer.
+(The real ``kill -9`` of a server process is in test_crash_recovery.py.) Every test runs
+against the file log and a real Redis log where the store kind matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+
+from gln import GLN
+from service.app import create_app
+from service.registry import WAL_ID
+from service.settings import Settings
+from service.store import open_store
+from service.wal import open_wal
+
+
+def _store(settings: Settings):
+    return open_store(
+        settings.redis_url, settings.snapshot_dir, key_prefix=settings.redis_key_prefix
+    )
+
+
+def _wal(settings: Settings):
+    return open_wal(settings.redis_url, settings.snapshot_dir, key_prefix=settings.redis_key_prefix)
+
+
+def _skip_shutdown_snapshots(app: FastAPI) -> None:
+    """Make the coming shutdown behave like a crash: no model looks changed, none is saved."""
+    for entry in app.state.registry.models():
+        entry._snapshotted_updates = entry._updates
+
+
+async def _model_bytes(app: FastAPI, name: str) -> bytes:
+    entry = await app.state.registry.get(name)
+    with entry.lock:
+        return entry.model.to_bytes()
+
+
+def _learned_in_order(config: dict[str, Any], answers: list[tuple[dict, list, list]]) -> bytes:
+    """Bytes of a fresh model that learns each answered request's rows in sequence order."""
+    model = GLN(**config)
+    for _, X, y in sorted(answers, key=lambda a: a[0]["sequence"]):
+        model.learn(np.asarray(X, dtype=np.float32), np.asarray(y))
+    return model.to_bytes()
+
+
+async def test_restart_replays_the_log_after_the_latest_snapshot(
+    store_settings: Settings, serve, small_config, create_model, make_data
+):
+    requests = [make_data(n, seed=s) for s, n in enumerate([3, 1, 7, 2, 5, 4, 1, 6])]
+    answers = []
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+
+        async def learn(X, y):
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            assert r.status_code == 200, r.text
+            answers.append((r.json(), X, y))
+
+        await asyncio.gather(*(learn(X, y) for X, y in requests[:4]))  # coalesced chunks
+        assert (await client.post("/v1/models/m/snapshot")).status_code == 200
+        for X, y in requests[4:]:
+            await learn(X, y)
+        crashed_bytes = await _model_bytes(app, "m")
+        _skip_shutdown_snapshots(app)
+
+    with _store(store_settings) as store:
+        _, info = store.load("m")
+    with _wal(store_settings) as wal:
+        tail = list(wal.read_after("m", info.metadata[WAL_ID]))
+    assert sum(len(e.labels) for e in tail) == sum(len(y) for _, y in requests[4:])
+
+    restarted = create_app(store_settings)
+    async with serve(restarted) as client:
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 29
+        assert await _model_bytes(restarted, "m") == crashed_bytes
+    assert crashed_bytes == _learned_in_order(small_config, answers)
+
+
+async def test_a_snapshot_records_its_log_entry_and_trims_the_log(
+    store_settings: Settings, serve, small_config, create_model, make_data
+):
+    X, y = make_data(10)
+    async with serve(create_app(store_settings)) as client:
+        await create_model(client, "m", small_config)
+        first = (await client.post("/v1/models/m/learn", json={"features": X, "labels": y})).json()
+        await client.post("/v1/models/m/snapshot")
+        later = (await client.post(
+            "/v1/models/m/learn", json={"features": X[:2], "labels": y[:2]}
+        )).json()
+        with _store(store_settings) as store, _wal(store_settings) as wal:
+            assert store.load("m")[1].metadata == {WAL_ID: first["log_id"]}
+            assert [e.id for e in wal.read_after("m", None)] == [later["log_id"]]
+
+
+async def test_a_retried_idempotency_key_is_learned_once(
+    settings: Settings, serve, small_config, create_model, make_data
+):
+    X, y = make_data(3)
+    body = {"features": X, "labels": y}
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        first = await client.post("/v1/models/m/learn", json=body,
+                                  headers={"Idempotency-Key": "order-17"})
+        again = await client.post("/v1/models/m/learn", json=body,
+                                  headers={"Idempotency-Key": "order-17"})
+        other = await client.post("/v1/models/m/learn", json=body,
+                                  headers={"Idempotency-Key": "order-18"})
+        info = (await client.get("/v1/models/m")).json()
+        metrics = (await client.get("/metrics")).text
+    assert first.status_code == again.status_code == other.status_code == 200
+    assert first.json()["duplicate"] is False and again.json()["duplicate"] is True
+    assert {k: v for k, v in again.json().items() if k != "duplicate"} == {
+        k: v for k, v in first.json().items() if k != "duplicate"
+    }
+    assert other.json()["sequence"] == 3
+    assert info["examples_seen"] == 6
+    assert "gln_learn_duplicates_total 1.0" in metrics
+
+
+async def test_the_same_key_twice_in_one_chunk_is_learned_once(
+    settings: Settings, serve, small_config, create_model, make_data
+):
+    X, y = make_data(2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        answers = await asyncio.gather(*(
+            client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                        headers={"Idempotency-Key": "same"})
+            for _ in range(6)
+        ))
+        info = (await client.get("/v1/models/m")).json()
+    assert info["examples_seen"] == 2
+    bodies = [a.json() for a in answers]
+    assert sorted(b["duplicate"] for b in bodies) == [False] + [True] * 5
+    assert {b["sequence"] for b in bodies} == {0}
+
+
+async def test_a_duplicate_after_a_restart_gets_the_original_answer_from_the_log(
+    store_settings: Settings, serve, small_config, create_model, make_data
+):
+    X, y = make_data(4)
+    body, key = {"features": X, "labels": y}, {"Idempotency-Key": "k1"}
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        original = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
+        _skip_shutdown_snapshots(app)
+    async with serve(create_app(store_settings)) as client:
+        retried = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
+        # Once a snapshot has trimmed the entry away, the key is still known but the answer
+        # is not: the duplicate is reported without it.
+        await client.post("/v1/models/m/snapshot")
+    async with serve(create_app(store_settings)) as client:
+        late = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
+        info = (await client.get("/v1/models/m")).json()
+    assert retried == {**original, "duplicate": True}
+    assert late == {"examples": 4, "sequence": None, "probabilities": None, "log_loss": None,
+                    "duplicate": True, "log_id": original["log_id"]}
+    assert info["examples_seen"] == 4
+
+
+@pytest.mark.parametrize("key", ["", "has space", "x" * 201, "é".encode()])
+async def test_a_malformed_idempotency_key_is_refused_before_learning(
+    client, create_model, make_data, key
+):
+    await create_model(client, "m")
+    X, y = make_data(1)
+    r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                          headers={"Idempotency-Key": key})
+    assert r.status_code == 422
+    assert "Idempotency-Key" in r.json()["detail"]
+    assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+
+
+async def test_an_entry_logged_behind_a_failed_append_is_applied_before_new_learning(
+    settings: Settings, serve, small_config, create_model, make_data
+):
+    """An append can land although it raised (its answer lost): the model must not skip it.
+
+    Staged by writing the entry to the log directly and marking the model in doubt, as the
+    worker does after a failed append.
+    """
+    landed_X, landed_y = make_data(3, seed=1)
+    X, y = make_data(2, seed=2)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        entry = await app.state.registry.get("m")
+        entry.wal.append("m", np.asarray(landed_X, np.float32), np.asarray(landed_y),
+                         ["lost-answer"], [3])
+        entry._log_in_doubt = True
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        retry = await client.post(
+            "/v1/models/m/learn", json={"features": landed_X, "labels": landed_y},
+            headers={"Idempotency-Key": "lost-answer"},
+        )
+        crashed = await _model_bytes(app, "m")
+    assert r.json()["sequence"] == 3
+    assert retry.json()["duplicate"] is True and retry.json()["sequence"] == 0
+    reference = GLN(**small_config)
+    reference.learn(np.asarray(landed_X, np.float32), np.asarray(landed_y))
+    reference.learn(np.asarray(X, np.float32), np.asarray(y))
+    assert crashed == reference.to_bytes()
+
+
+async def test_delete_removes_the_log_and_a_new_model_of_the_name_starts_empty(
+    store_settings: Settings, serve, small_config, create_model, make_data
+):
+    X, y = make_data(5)
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        assert (await client.delete("/v1/models/m")).status_code == 204
+        with _wal(store_settings) as wal:
+            assert list(wal.read_after("m", None)) == []
+        await create_model(client, "m", small_config)
+        _skip_shutdown_snapshots(app)
+    async with serve(create_app(store_settings)) as client:
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+
+
+async def test_without_the_log_learning_still_works_and_answers_no_log_id(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, wal_enabled=False)
+    X, y = make_data(2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+    assert r.status_code == 200 and r.json()["log_id"] is None
+    assert not (tmp_path / "m" / "wal.log").exists()
+
+
+# -- limits ---------------------------------------------------------------------------------------
+async def test_models_per_server_are_limited(tmp_path, serve, small_config, create_model):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, max_models=2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "a", small_config)
+        await create_model(client, "b", small_config)
+        r = await client.post("/v1/models", json={"name": "c", "config": small_config})
+        names = [m["name"] for m in (await client.get("/v1/models")).json()]
+    assert r.status_code == 409 and "GLN_MAX_MODELS=2" in r.json()["detail"]
+    assert names == ["a", "b"]
+    assert not (tmp_path / "c").exists()
+
+
+async def test_total_model_memory_is_limited(tmp_path, serve, small_config, create_model):
+    one = GLN.estimate_nbytes(small_config)
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600,
+                        max_total_model_bytes=2 * one + one // 2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "a", small_config)
+        await create_model(client, "b", small_config)
+        r = await client.post("/v1/models", json={"name": "c", "config": small_config})
+        assert r.status_code == 409 and "GLN_MAX_TOTAL_MODEL_BYTES" in r.json()["detail"]
+        assert (await client.delete("/v1/models/a")).status_code == 204
+        await create_model(client, "c", small_config)  # room again
