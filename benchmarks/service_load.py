@@ -16,6 +16,7 @@ with the server, and a lighter client leaves more of them to what is being measu
 
     python benchmarks/service_load.py                      # all scenarios, own server
     python benchmarks/service_load.py --only small --duration 5
+    python benchmarks/service_load.py --only small-learn-1 --server-env GLN_WAL_ENABLED=false
     python benchmarks/service_load.py --url http://127.0.0.1:8000 --token "$GLN_API_TOKEN"
 """
 
@@ -195,8 +196,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def own_server(token: str | None) -> Iterator[str]:
-    """``python -m service`` on a free port with a throwaway snapshot directory."""
+def own_server(token: str | None, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """``python -m service`` on a free port with a throwaway snapshot directory.
+
+    ``extra_env`` adds ``GLN_*`` settings (e.g. ``GLN_WAL_ENABLED=false``).
+    """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="gln-bench-") as snapshots:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GLN_")}
@@ -204,6 +208,7 @@ def own_server(token: str | None) -> Iterator[str]:
                    GLN_SNAPSHOT_INTERVAL_S="3600", GLN_LOG_LEVEL="warning")
         if token:
             env["GLN_API_TOKEN"] = token
+        env.update(extra_env or {})
         proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -288,7 +293,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", default=[],
                         help="scenarios to run: exact names (small-learn-1) or parts of names "
                         "(small, learn)")
+    parser.add_argument("--server-env", nargs="*", default=[], metavar="GLN_X=VALUE",
+                        help="settings for the server this starts, e.g. GLN_WAL_ENABLED=false")
     args = parser.parse_args(argv)
+    extra_env = dict(item.split("=", 1) for item in args.server_env)
 
     scenarios = [Scenario(m, v, b) for m in MODELS for v in VERBS for b in BATCHES]
     if args.only:  # an exact scenario name selects just it; anything else, by substring
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         for s in scenarios:
             print(json.dumps(run_scenario(args.url, s, args)), flush=True)
         return
-    with own_server(args.token) as url:
+    with own_server(args.token, extra_env) as url:
         for s in scenarios:
             print(json.dumps(run_scenario(url, s, args)), flush=True)
 

@@ -112,12 +112,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     periodic = asyncio.create_task(
         registry.snapshot_periodically(settings.snapshot_interval_s), name="gln-snapshots"
     )
+    expiry = asyncio.create_task(
+        registry.expire_labels_periodically(min(5.0, settings.label_ttl_s / 2)),
+        name="gln-label-expiry",
+    )
     try:
         yield
     finally:
-        for task in (periodic, restore):
+        for task in (periodic, expiry, restore):
             task.cancel()
-        await asyncio.gather(periodic, restore, return_exceptions=True)
+        await asyncio.gather(periodic, expiry, restore, return_exceptions=True)
         clean = await registry.close()
         app.state.shutdown_clean = clean
         if clean:

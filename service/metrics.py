@@ -117,6 +117,19 @@ class ServiceMetrics:
             "Learn requests not learned again because their Idempotency-Key was already logged.",
             registry=r,
         )
+        self.labels_learned = Counter(
+            "gln_delayed_labels_learned",
+            "Predicted rows learned when their label arrived.", ["model"], registry=r,
+        )
+        self.labels_expired = Counter(
+            "gln_delayed_labels_expired",
+            "Predicted rows whose label did not come in time (dropped, or learned with "
+            "GLN_LABEL_DEFAULT).", ["model"], registry=r,
+        )
+        self.labels_pending = Gauge(
+            "gln_delayed_labels_pending", "Predicted rows waiting for their label.",
+            ["model"], registry=r,
+        )
         self.build_info = Gauge(
             "gln_build_info", "Version and device of this process (value 1).",
             ["version", "device"], registry=r,
@@ -131,6 +144,7 @@ class ServiceMetrics:
         return (
             self.examples_learned, self.log_loss, self.correct, self.examples_predicted,
             self.model_bytes, self.snapshot_bytes, self.snapshot_last_success,
+            self.labels_learned, self.labels_expired, self.labels_pending,
         )
 
     def add_model(self, name: str, nbytes: int) -> None:

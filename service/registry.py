@@ -35,6 +35,7 @@ import numpy as np
 
 from gln import GLN
 from service.metrics import ServiceMetrics
+from service.pending import PendingPredictions, PendingRow
 from service.settings import Settings
 from service.store import SnapshotInfo, SnapshotStore
 from service.wal import LogEntry, WriteAheadLog
@@ -142,6 +143,24 @@ class OnlineStats:
         }
 
 
+def _score(probs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log loss (nats) and argmax hit of each row's prediction ``probs`` for label ``y``."""
+    p_true = probs[np.arange(len(y)), y]
+    return -np.log(np.clip(p_true, _MIN_PROB, 1.0)), probs.argmax(axis=1) == y
+
+
+def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
+    """``probs`` with the rows of jobs that bring their own predictions replaced by those."""
+    scored = probs.copy()
+    offset = 0
+    for job in jobs:
+        n = len(job.X)
+        if job.scored is not None:
+            scored[offset:offset + n] = job.scored
+        offset += n
+    return scored
+
+
 # -- one model ----------------------------------------------------------------------------------
 @dataclass
 class LearnResult:
@@ -209,6 +228,7 @@ class _Job:
     y: np.ndarray | None  # labels, for LEARN only
     future: asyncio.Future[Any]
     key: str | None = None  # LEARN: idempotency key
+    scored: np.ndarray | None = None  # LEARN: predictions to score instead of prequential ones
 
 
 @dataclass
@@ -261,6 +281,7 @@ class ModelEntry:
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
         self._log_in_doubt = False
         self._answers = _AnswerCache(settings.idempotency_cache_rows)
+        self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
         self.stats = OnlineStats(settings.recent_window)
         # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
         # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
@@ -307,14 +328,19 @@ class ModelEntry:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # -- the queue --
-    async def learn(self, X: np.ndarray, y: np.ndarray, key: str | None = None) -> LearnResult:
+    async def learn(
+        self, X: np.ndarray, y: np.ndarray, key: str | None = None,
+        scored: np.ndarray | None = None,
+    ) -> LearnResult:
         """Learn validated rows in queue order; their prequential outputs and sequence.
 
         ``key`` (an idempotency key): if the log already holds a request with this key, the
-        rows are not learned again and the answer is marked ``duplicate``.
+        rows are not learned again and the answer is marked ``duplicate``. ``scored``: the
+        predictions the online metrics score (delayed labels: those made at predict time);
+        by default the prequential ones.
         """
         self._pending_learn_rows += len(y)
-        return await self._submit(_Verb.LEARN, X, y, key)
+        return await self._submit(_Verb.LEARN, X, y, key, scored)
 
     async def predict_proba(self, X: np.ndarray) -> np.ndarray:
         """Class probabilities, after every learn request queued before this one."""
@@ -325,14 +351,15 @@ class ModelEntry:
         return await self._submit(_Verb.EXPLAIN, X, None)
 
     async def _submit(
-        self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, key: str | None = None
+        self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, key: str | None = None,
+        scored: np.ndarray | None = None,
     ) -> Any:
         if self._closing:
             if y is not None:
                 self._pending_learn_rows -= len(y)
             raise ModelNotFound(self.name)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(verb, X, y, future, key))
+        self._pending.append(_Job(verb, X, y, future, key, scored))
         self._wake.set()
         # Once queued, a request is carried out even if its client goes away: shield the
         # future so a cancelled handler does not cancel it (its answer is simply dropped).
@@ -404,6 +431,8 @@ class ModelEntry:
             assert y is not None
             entry_id = None if self.wal is None else self._append(run, X, y)
             start, probs, losses, correct = self._apply(X, y, entry_id)
+            if any(job.scored is not None for job in run):
+                losses, correct = _score(_scored_predictions(run, probs), y)
             offset = 0
             for i, job in zip(fresh, run, strict=True):
                 n = len(job.X)
@@ -432,9 +461,7 @@ class ModelEntry:
         self._updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
-        p_true = probs[np.arange(len(y)), y]
-        losses = -np.log(np.clip(p_true, _MIN_PROB, 1.0))
-        return start, probs, losses, probs.argmax(axis=1) == y
+        return start, probs, *_score(probs, y)
 
     def _sort_out_duplicates(
         self, jobs: list[_Job], learned: list[LearnResult | None],
@@ -642,6 +669,14 @@ class ModelEntry:
                 "sha256": snap.sha256,
             },
         }
+
+
+def _check_ids(ids: Sequence[str], rows: int, against: str) -> None:
+    """422 unless there is one id per row and no id twice."""
+    if len(ids) != rows:
+        raise InvalidRequest(f"ids: {len(ids)} ids for {rows} {against}; give one id per row")
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest("ids: an id appears twice; give each row its own id")
 
 
 # -- all models -------------------------------------------------------------------------------
@@ -853,13 +888,89 @@ class ModelRegistry:
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
 
-    async def predict(self, name: str, features: Sequence[Sequence[float]]) -> np.ndarray:
-        """Class probabilities for each row; counts the rows in the metrics."""
+    async def predict(
+        self, name: str, features: Sequence[Sequence[float]], ids: Sequence[str] | None = None
+    ) -> np.ndarray:
+        """Class probabilities for each row; counts the rows in the metrics.
+
+        With ``ids`` (one per row, unique), each row and its prediction wait for a label
+        (:meth:`labels`) for ``label_ttl_s`` seconds.
+        """
         entry = await self.get(name)
+        if ids is not None:
+            _check_ids(ids, len(features), "features")
         X, _ = await self._check(entry, features)
         probs = await entry.predict_proba(X)
         self.metrics.observe_predicted(name, len(X))
+        if ids is not None:
+            pushed_out = entry.pending.put(ids, X, probs, time.time())
+            await self._expire(entry, pushed_out)
         return probs
+
+    async def labels(
+        self, name: str, ids: Sequence[str], labels: Sequence[int]
+    ) -> tuple[LearnResult | None, list[str]]:
+        """Learn the waiting rows of ``ids`` with ``labels``; also the ids not waiting.
+
+        Rows are learned in the order given, scored in the online metrics by the prediction
+        made at predict time. Ids that are unknown or expired are returned, not learned. If
+        learning fails the claimed rows wait again and the error is raised.
+        """
+        entry = await self.get(name)
+        limit = self.settings.max_rows_per_request
+        if len(ids) > limit:
+            raise InvalidRequest(f"ids: {len(ids)} ids, more than GLN_MAX_ROWS_PER_REQUEST={limit}")
+        _check_ids(ids, len(labels), "labels")
+        await self._expire(entry, entry.pending.pop_expired(time.time()))
+        rows, missing = entry.pending.claim(ids, time.time())
+        if not rows:
+            return None, missing
+        wanted = dict(zip(ids, labels, strict=True))
+        try:
+            X, y = entry.model.check_input(
+                np.stack([row.features for row in rows]), [wanted[row.id] for row in rows]
+            )
+        except (ValueError, TypeError) as exc:
+            entry.pending.give_back(rows)
+            raise InvalidRequest(str(exc)) from exc
+        assert y is not None
+        try:
+            result = await entry.learn(X, y, scored=np.stack([row.prediction for row in rows]))
+        except BaseException:
+            entry.pending.give_back(rows)
+            raise
+        finally:
+            self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
+        self.metrics.labels_learned.labels(model=name).inc(len(rows))
+        return result, missing
+
+    async def _expire(self, entry: ModelEntry, rows: list[PendingRow]) -> None:
+        """Rows whose label did not come: count them, and learn them with the default label."""
+        self.metrics.labels_pending.labels(model=entry.name).set(len(entry.pending))
+        if not rows:
+            return
+        self.metrics.labels_expired.labels(model=entry.name).inc(len(rows))
+        default = self.settings.label_default
+        if default is None:
+            return
+        try:
+            X, y = entry.model.check_input(
+                np.stack([row.features for row in rows]), [default] * len(rows)
+            )
+            assert y is not None
+            await entry.learn(X, y, scored=np.stack([row.prediction for row in rows]))
+        except Exception:
+            log.exception("learning %d expired rows of %r with the default label failed",
+                          len(rows), entry.name)
+
+    async def expire_labels_periodically(self, interval_s: float) -> None:
+        """Every ``interval_s`` seconds, expire the rows that waited too long for a label."""
+        await self.wait_restored()
+        while True:
+            await asyncio.sleep(interval_s)
+            now = time.time()
+            for entry in list(self._models.values()):
+                await self._expire(entry, entry.pending.pop_expired(now))
 
     async def learn(
         self, name: str, features: Sequence[Sequence[float]], labels: Sequence[int],

@@ -24,9 +24,12 @@ from service.schemas import (
     Detail,
     ExplainResponse,
     FeaturesRequest,
+    LabelsRequest,
+    LabelsResponse,
     LearnRequest,
     LearnResponse,
     ModelInfo,
+    PredictRequest,
     PredictResponse,
     SnapshotOut,
     Status,
@@ -210,12 +213,40 @@ async def learn(name: str, request: Request) -> Response:
     })
 
 
-@_data_route("/v1/models/{name}/predict", PredictResponse, FeaturesRequest)
+@_data_route("/v1/models/{name}/predict", PredictResponse, PredictRequest)
 async def predict(name: str, request: Request) -> Response:
-    """Class probabilities of each row; the model does not learn."""
+    """Class probabilities of each row; the model does not learn.
+
+    Rows given ids wait for their labels (``POST /v1/models/{name}/labels``).
+    """
     registry = registry_of(request)
-    body = await parse_body(request, FeaturesRequest)
-    return await json_response({"probabilities": await registry.predict(name, body.features)})
+    body = await parse_body(request, PredictRequest)
+    probs = await registry.predict(name, body.features, body.ids)
+    return await json_response({"probabilities": probs})
+
+
+@_data_route("/v1/models/{name}/labels", LabelsResponse, LabelsRequest, errors=(503,))
+async def labels(name: str, request: Request) -> Response:
+    """Learn rows predicted earlier with ids, now that their labels are known.
+
+    The online metrics score the prediction made at predict time. Ids that are unknown, or
+    whose wait expired (GLN_LABEL_TTL_S), get a 404 entry in ``results``; the others learn.
+    """
+    registry = registry_of(request)
+    body = await parse_body(request, LabelsRequest)
+    result, missing = await registry.labels(name, body.ids, body.labels)
+    not_found = set(missing)
+    return await json_response({
+        "learned": 0 if result is None else result.rows,
+        "sequence": None if result is None else result.sequence,
+        "log_id": None if result is None else result.log_id,
+        "results": [
+            {"id": i, "status": 404,
+             "detail": "unknown id, or its wait for a label expired (GLN_LABEL_TTL_S)"}
+            if i in not_found else {"id": i, "status": 200, "detail": None}
+            for i in body.ids
+        ],
+    })
 
 
 @_data_route("/v1/models/{name}/explain", ExplainResponse, FeaturesRequest)

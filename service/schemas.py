@@ -8,11 +8,20 @@ its clear 422 message instead of a generic parse error.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+ID_PATTERN = r"^[\x21-\x7e]{1,200}$"  # visible ASCII, as idempotency keys
 
 Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
 
@@ -47,6 +56,44 @@ class FeaturesRequest(_Body):
 
     features: Rows = Field(min_length=1, examples=[[[0.1, 0.2, 0.3]]],
                            description="One row per example, each num_features wide.")
+
+
+RowId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+
+
+class PredictRequest(FeaturesRequest):
+    """Rows to predict; with ids, the rows also wait for labels that come later."""
+
+    ids: list[RowId] | None = Field(
+        None, examples=[["txn-1"]],
+        description="Optional, one unique id per row (1-200 visible ASCII characters): the "
+        "row and its prediction wait GLN_LABEL_TTL_S seconds for a label "
+        "(POST /v1/models/{name}/labels).",
+    )
+
+
+class LabelsRequest(_Body):
+    """Labels for rows predicted earlier with ids."""
+
+    ids: list[RowId] = Field(min_length=1, examples=[["txn-1"]],
+                             description="Ids given to predict, each at most once.")
+    labels: list[StrictInt] = Field(min_length=1, examples=[[0]],
+                                    description="Class index for each id, in [0, num_classes).")
+
+
+class LabelResult(BaseModel):
+    id: str
+    status: int = Field(description="200: learned; 404: unknown id, or its wait expired.")
+    detail: str | None = None
+
+
+class LabelsResponse(BaseModel):
+    learned: int = Field(description="Rows learned (the ids answered 200).")
+    sequence: int | None = Field(
+        description="Stream index of the first row learned; null when none was."
+    )
+    log_id: str | None = Field(description="Write-ahead log entry holding the rows.")
+    results: list[LabelResult] = Field(description="One per id, in the order given.")
 
 
 class LearnRequest(FeaturesRequest):

@@ -65,6 +65,18 @@ class Settings(BaseSettings):
         description="Rows of original learn answers kept in memory, to answer a retried "
         "Idempotency-Key with the original probabilities.",
     )
+    label_ttl_s: float = Field(
+        3600.0, gt=0,
+        description="How long a predicted row with an id waits for its label (delayed labels).",
+    )
+    max_pending_label_rows: int = Field(
+        100_000, gt=0,
+        description="Most predicted rows per model waiting for labels (the oldest expire first).",
+    )
+    label_default: int | None = Field(
+        None, ge=0,
+        description="Label learned for rows whose label never came; unset: drop them.",
+    )
     max_models: int = Field(1000, gt=0, description="Most models one server holds.")
     max_total_model_bytes: int = Field(
         8192 * MIB, gt=0, description="Most bytes all models together may hold (GLN.nbytes)."

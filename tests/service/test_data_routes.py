@@ -26,8 +26,8 @@ async def test_data_route_before_start_up_is_503(settings: Settings, verb: str):
 
 async def test_openapi_documents_the_data_routes(client: httpx.AsyncClient):
     spec = (await client.get("/openapi.json")).json()
-    for verb, schema in [("learn", "LearnRequest"), ("predict", "FeaturesRequest"),
-                         ("explain", "FeaturesRequest")]:
+    for verb, schema in [("learn", "LearnRequest"), ("predict", "PredictRequest"),
+                         ("explain", "FeaturesRequest"), ("labels", "LabelsRequest")]:
         post = spec["paths"][f"/v1/models/{{name}}/{verb}"]["post"]
         expected = [("name", "path", True)]
         if verb == "learn":

@@ -1,0 +1,152 @@
+"""Delayed labels: predict rows with ids now, learn them when their labels arrive later."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+
+import numpy as np
+import pytest
+
+from gln import GLN
+from service.app import create_app
+from service.settings import Settings
+
+
+def _metric(text: str, name: str, model: str = "m") -> float:
+    found = re.search(rf'^{name}{{model="{model}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_labels_learn_the_predicted_rows_and_score_the_prediction_made_then(
+    app, client, small_config, create_model, make_data
+):
+    await create_model(client, "m", small_config)
+    X, y = make_data(4, seed=1)
+    ids = [f"txn-{i}" for i in range(4)]
+    made = (await client.post("/v1/models/m/predict", json={"features": X, "ids": ids})).json()
+    # The model moves on before the labels come.
+    other_X, other_y = make_data(30, seed=2)
+    await client.post("/v1/models/m/learn", json={"features": other_X, "labels": other_y})
+    before = (await client.get("/v1/models/m")).json()["metrics"]["total"]
+
+    r = await client.post("/v1/models/m/labels", json={"ids": ids[::-1], "labels": y[::-1]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    after = (await client.get("/v1/models/m")).json()
+    metrics = (await client.get("/metrics")).text
+
+    assert body["learned"] == 4 and body["sequence"] == 30 and body["log_id"] is not None
+    assert [res["status"] for res in body["results"]] == [200] * 4
+    assert after["examples_seen"] == 34
+    # Scored by the prediction made at predict time, not by the moved-on model.
+    expected = sum(-math.log(made["probabilities"][i][y[i]]) for i in range(4))
+    total = after["metrics"]["total"]
+    gained = total["log_loss"] * total["examples"] - before["log_loss"] * before["examples"]
+    assert gained == pytest.approx(expected, rel=1e-9)
+    assert _metric(metrics, "gln_delayed_labels_learned_total") == 4
+    assert _metric(metrics, "gln_delayed_labels_pending") == 0
+    # Learned in the order the labels came, after the other rows.
+    reference = GLN(**small_config)
+    reference.learn(np.asarray(other_X, np.float32), np.asarray(other_y))
+    reference.learn(np.asarray(X[::-1], np.float32), np.asarray(y[::-1]))
+    entry = await app.state.registry.get("m")
+    assert entry.model.to_bytes() == reference.to_bytes()
+
+
+async def test_unknown_and_already_learned_ids_get_404_entries(client, create_model, make_data):
+    await create_model(client, "m")
+    X, y = make_data(2)
+    await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+    r = await client.post("/v1/models/m/labels", json={"ids": ["a", "zz"], "labels": [y[0], 0]})
+    again = await client.post("/v1/models/m/labels", json={"ids": ["a"], "labels": [y[0]]})
+    assert r.status_code == again.status_code == 200
+    assert [(x["id"], x["status"]) for x in r.json()["results"]] == [("a", 200), ("zz", 404)]
+    assert "unknown id" in r.json()["results"][1]["detail"]
+    assert again.json() == {"learned": 0, "sequence": None, "log_id": None, "results": [
+        {"id": "a", "status": 404, "detail": r.json()["results"][1]["detail"]}]}
+    assert (await client.get("/v1/models/m")).json()["examples_seen"] == 1
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"features": [[0.0] * 6] * 2, "ids": ["a"]}, "1 ids for 2 features"),
+    ({"features": [[0.0] * 6] * 2, "ids": ["a", "a"]}, "appears twice"),
+    ({"features": [[0.0] * 6], "ids": ["has space"]}, "ids"),
+])
+async def test_bad_ids_on_predict_are_refused_and_nothing_waits(app, client, create_model,
+                                                                body, message):
+    await create_model(client, "m")
+    r = await client.post("/v1/models/m/predict", json=body)
+    assert r.status_code == 422 and message in r.json()["detail"]
+    entry = await app.state.registry.get("m")
+    assert len(entry.pending) == 0
+
+
+async def test_bad_labels_leave_the_rows_waiting(client, create_model, make_data):
+    await create_model(client, "m")
+    X, y = make_data(2)
+    await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+    out_of_range = await client.post("/v1/models/m/labels",
+                                     json={"ids": ["a", "b"], "labels": [0, 3]})
+    too_few = await client.post("/v1/models/m/labels", json={"ids": ["a", "b"], "labels": [0]})
+    assert out_of_range.status_code == too_few.status_code == 422
+    assert "labels" in out_of_range.json()["detail"]
+    fixed = await client.post("/v1/models/m/labels", json={"ids": ["a", "b"], "labels": y})
+    assert fixed.json()["learned"] == 2
+
+
+async def test_rows_whose_label_does_not_come_in_time_expire(
+    tmp_path, serve, create_model, make_data
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, label_ttl_s=0.2)
+    X, y = make_data(3)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m")
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b", "c"]})
+        await asyncio.sleep(0.5)  # the expiry task runs every ttl / 2
+        metrics = (await client.get("/metrics")).text
+        r = await client.post("/v1/models/m/labels", json={"ids": ["a"], "labels": [y[0]]})
+        info = (await client.get("/v1/models/m")).json()
+    assert _metric(metrics, "gln_delayed_labels_expired_total") == 3
+    assert _metric(metrics, "gln_delayed_labels_pending") == 0
+    assert r.json()["results"][0]["status"] == 404
+    assert info["examples_seen"] == 0
+
+
+async def test_expired_rows_learn_the_default_label_when_one_is_set(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, label_ttl_s=0.2,
+                        label_default=2)
+    X, _ = make_data(3)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b", "c"]})
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            info = (await client.get("/v1/models/m")).json()
+            if info["examples_seen"] == 3:
+                break
+        learned = (await app.state.registry.get("m")).model.to_bytes()
+    reference = GLN(**small_config)
+    reference.learn(np.asarray(X, np.float32), np.array([2, 2, 2]))
+    assert info["examples_seen"] == 3
+    assert learned == reference.to_bytes()
+
+
+async def test_the_oldest_rows_make_room_when_too_many_wait(
+    tmp_path, serve, create_model, make_data
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600,
+                        max_pending_label_rows=2)
+    X, y = make_data(3)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m")
+        for i in range(3):
+            await client.post("/v1/models/m/predict", json={"features": [X[i]], "ids": [str(i)]})
+        r = await client.post("/v1/models/m/labels", json={"ids": ["0", "1", "2"], "labels": y})
+        metrics = (await client.get("/metrics")).text
+    assert [x["status"] for x in r.json()["results"]] == [404, 200, 200]
+    assert _metric(metrics, "gln_delayed_labels_expired_total") == 1
