@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from gln import GLN
 from service.settings import Settings
@@ -130,3 +131,27 @@ def test_settings_read_gln_environment(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("GLN_DEVICE", "tpu")
     with pytest.raises(ValueError, match="device"):
         Settings()
+
+
+def test_a_durability_redis_cannot_give_stops_the_server_at_start_up(
+    tmp_path: Path, redis_url: str, redis_key_prefix: str
+):
+    """GLN_WAL_DURABILITY=always against a Redis without AOF: exit, naming what is missing."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        if int(client.info("persistence").get("aof_enabled", 0)):
+            pytest.skip("the test Redis runs with AOF on")
+    finally:
+        client.close()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GLN_")},
+        "GLN_PORT": str(_free_port()),
+        "GLN_REDIS_URL": redis_url,
+        "GLN_REDIS_KEY_PREFIX": redis_key_prefix,
+        "GLN_WAL_DURABILITY": "always",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], cwd=REPO, env=env, capture_output=True, timeout=60,
+    )
+    assert done.returncode == 3
+    assert b"durability='always' is not available: AOF is off" in done.stderr
