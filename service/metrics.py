@@ -150,9 +150,10 @@ class ServiceMetrics:
     def add_model(self, name: str, nbytes: int) -> None:
         """Start a model's series at zero so dashboards show it before its first example."""
         for metric in (self.examples_learned, self.log_loss, self.correct,
-                       self.examples_predicted):
+                       self.examples_predicted, self.labels_learned, self.labels_expired):
             metric.labels(model=name)
         self.model_bytes.labels(model=name).set(nbytes)
+        self.labels_pending.labels(model=name).set(0)
 
     def _model_counters(self, name: str) -> _ModelCounters:
         counters = self._counters.get(name)

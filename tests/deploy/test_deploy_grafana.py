@@ -45,7 +45,7 @@ REQUIRED_PANELS: dict[str, tuple[str, list[str]]] = {
 
 PER_MODEL_METRICS = re.compile(
     r"gln_(examples_learned_total|examples_predicted_total|prequential_\w+_total|model_bytes"
-    r"|snapshot_bytes|snapshot_last_success_timestamp_seconds)\{"
+    r"|snapshot_bytes|snapshot_last_success_timestamp_seconds|delayed_labels_\w+)\{"
 )
 
 
