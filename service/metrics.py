@@ -101,7 +101,8 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.wal_append_errors = Counter(
-            "gln_wal_append_errors", "Write-ahead log appends that failed (answered 503).",
+            "gln_wal_append_errors",
+            "Write-ahead log calls of the learn path that failed (their requests got 503).",
             registry=r,
         )
         self.wal_replayed_entries = Counter(

