@@ -426,7 +426,7 @@ class ModelEntry:
         fresh = list(range(len(jobs)))
         if self.wal is not None:
             if self._log_in_doubt:
-                self._catch_up()
+                self._catch_up_or_refuse()
             fresh = self._sort_out_duplicates(jobs, learned, copies)
         if fresh:
             run = [jobs[i] for i in fresh]
@@ -479,11 +479,7 @@ class ModelEntry:
         try:
             logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
         except Exception as exc:
-            self._metrics.wal_append_errors.inc()
-            raise Unavailable(
-                f"write-ahead log unavailable ({type(exc).__name__}: {exc}); nothing was "
-                "learned: retry it with the same Idempotency-Key"
-            ) from exc
+            raise self._log_unavailable(exc) from exc
         logged_at = dict(zip(keyed, logged, strict=True))
         first_with: dict[str, int] = {}
         fresh = []
@@ -534,6 +530,21 @@ class ModelEntry:
             ) from exc
         self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
         return entry_id
+
+    def _log_unavailable(self, exc: Exception) -> Unavailable:
+        """The 503 for a log that could not be read before anything was learned."""
+        self._metrics.wal_append_errors.inc()
+        return Unavailable(
+            f"write-ahead log unavailable ({type(exc).__name__}: {exc}); nothing was "
+            "learned: retry it with the same Idempotency-Key"
+        )
+
+    def _catch_up_or_refuse(self) -> None:
+        """(model lock) :meth:`_catch_up` before new learning; 503 while the log is down."""
+        try:
+            self._catch_up()
+        except Exception as exc:
+            raise self._log_unavailable(exc) from exc
 
     def _catch_up(self) -> int:
         """(model lock) Apply every log entry after ``applied_id``; how many there were.
@@ -1024,9 +1035,10 @@ class ModelRegistry:
                 await entry.save_snapshot(self.store, force=False)
             except ModelNotFound:
                 pass  # deleted meanwhile
-            except Exception:
+            except Exception as exc:  # the store is down, typically: say so, once per model
                 ok = False
-                log.exception("snapshot of %r failed", entry.name)
+                log.warning("snapshot of %r failed: %s: %s", entry.name, type(exc).__name__,
+                            exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return ok
 
     async def snapshot_periodically(self, interval_s: float) -> None:

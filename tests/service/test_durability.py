@@ -296,9 +296,9 @@ async def test_learn_answers_503_while_the_log_is_down_and_loses_nothing_acknowl
             for i in range(3):
                 answers.append((await learn(i)).json())
             server.stop()
-            down = await learn(3)
             X, y = batches[3]
             unkeyed = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            down = await learn(3)  # the model is in doubt now: it must catch up first, and can't
             seen_while_down = (await client.get("/v1/models/m")).json()["examples_seen"]
             server.start()
             for i in range(3, 6):

@@ -1,0 +1,160 @@
+"""Sustained learn load through a Redis restart: nothing acknowledged is lost or learned twice.
+
+Starts its own ``redis-server`` (AOF on, ``appendfsync everysec``) and a real server process
+(``python -m service``) whose snapshots and write-ahead log go to that Redis. Several client
+threads post learn requests (1-5 random rows, each with its own Idempotency-Key) to one small
+model for ``--seconds`` seconds, retrying a request with the same key on any connection error
+or 5xx until it is acknowledged. Half-way through, Redis is stopped (SHUTDOWN, which flushes
+its AOF; ``--kill-redis`` sends SIGKILL instead) and started again ``--redis-down-s`` seconds
+later on the same port and directory. Meanwhile learn requests cannot be logged, so they are
+refused (503) and retried.
+
+At the end every acknowledged request's sequence must tile the model's stream exactly
+(``examples_lost`` and ``examples_duplicated`` both 0), and the model's snapshot must equal,
+byte for byte, a fresh model that learned the acknowledged rows in that order. Prints one
+JSON line.
+
+    python benchmarks/fault_load.py                      # 60 s, Redis down for ~2 s
+    python benchmarks/fault_load.py --seconds 20 --redis-down-s 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import redis
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gln import GLN  # noqa: E402
+from service.store import RedisSnapshotStore  # noqa: E402
+from tests.redis_process import RedisProcess  # noqa: E402
+from tests.service.durable_client import (  # noqa: E402
+    DurableLearners,
+    ServerProcess,
+    check_exactly_once,
+    reference_bytes,
+)
+
+CONFIG = {"num_features": 6, "num_classes": 3, "layer_sizes": [8, 8, 1], "context_dim": 3,
+          "learning_rate": 0.05, "seed": 7}
+PREFIX = "fault-load"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of the load")
+    parser.add_argument("--redis-down-s", type=float, default=2.0,
+                        help="how long Redis stays down, half-way through")
+    parser.add_argument("--kill-redis", action="store_true",
+                        help="SIGKILL Redis instead of SHUTDOWN (then up to ~1 s of log "
+                        "entries may be lost by Redis; the server's model keeps them)")
+    parser.add_argument("--threads", type=int, default=4, help="client threads")
+    parser.add_argument("--snapshot-interval-s", type=float, default=5.0,
+                        help="GLN_SNAPSHOT_INTERVAL_S of the server (snapshot, then log trim)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="gln-fault-") as tmp:
+        with RedisProcess(Path(tmp) / "redis") as redis_server:
+            server = ServerProcess({
+                "GLN_REDIS_URL": redis_server.url,
+                "GLN_REDIS_KEY_PREFIX": PREFIX,
+                "GLN_SNAPSHOT_DIR": str(Path(tmp) / "unused"),
+                "GLN_SNAPSHOT_INTERVAL_S": str(args.snapshot_interval_s),
+            }, Path(tmp) / "server.log")
+            with server:
+                try:
+                    result = run(args, server, redis_server)
+                except BaseException:
+                    print(server.log_text()[-5000:], file=sys.stderr)
+                    raise
+    print(json.dumps(result))
+    return 0 if result["examples_lost"] == 0 and result["examples_duplicated"] == 0 and (
+        result["model_equals_reference"]) else 1
+
+
+def run(args: argparse.Namespace, server: ServerProcess, redis_server: RedisProcess) -> dict:
+    server.start()
+    r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": CONFIG})
+    r.raise_for_status()
+    bar = tqdm(total=round(args.seconds), unit="s", desc="fault_load", file=sys.stderr)
+    learners = DurableLearners(server.url, "m", CONFIG["num_features"], CONFIG["num_classes"],
+                               threads=args.threads, seed=args.seed)
+    down_at = args.seconds / 2 - args.redis_down_s / 2
+    redis_down_s = None
+    t0 = time.perf_counter()
+    learners.start()
+    try:
+        while (elapsed := time.perf_counter() - t0) < args.seconds:
+            if redis_down_s is None and elapsed >= down_at:
+                redis_down_s = restart_redis(redis_server, args.redis_down_s, args.kill_redis)
+            bar.n = min(round(elapsed), bar.total)
+            bar.set_postfix(acks=len(learners.acks), errors=sum(learners.errors.values()),
+                            refresh=True)
+            time.sleep(0.25)
+    finally:
+        learners.stop(timeout_s=120)
+        bar.close()
+    load_s = time.perf_counter() - t0
+    if learners.failures:
+        raise RuntimeError(f"a learner failed: {learners.failures}")
+
+    examples_seen = httpx.get(f"{server.url}/v1/models/m").json()["examples_seen"]
+    httpx.post(f"{server.url}/v1/models/m/snapshot", timeout=60).raise_for_status()
+    with RedisSnapshotStore(redis_server.url, key_prefix=PREFIX) as store:
+        blob, _ = store.load("m")
+    server.terminate()
+    check = check_exactly_once(learners.acks, examples_seen)
+    same = None
+    if check.unexplained == 0:
+        same = GLN.from_bytes(blob).to_bytes() == reference_bytes(CONFIG, check.order)
+    version = redis.Redis.from_url(redis_server.url).info("server")["redis_version"]
+    return {
+        "benchmark": "fault_load",
+        "seconds": round(load_s, 2),
+        "threads": args.threads,
+        "redis": f"{version}, appendonly yes, appendfsync everysec",
+        "redis_restart": "SIGKILL" if args.kill_redis else "SHUTDOWN",
+        "redis_down_s": None if redis_down_s is None else round(redis_down_s, 2),
+        "snapshot_interval_s": args.snapshot_interval_s,
+        "requests_acknowledged": len(learners.acks),
+        "requests_per_s": round(len(learners.acks) / load_s, 1),
+        "requests_retried": sum(ack.attempts > 1 for ack in learners.acks),
+        "duplicate_answers": sum(ack.duplicate for ack in learners.acks),
+        "duplicate_answers_without_sequence": check.placed + check.unexplained,
+        "errors_returned": dict(sorted(learners.errors.items())),
+        "examples_acknowledged": check.examples,
+        "examples_seen": examples_seen,
+        "examples_lost": check.lost,
+        "examples_duplicated": check.duplicated,
+        "unexplained": check.unexplained,
+        "requests_abandoned": len(learners.abandoned),
+        "model_equals_reference": same,
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cpus",
+    }
+
+
+def restart_redis(redis_server: RedisProcess, down_s: float, kill: bool) -> float:
+    """Stop Redis (clean or SIGKILL), wait ``down_s``, start it again; seconds it was down."""
+    t0 = time.perf_counter()
+    if kill:
+        redis_server.kill()
+    else:
+        redis_server.stop()
+    time.sleep(max(0.0, down_s - (time.perf_counter() - t0)))
+    redis_server.start()
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
