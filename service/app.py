@@ -77,7 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The last added is the outermost: metrics see every answer, including the guards' 401
     # and 413; the token is checked before a byte of the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(BearerAuthMiddleware, token=settings.api_token)
+    app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
+                       protect_reads=settings.token_for_reads)
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, routes=list(router.routes)
     )
@@ -244,18 +245,28 @@ async def _send_json(send: Send, status: int, detail: str, headers: list | None 
 class BearerAuthMiddleware:
     """401 for POST/PUT/PATCH/DELETE without ``Authorization: Bearer <token>``, if one is set.
 
-    One rule for every mutating route, so a new route cannot forget it; reads stay open.
+    One rule for every mutating route, so a new route cannot forget it. Reads stay open unless
+    ``protect_reads``: then the API's GET routes (``/v1/...``) need the token too, while the
+    probes (``/healthz``, ``/readyz``), ``/metrics`` and the OpenAPI pages stay open for
+    orchestrators, Prometheus and people.
     """
 
     MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
-    def __init__(self, app: ASGIApp, token: SecretStr | None) -> None:
+    def __init__(self, app: ASGIApp, token: SecretStr | None, protect_reads: bool = False) -> None:
         self.app = app
         self.expected = None if token is None else token.get_secret_value().encode()
+        self.protect_reads = protect_reads
+
+    def _needs_token(self, scope: Scope) -> bool:
+        if self.expected is None or scope["type"] != "http":
+            return False
+        if scope["method"] in self.MUTATING:
+            return True
+        return self.protect_reads and scope["path"].startswith("/v1/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (self.expected is None or scope["type"] != "http"
-                or scope["method"] not in self.MUTATING):
+        if not self._needs_token(scope):
             await self.app(scope, receive, send)
             return
         given = b""

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         None, description="When set, POST and DELETE routes need 'Authorization: Bearer <token>'."
     )
+    token_for_reads: bool = Field(
+        False,
+        description="With api_token set, the GET /v1 routes need the token too (probes, "
+        "/metrics and the OpenAPI pages stay open).",
+    )
     max_body_bytes: int = Field(64 * MIB, gt=0, description="Largest accepted request body.")
     max_rows_per_request: int = Field(
         10_000, gt=0, description="Largest number of rows in one predict/learn/explain request."

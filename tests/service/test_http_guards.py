@@ -56,6 +56,7 @@ async def test_mutating_routes_need_the_token(
         ("POST", "/v1/models/m/learn", {"features": X, "labels": y}),
         ("POST", "/v1/models/m/predict", {"features": X}),
         ("POST", "/v1/models/m/explain", {"features": X}),
+        ("POST", "/v1/models/m/labels", {"ids": ["a"], "labels": [0]}),
         ("POST", "/v1/models/m/snapshot", None),
         ("DELETE", "/v1/models/m", None),
     ]
@@ -81,6 +82,7 @@ async def test_the_right_token_opens_every_route(
         ("POST", "/v1/models/m/learn", {"features": X, "labels": y}, 200),
         ("POST", "/v1/models/m/predict", {"features": X}, 200),
         ("POST", "/v1/models/m/explain", {"features": X}, 200),
+        ("POST", "/v1/models/m/labels", {"ids": ["a"], "labels": [0]}, 200),
         ("POST", "/v1/models/m/snapshot", None, 200),
         ("DELETE", "/v1/models/m", None, 204),
     ]
@@ -95,6 +97,19 @@ async def test_reads_need_no_token(token_client: httpx.AsyncClient, small_config
     )
     for path in ["/v1/models", "/v1/models/m", "/healthz", "/readyz", "/metrics"]:
         assert (await token_client.get(path)).status_code == 200, path
+
+
+async def test_reads_can_be_made_to_need_the_token_too(settings: Settings, serve, small_config):
+    guarded = settings.model_copy(update={"api_token": SecretStr(TOKEN), "token_for_reads": True})
+    async with serve(create_app(guarded)) as client:
+        await client.post("/v1/models", json={"name": "m", "config": small_config},
+                          headers=bearer(TOKEN))
+        for path in ["/v1/models", "/v1/models/m"]:
+            assert (await client.get(path)).status_code == 401, path
+            assert (await client.get(path, headers=bearer("nope"))).status_code == 401, path
+            assert (await client.get(path, headers=bearer(TOKEN))).status_code == 200, path
+        for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"]:
+            assert (await client.get(path)).status_code == 200, path
 
 
 async def test_openapi_documents_the_bearer_scheme(token_client: httpx.AsyncClient):
