@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
                         "costs 3 points here)")
     parser.add_argument("--min-std", type=float, default=0.3,
                         help="floor of the input std (keeps near-constant border pixels small)")
+    parser.add_argument("--side-info", choices=["scaled", "per_row"], default="per_row",
+                        help="gating input: the scaled inputs, or each image centred and "
+                        "normalised on its own (measured better here)")
+    parser.add_argument("--side-info-blur", type=float, default=1.5,
+                        help="Gaussian blur (pixels) of the per-image gating input; 0: none")
     parser.add_argument("--weight-clip", type=float, default=5.0)
     parser.add_argument("--limit", type=int, default=None, help="learn only the first N images")
     parser.add_argument("--batch", type=int, default=1000, help="rows per learn() call")
@@ -71,7 +76,9 @@ def main(argv: list[str] | None = None) -> dict:
         context_dim=args.context_dim,
         learning_rate={"schedule": "inverse_time", "scale": args.lr_scale, "cap": args.lr_cap},
         pred_clip=args.pred_clip, weight_clip=args.weight_clip, offset_scale=args.offset_scale,
-        input_scaling=args.input_scaling, min_std=args.min_std, seed=args.seed, device=args.device,
+        input_scaling=args.input_scaling, min_std=args.min_std, side_info=args.side_info,
+        side_info_blur=args.side_info_blur if args.side_info == "per_row" else 0.0,
+        image_shape=train_images.shape[1:], seed=args.seed, device=args.device,
     )
     model.learn(X_train[:1], train_labels[:1])  # compile the kernel outside the timing
     correct, log_loss = 0, 0.0

@@ -24,7 +24,14 @@ from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import sample_halfspaces
 from gln.kernels import contexts_for, layer_pass_for
 from gln.network import network_pass
-from gln.scaling import INPUT_SCALINGS, RunningMoments, moments_before_each_row, scale_inputs
+from gln.scaling import (
+    INPUT_SCALINGS,
+    SIDE_INFOS,
+    RunningMoments,
+    gaussian_blur_matrix,
+    moments_before_each_row,
+    scale_inputs,
+)
 from gln.schedules import make_schedule
 
 # Rows per kernel call. On the CPU: large enough that a neuron's weights are reused across
@@ -55,6 +62,12 @@ class GLN:
     input_scaling: ``"standardize"`` or ``"unit"`` (inputs already in [0, 1]); see
         ``gln.scaling``.
     min_std: floor of the standard deviation used in input scaling.
+    side_info: what the halfspace gating sees: ``"scaled"`` (the scaled inputs, default) or
+        ``"per_row"`` (each row centred on its own mean and normalised; see ``gln.scaling``).
+    side_info_blur: for ``"per_row"`` with ``image_shape``, the std in pixels of a Gaussian
+        blur of the side information (0: none).
+    image_shape: (height, width) of rows that are images, height * width = num_features;
+        needed only for ``side_info_blur``.
     seed: seeds the hyperplanes; the same seed and data give the same bytes.
     device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     """
@@ -72,6 +85,9 @@ class GLN:
         offset_scale: float = 1.0,
         input_scaling: str = "standardize",
         min_std: float = 1e-3,
+        side_info: str = "scaled",
+        side_info_blur: float = 0.0,
+        image_shape: Sequence[int] | None = None,
         seed: int = 0,
         device: str = "cpu",
         use_kernels: bool = True,
@@ -102,6 +118,23 @@ class GLN:
             )
         self.input_scaling = input_scaling
         self.min_std = _float_in("min_std", min_std, 0.0, math.inf)
+        if side_info not in SIDE_INFOS:
+            raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
+        self.side_info = side_info
+        self.side_info_blur = _float_in("side_info_blur", side_info_blur, 0.0, 100.0, closed=True)
+        if image_shape is None:
+            self.image_shape = None
+        else:
+            if isinstance(image_shape, str | bytes) or not isinstance(image_shape, Sequence):
+                raise ValueError(f"image_shape must be (height, width), got {image_shape!r}")
+            self.image_shape = tuple(_positive_int("image_shape[i]", k) for k in image_shape)
+            if len(self.image_shape) != 2 or math.prod(self.image_shape) != self.num_features:
+                raise ValueError(
+                    f"image_shape must be (height, width) with height * width = "
+                    f"{self.num_features}, got {image_shape!r}"
+                )
+        if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
+            raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = int(seed)
@@ -112,6 +145,12 @@ class GLN:
         self._xp = array_module(self._device)
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
         self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
+        self._blur = None
+        if self.side_info_blur > 0:
+            self._blur = tuple(
+                self._xp.asarray(gaussian_blur_matrix(k, self.side_info_blur))
+                for k in self.image_shape
+            )
         try:
             self._init_state()
         except MemoryError:
@@ -164,6 +203,9 @@ class GLN:
             "offset_scale": self.offset_scale,
             "input_scaling": self.input_scaling,
             "min_std": self.min_std,
+            "side_info": self.side_info,
+            "side_info_blur": self.side_info_blur,
+            "image_shape": None if self.image_shape is None else list(self.image_shape),
             "seed": self.seed,
             "device": self.device,
         }
@@ -334,6 +376,7 @@ class GLN:
         z, base_logits = scale_inputs(
             xp, x64, counts, sums, sums_sq,
             mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
+            side_info=self.side_info, blur=self._blur,
         )
         if learning:
             self.moments = after

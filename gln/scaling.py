@@ -19,6 +19,14 @@ Two modes (``input_scaling``):
     the centred input divided by one pooled standard deviation (the root mean of the per-feature
     variances), which keeps the geometry of the input (cosine similarity, as the paper's
     halfspace argument wants) and does not blow up rare features such as border pixels.
+
+Side information for gating (``side_info``) is, by default, the scaled z above. With
+``"per_row"`` it is instead each row on its own: centred on the row's mean, optionally smoothed
+with a Gaussian of ``side_info_blur`` pixels when the rows are images of ``image_shape``, and
+rescaled to norm sqrt(d) (so that z . v of a unit normal is of order 1, like the offsets). The
+halfspace test then depends only on the shape of the input, not on its overall brightness or on
+running statistics; base predictions are unchanged. On deskewed MNIST this gating (blur 1.5)
+gives 97.9-98.0% one-pass test accuracy against 97.4-97.5% (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 INPUT_SCALINGS = ("standardize", "unit")
+SIDE_INFOS = ("scaled", "per_row")
 
 
 @dataclass
@@ -69,6 +78,8 @@ def scale_inputs(
     mode: str,
     pred_clip: float,
     min_std: float,
+    side_info: str = "scaled",
+    blur: tuple[Any, Any] | None = None,
 ) -> tuple[Any, Any]:
     """Side information z (n, d) float32 and base-prediction logits (n, d) float32."""
     seen = counts > 0
@@ -87,4 +98,39 @@ def scale_inputs(
         base_logits = xp.log(p0 / (1.0 - p0))
     else:
         raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {mode!r}")
+    if side_info == "per_row":
+        z = per_row_side_info(xp, x64, blur)
+    elif side_info != "scaled":
+        raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
     return z.astype(xp.float32), base_logits.astype(xp.float32)
+
+
+def gaussian_blur_matrix(size: int, sigma: float) -> Any:
+    """(size, size) float64 matrix B with ``B @ v`` = v smoothed by a Gaussian of std ``sigma``.
+
+    Truncated at 4 sigma, zero outside the image (as ``scipy.ndimage.gaussian_filter`` with
+    ``mode="constant"``).
+    """
+    import numpy as np  # noqa: PLC0415 - built once per model on the host
+
+    radius = int(4.0 * sigma + 0.5)
+    taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    taps /= taps.sum()
+    offsets = np.arange(size)[None, :] - np.arange(size)[:, None]
+    inside = np.abs(offsets) <= radius
+    return np.where(inside, taps[np.clip(offsets + radius, 0, 2 * radius)], 0.0)
+
+
+def per_row_side_info(xp: ModuleType, x64: Any, blur: tuple[Any, Any] | None) -> Any:
+    """Each row centred on its own mean, optionally blurred, at norm sqrt(d): (n, d) float64.
+
+    ``blur`` is (B_rows, B_cols) from ``gaussian_blur_matrix`` for rows that are images, or
+    None. A constant row gives z = 0.
+    """
+    n, d = x64.shape
+    z = x64 - x64.mean(axis=1, keepdims=True)
+    if blur is not None:
+        rows, cols = blur
+        z = (rows @ z.reshape(n, rows.shape[0], cols.shape[0]) @ cols.T).reshape(n, d)
+    norms = xp.sqrt((z * z).sum(axis=1, keepdims=True))
+    return xp.where(norms > 0, z * (math.sqrt(d) / xp.where(norms > 0, norms, 1.0)), 0.0)
