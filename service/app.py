@@ -41,8 +41,9 @@ from pydantic import SecretStr
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.errors import RegistryError
 from service.metrics import ServiceMetrics, package_version
-from service.registry import ModelRegistry, RegistryError
+from service.registry import ModelRegistry
 from service.routes import router
 from service.settings import Settings
 from service.store import open_store

@@ -1,8 +1,9 @@
 """HTTP handlers: validate the body (pydantic), hand the work to the registry, shape the reply.
 
 Handlers stay thin on purpose: everything that touches a model (checks against its width and
-classes, the learn queue, locking, snapshots) is in :mod:`service.registry`, whose errors carry
-their own status codes (mapped to ``{"detail": ...}`` bodies in :mod:`service.app`).
+classes, the learn queue, locking, snapshots) is in :mod:`service.registry` and
+:mod:`service.model_entry`, whose errors (:mod:`service.errors`) carry their own status codes
+(mapped to ``{"detail": ...}`` bodies in :mod:`service.app`).
 """
 
 from __future__ import annotations

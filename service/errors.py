@@ -1,0 +1,42 @@
+"""Errors the HTTP layer shows to clients, each carrying its status code.
+
+The registry and the model workers raise these; ``service.app`` maps every one to a
+``{"detail": str(error)}`` body with its ``status_code``, so routes never translate exceptions.
+"""
+
+from __future__ import annotations
+
+
+class RegistryError(Exception):
+    """An error with an HTTP status; ``str(error)`` is the client-facing message."""
+
+    status_code = 500
+
+
+class ModelNotFound(RegistryError):
+    status_code = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model {name!r} not found")
+
+
+class ModelExists(RegistryError):
+    status_code = 409
+
+
+class InvalidRequest(RegistryError):
+    """Bad config or bad data: wrong width, NaN/inf, labels out of range, too many rows."""
+
+    status_code = 422
+
+
+class Unavailable(RegistryError):
+    """Not restored yet, or the snapshot store or the write-ahead log cannot be reached."""
+
+    status_code = 503
+
+
+class LimitExceeded(RegistryError):
+    """Creating the model would pass GLN_MAX_MODELS or GLN_MAX_TOTAL_MODEL_BYTES."""
+
+    status_code = 409

@@ -1,0 +1,599 @@
+"""One model in memory: its ordered request queue, its single writer, its log and snapshots.
+
+The learn path is a queue, and the queue is the batcher (docs/DESIGN.md): each model owns one
+ordered queue of requests and one worker task. The worker takes everything waiting (up to
+``max_chunk_rows`` rows) and serves it in a worker thread, one model call per run of
+consecutive requests of the same verb: a run of learn requests becomes one ``model.learn`` on
+the concatenated rows, which equals learning them one by one, so coalescing changes nothing
+but the speed, and queue order is update order. Every learned example gets a sequence number
+(its 0-based index in the model's stream); a learn response carries its first example's.
+
+Predictions and saliency ride the same queue, so they see every learn request queued before
+them and none after, never half of one; serialisation takes the model lock, which the worker
+holds while it serves a batch. All model and store calls run on the app's thread pool, so the
+event loop only moves bytes. With a write-ahead log, each learn run is logged before it is
+applied and answered (docs/durability.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from gln import GLN
+from service.errors import ModelNotFound, RegistryError, Unavailable
+from service.metrics import ServiceMetrics
+from service.online_stats import OnlineStats
+from service.pending import PendingPredictions
+from service.settings import Settings
+from service.store import SnapshotInfo, SnapshotStore
+from service.wal import LogEntry, WriteAheadLog
+
+# Snapshot metadata key: id of the last log entry the snapshot's weights include.
+WAL_ID = "wal_id"
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A prediction of exactly 0 for the true class would give infinite log loss; GLN clips its
+# outputs already (pred_clip), this only keeps the metrics finite whatever the config.
+_MIN_PROB = 1e-15
+
+
+def _score(probs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log loss (nats) and argmax hit of each row's prediction ``probs`` for label ``y``."""
+    p_true = probs[np.arange(len(y)), y]
+    return -np.log(np.clip(p_true, _MIN_PROB, 1.0)), probs.argmax(axis=1) == y
+
+
+def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
+    """``probs`` with the rows of jobs that bring their own predictions replaced by those."""
+    scored = probs.copy()
+    offset = 0
+    for job in jobs:
+        n = len(job.X)
+        if job.scored is not None:
+            scored[offset:offset + n] = job.scored
+        offset += n
+    return scored
+
+
+@dataclass
+class LearnResult:
+    """What one learn request gets back: its rows' prequential probabilities and losses.
+
+    A retried request (same idempotency key) is not learned again: it gets ``duplicate`` and
+    the original answer when this process still holds it (else None for the three fields).
+    """
+
+    sequence: int | None  # stream index of the request's first example
+    probabilities: np.ndarray | None  # (n, num_classes), each row before its own update
+    losses: np.ndarray | None  # (n,) log loss of each row, nats
+    rows: int
+    duplicate: bool = False
+    log_id: str | None = None  # the write-ahead log entry holding the rows
+
+    @property
+    def mean_loss(self) -> float | None:
+        """Mean log loss of the request's rows (nats); equal to ``losses.mean()``."""
+        # sum / n rather than ndarray.mean(): a third of the cost on the one-row arrays that
+        # single-example requests get, and the same float.
+        if self.losses is None:
+            return None
+        return float(self.losses.sum()) / len(self.losses)
+
+
+class _AnswerCache:
+    """The original answers of the newest keyed learn requests, at most ``max_rows`` rows.
+
+    Lets a retry get exactly what the original request got. Touched only under the model
+    lock (worker thread, replay).
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._answers: OrderedDict[str, LearnResult] = OrderedDict()
+        self._rows = 0
+
+    def put(self, key: str, result: LearnResult) -> None:
+        if result.rows > self.max_rows:
+            return
+        old = self._answers.pop(key, None)
+        if old is not None:
+            self._rows -= old.rows
+        self._answers[key] = result
+        self._rows += result.rows
+        while self._rows > self.max_rows:
+            _, dropped = self._answers.popitem(last=False)
+            self._rows -= dropped.rows
+
+    def get(self, key: str) -> LearnResult | None:
+        return self._answers.get(key)
+
+
+class _Verb(enum.Enum):
+    LEARN = "learn"
+    PREDICT = "predict"
+    EXPLAIN = "explain"
+
+
+@dataclass
+class _Job:
+    verb: _Verb
+    X: np.ndarray
+    y: np.ndarray | None  # labels, for LEARN only
+    future: asyncio.Future[Any]
+    key: str | None = None  # LEARN: idempotency key
+    scored: np.ndarray | None = None  # LEARN: predictions to score instead of prequential ones
+
+
+@dataclass
+class _GroupResult:
+    """(thread -> loop) The outcome of one run of same-verb jobs."""
+
+    jobs: list[_Job]
+    output: np.ndarray | None = None  # PREDICT/EXPLAIN: rows in job order
+    error: Exception | None = None
+    learned: list[LearnResult] | None = None  # LEARN: one per job
+    losses: np.ndarray | None = None  # LEARN: prequential log loss per newly learned row
+    correct: np.ndarray | None = None  # LEARN: prequential argmax == label, same rows
+
+
+class ModelEntry:
+    """One model in memory: its request queue and worker, its stats and snapshot info.
+
+    Every request that touches the weights (learn, predict, explain) joins one ordered queue.
+    The worker takes everything waiting (up to ``max_chunk_rows`` rows), hands it to a worker
+    thread in one go, and there, holding the model lock, serves consecutive requests of the
+    same verb with one model call: a run of learns is one ``learn`` on the concatenated rows
+    (exactly equal to learning them one by one), a run of predictions one ``predict_proba``.
+    So a prediction sees every learn request queued before it and none queued after, never
+    half of one; and many small requests cost one thread hop and one model call, not many.
+
+    With a write-ahead log, a learn run is appended to the log (one entry) before it is
+    applied, and answered after; ``applied_id`` is the newest entry the weights include, and
+    a snapshot records it. Requests whose idempotency key the log already holds are answered
+    as duplicates and not learned again. If an append fails, nobody knows whether the entry
+    reached the log; the model is then "in doubt" and, before it learns anything else,
+    applies whatever the log holds after ``applied_id``, so the weights always equal a
+    replay of the log (docs/durability.md).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: GLN,
+        *,
+        executor: Executor,
+        metrics: ServiceMetrics,
+        settings: Settings,
+        snapshot: SnapshotInfo | None = None,
+        wal: WriteAheadLog | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.snapshot = snapshot
+        self.wal = wal
+        self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
+        self._log_in_doubt = False
+        self._answers = _AnswerCache(settings.idempotency_cache_rows)
+        self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
+        self.stats = OnlineStats(settings.recent_window)
+        # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
+        # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
+        self.lock = threading.Lock()
+        # `snapshot_lock` orders store writes of this model: a save never lands after delete.
+        self.snapshot_lock = threading.Lock()
+        self.deleted = False
+        self._updates = 0  # learn calls applied; compared with the snapshotted count
+        self._snapshotted_updates = 0
+        self._executor = executor
+        self._metrics = metrics
+        self._max_chunk_rows = settings.max_chunk_rows
+        self._pending: deque[_Job] = deque()
+        self._pending_learn_rows = 0
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._worker: asyncio.Task[None] | None = None
+
+    # -- lifecycle --
+    def start(self) -> None:
+        """Start the worker (on the running event loop)."""
+        self._closing = False
+        self._worker = asyncio.create_task(self._work(), name=f"gln-model-{self.name}")
+
+    async def close(self) -> None:
+        """Stop taking requests, finish every queued one, then stop the worker."""
+        self._closing = True
+        self._wake.set()
+        if self._worker is not None:
+            await self._worker
+            self._worker = None
+
+    @property
+    def changed_since_snapshot(self) -> bool:
+        """True when learning happened after the latest snapshot was taken."""
+        return self._updates != self._snapshotted_updates
+
+    @property
+    def pending_examples(self) -> int:
+        """Examples queued for learning and not applied yet."""
+        return self._pending_learn_rows
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # -- the queue --
+    async def learn(
+        self, X: np.ndarray, y: np.ndarray, key: str | None = None,
+        scored: np.ndarray | None = None,
+    ) -> LearnResult:
+        """Learn validated rows in queue order; their prequential outputs and sequence.
+
+        ``key`` (an idempotency key): if the log already holds a request with this key, the
+        rows are not learned again and the answer is marked ``duplicate``. ``scored``: the
+        predictions the online metrics score (delayed labels: those made at predict time);
+        by default the prequential ones.
+        """
+        self._pending_learn_rows += len(y)
+        return await self._submit(_Verb.LEARN, X, y, key, scored)
+
+    async def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities, after every learn request queued before this one."""
+        return await self._submit(_Verb.PREDICT, X, None)
+
+    async def saliency(self, X: np.ndarray) -> np.ndarray:
+        """Per-class saliency (n, num_classes, num_features), in queue order like predict."""
+        return await self._submit(_Verb.EXPLAIN, X, None)
+
+    async def _submit(
+        self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, key: str | None = None,
+        scored: np.ndarray | None = None,
+    ) -> Any:
+        if self._closing:
+            if y is not None:
+                self._pending_learn_rows -= len(y)
+            raise ModelNotFound(self.name)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Job(verb, X, y, future, key, scored))
+        self._wake.set()
+        # Once queued, a request is carried out even if its client goes away: shield the
+        # future so a cancelled handler does not cancel it (its answer is simply dropped).
+        return await asyncio.shield(future)
+
+    async def _work(self) -> None:
+        """The single writer: serve queued requests batch by batch, in arrival order."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch = self._take_batch()
+                try:
+                    groups = await self._run(self._serve_batch, batch)
+                except Exception as exc:  # e.g. the thread pool is gone: nobody may hang
+                    groups = [_GroupResult([job], error=exc) for job in batch]
+                self._answer(groups)
+            if self._closing:
+                return
+
+    def _take_batch(self) -> list[_Job]:
+        """Everything waiting, up to max_chunk_rows rows (always at least one request)."""
+        jobs = [self._pending.popleft()]
+        rows = len(jobs[0].X)
+        while self._pending and rows + len(self._pending[0].X) <= self._max_chunk_rows:
+            job = self._pending.popleft()
+            jobs.append(job)
+            rows += len(job.X)
+        return jobs
+
+    def _serve_batch(self, jobs: list[_Job]) -> list[_GroupResult]:
+        """(thread) Under the lock, one model call per run of consecutive same-verb jobs."""
+        groups = [_GroupResult(list(run)) for _, run in itertools.groupby(jobs, lambda j: j.verb)]
+        with self.lock:
+            for group in groups:
+                try:
+                    self._serve_group(group)
+                except RegistryError as exc:  # e.g. the log is down: said, not a bug
+                    log.warning("%s failed for model %r: %s", group.jobs[0].verb.value,
+                                self.name, exc)
+                    group.error = exc
+                except Exception as exc:  # answer the group's requests; keep serving others
+                    log.exception("%s failed for model %r", group.jobs[0].verb.value, self.name)
+                    group.error = exc
+        return groups
+
+    def _serve_group(self, group: _GroupResult) -> None:
+        jobs = group.jobs
+        verb = jobs[0].verb
+        if verb is _Verb.LEARN:
+            self._learn_group(group)
+            return
+        X = jobs[0].X if len(jobs) == 1 else np.concatenate([job.X for job in jobs])
+        if verb is _Verb.PREDICT:
+            group.output = self.model.predict_proba(X)
+        else:
+            group.output = self.model.saliency(X)
+
+    def _learn_group(self, group: _GroupResult) -> None:
+        """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
+        jobs = group.jobs
+        learned: list[LearnResult | None] = [None] * len(jobs)
+        copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
+        fresh = list(range(len(jobs)))
+        if self.wal is not None:
+            if self._log_in_doubt:
+                self._catch_up_or_refuse()
+            fresh = self._sort_out_duplicates(jobs, learned, copies)
+        if fresh:
+            run = [jobs[i] for i in fresh]
+            X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
+            y = run[0].y if len(run) == 1 else np.concatenate([job.y for job in run])
+            assert y is not None
+            entry_id = None if self.wal is None else self._append(run, X, y)
+            start, probs, losses, correct = self._apply(X, y, entry_id)
+            if any(job.scored is not None for job in run):
+                losses, correct = _score(_scored_predictions(run, probs), y)
+            offset = 0
+            for i, job in zip(fresh, run, strict=True):
+                n = len(job.X)
+                result = LearnResult(
+                    start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
+                    log_id=entry_id,
+                )
+                learned[i] = result
+                if job.key is not None:
+                    self._answers.put(job.key, result)
+                offset += n
+            group.losses, group.correct = losses, correct
+        for i, first in copies:
+            original = learned[first]
+            assert original is not None
+            learned[i] = dataclasses.replace(original, duplicate=True)
+        group.learned = [result for result in learned if result is not None]
+        assert len(group.learned) == len(jobs)
+
+    def _apply(
+        self, X: np.ndarray, y: np.ndarray, entry_id: str | None
+    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """(model lock) Learn rows; their first sequence, probabilities, losses, hits."""
+        start = int(self.model.examples_seen)
+        probs = np.asarray(self.model.learn(X, y), dtype=np.float64)
+        self._updates += 1
+        if entry_id is not None:
+            self.applied_id = entry_id
+        return start, probs, *_score(probs, y)
+
+    def _sort_out_duplicates(
+        self, jobs: list[_Job], learned: list[LearnResult | None],
+        copies: list[tuple[int, int]],
+    ) -> list[int]:
+        """(model lock) Indices of jobs to learn; fill in the answers of the retried ones."""
+        assert self.wal is not None
+        keyed = [i for i, job in enumerate(jobs) if job.key is not None]
+        if not keyed:
+            return list(range(len(jobs)))
+        try:
+            logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
+        except Exception as exc:
+            raise self._log_unavailable(exc) from exc
+        logged_at = dict(zip(keyed, logged, strict=True))
+        first_with: dict[str, int] = {}
+        fresh = []
+        for i, job in enumerate(jobs):
+            key = job.key
+            if key is None:
+                fresh.append(i)
+            elif logged_at[i] is not None:
+                learned[i] = self._duplicate_answer(key, len(job.X), logged_at[i])
+            elif key in first_with:
+                copies.append((i, first_with[key]))
+            else:
+                first_with[key] = i
+                fresh.append(i)
+        self._metrics.learn_duplicates.inc(len(jobs) - len(fresh))
+        return fresh
+
+    def _duplicate_answer(self, key: str, rows: int, log_id: str | None) -> LearnResult:
+        original = self._answers.get(key)
+        if original is not None and original.log_id == log_id:
+            return dataclasses.replace(original, duplicate=True)
+        return LearnResult(None, None, None, rows, duplicate=True, log_id=log_id)
+
+    def _append(self, jobs: list[_Job], X: np.ndarray, y: np.ndarray) -> str:
+        """(model lock) Log the run as one entry; 503 (Unavailable) if the log fails.
+
+        After a failure the entry may or may not be in the log (the write may have landed and
+        only its answer been lost); the model is put in doubt and catches up at once if it
+        can, else before its next learn, so it never skips or repeats a logged entry.
+        """
+        assert self.wal is not None
+        t0 = time.perf_counter()
+        try:
+            entry_id = self.wal.append(
+                self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs]
+            )
+        except Exception as exc:
+            self._metrics.wal_append_errors.inc()
+            self._log_in_doubt = True
+            log.warning("log append for %r failed: %s", self.name, exc)
+            try:
+                self._catch_up()
+            except Exception as again:
+                log.warning("catching %r up with its log failed too: %s", self.name, again)
+            raise Unavailable(
+                f"write-ahead log did not confirm the append ({type(exc).__name__}: {exc}); "
+                "the request is not acknowledged: retry it with the same Idempotency-Key"
+            ) from exc
+        self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
+        return entry_id
+
+    def _log_unavailable(self, exc: Exception) -> Unavailable:
+        """The 503 for a log that could not be read before anything was learned."""
+        self._metrics.wal_append_errors.inc()
+        return Unavailable(
+            f"write-ahead log unavailable ({type(exc).__name__}: {exc}); nothing was "
+            "learned: retry it with the same Idempotency-Key"
+        )
+
+    def _catch_up_or_refuse(self) -> None:
+        """(model lock) :meth:`_catch_up` before new learning; 503 while the log is down."""
+        try:
+            self._catch_up()
+        except Exception as exc:
+            raise self._log_unavailable(exc) from exc
+
+    def _catch_up(self) -> int:
+        """(model lock) Apply every log entry after ``applied_id``; how many there were.
+
+        At restore this is the replay of the log tail; after a failed append it picks up an
+        entry that reached the log although its append raised.
+        """
+        assert self.wal is not None
+        count = 0
+        for entry in self.wal.read_after(self.name, self.applied_id):
+            self._apply_logged(entry)
+            count += 1
+        self._log_in_doubt = False
+        return count
+
+    def _apply_logged(self, entry: LogEntry) -> None:
+        """(model lock) Learn one log entry, and remember its keyed requests' answers."""
+        start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
+        self._metrics.wal_replayed_entries.inc()
+        self._metrics.wal_replayed_examples.inc(len(entry.labels))
+        if len(entry.request_rows) != len(entry.idempotency_keys):
+            return
+        offset = 0
+        for key, n in zip(entry.idempotency_keys, entry.request_rows, strict=True):
+            if key is not None:
+                self._answers.put(key, LearnResult(
+                    start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
+                    log_id=entry.id,
+                ))
+            offset += n
+
+    def replay_log(self) -> int:
+        """(thread) Bring a restored model up to its log: apply the entries after its snapshot."""
+        if self.wal is None:
+            return 0
+        with self.lock:
+            return self._catch_up()
+
+    def _answer(self, groups: list[_GroupResult]) -> None:
+        """(loop) Give every request its slice; count learned examples in stats and metrics."""
+        for group in groups:
+            is_learn = group.jobs[0].verb is _Verb.LEARN
+            if is_learn:
+                self._pending_learn_rows -= sum(len(job.X) for job in group.jobs)
+            if group.error is not None:
+                for job in group.jobs:
+                    if not job.future.done():
+                        job.future.set_exception(group.error)
+                continue
+            if is_learn:
+                assert group.learned is not None
+                if group.losses is not None and group.correct is not None:
+                    self.stats.add(group.losses, group.correct)
+                    self._metrics.observe_learned(
+                        self.name, len(group.losses), float(group.losses.sum()),
+                        int(group.correct.sum()),
+                    )
+                for job, result in zip(group.jobs, group.learned, strict=True):
+                    if not job.future.done():
+                        job.future.set_result(result)
+                continue
+            assert group.output is not None
+            offset = 0
+            for job in group.jobs:
+                n = len(job.X)
+                if not job.future.done():
+                    job.future.set_result(group.output[offset:offset + n])
+                offset += n
+
+    # -- snapshots --
+    async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
+        """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
+        return await self._run(self._save_snapshot_sync, store, force)
+
+    def _save_snapshot_sync(self, store: SnapshotStore, force: bool) -> SnapshotInfo | None:
+        """(thread) Serialise under the model lock, store outside it (learning continues).
+
+        The snapshot records the newest log entry its weights include; once it is the
+        current snapshot, the log is trimmed through that entry (a failed trim only leaves
+        a longer log, which replays to the same model).
+        """
+        with self.snapshot_lock:
+            if self.deleted:
+                raise ModelNotFound(self.name)
+            t0 = time.perf_counter()
+            with self.lock:
+                updates = self._updates
+                if not force and updates == self._snapshotted_updates:
+                    return None
+                applied_id = self.applied_id
+                blob = self.model.to_bytes()
+            metadata = None if applied_id is None else {WAL_ID: applied_id}
+            info = store.save(self.name, blob, metadata=metadata)
+            self._snapshotted_updates = updates
+            self.snapshot = info
+            self._metrics.observe_snapshot(
+                self.name, time.perf_counter() - t0, info.nbytes, info.created_at
+            )
+            if self.wal is not None and applied_id is not None:
+                try:
+                    self.wal.trim_through(self.name, applied_id)
+                except Exception as exc:
+                    log.warning("trimming the log of %r failed (kept longer): %s", self.name, exc)
+            return info
+
+    async def delete_snapshots(self, store: SnapshotStore) -> None:
+        """Remove the model's snapshots; no snapshot of it can be written afterwards."""
+        await self._run(self._delete_snapshots_sync, store)
+
+    def _delete_snapshots_sync(self, store: SnapshotStore) -> None:
+        """(thread) Remove the model's snapshots; no snapshot of it is written afterwards."""
+        with self.snapshot_lock:
+            self.deleted = True
+            try:
+                store.delete(self.name)
+            except BaseException:
+                self.deleted = False
+                raise
+            if self.wal is not None:
+                # After the snapshots: a crash in between, or a failure here, leaves a log
+                # without a model, which restore ignores and the next create of the name clears.
+                try:
+                    self.wal.delete(self.name)
+                except Exception as exc:
+                    log.warning("deleting the log of %r failed (left behind): %s", self.name, exc)
+
+    def describe(self) -> dict[str, Any]:
+        """The model's public info: config, progress, online metrics, latest snapshot."""
+        snap = self.snapshot
+        return {
+            "name": self.name,
+            "config": self.model.config,
+            "examples_seen": int(self.model.examples_seen),
+            "pending_examples": self._pending_learn_rows,
+            "nbytes": int(self.model.nbytes),
+            "metrics": self.stats.summary(),
+            "snapshot": None if snap is None else {
+                "version": snap.version,
+                "created_at": snap.created_at,
+                "nbytes": snap.nbytes,
+                "sha256": snap.sha256,
+            },
+        }
