@@ -332,11 +332,9 @@ class ModelEntry:
         jobs = group.jobs
         learned: list[LearnResult | None] = [None] * len(jobs)
         copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
-        fresh = list(range(len(jobs)))
-        if self.wal is not None:
-            if self._log_in_doubt:
-                self._catch_up_or_refuse()
-            fresh = self._sort_out_duplicates(jobs, learned, copies)
+        if self.wal is not None and self._log_in_doubt:
+            self._catch_up_or_refuse()
+        fresh = self._sort_out_duplicates(jobs, learned, copies)
         if fresh:
             run = [jobs[i] for i in fresh]
             X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
@@ -380,24 +378,36 @@ class ModelEntry:
         self, jobs: list[_Job], learned: list[LearnResult | None],
         copies: list[tuple[int, int]],
     ) -> list[int]:
-        """(model lock) Indices of jobs to learn; fill in the answers of the retried ones."""
-        assert self.wal is not None
+        """(model lock) Indices of jobs to learn; fill in the answers of the retried ones.
+
+        The log knows every key within its TTL. Without a log, only the keys whose answers are
+        still in memory are recognised (and a restart forgets them).
+        """
         keyed = [i for i, job in enumerate(jobs) if job.key is not None]
         if not keyed:
             return list(range(len(jobs)))
-        try:
-            logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
-        except Exception as exc:
-            raise self._log_unavailable(exc) from exc
-        logged_at = dict(zip(keyed, logged, strict=True))
+        known: dict[int, LearnResult] = {}
+        if self.wal is not None:
+            try:
+                logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
+            except Exception as exc:
+                raise self._log_unavailable(exc) from exc
+            for i, log_id in zip(keyed, logged, strict=True):
+                if log_id is not None:
+                    known[i] = self._duplicate_answer(jobs[i].key, len(jobs[i].X), log_id)
+        else:
+            for i in keyed:
+                original = self._answers.get(jobs[i].key)
+                if original is not None:
+                    known[i] = dataclasses.replace(original, duplicate=True)
         first_with: dict[str, int] = {}
         fresh = []
         for i, job in enumerate(jobs):
             key = job.key
             if key is None:
                 fresh.append(i)
-            elif logged_at[i] is not None:
-                learned[i] = self._duplicate_answer(key, len(job.X), logged_at[i])
+            elif i in known:
+                learned[i] = known[i]
             elif key in first_with:
                 copies.append((i, first_with[key]))
             else:

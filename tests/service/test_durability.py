@@ -232,6 +232,21 @@ async def test_delete_removes_the_log_and_a_new_model_of_the_name_starts_empty(
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
 
 
+async def test_without_the_log_a_retried_key_is_still_recognised_while_in_memory(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, wal_enabled=False)
+    X, y = make_data(2)
+    body, key = {"features": X, "labels": y}, {"Idempotency-Key": "once"}
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        first = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
+        again = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
+        info = (await client.get("/v1/models/m")).json()
+    assert again == {**first, "duplicate": True}
+    assert info["examples_seen"] == 2
+
+
 async def test_without_the_log_learning_still_works_and_answers_no_log_id(
     tmp_path, serve, small_config, create_model, make_data
 ):
