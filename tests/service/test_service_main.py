@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,15 @@ import redis
 from gln import GLN
 from service.settings import Settings
 from service.store import open_store
+from tests.redis_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_python_m_service_serves_and_snapshots_on_sigterm(tmp_path: Path, make_data):
-    port = _free_port()
+    port = free_port()
     snapshots = tmp_path / "snaps"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GLN_")},
@@ -145,7 +141,7 @@ def test_a_durability_redis_cannot_give_stops_the_server_at_start_up(
         client.close()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GLN_")},
-        "GLN_PORT": str(_free_port()),
+        "GLN_PORT": str(free_port()),
         "GLN_REDIS_URL": redis_url,
         "GLN_REDIS_KEY_PREFIX": redis_key_prefix,
         "GLN_WAL_DURABILITY": "always",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import threading
 import time
 import uuid
@@ -30,6 +29,7 @@ from service.store import (
     SnapshotStore,
     open_store,
 )
+from tests.redis_process import free_port
 
 CHUNK = 64  # tiny chunks, so even small blobs span several Redis keys
 
@@ -313,14 +313,10 @@ def test_reader_sees_only_complete_versions_during_saves(backend: Backend) -> No
 # -- Redis specifics -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_redis_ping_false_when_unreachable() -> None:
-    store = RedisSnapshotStore(f"redis://127.0.0.1:{_free_port()}/0", socket_connect_timeout=1)
+    store = RedisSnapshotStore(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
     started = time.monotonic()
     assert store.ping() is False
     assert time.monotonic() - started < 5

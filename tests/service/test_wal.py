@@ -10,9 +10,6 @@ last record is ignored while real corruption is refused.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +30,7 @@ from service.wal import (
     _next_redis_id,
     open_wal,
 )
+from tests.redis_process import RedisProcess, free_port
 
 
 class Backend:
@@ -482,14 +480,8 @@ def test_redis_foreign_entry_is_corruption(redis_url: str, redis_key_prefix: str
         list(wal.read_after("m", None))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_redis_ping_false_when_unreachable() -> None:
-    wal = RedisWriteAheadLog(f"redis://127.0.0.1:{_free_port()}/0", socket_connect_timeout=1)
+    wal = RedisWriteAheadLog(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
     assert wal.ping() is False
     wal.close()
 
@@ -538,42 +530,15 @@ def test_redis_always_refused_without_aof(redis_url: str, redis_key_prefix: str)
         wal.check_durability()
 
 
-def _redis_server_binary() -> tuple[str, tuple[int, ...]]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no redis-server on PATH to start a private server with AOF")
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-    version = out.split("v=", 1)[1].split()[0] if "v=" in out else "0"
-    return binary, tuple(int(p) for p in version.split(".")[:3])
-
-
 @pytest.fixture
 def aof_redis(tmp_path: Path) -> Iterator[tuple[str, tuple[int, ...]]]:
     """A private redis-server with ``appendonly yes`` and ``appendfsync always``."""
-    binary, version = _redis_server_binary()
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("private redis-server with AOF did not start")
-                time.sleep(0.05)
-        client.close()
-        yield url, version
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server = RedisProcess(tmp_path, appendfsync="always")
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server:
+        yield server.url, _server_facts(server.url)[0]
 
 
 def test_redis_always_with_aof_fsync_always(aof_redis: tuple[str, tuple[int, ...]]) -> None:
