@@ -24,8 +24,6 @@ from tests.redis_process import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-
-
 def test_python_m_service_serves_and_snapshots_on_sigterm(tmp_path: Path, make_data):
     port = free_port()
     snapshots = tmp_path / "snaps"

@@ -313,8 +313,6 @@ def test_reader_sees_only_complete_versions_during_saves(backend: Backend) -> No
 # -- Redis specifics -----------------------------------------------------------------------
 
 
-
-
 def test_redis_ping_false_when_unreachable() -> None:
     store = RedisSnapshotStore(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
     started = time.monotonic()
