@@ -150,11 +150,15 @@ def stream(n=1000, features=20, classes=3, seed=0):
 
 CONFIG = dict(num_features=20, num_classes=3, layer_sizes=(16, 16, 1), context_dim=4,
               learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01}, seed=3)
+# Gating on per-row side information (centred, blurred 4 x 5 "images"): other array code.
+SIDE_INFOS = [{}, dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5))]
 
 
-def test_gpu_model_matches_cpu_model():
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row"])
+def test_gpu_model_matches_cpu_model(side_info):
     X, y = stream()
-    cpu, gpu = GLN(**CONFIG, device="cpu"), GLN(**CONFIG, device="cuda")
+    config = {**CONFIG, **side_info}
+    cpu, gpu = GLN(**config, device="cpu"), GLN(**config, device="cuda")
     assert isinstance(gpu.weights[0], cp.ndarray)
     np.testing.assert_allclose(gpu.learn(X, y), cpu.learn(X, y), atol=1e-4)
     X_test, _ = stream(200, seed=1)
@@ -173,10 +177,12 @@ def test_gpu_kernels_match_plain_cupy_path():
         np.testing.assert_allclose(w_fast.get(), w_plain.get(), atol=1e-4)
 
 
-def test_gpu_learn_equals_single_row_calls_byte_for_byte():
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row"])
+def test_gpu_learn_equals_single_row_calls_byte_for_byte(side_info):
     """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan)."""
     X, y = stream(300)  # one chunk of 256 (resident kernel) and one of 44
-    chunked, rows = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda")
+    config = {**CONFIG, **side_info}
+    chunked, rows = GLN(**config, device="cuda"), GLN(**config, device="cuda")
     chunk_probs = chunked.learn(X, y)
     row_probs = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(len(X))])
     np.testing.assert_array_equal(row_probs, chunk_probs)
