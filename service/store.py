@@ -217,6 +217,23 @@ class _RedisClient(_ClosingMixin):
 
     _client: redis.Redis
 
+    def __init__(
+        self, url: str, key_prefix: str, socket_connect_timeout: float,
+        socket_timeout: float | None,
+    ) -> None:
+        """Check the key prefix and make the client (it connects on first use)."""
+        if not isinstance(key_prefix, str) or not key_prefix:
+            raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
+        self.url = url
+        self.key_prefix = key_prefix
+        # Raw bytes in and out: chunks and log entries are binary; text is decoded by hand.
+        self._client = redis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_connect_timeout=socket_connect_timeout,
+            socket_timeout=socket_timeout,
+        )
+
     def ping(self) -> bool:
         """True when Redis answers PING; False on any connection or server error."""
         try:
@@ -260,20 +277,10 @@ class RedisSnapshotStore(_RedisClient):
         socket_connect_timeout: float = 5.0,
         socket_timeout: float | None = 60.0,
     ) -> None:
-        if not isinstance(key_prefix, str) or not key_prefix:
-            raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
+        super().__init__(url, key_prefix, socket_connect_timeout, socket_timeout)
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-        self.url = url
-        self.key_prefix = key_prefix
         self.chunk_bytes = chunk_bytes
-        # Raw bytes in and out: chunks are binary; head fields are decoded by hand.
-        self._client = redis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_connect_timeout=socket_connect_timeout,
-            socket_timeout=socket_timeout,
-        )
 
     def __repr__(self) -> str:
         return (

@@ -398,8 +398,7 @@ class RedisWriteAheadLog(_RedisClient):
         socket_connect_timeout: float = 5.0,
         socket_timeout: float | None = 60.0,
     ) -> None:
-        if not isinstance(key_prefix, str) or not key_prefix:
-            raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
+        super().__init__(url, key_prefix, socket_connect_timeout, socket_timeout)
         if durability not in _DURABILITIES:
             raise ValueError(f"durability must be one of {_DURABILITIES}, got {durability!r}")
         if not isinstance(read_page_entries, int) or read_page_entries < 1:
@@ -408,18 +407,10 @@ class RedisWriteAheadLog(_RedisClient):
             )
         if not waitaof_timeout_s > 0:
             raise ValueError(f"waitaof_timeout_s must be positive, got {waitaof_timeout_s!r}")
-        self.url = url
-        self.key_prefix = key_prefix
         self.durability = durability
         self.idempotency_ttl_s = _check_ttl(idempotency_ttl_s)
         self.waitaof_timeout_s = waitaof_timeout_s
         self.read_page_entries = read_page_entries
-        self._client = redis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_connect_timeout=socket_connect_timeout,
-            socket_timeout=socket_timeout,
-        )
         self._append_script = self._client.register_script(_APPEND_LUA)
         self._stream_ids = self._client.register_script(_STREAM_IDS_LUA)
         self._checked = False
