@@ -36,4 +36,8 @@ def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]
         from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
 
         return functools.partial(halfspace_contexts, xp, dots=cpu_exact_dots)
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_halfspace_contexts  # noqa: PLC0415 - needs CuPy
+
+        return cuda_halfspace_contexts
     return functools.partial(halfspace_contexts, xp)

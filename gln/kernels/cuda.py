@@ -1,8 +1,9 @@
-"""The CUDA kernels: Algorithm 1 for one layer over a chunk, and the running input moments.
+"""The CUDA kernels: Algorithm 1 for one layer over a chunk, the running input moments, and the
+halfspace contexts.
 
-The sources (``layer_pass.cu``, ``moments.cu`` beside this file) are compiled by CuPy's
-``RawModule`` (NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md`` for the
-design; in short:
+The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu`` beside this file) are compiled
+by CuPy's ``RawModule`` (NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md``
+for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
   over a chunk is one launch and equals strict per-example learning;
@@ -11,7 +12,9 @@ design; in short:
   chunk equals learning its rows one call at a time, byte for byte;
 * two kernels share that per-example code: *streaming* (the active row read from and written
   to global memory per example; short chunks and prediction) and *resident* (the neuron's 2^m
-  rows held in shared memory for the whole chunk; long chunks).
+  rows held in shared memory for the whole chunk; long chunks);
+* the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
+  kernel itself, so gating never makes the host wait for the GPU.
 
 CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
 used and tested without it.
@@ -20,6 +23,7 @@ used and tested without it.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gln.gating import rounding_tolerances
 from gln.network import reference_layer_pass
 from gln.scaling import RunningMoments
 
@@ -41,6 +46,7 @@ RESIDENT_MIN_ROWS = 32
 # Prediction writes nothing, so a neuron's examples are split over warps of this many rows.
 PREDICT_ROWS_PER_WARP = 32
 _MAX_GRID_Y = 65535
+GATING_THREADS = 128  # __launch_bounds__ of gln_halfspace_contexts
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -180,6 +186,12 @@ def _moments_kernel() -> Any:
 
 
 @functools.cache
+def _gating_kernel() -> Any:
+    module = _cupy().RawModule(code=_source("gating.cu"), options=COMPILE_OPTIONS)
+    return module.get_function("gln_halfspace_contexts")
+
+
+@functools.cache
 def _max_shared_bytes(device_id: int) -> int:
     """Dynamic shared memory one block may opt into on this device (227 KB on Hopper)."""
     runtime = _cupy().cuda.runtime
@@ -254,3 +266,32 @@ def moments_before_each_row(
         )
     counts = (moments.count + cp.arange(n, dtype=cp.float64))[:, None]
     return counts, sums, sums_sq, RunningMoments(moments.count + n, after_total, after_total_sq)
+
+
+def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int) -> Any:
+    """``gln.gating.halfspace_contexts`` on the GPU without waiting for it: (n, P / m) int32.
+
+    The float32 GEMM runs in cuBLAS; the margins it cannot settle are redone in float64 inside
+    the kernel, so nothing is copied back to the host to find them.
+    """
+    if os.environ.get("CUPY_TF32", "0") != "0":
+        raise RuntimeError(
+            "CUPY_TF32 makes CuPy's float32 products TF32 (10-bit mantissa), beyond the rounding "
+            "bound that keeps the halfspace gating exact; unset it to run GLN models"
+        )
+    cp = _cupy()
+    z = cp.ascontiguousarray(z, dtype=cp.float32)
+    normals = cp.ascontiguousarray(normals, dtype=cp.float32)
+    offsets = cp.ascontiguousarray(offsets, dtype=cp.float32)
+    n, d = z.shape
+    neurons = normals.shape[0] // context_dim
+    products = cp.ascontiguousarray(z @ normals.T)
+    tolerance = cp.ascontiguousarray(rounding_tolerances(cp, z))
+    contexts = cp.empty((n, neurons), dtype=cp.int32)
+    if contexts.size:
+        _gating_kernel()(
+            (-(-contexts.size // GATING_THREADS),), (GATING_THREADS,),
+            (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
+             np.int32(context_dim), np.int32(d), contexts),
+        )
+    return contexts

@@ -24,8 +24,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gln.gating import (
+    context_indices,
+    halfspace_contexts,
+    rounding_tolerances,
+    sample_halfspaces,
+)
+from gln.kernels.cpu import cpu_exact_dots
 from gln.kernels.cuda import (
     COMPILE_OPTIONS,
+    GATING_THREADS,
     RESIDENT,
     STREAMING,
     layer_kernel_args,
@@ -58,7 +66,7 @@ def nvcc(source: Path, out: Path, *defines: str) -> str:
 
 
 def test_there_are_kernel_sources():
-    assert {p.name for p in SOURCES} >= {"layer_pass.cu", "moments.cu"}
+    assert {p.name for p in SOURCES} >= {"layer_pass.cu", "moments.cu", "gating.cu"}
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
@@ -193,6 +201,7 @@ inline float* dynamic_shared_floats() { return emu::shared.data(); }
 
 #include "layer_pass.cu"
 #include "moments.cu"
+#include "gating.cu"
 
 extern "C" int emu_layer_pass(int resident, unsigned grid_x, unsigned grid_y, unsigned block_x,
                               unsigned shared_bytes, float* weights, const int* contexts,
@@ -216,6 +225,19 @@ extern "C" int emu_running_moments(const double* x, const double* total, const d
     emu::launch({(unsigned)(d + 127) / 128, 1, 1}, {128, 1, 1}, 0, [=] {
         gln_running_moments(x, total, total_sq, sums, sums_sq, after_total, after_total_sq,
                             n, d);
+    });
+    return emu::failed;
+}
+
+extern "C" int emu_halfspace_contexts(unsigned grid_x, unsigned block_x, const float* products,
+                                      const float* z, const float* normals,
+                                      const float* offsets, const float* tolerance, int n,
+                                      int neurons, int context_dim, int num_features,
+                                      int* contexts) {
+    emu::failed = 0;
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
+        gln_halfspace_contexts(products, z, normals, offsets, tolerance, n, neurons,
+                               context_dim, num_features, contexts);
     });
     return emu::failed;
 }
@@ -372,3 +394,36 @@ def test_emulated_moments_equal_numpy_bit_for_bit(emulated, n):
     np.testing.assert_array_equal(out[2], after.total)
     np.testing.assert_array_equal(out[3], after.total_sq)
     assert counts.shape == (n, 1)
+
+
+@needs_gxx
+@pytest.mark.parametrize("context_dim", [1, 4])
+def test_emulated_gating_equals_numpy_contexts(emulated, context_dim):
+    """The on-device context kernel decides every bit as ``halfspace_contexts`` does on NumPy,
+    including margins too close to call in float32, which it redoes in float64 itself."""
+    rng = np.random.default_rng(context_dim)
+    n, d, neurons = 37, 50, 36 // context_dim
+    z = rng.normal(size=(n, d)).astype(np.float32)
+    normals, offsets = sample_halfspaces(rng, neurons * context_dim, d, 0.3)
+    # Ties: a plane's offset set to a row's own dot product leaves a margin of a few ulps.
+    for t, p in zip(rng.integers(0, n, 30), rng.integers(0, neurons * context_dim, 30),
+                    strict=True):
+        offsets[p] = np.float32(z[t].astype(np.float64) @ normals[p].astype(np.float64))
+    products = z @ normals.T
+    tolerance = rounding_tolerances(np, z)
+    close = np.abs(products - offsets) <= tolerance[:, None]
+    assert close.sum() >= 10, "the test must exercise the float64 re-check"
+    expected = halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
+    contexts = np.full((n, neurons), -1, dtype=np.int32)
+    threads = GATING_THREADS
+    status = emulated[1].emu_halfspace_contexts(
+        ctypes.c_uint(-(-contexts.size // threads)), ctypes.c_uint(threads),
+        *(_c_arg(np.ascontiguousarray(a)) for a in (products, z, normals, offsets, tolerance)),
+        ctypes.c_int(n), ctypes.c_int(neurons), ctypes.c_int(context_dim), ctypes.c_int(d),
+        _c_arg(contexts),
+    )
+    assert status == 0
+    np.testing.assert_array_equal(contexts, expected)
+    # The float32 signs alone disagree with the exact decision somewhere, so the re-check ran.
+    float32_only = context_indices(np, products - offsets >= 0, context_dim)
+    assert (float32_only != expected).any()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
+from gln.gating import halfspace_contexts, sample_halfspaces
 from gln.network import reference_layer_pass
 from gln.scaling import RunningMoments
 from gln.scaling import moments_before_each_row as numpy_moments
@@ -138,6 +139,25 @@ def test_gpu_moments_equal_numpy_bit_for_bit(n):
     assert after.count == expected[3].count
     np.testing.assert_array_equal(after.total.get(), expected[3].total)
     np.testing.assert_array_equal(after.total_sq.get(), expected[3].total_sq)
+
+
+@pytest.mark.parametrize("n", [0, 1, 300])
+def test_gpu_contexts_equal_numpy_contexts(n):
+    """The context kernel, fed by cuBLAS, decides every bit as NumPy does, ties included."""
+    from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
+    from gln.kernels.cuda import cuda_halfspace_contexts  # noqa: PLC0415
+
+    rng = np.random.default_rng(n)
+    d, m = 784, 4
+    z = rng.normal(size=(n, d)).astype(np.float32)
+    normals, offsets = sample_halfspaces(rng, 64 * m, d, 0.05)
+    for t, p in zip(rng.integers(0, max(n, 1), 50), rng.integers(0, 64 * m, 50), strict=True):
+        if n:  # a margin of a few ulps: the kernel must redo it in float64
+            offsets[p] = np.float32(z[t].astype(np.float64) @ normals[p].astype(np.float64))
+    expected = halfspace_contexts(np, z, normals, offsets, m, dots=cpu_exact_dots)
+    got = cuda_halfspace_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m)
+    assert got.dtype == cp.int32 and got.shape == (n, 64)
+    np.testing.assert_array_equal(got.get(), expected)
 
 
 def stream(n=1000, features=20, classes=3, seed=0):

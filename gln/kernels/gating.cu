@@ -1,0 +1,40 @@
+// Halfspace contexts on the GPU, decided exactly, with no round trip to the host.
+//
+// gln.gating.halfspace_bits computes every margin z . v_p - b_p in float32 (one GEMM), trusts
+// its sign where |margin| exceeds the row's rounding bound, and redoes the rest in float64.
+// Finding "the rest" with nonzero() makes the host wait for the GPU on every chunk. Here one
+// thread owns one neuron of one row: it takes the neuron's m margins from the GEMM, redoes in
+// float64 the few that are too close to call, and writes the m-bit context index
+//   c = sum_j [z . v_{km+j} >= b_{km+j}] 2^j
+// exactly as gln.gating.context_indices folds the bits. The float64 re-check sums the exact
+// products (a float32 times a float32 fits a float64) from the first feature to the last, the
+// order gln.kernels.cpu uses, with explicitly rounded additions.
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_halfspace_contexts(const float* __restrict__ products, const float* __restrict__ z,
+                       const float* __restrict__ normals, const float* __restrict__ offsets,
+                       const float* __restrict__ tolerance, int n, int neurons, int context_dim,
+                       int num_features, int* __restrict__ contexts) {
+    const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (at >= static_cast<long long>(n) * neurons) return;
+    const long long t = at / neurons;
+    const long long k = at - t * neurons;
+    const long long planes = static_cast<long long>(neurons) * context_dim;
+    const float margin_bound = tolerance[t];
+    int context = 0;
+    for (int j = 0; j < context_dim; ++j) {
+        const long long p = k * context_dim + j;
+        const float margin = __fsub_rn(products[t * planes + p], offsets[p]);
+        bool above = margin >= 0.0f;
+        if (fabsf(margin) <= margin_bound) {
+            double total = 0.0;
+            for (int i = 0; i < num_features; ++i) {
+                total = __dadd_rn(total, __dmul_rn(static_cast<double>(z[t * num_features + i]),
+                                                   static_cast<double>(normals[p * num_features + i])));
+            }
+            above = total >= static_cast<double>(offsets[p]);
+        }
+        context |= static_cast<int>(above) << j;
+    }
+    contexts[at] = context;
+}
