@@ -22,7 +22,7 @@ import numpy as np
 
 from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import sample_halfspaces
-from gln.kernels import contexts_for, layer_pass_for
+from gln.kernels import contexts_for, layer_pass_for, standardize_for
 from gln.network import network_pass
 from gln.scaling import (
     INPUT_SCALINGS,
@@ -145,6 +145,7 @@ class GLN:
         self._xp = array_module(self._device)
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
         self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
+        self._standardize = standardize_for(self._xp, self.use_kernels)
         self._blur = None
         if self.side_info_blur > 0:
             self._blur = tuple(
@@ -376,7 +377,7 @@ class GLN:
         z, base_logits = scale_inputs(
             xp, x64, counts, sums, sums_sq,
             mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
-            side_info=self.side_info, blur=self._blur,
+            side_info=self.side_info, blur=self._blur, standardize=self._standardize,
         )
         if learning:
             self.moments = after

@@ -41,3 +41,12 @@ def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]
 
         return cuda_halfspace_contexts
     return functools.partial(halfspace_contexts, xp)
+
+
+def standardize_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any] | None:
+    """The fused standardisation for ``scale_inputs`` on ``xp``, or None for the array code."""
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_standardize  # noqa: PLC0415 - needs CuPy
+
+        return cuda_standardize
+    return None

@@ -1,9 +1,9 @@
-"""The CUDA kernels: Algorithm 1 for one layer over a chunk, the running input moments, and the
-halfspace contexts.
+"""The CUDA kernels: Algorithm 1 for one layer over a chunk, the running input moments, the
+online standardisation and the halfspace contexts.
 
-The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu`` beside this file) are compiled
-by CuPy's ``RawModule`` (NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md``
-for the design; in short:
+The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu`` beside this
+file) are compiled by CuPy's ``RawModule`` (NVRTC) on first use and cached on disk by CuPy. See
+``docs/gpu.md`` for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
   over a chunk is one launch and equals strict per-example learning;
@@ -14,7 +14,8 @@ for the design; in short:
   to global memory per example; short chunks and prediction) and *resident* (the neuron's 2^m
   rows held in shared memory for the whole chunk; long chunks);
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
-  kernel itself, so gating never makes the host wait for the GPU.
+  kernel itself, so gating never makes the host wait for the GPU;
+* the standardisation of a chunk is one launch instead of a dozen, bit for bit NumPy's.
 
 CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
 used and tested without it.
@@ -47,6 +48,7 @@ RESIDENT_MIN_ROWS = 32
 PREDICT_ROWS_PER_WARP = 32
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of gln_halfspace_contexts
+SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -192,6 +194,12 @@ def _gating_kernel() -> Any:
 
 
 @functools.cache
+def _standardize_kernel() -> Any:
+    module = _cupy().RawModule(code=_source("scaling.cu"), options=COMPILE_OPTIONS)
+    return module.get_function("gln_standardize")
+
+
+@functools.cache
 def _max_shared_bytes(device_id: int) -> int:
     """Dynamic shared memory one block may opt into on this device (227 KB on Hopper)."""
     runtime = _cupy().cuda.runtime
@@ -295,3 +303,28 @@ def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int
              np.int32(context_dim), np.int32(d), contexts),
         )
     return contexts
+
+
+def cuda_standardize(
+    x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, logit_cap: float
+) -> tuple[Any, Any]:
+    """``gln.scaling.standardized`` in one launch, bit for bit: z and clipped logits, float32.
+
+    ``counts`` (n, 1) and ``sums``, ``sums_sq`` (n, d) are the statistics before each row, or
+    (1, 1) and (1, d) for one frozen set.
+    """
+    cp = _cupy()
+    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
+    n, d = x64.shape
+    stats_rows = counts.shape[0]
+    z = cp.empty((n, d), dtype=cp.float32)
+    base_logits = cp.empty((n, d), dtype=cp.float32)
+    if z.size:
+        _standardize_kernel()(
+            (-(-z.size // SCALING_THREADS),), (SCALING_THREADS,),
+            (x64, cp.ascontiguousarray(counts, dtype=cp.float64),
+             cp.ascontiguousarray(sums, dtype=cp.float64),
+             cp.ascontiguousarray(sums_sq, dtype=cp.float64), np.int32(n), np.int32(d),
+             np.int32(stats_rows), np.float64(min_std), np.float64(logit_cap), z, base_logits),
+        )
+    return z, base_logits

@@ -35,13 +35,14 @@ from gln.kernels.cuda import (
     COMPILE_OPTIONS,
     GATING_THREADS,
     RESIDENT,
+    SCALING_THREADS,
     STREAMING,
     layer_kernel_args,
     per_lane,
     plan_layer_launch,
 )
 from gln.network import reference_layer_pass
-from gln.scaling import RunningMoments, moments_before_each_row
+from gln.scaling import RunningMoments, moments_before_each_row, standardized
 from tests.gln.layer_data import random_layer
 
 KERNELS = Path(__file__).resolve().parents[2] / "gln" / "kernels"
@@ -66,7 +67,7 @@ def nvcc(source: Path, out: Path, *defines: str) -> str:
 
 
 def test_there_are_kernel_sources():
-    assert {p.name for p in SOURCES} >= {"layer_pass.cu", "moments.cu", "gating.cu"}
+    assert {p.name for p in SOURCES} >= {"layer_pass.cu", "moments.cu", "gating.cu", "scaling.cu"}
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
@@ -197,11 +198,16 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dsqrt_rn(double a) { return sqrt(a); }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
 inline float* dynamic_shared_floats() { return emu::shared.data(); }
 
 #include "layer_pass.cu"
 #include "moments.cu"
 #include "gating.cu"
+#include "scaling.cu"
 
 extern "C" int emu_layer_pass(int resident, unsigned grid_x, unsigned grid_y, unsigned block_x,
                               unsigned shared_bytes, float* weights, const int* contexts,
@@ -238,6 +244,18 @@ extern "C" int emu_halfspace_contexts(unsigned grid_x, unsigned block_x, const f
     emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
         gln_halfspace_contexts(products, z, normals, offsets, tolerance, n, neurons,
                                context_dim, num_features, contexts);
+    });
+    return emu::failed;
+}
+
+extern "C" int emu_standardize(unsigned grid_x, unsigned block_x, const double* x,
+                               const double* counts, const double* sums, const double* sums_sq,
+                               int n, int d, int stats_rows, double min_std, double logit_cap,
+                               float* z, float* base_logits) {
+    emu::failed = 0;
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
+        gln_standardize(x, counts, sums, sums_sq, n, d, stats_rows, min_std, logit_cap, z,
+                        base_logits);
     });
     return emu::failed;
 }
@@ -427,3 +445,34 @@ def test_emulated_gating_equals_numpy_contexts(emulated, context_dim):
     # The float32 signs alone disagree with the exact decision somewhere, so the re-check ran.
     float32_only = context_indices(np, products - offsets >= 0, context_dim)
     assert (float32_only != expected).any()
+
+
+@needs_gxx
+@pytest.mark.parametrize("frozen", [False, True], ids=["learning", "frozen"])
+def test_emulated_standardize_equals_numpy_bit_for_bit(emulated, frozen):
+    """The fused standardisation equals ``gln.scaling.standardized``: before any data, constant
+    features (the std floor), logits beyond the cap, statistics per row or one frozen set."""
+    rng = np.random.default_rng(int(frozen))
+    n, d = 23, 70
+    x = rng.normal(2, 3, (n, d)) * rng.uniform(0.01, 10, d)
+    x[:, 5] = 4.0  # constant: variance 0, std floor
+    start = RunningMoments(0, np.zeros(d), np.zeros(d))  # row 0 is scaled before any data
+    counts, sums, sums_sq, after = moments_before_each_row(np, start, x)
+    x[3, 9] = 1e4  # far beyond the logit cap, whichever statistics scale it
+    if frozen:
+        counts, sums, sums_sq = np.full((1, 1), float(after.count)), after.total[None], \
+            after.total_sq[None]
+    min_std, logit_cap = 0.3, float(np.log(0.9997 / 3e-4))
+    expected_z, expected_logits = standardized(np, x, counts, sums, sums_sq, min_std, logit_cap)
+    assert (np.abs(expected_logits) == np.float32(logit_cap)).any()
+    z = np.full((n, d), np.nan, np.float32)
+    logits = np.full((n, d), np.nan, np.float32)
+    status = emulated[1].emu_standardize(
+        ctypes.c_uint(-(-z.size // SCALING_THREADS)), ctypes.c_uint(SCALING_THREADS),
+        *(_c_arg(np.ascontiguousarray(a)) for a in (x, counts, sums, sums_sq)),
+        ctypes.c_int(n), ctypes.c_int(d), ctypes.c_int(counts.shape[0]),
+        ctypes.c_double(min_std), ctypes.c_double(logit_cap), _c_arg(z), _c_arg(logits),
+    )
+    assert status == 0
+    np.testing.assert_array_equal(z, expected_z)
+    np.testing.assert_array_equal(logits, expected_logits)

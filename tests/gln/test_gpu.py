@@ -13,7 +13,7 @@ import pytest
 from gln import GLN
 from gln.gating import halfspace_contexts, sample_halfspaces
 from gln.network import reference_layer_pass
-from gln.scaling import RunningMoments
+from gln.scaling import RunningMoments, standardized
 from gln.scaling import moments_before_each_row as numpy_moments
 from tests.gln.layer_data import random_layer
 
@@ -158,6 +158,21 @@ def test_gpu_contexts_equal_numpy_contexts(n):
     got = cuda_halfspace_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m)
     assert got.dtype == cp.int32 and got.shape == (n, 64)
     np.testing.assert_array_equal(got.get(), expected)
+
+
+@pytest.mark.parametrize("n", [0, 1, 300])
+def test_gpu_standardize_equals_numpy_bit_for_bit(n):
+    from gln.kernels.cuda import cuda_standardize  # noqa: PLC0415
+
+    rng = np.random.default_rng(n)
+    d = 784
+    x = rng.normal(2, 3, (n, d)) * rng.uniform(0.01, 10, d)
+    x[:, 7] = 0.5  # constant: the std floor
+    counts, sums, sums_sq, _ = numpy_moments(np, RunningMoments(0, np.zeros(d), np.zeros(d)), x)
+    expected = standardized(np, x, counts, sums, sums_sq, 0.3, 8.1)
+    got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1)
+    np.testing.assert_array_equal(got[0].get(), expected[0])
+    np.testing.assert_array_equal(got[1].get(), expected[1])
 
 
 def stream(n=1000, features=20, classes=3, seed=0):
