@@ -89,18 +89,23 @@ def network_pass(
     ``base_logits`` (n, d) are the logits of the base predictions p_0 (without the bias).
     """
     n = base_logits.shape[0]
-    inputs = xp.empty((n, 1, base_logits.shape[1] + 1), dtype=xp.float32)
-    inputs[:, 0, 0] = bias_logit
-    inputs[:, 0, 1:] = base_logits
+    inputs = _with_bias(xp, base_logits[:, None, :], bias_logit)
     probs = None
-    for layer_weights, layer_contexts in zip(weights, contexts, strict=True):
+    for depth, (layer_weights, layer_contexts) in enumerate(zip(weights, contexts, strict=True)):
+        if depth:  # the logits of the layer below are this layer's inputs
+            inputs = _with_bias(xp, xp.log(probs / (1.0 - probs)), bias_logit)
         num_glns, num_neurons = layer_weights.shape[:2]
         probs = xp.empty((n, num_glns, num_neurons), dtype=xp.float32)
         layer_pass(
             layer_weights, layer_contexts, inputs, targets, rates,
             pred_clip, weight_clip, learn, probs,
         )
-        inputs = xp.empty((n, num_glns, num_neurons + 1), dtype=xp.float32)
-        inputs[:, :, 0] = bias_logit
-        inputs[:, :, 1:] = xp.log(probs / (1.0 - probs))
     return probs[:, :, 0]
+
+
+def _with_bias(xp: ModuleType, logits: Any, bias_logit: float) -> Any:
+    """(n, G, K) logits -> (n, G, K + 1) float32 layer inputs, the bias input first."""
+    inputs = xp.empty((*logits.shape[:2], logits.shape[2] + 1), dtype=xp.float32)
+    inputs[:, :, 0] = bias_logit
+    inputs[:, :, 1:] = logits
+    return inputs
