@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--context-dim", type=int, default=4)
     parser.add_argument("--lr-scale", type=float, default=100.0, help="learning rate min(s/t, cap)")
     parser.add_argument("--lr-cap", type=float, default=0.01)
-    parser.add_argument("--offset-scale", type=float, default=0.05,
-                        help="hyperplane offset std (paper: 1.0; 0.05 measured better here)")
+    parser.add_argument("--offset-scale", type=float, default=0.1,
+                        help="hyperplane offset std (paper: 1.0; 0.1 measured better here)")
     parser.add_argument("--input-scaling", choices=["unit", "standardize"], default="standardize")
-    parser.add_argument("--pred-clip", type=float, default=3e-4,
+    parser.add_argument("--pred-clip", type=float, default=1e-4,
                         help="eps: outputs clipped to [eps, 1-eps] (0.01 caps logits at 4.6 and "
                         "costs 3 points here)")
     parser.add_argument("--min-std", type=float, default=0.3,
