@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--side-info-blur", type=float, default=1.5,
                         help="Gaussian blur (pixels) of the per-image gating input; 0: none")
     parser.add_argument("--weight-clip", type=float, default=5.0)
+    parser.add_argument("--bias", type=float, default=1.0 / (1.0 + math.exp(-1.0)),
+                        help="the constant bias input beta of every layer (default: logit 1)")
     parser.add_argument("--limit", type=int, default=None, help="learn only the first N images")
     parser.add_argument("--batch", type=int, default=1000, help="rows per learn() call")
     parser.add_argument("--seed", type=int, default=0)
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         context_dim=args.context_dim,
         learning_rate={"schedule": "inverse_time", "scale": args.lr_scale, "cap": args.lr_cap},
         pred_clip=args.pred_clip, weight_clip=args.weight_clip, offset_scale=args.offset_scale,
+        bias=args.bias,
         input_scaling=args.input_scaling, min_std=args.min_std, side_info=args.side_info,
         side_info_blur=args.side_info_blur if args.side_info == "per_row" else 0.0,
         image_shape=train_images.shape[1:], seed=args.seed, device=args.device,

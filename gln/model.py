@@ -22,7 +22,7 @@ import numpy as np
 
 from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import sample_halfspaces
-from gln.kernels import contexts_for, layer_pass_for, standardize_for
+from gln.kernels import contexts_for, layer_inputs_for, layer_pass_for, standardize_for
 from gln.network import network_pass
 from gln.scaling import (
     INPUT_SCALINGS,
@@ -146,6 +146,7 @@ class GLN:
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
         self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
         self._standardize = standardize_for(self._xp, self.use_kernels)
+        self._layer_inputs = layer_inputs_for(self._xp, self.use_kernels)
         self._blur = None
         if self.side_info_blur > 0:
             self._blur = tuple(
@@ -409,7 +410,7 @@ class GLN:
         outputs = network_pass(
             xp, self._layer_pass, self.weights, contexts, base_logits, targets, rates,
             bias_logit=self._bias_logit, pred_clip=self.pred_clip,
-            weight_clip=self.weight_clip, learn=learning,
+            weight_clip=self.weight_clip, learn=learning, layer_inputs=self._layer_inputs,
         )
         if learning:
             self.examples_seen += n

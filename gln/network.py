@@ -24,6 +24,8 @@ then every example through layer 2, ...) and still equal strict per-example lear
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -83,17 +85,21 @@ def network_pass(
     pred_clip: float,
     weight_clip: float,
     learn: bool,
+    layer_inputs: Callable[..., Any] | None = None,
 ) -> Any:
     """Every layer over a chunk; returns the last layer's outputs (n, G) float32.
 
     ``base_logits`` (n, d) are the logits of the base predictions p_0 (without the bias).
+    ``layer_inputs(values, bias_logit, from_probs)``, when given, builds a layer's inputs in
+    one step (the GPU kernel) as ``with_bias`` does.
     """
+    build = layer_inputs or functools.partial(with_bias, xp)
     n = base_logits.shape[0]
-    inputs = _with_bias(xp, base_logits[:, None, :], bias_logit)
+    inputs = build(base_logits[:, None, :], bias_logit, False)
     probs = None
     for depth, (layer_weights, layer_contexts) in enumerate(zip(weights, contexts, strict=True)):
         if depth:  # the logits of the layer below are this layer's inputs
-            inputs = _with_bias(xp, xp.log(probs / (1.0 - probs)), bias_logit)
+            inputs = build(probs, bias_logit, True)
         num_glns, num_neurons = layer_weights.shape[:2]
         probs = xp.empty((n, num_glns, num_neurons), dtype=xp.float32)
         layer_pass(
@@ -103,9 +109,10 @@ def network_pass(
     return probs[:, :, 0]
 
 
-def _with_bias(xp: ModuleType, logits: Any, bias_logit: float) -> Any:
-    """(n, G, K) logits -> (n, G, K + 1) float32 layer inputs, the bias input first."""
-    inputs = xp.empty((*logits.shape[:2], logits.shape[2] + 1), dtype=xp.float32)
+def with_bias(xp: ModuleType, values: Any, bias_logit: float, from_probs: bool) -> Any:
+    """(n, G, K) logits, or probabilities when ``from_probs``, -> (n, G, K + 1) float32 layer
+    inputs: the bias logit first, then the logits."""
+    inputs = xp.empty((*values.shape[:2], values.shape[2] + 1), dtype=xp.float32)
     inputs[:, :, 0] = bias_logit
-    inputs[:, :, 1:] = logits
+    inputs[:, :, 1:] = xp.log(values / (1.0 - values)) if from_probs else values
     return inputs

@@ -50,3 +50,12 @@ def standardize_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., A
 
         return cuda_standardize
     return None
+
+
+def layer_inputs_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any] | None:
+    """The fused builder of layer inputs for ``network_pass`` on ``xp``, or None."""
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_layer_inputs  # noqa: PLC0415 - needs CuPy
+
+        return cuda_layer_inputs
+    return None

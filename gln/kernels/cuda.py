@@ -1,9 +1,9 @@
 """The CUDA kernels: Algorithm 1 for one layer over a chunk, the running input moments, the
-online standardisation and the halfspace contexts.
+online standardisation, the layers' inputs and the halfspace contexts.
 
-The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu`` beside this
-file) are compiled by CuPy's ``RawModule`` (NVRTC) on first use and cached on disk by CuPy. See
-``docs/gpu.md`` for the design; in short:
+The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
+``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule`` (NVRTC) on first
+use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
   over a chunk is one launch and equals strict per-example learning;
@@ -15,7 +15,8 @@ file) are compiled by CuPy's ``RawModule`` (NVRTC) on first use and cached on di
   rows held in shared memory for the whole chunk; long chunks);
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
   kernel itself, so gating never makes the host wait for the GPU;
-* the standardisation of a chunk is one launch instead of a dozen, bit for bit NumPy's.
+* the standardisation of a chunk is one launch instead of a dozen (bit for bit NumPy's), and
+  so are the inputs of each layer (the bias, then logits) instead of five.
 
 CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
 used and tested without it.
@@ -49,6 +50,7 @@ PREDICT_ROWS_PER_WARP = 32
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of gln_halfspace_contexts
 SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize
+INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -200,6 +202,12 @@ def _standardize_kernel() -> Any:
 
 
 @functools.cache
+def _layer_inputs_kernel() -> Any:
+    module = _cupy().RawModule(code=_source("layer_inputs.cu"), options=COMPILE_OPTIONS)
+    return module.get_function("gln_layer_inputs")
+
+
+@functools.cache
 def _max_shared_bytes(device_id: int) -> int:
     """Dynamic shared memory one block may opt into on this device (227 KB on Hopper)."""
     runtime = _cupy().cuda.runtime
@@ -328,3 +336,18 @@ def cuda_standardize(
              np.int32(stats_rows), np.float64(min_std), np.float64(logit_cap), z, base_logits),
         )
     return z, base_logits
+
+
+def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:
+    """``gln.network.with_bias`` in one launch: (n, G, K) -> (n, G, K + 1) float32."""
+    cp = _cupy()
+    values = cp.ascontiguousarray(values, dtype=cp.float32)
+    n, groups, width = values.shape
+    inputs = cp.empty((n, groups, width + 1), dtype=cp.float32)
+    if inputs.size:
+        _layer_inputs_kernel()(
+            (-(-inputs.size // INPUTS_THREADS),), (INPUTS_THREADS,),
+            (values, np.int32(n), np.int32(groups), np.int32(width), np.int32(bool(from_probs)),
+             np.float32(bias_logit), inputs),
+        )
+    return inputs

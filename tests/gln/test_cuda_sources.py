@@ -34,6 +34,7 @@ from gln.kernels.cpu import cpu_exact_dots
 from gln.kernels.cuda import (
     COMPILE_OPTIONS,
     GATING_THREADS,
+    INPUTS_THREADS,
     RESIDENT,
     SCALING_THREADS,
     STREAMING,
@@ -41,7 +42,7 @@ from gln.kernels.cuda import (
     per_lane,
     plan_layer_launch,
 )
-from gln.network import reference_layer_pass
+from gln.network import reference_layer_pass, with_bias
 from gln.scaling import RunningMoments, moments_before_each_row, standardized
 from tests.gln.layer_data import random_layer
 
@@ -67,7 +68,8 @@ def nvcc(source: Path, out: Path, *defines: str) -> str:
 
 
 def test_there_are_kernel_sources():
-    assert {p.name for p in SOURCES} >= {"layer_pass.cu", "moments.cu", "gating.cu", "scaling.cu"}
+    assert {p.name for p in SOURCES} >= {
+        "layer_pass.cu", "moments.cu", "gating.cu", "scaling.cu", "layer_inputs.cu"}
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
@@ -208,6 +210,7 @@ inline float* dynamic_shared_floats() { return emu::shared.data(); }
 #include "moments.cu"
 #include "gating.cu"
 #include "scaling.cu"
+#include "layer_inputs.cu"
 
 extern "C" int emu_layer_pass(int resident, unsigned grid_x, unsigned grid_y, unsigned block_x,
                               unsigned shared_bytes, float* weights, const int* contexts,
@@ -256,6 +259,16 @@ extern "C" int emu_standardize(unsigned grid_x, unsigned block_x, const double* 
     emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
         gln_standardize(x, counts, sums, sums_sq, n, d, stats_rows, min_std, logit_cap, z,
                         base_logits);
+    });
+    return emu::failed;
+}
+
+extern "C" int emu_layer_inputs(unsigned grid_x, unsigned block_x, const float* values, int n,
+                                int groups, int width, int from_probs, float bias_logit,
+                                float* inputs) {
+    emu::failed = 0;
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
+        gln_layer_inputs(values, n, groups, width, from_probs, bias_logit, inputs);
     });
     return emu::failed;
 }
@@ -476,3 +489,26 @@ def test_emulated_standardize_equals_numpy_bit_for_bit(emulated, frozen):
     assert status == 0
     np.testing.assert_array_equal(z, expected_z)
     np.testing.assert_array_equal(logits, expected_logits)
+
+
+@needs_gxx
+@pytest.mark.parametrize("from_probs", [False, True], ids=["base", "hidden"])
+def test_emulated_layer_inputs_match_with_bias(emulated, from_probs):
+    """The fused builder writes the bias logit first, then the values or their logits."""
+    rng = np.random.default_rng(int(from_probs))
+    n, groups, width = 9, 1 if not from_probs else 4, 37
+    values = (rng.uniform(1e-4, 1 - 1e-4, (n, groups, width)) if from_probs
+              else rng.normal(0, 3, (n, groups, width))).astype(np.float32)
+    expected = with_bias(np, values, np.float32(1.0), from_probs)
+    inputs = np.full(expected.shape, np.nan, np.float32)
+    status = emulated[1].emu_layer_inputs(
+        ctypes.c_uint(-(-inputs.size // INPUTS_THREADS)), ctypes.c_uint(INPUTS_THREADS),
+        _c_arg(values), ctypes.c_int(n), ctypes.c_int(groups), ctypes.c_int(width),
+        ctypes.c_int(from_probs), ctypes.c_float(1.0), _c_arg(inputs),
+    )
+    assert status == 0
+    np.testing.assert_array_equal(inputs[:, :, 0], 1.0)
+    if from_probs:  # logf of the host C library against NumPy's log: a few ulps apart at most
+        np.testing.assert_allclose(inputs, expected, rtol=1e-6, atol=1e-7)
+    else:
+        np.testing.assert_array_equal(inputs, expected)

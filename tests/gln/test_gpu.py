@@ -12,7 +12,7 @@ import pytest
 
 from gln import GLN
 from gln.gating import halfspace_contexts, sample_halfspaces
-from gln.network import reference_layer_pass
+from gln.network import reference_layer_pass, with_bias
 from gln.scaling import RunningMoments, standardized
 from gln.scaling import moments_before_each_row as numpy_moments
 from tests.gln.layer_data import random_layer
@@ -173,6 +173,20 @@ def test_gpu_standardize_equals_numpy_bit_for_bit(n):
     got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1)
     np.testing.assert_array_equal(got[0].get(), expected[0])
     np.testing.assert_array_equal(got[1].get(), expected[1])
+
+
+@pytest.mark.parametrize("from_probs", [False, True], ids=["base", "hidden"])
+def test_gpu_layer_inputs_match_plain_cupy(from_probs):
+    from gln.kernels.cuda import cuda_layer_inputs  # noqa: PLC0415
+
+    rng = np.random.default_rng(int(from_probs))
+    shape = (300, 10, 128) if from_probs else (300, 1, 784)
+    values = cp.asarray((rng.uniform(1e-4, 1 - 1e-4, shape) if from_probs
+                         else rng.normal(0, 3, shape)).astype(np.float32))
+    expected = with_bias(cp, values, 1.0, from_probs).get()
+    got = cuda_layer_inputs(values, 1.0, from_probs).get()
+    np.testing.assert_array_equal(got[:, :, 0], 1.0)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
 def stream(n=1000, features=20, classes=3, seed=0):
