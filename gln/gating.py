@@ -5,6 +5,10 @@ Paper, section "Random halfspace sampling": a normal is an i.i.d. N(0, 1) vector
 implementation uses 0.05). A neuron's context is the m-bit signature
 ``c(z) = sum_j [z . v_j >= b_j] 2^j`` over its m hyperplanes.
 
+For images, ``restrict_to_windows`` keeps each normal on a random square window of the image
+(``GLN(gating_window=...)``): a departure from the paper's sphere-wide normals that makes each
+hyperplane test a local part of the image (measured better on MNIST, docs/benchmarks.md).
+
 Contexts depend only on the side information, never on the weights, so a whole chunk of
 examples is gated by one matrix product. That product runs in float32 for speed; because BLAS
 may round differently for different chunk sizes, every comparison that the float32 rounding
@@ -31,6 +35,28 @@ def sample_halfspaces(
     normals /= np.linalg.norm(normals, axis=1, keepdims=True)
     offsets = rng.standard_normal(count) * offset_scale
     return normals.astype(np.float32), offsets.astype(np.float32)
+
+
+def restrict_to_windows(
+    rng: np.random.Generator, normals: np.ndarray, image_shape: tuple[int, int], window: int
+) -> np.ndarray:
+    """Each normal kept on a random ``window`` x ``window`` square of the image, renormalised.
+
+    The square's corner is uniform over the positions that keep it inside the image; inside it
+    the normal's entries stay i.i.d. N(0, 1) before the division, so it is uniform on the unit
+    sphere of the square's pixels. The hyperplane then tests a local part of the image.
+    """
+    height, width = image_shape
+    count = normals.shape[0]
+    tops = rng.integers(0, height - window + 1, count)
+    lefts = rng.integers(0, width - window + 1, count)
+    rows = np.arange(height)[None, :, None]
+    cols = np.arange(width)[None, None, :]
+    inside = ((rows >= tops[:, None, None]) & (rows < tops[:, None, None] + window)
+              & (cols >= lefts[:, None, None]) & (cols < lefts[:, None, None] + window))
+    kept = normals.astype(np.float64) * inside.reshape(count, height * width)
+    kept /= np.linalg.norm(kept, axis=1, keepdims=True)
+    return kept.astype(np.float32)
 
 
 def rounding_tolerances(xp: ModuleType, z: Any) -> Any:

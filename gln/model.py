@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from gln.backend import array_module, resolve_device, to_numpy
-from gln.gating import sample_halfspaces
+from gln.gating import restrict_to_windows, sample_halfspaces
 from gln.kernels import contexts_for, layer_inputs_for, layer_pass_for, standardize_for
 from gln.network import network_pass
 from gln.scaling import (
@@ -67,7 +67,10 @@ class GLN:
     side_info_blur: for ``"per_row"`` with ``image_shape``, the std in pixels of a Gaussian
         blur of the side information (0: none).
     image_shape: (height, width) of rows that are images, height * width = num_features;
-        needed only for ``side_info_blur``.
+        needed only for ``side_info_blur`` and ``gating_window``.
+    gating_window: for image rows, the side in pixels of a random square window that each
+        hyperplane's normal is kept on (``gln.gating.restrict_to_windows``); 0 (default): the
+        whole input, as in the paper.
     seed: seeds the hyperplanes; the same seed and data give the same bytes.
     device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     """
@@ -88,6 +91,7 @@ class GLN:
         side_info: str = "scaled",
         side_info_blur: float = 0.0,
         image_shape: Sequence[int] | None = None,
+        gating_window: int = 0,
         seed: int = 0,
         device: str = "cpu",
         use_kernels: bool = True,
@@ -135,6 +139,19 @@ class GLN:
                 )
         if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
             raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
+        if isinstance(gating_window, bool) or not isinstance(gating_window, int | np.integer):
+            raise ValueError(f"gating_window must be an int, got {gating_window!r}")
+        self.gating_window = int(gating_window)
+        if self.gating_window < 0:
+            raise ValueError(f"gating_window must be >= 0, got {gating_window}")
+        if self.gating_window:
+            if self.image_shape is None:
+                raise ValueError("gating_window needs an image_shape")
+            if not 1 <= self.gating_window <= min(self.image_shape):
+                raise ValueError(
+                    f"gating_window must be 0 or 1..{min(self.image_shape)} (the image's "
+                    f"shorter side), got {gating_window}"
+                )
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = int(seed)
@@ -175,6 +192,8 @@ class GLN:
         rng = np.random.default_rng(self.seed)
         planes = g * sum(self.layer_sizes) * m
         normals, offsets = sample_halfspaces(rng, planes, self.num_features, self.offset_scale)
+        if self.gating_window:
+            normals = restrict_to_windows(rng, normals, self.image_shape, self.gating_window)
         self.normals = xp.asarray(normals)
         self.offsets = xp.asarray(offsets)
         # Paper: w_ikc = 1 / K_{i-1}, the geometric average of the layer's inputs.
@@ -208,6 +227,7 @@ class GLN:
             "side_info": self.side_info,
             "side_info_blur": self.side_info_blur,
             "image_shape": None if self.image_shape is None else list(self.image_shape),
+            "gating_window": self.gating_window,
             "seed": self.seed,
             "device": self.device,
         }

@@ -2,7 +2,13 @@
 
 import numpy as np
 
-from gln.gating import context_indices, halfspace_bits, halfspace_contexts, sample_halfspaces
+from gln.gating import (
+    context_indices,
+    halfspace_bits,
+    halfspace_contexts,
+    restrict_to_windows,
+    sample_halfspaces,
+)
 from gln.kernels import contexts_for
 
 
@@ -67,3 +73,30 @@ def test_cpu_kernel_contexts_match_the_reference_on_and_off_the_hyperplanes():
     alone = np.concatenate([cpu_halfspace_contexts(z[t:t + 1], normals, offsets, m)
                             for t in range(120)])
     assert np.array_equal(fused, alone)
+
+
+def test_windowed_normals_are_uniform_on_a_random_square_inside_the_image():
+    rng = np.random.default_rng(5)
+    height, width, window = 9, 7, 3
+    normals, _ = sample_halfspaces(rng, 4000, height * width, 1.0)
+    kept = restrict_to_windows(rng, normals, (height, width), window)
+    assert kept.dtype == np.float32 and kept.shape == normals.shape
+    np.testing.assert_allclose(np.linalg.norm(kept, axis=1), 1.0, atol=1e-6)
+    support = kept.reshape(-1, height, width) != 0
+    tops = support.any(axis=2).argmax(axis=1)
+    lefts = support.any(axis=1).argmax(axis=1)
+    for k in range(0, 4000, 97):  # the support is exactly the square at (top, left)
+        square = np.zeros((height, width), bool)
+        square[tops[k]:tops[k] + window, lefts[k]:lefts[k] + window] = True
+        np.testing.assert_array_equal(support[k], square)
+    # Every position that keeps the square inside the image occurs, about equally often.
+    positions = np.bincount(tops * width + lefts, minlength=height * width).reshape(height, width)
+    inside = positions[: height - window + 1, : width - window + 1]
+    assert positions.sum() == inside.sum() and inside.min() > 0.6 * 4000 / inside.size
+    # Inside its square a normal is uniform on that sphere: coordinates of variance 1 / w^2.
+    values = kept.reshape(-1, height, width)[support]
+    assert abs(values.mean()) < 0.01 and abs(values.var() - 1 / window**2) < 0.01
+    # A window as large as a square image leaves the normals as they were.
+    square_normals, _ = sample_halfspaces(rng, 50, 7 * 7, 1.0)
+    whole = restrict_to_windows(rng, square_normals, (7, 7), 7)
+    np.testing.assert_allclose(whole, square_normals, atol=1e-6)

@@ -200,10 +200,11 @@ def stream(n=1000, features=20, classes=3, seed=0):
 CONFIG = dict(num_features=20, num_classes=3, layer_sizes=(16, 16, 1), context_dim=4,
               learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01}, seed=3)
 # Gating on per-row side information (centred, blurred 4 x 5 "images"): other array code.
-SIDE_INFOS = [{}, dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5))]
+SIDE_INFOS = [{}, dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5)),
+              dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5), gating_window=2)]
 
 
-@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row"])
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row", "window"])
 def test_gpu_model_matches_cpu_model(side_info):
     X, y = stream()
     config = {**CONFIG, **side_info}
@@ -226,7 +227,7 @@ def test_gpu_kernels_match_plain_cupy_path():
         np.testing.assert_allclose(w_fast.get(), w_plain.get(), atol=1e-4)
 
 
-@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row"])
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row", "window"])
 def test_gpu_learn_equals_single_row_calls_byte_for_byte(side_info):
     """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan)."""
     X, y = stream(300)  # one chunk of 256 (resident kernel) and one of 44

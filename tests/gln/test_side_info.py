@@ -54,9 +54,10 @@ def test_blurred_side_info_is_the_blurred_centred_image_renormalised():
         np.testing.assert_allclose(got, want, atol=1e-12)
 
 
-def test_per_row_gating_keeps_chunked_learning_byte_identical():
+@pytest.mark.parametrize("window", [0, 2], ids=["whole", "window"])
+def test_per_row_gating_keeps_chunked_learning_byte_identical(window):
     X, y = image_stream()
-    whole, single = image_model(), image_model()
+    whole, single = image_model(gating_window=window), image_model(gating_window=window)
     p_whole = whole.learn(X, y)
     p_single = np.concatenate([single.learn(X[i:i + 1], y[i:i + 1]) for i in range(len(X))])
     assert np.array_equal(p_whole, p_single)
@@ -74,11 +75,13 @@ def test_per_row_gating_changes_the_contexts_but_not_the_base_predictions():
                                   first_scaled.predict_proba(X[:5]))
 
 
-def test_the_option_survives_config_and_bytes():
-    model = image_model()
+@pytest.mark.parametrize("window", [0, 2], ids=["whole", "window"])
+def test_the_option_survives_config_and_bytes(window):
+    model = image_model(gating_window=window)
     X, y = image_stream(50)
     model.learn(X, y)
     assert model.config["side_info"] == "per_row" and model.config["image_shape"] == [4, 5]
+    assert model.config["gating_window"] == window
     again = GLN.from_bytes(model.to_bytes())
     assert again.config == model.config
     np.testing.assert_array_equal(again.predict_proba(X), model.predict_proba(X))
@@ -95,7 +98,23 @@ def test_the_option_survives_config_and_bytes():
     (dict(image_shape=None), "side_info_blur needs"),
     (dict(side_info="scaled"), "side_info_blur needs"),
     (dict(side_info_blur=-1.0), "side_info_blur"),
+    (dict(gating_window=5), "gating_window must be 0 or 1..4"),
+    (dict(gating_window=-1), "gating_window must be >= 0"),
+    (dict(gating_window=2.0), "gating_window must be an int"),
+    (dict(gating_window=2, image_shape=None, side_info_blur=0.0), "gating_window needs"),
 ])
 def test_bad_side_info_options_are_clear_value_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         image_model(**overrides)
+
+
+def test_a_gating_window_keeps_every_normal_on_a_square_of_the_image():
+    model = image_model(gating_window=2)
+    support = model.normals.reshape(-1, *IMAGE) != 0
+    assert (support.sum(axis=(1, 2)) == 4).all()
+    rows, cols = support.any(axis=2), support.any(axis=1)
+    assert (rows.sum(axis=1) == 2).all() and (cols.sum(axis=1) == 2).all()
+    np.testing.assert_allclose(np.linalg.norm(model.normals, axis=1), 1.0, atol=1e-6)
+    # Different windows give other contexts, so other predictions once learning has begun.
+    X, y = image_stream()
+    assert not np.array_equal(model.learn(X, y), image_model().learn(X, y))
