@@ -66,10 +66,14 @@ def rounding_tolerances(xp: ModuleType, z: Any) -> Any:
     ``|error| <= gamma_d * sum_i |z_i v_i| <= gamma_d * ||z||_2`` for unit normals; doubled to
     cover the subtraction of the offset and the float64 re-check. Returns (n,) float32.
     """
-    dim = z.shape[1]
-    gamma = dim * _FLOAT32_UNIT_ROUNDOFF / (1.0 - dim * _FLOAT32_UNIT_ROUNDOFF)
     z64 = z.astype(xp.float64)
-    return (2.0 * gamma * xp.sqrt((z64 * z64).sum(axis=1)) + 1e-30).astype(xp.float32)
+    return (2.0 * dot_rounding_bound(z.shape[1]) * xp.sqrt((z64 * z64).sum(axis=1))
+            + 1e-30).astype(xp.float32)
+
+
+def dot_rounding_bound(dim: int) -> float:
+    """gamma_d: the relative rounding error bound of a float32 dot product of length d."""
+    return dim * _FLOAT32_UNIT_ROUNDOFF / (1.0 - dim * _FLOAT32_UNIT_ROUNDOFF)
 
 
 def exact_dots(xp: ModuleType, z: Any, normals: Any, rows: Any, planes: Any) -> Any:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gln.gating import rounding_tolerances
+from gln.gating import dot_rounding_bound
 from gln.network import reference_layer_pass
 from gln.scaling import RunningMoments
 
@@ -48,7 +48,7 @@ RESIDENT_MIN_ROWS = 32
 # Prediction writes nothing, so a neuron's examples are split over warps of this many rows.
 PREDICT_ROWS_PER_WARP = 32
 _MAX_GRID_Y = 65535
-GATING_THREADS = 128  # __launch_bounds__ of gln_halfspace_contexts
+GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
@@ -190,9 +190,13 @@ def _moments_kernel() -> Any:
 
 
 @functools.cache
-def _gating_kernel() -> Any:
-    module = _cupy().RawModule(code=_source("gating.cu"), options=COMPILE_OPTIONS)
-    return module.get_function("gln_halfspace_contexts")
+def _gating_kernel(name: str) -> Any:
+    return _gating_module().get_function(name)
+
+
+@functools.cache
+def _gating_module() -> Any:
+    return _cupy().RawModule(code=_source("gating.cu"), options=COMPILE_OPTIONS)
 
 
 @functools.cache
@@ -302,10 +306,14 @@ def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int
     n, d = z.shape
     neurons = normals.shape[0] // context_dim
     products = cp.ascontiguousarray(z @ normals.T)
-    tolerance = cp.ascontiguousarray(rounding_tolerances(cp, z))
     contexts = cp.empty((n, neurons), dtype=cp.int32)
     if contexts.size:
-        _gating_kernel()(
+        tolerance = cp.empty(n, dtype=cp.float32)
+        _gating_kernel("gln_rounding_tolerances")(
+            (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
+            (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance),
+        )
+        _gating_kernel("gln_halfspace_contexts")(
             (-(-contexts.size // GATING_THREADS),), (GATING_THREADS,),
             (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
              np.int32(context_dim), np.int32(d), contexts),

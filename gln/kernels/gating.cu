@@ -1,4 +1,5 @@
-// Halfspace contexts on the GPU, decided exactly, with no round trip to the host.
+// Halfspace contexts on the GPU, decided exactly, with no round trip to the host, and the
+// per-row rounding bound they need.
 //
 // gln.gating.halfspace_bits computes every margin z . v_p - b_p in float32 (one GEMM), trusts
 // its sign where |margin| exceeds the row's rounding bound, and redoes the rest in float64.
@@ -37,4 +38,28 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
         context |= static_cast<int>(above) << j;
     }
     contexts[at] = context;
+}
+
+// The rounding bound of each row, as gln.gating.rounding_tolerances computes it:
+//   tolerance[t] = 2 gamma_d ||z_t||_2 + 1e-30, rounded to float32,
+// one warp per row (lanes take every 32nd feature, then a butterfly sum), instead of the
+// seven launches the array code takes. The sum's order differs from CuPy's; any valid bound
+// gives the same decisions, since margins beyond it have the exact sign either way.
+extern "C" __global__ void __launch_bounds__(128)
+gln_rounding_tolerances(const float* __restrict__ z, int n, int num_features, double twice_gamma,
+                        float* __restrict__ tolerance) {
+    const long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (t >= n) return;  // whole warps: the block size is a multiple of 32
+    double total = 0.0;
+    for (int i = lane; i < num_features; i += 32) {
+        const double v = static_cast<double>(z[t * num_features + i]);
+        total = __dadd_rn(total, __dmul_rn(v, v));
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        total = __dadd_rn(total, __shfl_xor_sync(0xffffffffu, total, offset));
+    }
+    if (lane == 0) {
+        tolerance[t] = __double2float_rn(__dadd_rn(__dmul_rn(twice_gamma, __dsqrt_rn(total)), 1e-30));
+    }
 }

@@ -26,6 +26,7 @@ import pytest
 
 from gln.gating import (
     context_indices,
+    dot_rounding_bound,
     halfspace_contexts,
     rounding_tolerances,
     sample_halfspaces,
@@ -247,6 +248,15 @@ extern "C" int emu_halfspace_contexts(unsigned grid_x, unsigned block_x, const f
     emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
         gln_halfspace_contexts(products, z, normals, offsets, tolerance, n, neurons,
                                context_dim, num_features, contexts);
+    });
+    return emu::failed;
+}
+
+extern "C" int emu_rounding_tolerances(unsigned grid_x, unsigned block_x, const float* z, int n,
+                                       int d, double twice_gamma, float* tolerance) {
+    emu::failed = 0;
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
+        gln_rounding_tolerances(z, n, d, twice_gamma, tolerance);
     });
     return emu::failed;
 }
@@ -512,3 +522,19 @@ def test_emulated_layer_inputs_match_with_bias(emulated, from_probs):
         np.testing.assert_allclose(inputs, expected, rtol=1e-6, atol=1e-7)
     else:
         np.testing.assert_array_equal(inputs, expected)
+
+
+@needs_gxx
+@pytest.mark.parametrize("n, d", [(1, 5), (7, 784), (130, 33)])
+def test_emulated_rounding_tolerances_equal_the_array_code(emulated, n, d):
+    """One warp per row; the float64 sum runs in another order, so equal up to its rounding."""
+    z = np.random.default_rng(d).normal(0, 3, (n, d)).astype(np.float32)
+    tolerance = np.full(n, np.nan, np.float32)
+    warps_per_block = GATING_THREADS // 32
+    status = emulated[1].emu_rounding_tolerances(
+        ctypes.c_uint(-(-n // warps_per_block)), ctypes.c_uint(GATING_THREADS), _c_arg(z),
+        ctypes.c_int(n), ctypes.c_int(d), ctypes.c_double(2.0 * dot_rounding_bound(d)),
+        _c_arg(tolerance),
+    )
+    assert status == 0
+    np.testing.assert_allclose(tolerance, rounding_tolerances(np, z), rtol=1e-6)
