@@ -36,9 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gln.model  # noqa: E402
 from gln import GLN  # noqa: E402
 
+# The library's defaults otherwise (standardised inputs, whole-input gating): the path that the
+# service's models take unless configured, and the one the fused GPU preprocessing covers.
 NETWORK = dict(num_features=784, num_classes=10, layer_sizes=(128, 128, 1), context_dim=4,
-               learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01},
-               input_scaling="unit", seed=0)
+               learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01}, seed=0)
 
 
 def emit(record: dict, device: str) -> None:
