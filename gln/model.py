@@ -22,7 +22,7 @@ import numpy as np
 
 from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import restrict_to_windows, sample_halfspaces
-from gln.kernels import contexts_for, layer_inputs_for, layer_pass_for, standardize_for
+from gln.kernels import contexts_for, fused_scaling_for, layer_inputs_for, layer_pass_for
 from gln.network import network_pass
 from gln.scaling import (
     INPUT_SCALINGS,
@@ -162,7 +162,7 @@ class GLN:
         self._xp = array_module(self._device)
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
         self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
-        self._standardize = standardize_for(self._xp, self.use_kernels)
+        self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
         self._layer_inputs = layer_inputs_for(self._xp, self.use_kernels)
         self._blur = None
         if self.side_info_blur > 0:
@@ -398,7 +398,7 @@ class GLN:
         z, base_logits = scale_inputs(
             xp, x64, counts, sums, sums_sq,
             mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
-            side_info=self.side_info, blur=self._blur, standardize=self._standardize,
+            side_info=self.side_info, blur=self._blur, fused=self._fused_scaling,
         )
         if learning:
             self.moments = after

@@ -36,10 +36,22 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 INPUT_SCALINGS = ("standardize", "unit")
 SIDE_INFOS = ("scaled", "per_row")
+
+
+class FusedScaling(NamedTuple):
+    """Single-kernel versions of two scaling steps, for devices where launches are dear.
+
+    ``standardize(x64, counts, sums, sums_sq, min_std, logit_cap) -> (z, logits)`` gives the
+    bits of ``standardized``; ``per_row_side_info(x64, blur) -> z`` (float32) equals
+    ``per_row_side_info`` up to the rounding of its sums.
+    """
+
+    standardize: Callable[..., tuple[Any, Any]]
+    per_row_side_info: Callable[..., Any]
 
 
 @dataclass
@@ -82,17 +94,16 @@ def scale_inputs(
     min_std: float,
     side_info: str = "scaled",
     blur: tuple[Any, Any] | None = None,
-    standardize: Callable[..., tuple[Any, Any]] | None = None,
+    fused: FusedScaling | None = None,
 ) -> tuple[Any, Any]:
     """Side information z (n, d) float32 and base-prediction logits (n, d) float32.
 
-    ``standardize(x64, counts, sums, sums_sq, min_std, logit_cap)``, when given, computes the
-    ``"standardize"`` mode's (z, logits) in float32 in one fused step (the GPU kernel);
-    it must give the bits ``standardized`` gives.
+    ``fused`` replaces steps by single kernels (the GPU's) that compute what ``standardized``
+    and ``per_row_side_info`` compute.
     """
     logit_cap = math.log((1.0 - pred_clip) / pred_clip)
     if mode == "standardize":
-        compute = standardize or functools.partial(standardized, xp)
+        compute = fused.standardize if fused else functools.partial(standardized, xp)
         z, base_logits = compute(x64, counts, sums, sums_sq, min_std, logit_cap)
     elif mode == "unit":
         mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
@@ -103,7 +114,7 @@ def scale_inputs(
     else:
         raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {mode!r}")
     if side_info == "per_row":
-        z = per_row_side_info(xp, x64, blur)
+        z = fused.per_row_side_info(x64, blur) if fused else per_row_side_info(xp, x64, blur)
     elif side_info != "scaled":
         raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
     return z.astype(xp.float32, copy=False), base_logits.astype(xp.float32, copy=False)

@@ -15,6 +15,7 @@ import numpy as np
 
 from gln.gating import halfspace_contexts
 from gln.network import LayerPass, reference_layer_pass
+from gln.scaling import FusedScaling
 
 
 def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
@@ -43,12 +44,12 @@ def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]
     return functools.partial(halfspace_contexts, xp)
 
 
-def standardize_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any] | None:
-    """The fused standardisation for ``scale_inputs`` on ``xp``, or None for the array code."""
+def fused_scaling_for(xp: ModuleType, use_kernels: bool = True) -> FusedScaling | None:
+    """The single-kernel scaling steps for ``scale_inputs`` on ``xp``, or None (array code)."""
     if use_kernels and xp.__name__ == "cupy":
-        from gln.kernels.cuda import cuda_standardize  # noqa: PLC0415 - needs CuPy
+        from gln.kernels.cuda import cuda_per_row_side_info, cuda_standardize  # noqa: PLC0415
 
-        return cuda_standardize
+        return FusedScaling(cuda_standardize, cuda_per_row_side_info)
     return None
 
 

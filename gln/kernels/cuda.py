@@ -2,8 +2,8 @@
 online standardisation, the layers' inputs and the halfspace contexts.
 
 The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
-``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule`` (NVRTC) on first
-use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
+``side_info.cu``, ``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule``
+(NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
   over a chunk is one launch and equals strict per-example learning;
@@ -16,7 +16,8 @@ use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
   kernel itself, so gating never makes the host wait for the GPU;
 * the standardisation of a chunk is one launch instead of a dozen (bit for bit NumPy's), and
-  so are the inputs of each layer (the bias, then logits) instead of five.
+  so are the per-row side information (one warp per row, sums in a fixed order) and the
+  inputs of each layer (the bias, then logits).
 
 CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
 used and tested without it.
@@ -51,6 +52,7 @@ _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
+SIDE_INFO_THREADS = 128  # __launch_bounds__ of gln_per_row_side_info (four rows a block)
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -203,6 +205,12 @@ def _gating_module() -> Any:
 def _standardize_kernel() -> Any:
     module = _cupy().RawModule(code=_source("scaling.cu"), options=COMPILE_OPTIONS)
     return module.get_function("gln_standardize")
+
+
+@functools.cache
+def _side_info_kernel() -> Any:
+    module = _cupy().RawModule(code=_source("side_info.cu"), options=COMPILE_OPTIONS)
+    return module.get_function("gln_per_row_side_info")
 
 
 @functools.cache
@@ -359,3 +367,29 @@ def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:
              np.float32(bias_logit), inputs),
         )
     return inputs
+
+
+def cuda_per_row_side_info(x64: Any, blur: tuple[Any, Any] | None) -> Any:
+    """``gln.scaling.per_row_side_info`` in one launch, float32 (n, d); one warp per row.
+
+    ``blur`` is (B_rows, B_cols) for image rows, or None. A row's result does not depend on
+    the other rows of the chunk (no batched GEMM), so chunks equal single rows byte for byte.
+    """
+    cp = _cupy()
+    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
+    n, d = x64.shape
+    if blur is None:
+        height, width = 1, d
+        rows = cols = cp.zeros(1, dtype=cp.float64)  # not read
+    else:
+        rows, cols = (cp.ascontiguousarray(b, dtype=cp.float64) for b in blur)
+        height, width = rows.shape[0], cols.shape[0]
+    z = cp.empty((n, d), dtype=cp.float32)
+    if z.size:
+        scratch = cp.empty((n, 2 * d), dtype=cp.float64)
+        _side_info_kernel()(
+            (-(-n * WARP // SIDE_INFO_THREADS),), (SIDE_INFO_THREADS,),
+            (x64, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
+             rows, cols, scratch, z),
+        )
+    return z

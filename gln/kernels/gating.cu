@@ -30,8 +30,9 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
         if (fabsf(margin) <= margin_bound) {
             double total = 0.0;
             for (int i = 0; i < num_features; ++i) {
-                total = __dadd_rn(total, __dmul_rn(static_cast<double>(z[t * num_features + i]),
-                                                   static_cast<double>(normals[p * num_features + i])));
+                const double zi = static_cast<double>(z[t * num_features + i]);
+                const double vi = static_cast<double>(normals[p * num_features + i]);
+                total = __dadd_rn(total, __dmul_rn(zi, vi));
             }
             above = total >= static_cast<double>(offsets[p]);
         }
@@ -60,6 +61,7 @@ gln_rounding_tolerances(const float* __restrict__ z, int n, int num_features, do
         total = __dadd_rn(total, __shfl_xor_sync(0xffffffffu, total, offset));
     }
     if (lane == 0) {
-        tolerance[t] = __double2float_rn(__dadd_rn(__dmul_rn(twice_gamma, __dsqrt_rn(total)), 1e-30));
+        const double bound = __dmul_rn(twice_gamma, __dsqrt_rn(total));
+        tolerance[t] = __double2float_rn(__dadd_rn(bound, 1e-30));
     }
 }

@@ -29,7 +29,8 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ counts,
     if (count > 0.0) {
         const double safe_count = count > 1.0 ? count : 1.0;
         mean = __ddiv_rn(sums[stat], safe_count);
-        const double spread = __dsub_rn(__ddiv_rn(sums_sq[stat], safe_count), __dmul_rn(mean, mean));
+        const double mean_square = __ddiv_rn(sums_sq[stat], safe_count);
+        const double spread = __dsub_rn(mean_square, __dmul_rn(mean, mean));
         variance = spread >= 0.0 ? spread : 0.0;  // as NumPy's maximum(spread, 0)
     }
     const double root = __dsqrt_rn(variance);

@@ -38,13 +38,20 @@ from gln.kernels.cuda import (
     INPUTS_THREADS,
     RESIDENT,
     SCALING_THREADS,
+    SIDE_INFO_THREADS,
     STREAMING,
     layer_kernel_args,
     per_lane,
     plan_layer_launch,
 )
 from gln.network import reference_layer_pass, with_bias
-from gln.scaling import RunningMoments, moments_before_each_row, standardized
+from gln.scaling import (
+    RunningMoments,
+    gaussian_blur_matrix,
+    moments_before_each_row,
+    per_row_side_info,
+    standardized,
+)
 from tests.gln.layer_data import random_layer
 
 KERNELS = Path(__file__).resolve().parents[2] / "gln" / "kernels"
@@ -70,7 +77,8 @@ def nvcc(source: Path, out: Path, *defines: str) -> str:
 
 def test_there_are_kernel_sources():
     assert {p.name for p in SOURCES} >= {
-        "layer_pass.cu", "moments.cu", "gating.cu", "scaling.cu", "layer_inputs.cu"}
+        "layer_pass.cu", "moments.cu", "gating.cu", "scaling.cu", "layer_inputs.cu",
+        "side_info.cu"}
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
@@ -212,6 +220,7 @@ inline float* dynamic_shared_floats() { return emu::shared.data(); }
 #include "gating.cu"
 #include "scaling.cu"
 #include "layer_inputs.cu"
+#include "side_info.cu"
 
 extern "C" int emu_layer_pass(int resident, unsigned grid_x, unsigned grid_y, unsigned block_x,
                               unsigned shared_bytes, float* weights, const int* contexts,
@@ -257,6 +266,17 @@ extern "C" int emu_rounding_tolerances(unsigned grid_x, unsigned block_x, const 
     emu::failed = 0;
     emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
         gln_rounding_tolerances(z, n, d, twice_gamma, tolerance);
+    });
+    return emu::failed;
+}
+
+extern "C" int emu_per_row_side_info(unsigned grid_x, unsigned block_x, const double* x, int n,
+                                     int height, int width, int blurred,
+                                     const double* blur_rows, const double* blur_cols,
+                                     double* scratch, float* z) {
+    emu::failed = 0;
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
+        gln_per_row_side_info(x, n, height, width, blurred, blur_rows, blur_cols, scratch, z);
     });
     return emu::failed;
 }
@@ -538,3 +558,36 @@ def test_emulated_rounding_tolerances_equal_the_array_code(emulated, n, d):
     )
     assert status == 0
     np.testing.assert_allclose(tolerance, rounding_tolerances(np, z), rtol=1e-6)
+
+
+def emulated_side_info(library, x, image, sigma):
+    n, d = x.shape
+    blurred = sigma > 0
+    rows = gaussian_blur_matrix(image[0], sigma) if blurred else np.zeros(1)
+    cols = gaussian_blur_matrix(image[1], sigma) if blurred else np.zeros(1)
+    z = np.full((n, d), np.nan, np.float32)
+    scratch = np.full((n, 2 * d), np.nan)
+    status = library.emu_per_row_side_info(
+        ctypes.c_uint(-(-n * 32 // SIDE_INFO_THREADS)), ctypes.c_uint(SIDE_INFO_THREADS),
+        _c_arg(np.ascontiguousarray(x)), ctypes.c_int(n), ctypes.c_int(image[0]),
+        ctypes.c_int(image[1]), ctypes.c_int(blurred), _c_arg(rows), _c_arg(cols),
+        _c_arg(scratch), _c_arg(z),
+    )
+    assert status == 0
+    return z, ((rows, cols) if blurred else None)
+
+
+@needs_gxx
+@pytest.mark.parametrize("sigma", [0.0, 1.0], ids=["plain", "blurred"])
+def test_emulated_per_row_side_info_matches_numpy_and_ignores_the_chunk(emulated, sigma):
+    """Equal to ``per_row_side_info`` up to the rounding of its sums; a constant row gives 0;
+    and each row's bits are the same whether it is computed alone or with others."""
+    image = (5, 7)
+    x = np.random.default_rng(3).random((6, 35))  # two blocks of four warps
+    x[4] = 0.25
+    z, blur = emulated_side_info(emulated[1], x, image, sigma)
+    np.testing.assert_allclose(z, per_row_side_info(np, x, blur), rtol=1e-6, atol=1e-6)
+    assert (z[4] == 0).all()
+    for t in (0, 5):
+        alone, _ = emulated_side_info(emulated[1], x[t:t + 1], image, sigma)
+        np.testing.assert_array_equal(alone[0], z[t])

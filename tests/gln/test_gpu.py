@@ -13,7 +13,7 @@ import pytest
 from gln import GLN
 from gln.gating import halfspace_contexts, sample_halfspaces
 from gln.network import reference_layer_pass, with_bias
-from gln.scaling import RunningMoments, standardized
+from gln.scaling import RunningMoments, gaussian_blur_matrix, per_row_side_info, standardized
 from gln.scaling import moments_before_each_row as numpy_moments
 from tests.gln.layer_data import random_layer
 
@@ -173,6 +173,19 @@ def test_gpu_standardize_equals_numpy_bit_for_bit(n):
     got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1)
     np.testing.assert_array_equal(got[0].get(), expected[0])
     np.testing.assert_array_equal(got[1].get(), expected[1])
+
+
+@pytest.mark.parametrize("blurred", [False, True], ids=["plain", "blurred"])
+def test_gpu_per_row_side_info_matches_numpy_whatever_the_chunk(blurred):
+    from gln.kernels.cuda import cuda_per_row_side_info  # noqa: PLC0415
+
+    x = np.random.default_rng(4).random((300, 784))
+    blur = (gaussian_blur_matrix(28, 1.5),) * 2 if blurred else None
+    on_gpu = None if blur is None else tuple(cp.asarray(b) for b in blur)
+    z = cuda_per_row_side_info(cp.asarray(x), on_gpu).get()
+    np.testing.assert_allclose(z, per_row_side_info(np, x, blur), rtol=1e-6, atol=1e-6)
+    alone = cuda_per_row_side_info(cp.asarray(x[7:8]), on_gpu).get()
+    np.testing.assert_array_equal(alone[0], z[7])
 
 
 @pytest.mark.parametrize("from_probs", [False, True], ids=["base", "hidden"])
