@@ -186,37 +186,14 @@ def _layer_kernel(lanes: int, name: str) -> Any:
 
 
 @functools.cache
-def _moments_kernel() -> Any:
-    module = _cupy().RawModule(code=_source("moments.cu"), options=COMPILE_OPTIONS)
-    return module.get_function("gln_running_moments")
+def _function(source: str, name: str) -> Any:
+    """Kernel ``name`` of the module ``source``, compiled with ``COMPILE_OPTIONS`` once."""
+    return _module(source).get_function(name)
 
 
 @functools.cache
-def _gating_kernel(name: str) -> Any:
-    return _gating_module().get_function(name)
-
-
-@functools.cache
-def _gating_module() -> Any:
-    return _cupy().RawModule(code=_source("gating.cu"), options=COMPILE_OPTIONS)
-
-
-@functools.cache
-def _standardize_kernel() -> Any:
-    module = _cupy().RawModule(code=_source("scaling.cu"), options=COMPILE_OPTIONS)
-    return module.get_function("gln_standardize")
-
-
-@functools.cache
-def _side_info_kernel() -> Any:
-    module = _cupy().RawModule(code=_source("side_info.cu"), options=COMPILE_OPTIONS)
-    return module.get_function("gln_per_row_side_info")
-
-
-@functools.cache
-def _layer_inputs_kernel() -> Any:
-    module = _cupy().RawModule(code=_source("layer_inputs.cu"), options=COMPILE_OPTIONS)
-    return module.get_function("gln_layer_inputs")
+def _module(source: str) -> Any:
+    return _cupy().RawModule(code=_source(source), options=COMPILE_OPTIONS)
 
 
 @functools.cache
@@ -287,7 +264,7 @@ def moments_before_each_row(
     after_total_sq = cp.empty(d, dtype=cp.float64)
     if d:
         threads = 128  # __launch_bounds__ of gln_running_moments
-        _moments_kernel()(
+        _function("moments.cu", "gln_running_moments")(
             (-(-d // threads),), (threads,),
             (x64, total, total_sq, sums, sums_sq, after_total, after_total_sq,
              np.int32(n), np.int32(d)),
@@ -317,11 +294,11 @@ def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int
     contexts = cp.empty((n, neurons), dtype=cp.int32)
     if contexts.size:
         tolerance = cp.empty(n, dtype=cp.float32)
-        _gating_kernel("gln_rounding_tolerances")(
+        _function("gating.cu", "gln_rounding_tolerances")(
             (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
             (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance),
         )
-        _gating_kernel("gln_halfspace_contexts")(
+        _function("gating.cu", "gln_halfspace_contexts")(
             (-(-contexts.size // GATING_THREADS),), (GATING_THREADS,),
             (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
              np.int32(context_dim), np.int32(d), contexts),
@@ -344,7 +321,7 @@ def cuda_standardize(
     z = cp.empty((n, d), dtype=cp.float32)
     base_logits = cp.empty((n, d), dtype=cp.float32)
     if z.size:
-        _standardize_kernel()(
+        _function("scaling.cu", "gln_standardize")(
             (-(-z.size // SCALING_THREADS),), (SCALING_THREADS,),
             (x64, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
@@ -361,7 +338,7 @@ def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:
     n, groups, width = values.shape
     inputs = cp.empty((n, groups, width + 1), dtype=cp.float32)
     if inputs.size:
-        _layer_inputs_kernel()(
+        _function("layer_inputs.cu", "gln_layer_inputs")(
             (-(-inputs.size // INPUTS_THREADS),), (INPUTS_THREADS,),
             (values, np.int32(n), np.int32(groups), np.int32(width), np.int32(bool(from_probs)),
              np.float32(bias_logit), inputs),
@@ -387,7 +364,7 @@ def cuda_per_row_side_info(x64: Any, blur: tuple[Any, Any] | None) -> Any:
     z = cp.empty((n, d), dtype=cp.float32)
     if z.size:
         scratch = cp.empty((n, 2 * d), dtype=cp.float64)
-        _side_info_kernel()(
+        _function("side_info.cu", "gln_per_row_side_info")(
             (-(-n * WARP // SIDE_INFO_THREADS),), (SIDE_INFO_THREADS,),
             (x64, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
              rows, cols, scratch, z),
