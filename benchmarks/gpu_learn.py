@@ -8,13 +8,18 @@ The network is the paper's MNIST one: 784 features, 10 classes, [128, 128, 1], c
 dimension 4. Prints one JSON line per measurement, each naming the device:
 
 * ``layer_pass``: one launch of the CUDA layer pass alone (CUDA events, median of repeats) for
-  each layer shape, kernel (streaming / resident), learn or predict, and chunk length;
+  each layer shape, kernel (streaming / resident), learn or predict, and chunk length, to set
+  ``RESIDENT_MIN_ROWS`` (where resident overtakes streaming) and, for prediction, each
+  ``PREDICT_ROWS_PER_WARP`` of ``--predict-rows-per-warp``;
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
 * ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows;
 * ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds;
-* ``agreement``: whether both implementations predicted the same stream alike.
+* ``agreement``: whether both implementations predicted the same stream alike;
+* with ``--pygln-dir DIR`` (a checkout of the public pygln, never vendored here), pygln's PyTorch
+  GLN on the same GPU and stream: ``learn`` one example per call (exact) and in small batches
+  (not Algorithm 1), ``predict``, and ``peer_ratio`` lines (ours over pygln's rate).
 
 Targets (issue): learn >= 100k examples/s, predict >= 1M examples/s, single-example learn
 latency <= 200 us on an H100. Needs CuPy and a GPU; run it through the device tool (docs/gpu.md).
@@ -23,10 +28,12 @@ latency <= 200 us on an H100. Needs CuPy and a GPU; run it through the device to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -77,16 +84,32 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             rates = cp.full(n, 1e-3, cp.float32)
             probs = cp.empty((n, glns, neurons), cp.float32)
             arrays = (weights, contexts, x, targets, rates)
-            for mode, learn in (("streaming", True), ("resident", True), ("streaming", False)):
+            runs = [("streaming", True, None), ("resident", True, None)]
+            runs += [("streaming", False, rows) for rows in args.predict_rows_per_warp]
+            for mode, learn, rows_per_warp in runs:
                 def launch(arrays=arrays, probs=probs, mode=mode, learn=learn):
                     cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode)
 
-                seconds = median_event_seconds(cp, launch, args.repeats)
+                with predict_rows_per_warp(rows_per_warp):
+                    seconds = median_event_seconds(cp, launch, args.repeats)
                 active = n * glns * neurons * inputs * 4 * (2 if learn else 1)
                 emit({"measure": "layer_pass", "layer": name, "kernel": mode, "learn": learn,
-                      "rows": n, "microseconds": seconds * 1e6,
+                      "rows": n, "rows_per_warp": rows_per_warp, "microseconds": seconds * 1e6,
                       "examples_per_second": n / seconds,
                       "active_weight_bytes_per_second": active / seconds}, device)
+
+
+@contextlib.contextmanager
+def predict_rows_per_warp(rows: int | None) -> Iterator[None]:
+    """Prediction's examples per warp set to ``rows`` for a while (None: the library's)."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    saved = cuda.PREDICT_ROWS_PER_WARP
+    cuda.PREDICT_ROWS_PER_WARP = rows or saved
+    try:
+        yield
+    finally:
+        cuda.PREDICT_ROWS_PER_WARP = saved
 
 
 def median_event_seconds(cp, fn, repeats: int) -> float:
@@ -140,9 +163,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-chunk-rows", type=int, default=None,
                         help="override gln.model.CHUNK_ROWS (rows per kernel launch) for the run")
     parser.add_argument("--layer-rows", type=lambda s: [int(v) for v in s.split(",")],
-                        default=[1, 32, 256, 4096], help="chunk lengths for layer_pass timings")
+                        default=[1, 4, 8, 16, 32, 64, 256, 4096],
+                        help="chunk lengths for layer_pass timings")
+    parser.add_argument("--predict-rows-per-warp", type=lambda s: [int(v) for v in s.split(",")],
+                        default=[8, 32, 128], help="PREDICT_ROWS_PER_WARP values to time")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
+    parser.add_argument("--pygln-dir", type=Path, default=os.environ.get("PYGLN_DIR"),
+                        help="a checkout of github.com/aiwabdn/pygln to run side by side "
+                             "(or set PYGLN_DIR)")
+    parser.add_argument("--pygln-examples", type=int, default=2_000,
+                        help="rows learned by pygln, one per call")
     args = parser.parse_args(argv)
 
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
@@ -156,11 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_layer_passes:
         time_layer_passes(cp, args, device)
 
-    total = max(args.examples, args.plain_examples) + args.latency_calls + args.chunk
+    total = max(args.examples, args.plain_examples, args.pygln_examples) + args.latency_calls \
+        + args.chunk
     X, y, data = load_data(args, total)
     common["data"] = data
     tail = slice(len(X) - args.latency_calls - args.chunk, None)  # unseen rows for latency
 
+    rates = {}
     for name, use_kernels, n_learn, n_latency in (
         ("kernels", True, args.examples, args.latency_calls),
         ("plain_cupy", False, args.plain_examples, args.plain_latency_calls),
@@ -173,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         model = GLN(**NETWORK, device="cuda", use_kernels=use_kernels)
         rate, outputs = learn_rate(model, X[:n_learn], y[:n_learn], args.chunk)
         accuracy = float((outputs.argmax(axis=1) == y[:n_learn]).mean())
+        rates[("learn", name)] = rate
         emit({"measure": "learn", "implementation": name, "examples": n_learn,
               "examples_per_second": rate, "prequential_accuracy": accuracy, **common}, device)
         if name == "kernels":
@@ -184,11 +218,30 @@ def main(argv: list[str] | None = None) -> None:
                   "agree": agree < 1e-3}, device)
 
         predict_rows = X[:max(n_learn, args.chunk)]
+        rates[("predict", name)] = predict_rate(model, predict_rows, args.chunk)
         emit({"measure": "predict", "implementation": name, "examples": len(predict_rows),
-              "examples_per_second": predict_rate(model, predict_rows, args.chunk), **common},
-             device)
+              "examples_per_second": rates[("predict", name)], **common}, device)
         emit({"measure": "learn_latency", "implementation": name,
               **latency_us(model, X[tail], y[tail], n_latency)}, device)
+
+    if args.pygln_dir:
+        compare_with_pygln(args.pygln_dir, X, y, args.pygln_examples, rates, args.chunk, device,
+                           data)
+
+
+def compare_with_pygln(pygln_dir: Path, X: np.ndarray, y: np.ndarray, examples: int,
+                       rates: dict, call_rows: int, device: str, data: str) -> None:
+    """pygln's measurements on the same stream and GPU, and our rates over its rates."""
+    from benchmarks.pygln_peer import measure  # noqa: PLC0415 - needs PyTorch
+
+    for record in measure(pygln_dir, X, y, examples):
+        emit({**record, "data": data}, device)
+        ours = rates.get((record["measure"], "kernels"))
+        if ours:
+            emit({"measure": "peer_ratio", "of": record["measure"],
+                  "peer": record["implementation"], "peer_call_rows": record["call_rows"],
+                  "our_call_rows": call_rows,
+                  "ours_over_peer": ours / record["examples_per_second"]}, device)
 
 
 if __name__ == "__main__":

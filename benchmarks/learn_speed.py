@@ -9,6 +9,8 @@ them back. It shares the model's hyperplanes, scaling and initial weights, so bo
 arithmetic; the run reports how often their predicted classes agree. (Not always bit-equal:
 the peer gates with a plain float32 product, which now and then rounds a borderline halfspace
 decision the other way than ``gln``'s exact one, and the paths then drift apart slightly.)
+With ``--pygln-dir DIR`` (a checkout of the public pygln, never vendored here) the run also
+learns the stream with pygln's PyTorch GLN, one example per call, and reports its rate.
 Prints one JSON line.
 """
 
@@ -72,6 +74,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--context-dim", type=int, default=4)
     parser.add_argument("--examples", type=int, default=4096, help="examples for gln.GLN")
     parser.add_argument("--plain-examples", type=int, default=300, help="examples for the peer")
+    parser.add_argument("--pygln-dir", type=Path, default=os.environ.get("PYGLN_DIR"),
+                        help="a checkout of github.com/aiwabdn/pygln to run side by side "
+                             "(or set PYGLN_DIR)")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(0)
@@ -113,6 +118,15 @@ def main(argv: list[str] | None = None) -> dict:
         "max_probability_difference": float(np.abs(plain_probs - expected).max()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
     }
+    if args.pygln_dir:
+        from benchmarks.pygln_peer import build_peer, learn_rate  # noqa: PLC0415 - PyTorch
+
+        peer_rows = slice(8, 8 + args.plain_examples)
+        pygln = build_peer(args.pygln_dir, args.features, args.classes)
+        learn_rate(pygln, X[:8].astype(np.float32), y[:8])  # warm-up, outside the timing
+        pygln_rate, _ = learn_rate(pygln, X[peer_rows].astype(np.float32), y[peer_rows])
+        result.update(pygln_examples_per_second=pygln_rate,
+                      speedup_over_pygln=fast_rate / pygln_rate)
     print(json.dumps(result))
     return result
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every open GPU measurement in one command, sized for one call of the device tool (10 minutes):
+# the GPU tests and the source checks, then benchmarks/gpu_learn.py (layer-pass timings for the
+# launch constants, learn / predict / latency, the plain CuPy path and, when carried, pygln).
+#
+#   bash benchmarks/gpu_session.sh            # from the repository root, on a GPU machine
+#
+# Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
+# (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
+# tests.log, gpu_learn.jsonl, gpu_learn.err. docs/gpu.md says how to carry .peers there.
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+PYTHON=${PYTHON:-python3}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
+    > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+# The device machines have no Redis or FastAPI: skip the top-level conftest.
+timeout 240 "$PYTHON" -m pytest -q --noconftest -rs \
+    tests/gln/test_gpu.py tests/gln/test_cuda_sources.py > "$OUT/tests.log" 2>&1
+echo "tests: exit $?"
+grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+
+args=()
+[ -d .peers/mnist ] && args+=(--data-dir .peers/mnist)
+[ -d .peers/pygln ] && args+=(--pygln-dir .peers/pygln)
+timeout 300 "$PYTHON" benchmarks/gpu_learn.py "${args[@]}" \
+    > "$OUT/gpu_learn.jsonl" 2> "$OUT/gpu_learn.err"
+echo "gpu_learn: exit $?"
+grep -v '"layer_pass"' "$OUT/gpu_learn.jsonl"
+tail -5 "$OUT/gpu_learn.err"
