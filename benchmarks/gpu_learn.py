@@ -16,6 +16,7 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   in CuPy, one example at a time);
 * ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows;
 * ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds;
+* ``learn_latency_profile``: where those calls spend their time (cProfile, per call);
 * ``agreement``: whether both implementations predicted the same stream alike;
 * with ``--pygln-dir DIR`` (a checkout of the public pygln, never vendored here), pygln's PyTorch
   GLN on the same GPU and stream: ``learn`` one example per call (exact) and in small batches
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 from collections.abc import Iterator
@@ -151,6 +154,26 @@ def latency_us(model: GLN, X: np.ndarray, y: np.ndarray, calls: int) -> dict:
             "calls": calls}
 
 
+def latency_profile(model: GLN, X: np.ndarray, y: np.ndarray, calls: int,
+                    top: int = 25) -> list[dict]:
+    """Where single-example ``learn`` calls spend their time, to choose what to fuse next.
+
+    cProfile over ``calls`` calls; the ``top`` functions by cumulative time, in microseconds per
+    call. On the GPU small launches and copies are bound by the host, so their cost shows up
+    in the function that issues them (a device-to-host copy also waits for the kernels before it).
+    """
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for t in range(calls):
+        model.learn(X[t:t + 1], y[t:t + 1])
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    ranked = sorted(stats.items(), key=lambda item: item[1][3], reverse=True)[:top]
+    return [{"function": f"{Path(file).name}:{line}:{name}", "calls_per_learn": nc / calls,
+             "own_us": tt / calls * 1e6, "cumulative_us": ct / calls * 1e6}
+            for (file, line, name), (_, nc, tt, ct, _) in ranked]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
@@ -160,8 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk", type=int, default=4096, help="rows per learn/predict call")
     parser.add_argument("--latency-calls", type=int, default=1000)
     parser.add_argument("--plain-latency-calls", type=int, default=200)
+    parser.add_argument("--profile-calls", type=int, default=200,
+                        help="single-example learn calls profiled with cProfile")
     parser.add_argument("--model-chunk-rows", type=int, default=None,
-                        help="override gln.model.CHUNK_ROWS (rows per kernel launch) for the run")
+                        help="override gln.model.CHUNK_ROWS_GPU (rows per kernel launch)")
     parser.add_argument("--layer-rows", type=lambda s: [int(v) for v in s.split(",")],
                         default=[1, 4, 8, 16, 32, 64, 256, 4096],
                         help="chunk lengths for layer_pass timings")
@@ -181,8 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     device = cp.cuda.runtime.getDeviceProperties(0)["name"]
     device = device.decode() if isinstance(device, bytes) else str(device)
     if args.model_chunk_rows:
-        gln.model.CHUNK_ROWS = args.model_chunk_rows
-    common = {"model_chunk_rows": gln.model.CHUNK_ROWS, "call_rows": args.chunk}
+        gln.model.CHUNK_ROWS_GPU = args.model_chunk_rows
+    common = {"model_chunk_rows": gln.model.CHUNK_ROWS_GPU, "call_rows": args.chunk}
 
     if not args.skip_layer_passes:
         time_layer_passes(cp, args, device)
@@ -223,6 +248,11 @@ def main(argv: list[str] | None = None) -> None:
               "examples_per_second": rates[("predict", name)], **common}, device)
         emit({"measure": "learn_latency", "implementation": name,
               **latency_us(model, X[tail], y[tail], n_latency)}, device)
+        if name == "kernels":
+            emit({"measure": "learn_latency_profile", "implementation": name,
+                  "calls": args.profile_calls,
+                  "functions": latency_profile(model, X[tail], y[tail], args.profile_calls)},
+                 device)
 
     if args.pygln_dir:
         compare_with_pygln(args.pygln_dir, X, y, args.pygln_examples, rates, args.chunk, device,
