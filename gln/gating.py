@@ -18,7 +18,7 @@ same whether a row is gated alone or in a chunk, which keeps ``learn`` exactly s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -106,6 +106,29 @@ def halfspace_contexts(
 ) -> Any:
     """Every neuron's context index for every row: (n, P / m) int32."""
     return context_indices(xp, halfspace_bits(xp, z, normals, offsets, dots), context_dim)
+
+
+def layer_contexts(
+    xp: ModuleType, z: Any, normals: Any, offsets: Any, context_dim: int, num_glns: int,
+    layer_sizes: Sequence[int], dots: Callable[..., Any] | None = None,
+) -> list[Any]:
+    """Each layer's context indices, (n, G, K_l) int32 and C-contiguous: the layer pass's input.
+
+    Hyperplanes are ordered GLN by GLN, each GLN's neurons layer by layer, ``context_dim``
+    planes per neuron.
+    """
+    indices = halfspace_contexts(xp, z, normals, offsets, context_dim, dots)
+    return split_by_layer(xp, indices, num_glns, layer_sizes)
+
+
+def split_by_layer(
+    xp: ModuleType, indices: Any, num_glns: int, layer_sizes: Sequence[int]
+) -> list[Any]:
+    """(n, G * sum K) context indices -> one C-contiguous (n, G, K_l) array per layer."""
+    indices = indices.reshape(indices.shape[0], num_glns, sum(layer_sizes))
+    bounds = np.cumsum([0, *layer_sizes])
+    layers = zip(bounds[:-1], bounds[1:], strict=True)
+    return [xp.ascontiguousarray(indices[:, :, a:b]) for a, b in layers]
 
 
 def context_indices(xp: ModuleType, bits: Any, context_dim: int) -> Any:

@@ -161,7 +161,7 @@ class GLN:
         self._device = resolve_device(device)
         self._xp = array_module(self._device)
         self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
-        self._halfspace_contexts = contexts_for(self._xp, self.use_kernels)
+        self._layer_contexts = contexts_for(self._xp, self.use_kernels)
         self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
         self._layer_inputs = layer_inputs_for(self._xp, self.use_kernels)
         self._blur = None
@@ -405,28 +405,17 @@ class GLN:
         return z, base_logits
 
     def _contexts(self, z: Any) -> list[Any]:
-        xp = self._xp
-        indices = self._halfspace_contexts(z, self.normals, self.offsets, self.context_dim)
-        indices = indices.reshape(z.shape[0], self.num_glns, sum(self.layer_sizes))
-        bounds = np.cumsum([0, *self.layer_sizes])
-        layers = zip(bounds[:-1], bounds[1:], strict=True)
-        return [xp.ascontiguousarray(indices[:, :, a:b]) for a, b in layers]
+        return self._layer_contexts(z, self.normals, self.offsets, self.context_dim,
+                                    self.num_glns, self.layer_sizes)
 
     def _run_chunk(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """One chunk through the network; learns when labels are given. Returns (n, G)."""
         xp = self._xp
         n, learning = len(X32), labels is not None
-        x64 = xp.asarray(X32).astype(xp.float64)  # copy float32 to the device, widen there
+        x32, rates, targets = self._chunk_arrays(X32, labels)
+        x64 = x32.astype(xp.float64)  # widened on the device
         z, base_logits = self._scale(x64, learning)
         contexts = self._contexts(z)
-        if learning:
-            steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
-            rates = xp.asarray(self.schedule(steps).astype(np.float32))
-            positive = 1 if self.num_glns == 1 else np.arange(self.num_glns)
-            targets = xp.asarray((labels[:, None] == positive).astype(np.float32))
-        else:
-            rates = xp.zeros(n, dtype=xp.float32)
-            targets = xp.zeros((n, self.num_glns), dtype=xp.float32)
         outputs = network_pass(
             xp, self._layer_pass, self.weights, contexts, base_logits, targets, rates,
             bias_logit=self._bias_logit, pred_clip=self.pred_clip,
@@ -435,6 +424,23 @@ class GLN:
         if learning:
             self.examples_seen += n
         return to_numpy(outputs)
+
+    def _chunk_arrays(self, X32: np.ndarray, labels: np.ndarray | None) -> tuple[Any, Any, Any]:
+        """A chunk's rows (n, d), learning rates (n,) and one-vs-all targets (n, G), float32 on
+        the model's device, sent in one copy (each copy to a GPU costs microseconds of its own,
+        which a single-example call feels). Rates and targets are zero when not learning."""
+        n, d = X32.shape
+        glns = self.num_glns
+        host = np.zeros(n * (d + 1 + glns), dtype=np.float32)
+        host[:n * d] = X32.ravel()
+        if labels is not None:
+            steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
+            host[n * d:n * (d + 1)] = self.schedule(steps)
+            positive = 1 if glns == 1 else np.arange(glns)
+            host[n * (d + 1):] = (labels[:, None] == positive).ravel()
+        packed = self._xp.asarray(host)
+        return (packed[:n * d].reshape(n, d), packed[n * d:n * (d + 1)],
+                packed[n * (d + 1):].reshape(n, glns))
 
     @property
     def _bias_logit(self) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gln.gating import halfspace_contexts
+from gln.gating import layer_contexts
 from gln.network import LayerPass, reference_layer_pass
 from gln.scaling import FusedScaling
 
@@ -32,16 +32,17 @@ def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
 
 
 def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
-    """``f(z, normals, offsets, context_dim) -> (n, P / m) int32`` context indices for ``xp``."""
+    """``f(z, normals, offsets, context_dim, num_glns, layer_sizes)``: each layer's (n, G, K_l)
+    int32 context indices (``gln.gating.layer_contexts``) for ``xp``."""
     if use_kernels and xp is np:
         from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
 
-        return functools.partial(halfspace_contexts, xp, dots=cpu_exact_dots)
+        return functools.partial(layer_contexts, xp, dots=cpu_exact_dots)
     if use_kernels and xp.__name__ == "cupy":
-        from gln.kernels.cuda import cuda_halfspace_contexts  # noqa: PLC0415 - needs CuPy
+        from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415 - needs CuPy
 
-        return cuda_halfspace_contexts
-    return functools.partial(halfspace_contexts, xp)
+        return cuda_layer_contexts
+    return functools.partial(layer_contexts, xp)
 
 
 def fused_scaling_for(xp: ModuleType, use_kernels: bool = True) -> FusedScaling | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -262,22 +263,26 @@ def moments_before_each_row(
     sums_sq = cp.empty((n, d), dtype=cp.float64)
     after_total = cp.empty(d, dtype=cp.float64)
     after_total_sq = cp.empty(d, dtype=cp.float64)
-    if d:
+    counts = cp.empty((n, 1), dtype=cp.float64)
+    if max(n, d):
         threads = 128  # __launch_bounds__ of gln_running_moments
         _function("moments.cu", "gln_running_moments")(
-            (-(-d // threads),), (threads,),
+            (-(-max(n, d) // threads),), (threads,),
             (x64, total, total_sq, sums, sums_sq, after_total, after_total_sq,
-             np.int32(n), np.int32(d)),
+             np.int32(n), np.int32(d), np.float64(moments.count), counts),
         )
-    counts = (moments.count + cp.arange(n, dtype=cp.float64))[:, None]
     return counts, sums, sums_sq, RunningMoments(moments.count + n, after_total, after_total_sq)
 
 
-def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int) -> Any:
-    """``gln.gating.halfspace_contexts`` on the GPU without waiting for it: (n, P / m) int32.
+def cuda_layer_contexts(
+    z: Any, normals: Any, offsets: Any, context_dim: int, num_glns: int,
+    layer_sizes: Sequence[int],
+) -> list[Any]:
+    """``gln.gating.layer_contexts`` on the GPU without waiting for it: (n, G, K_l) per layer.
 
     The float32 GEMM runs in cuBLAS; the margins it cannot settle are redone in float64 inside
-    the kernel, so nothing is copied back to the host to find them.
+    the kernel, so nothing is copied back to the host to find them. The kernel writes each
+    layer's block in place: the per-layer arrays are views of one buffer, with no copies.
     """
     if os.environ.get("CUPY_TF32", "0") != "0":
         raise RuntimeError(
@@ -290,8 +295,10 @@ def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int
     offsets = cp.ascontiguousarray(offsets, dtype=cp.float32)
     n, d = z.shape
     neurons = normals.shape[0] // context_dim
+    if neurons != num_glns * sum(layer_sizes):
+        raise ValueError(f"{neurons} neurons' planes for {num_glns} GLNs of {list(layer_sizes)}")
     products = cp.ascontiguousarray(z @ normals.T)
-    contexts = cp.empty((n, neurons), dtype=cp.int32)
+    contexts = cp.empty(n * neurons, dtype=cp.int32)
     if contexts.size:
         tolerance = cp.empty(n, dtype=cp.float32)
         _function("gating.cu", "gln_rounding_tolerances")(
@@ -301,9 +308,25 @@ def cuda_halfspace_contexts(z: Any, normals: Any, offsets: Any, context_dim: int
         _function("gating.cu", "gln_halfspace_contexts")(
             (-(-contexts.size // GATING_THREADS),), (GATING_THREADS,),
             (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
-             np.int32(context_dim), np.int32(d), contexts),
+             np.int32(context_dim), np.int32(d), _layer_starts(tuple(layer_sizes), z.device.id),
+             np.int32(len(layer_sizes)), contexts),
         )
-    return contexts
+    bounds = np.cumsum([0, *layer_sizes]) * n * num_glns
+    return [contexts[a:b].reshape(n, num_glns, k)
+            for a, b, k in zip(bounds[:-1], bounds[1:], layer_sizes, strict=True)]
+
+
+_layer_starts_cache: dict[tuple[tuple[int, ...], int], Any] = {}
+
+
+def _layer_starts(layer_sizes: tuple[int, ...], device_id: int) -> Any:
+    """The layers' first neurons and the total, (L + 1,) int32 on the device (kept, not resent)."""
+    key = (layer_sizes, device_id)
+    if key not in _layer_starts_cache:
+        cp = _cupy()
+        with cp.cuda.Device(device_id):
+            _layer_starts_cache[key] = cp.asarray(np.cumsum([0, *layer_sizes]), dtype=np.int32)
+    return _layer_starts_cache[key]
 
 
 def cuda_standardize(

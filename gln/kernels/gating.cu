@@ -10,12 +10,19 @@
 // exactly as gln.gating.context_indices folds the bits. The float64 re-check sums the exact
 // products (a float32 times a float32 fits a float64) from the first feature to the last, the
 // order gln.kernels.cpu uses, with explicitly rounded additions.
+//
+// Each layer's indices go to a block of their own, (n, G, K_l) in C order, the layout the layer
+// pass reads, so no copies split them afterwards. Neuron k of a row is (g, j) = (k / K, k % K)
+// with K = layer_starts[layers] neurons per GLN; layer l holds j in
+// [layer_starts[l], layer_starts[l + 1]) and its block starts at n G layer_starts[l]. One layer
+// of K neurons gives the plain (n, G K) layout.
 
 extern "C" __global__ void __launch_bounds__(128)
 gln_halfspace_contexts(const float* __restrict__ products, const float* __restrict__ z,
                        const float* __restrict__ normals, const float* __restrict__ offsets,
                        const float* __restrict__ tolerance, int n, int neurons, int context_dim,
-                       int num_features, int* __restrict__ contexts) {
+                       int num_features, const int* __restrict__ layer_starts, int layers,
+                       int* __restrict__ contexts) {
     const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (at >= static_cast<long long>(n) * neurons) return;
     const long long t = at / neurons;
@@ -38,7 +45,15 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
         }
         context |= static_cast<int>(above) << j;
     }
-    contexts[at] = context;
+    const int per_gln = layer_starts[layers];
+    const long long glns = neurons / per_gln;
+    const long long g = k / per_gln;
+    const int within = static_cast<int>(k - g * per_gln);
+    int layer = 0;
+    while (within >= layer_starts[layer + 1]) ++layer;
+    const long long start = layer_starts[layer];
+    const long long width = layer_starts[layer + 1] - start;
+    contexts[n * glns * start + (t * glns + g) * width + (within - start)] = context;
 }
 
 // The rounding bound of each row, as gln.gating.rounding_tolerances computes it:

@@ -8,13 +8,17 @@
 //   sums_sq[t] = total_sq + x[0] * x[0] + ... + x[t-1] * x[t-1] (each product rounded first)
 // exactly as NumPy computes cumsum(concatenate([total, x])) and cumsum(... x * x).
 // Consecutive threads read consecutive features of a row, so every load and store coalesces.
+// The same launch writes each row's count, counts[t] = count + t (exact: integers below 2^53),
+// which would otherwise take two more launches; it needs max(n, num_features) threads.
 
 extern "C" __global__ void __launch_bounds__(128)
 gln_running_moments(const double* __restrict__ x, const double* __restrict__ total,
                     const double* __restrict__ total_sq, double* __restrict__ sums,
                     double* __restrict__ sums_sq, double* __restrict__ after_total,
-                    double* __restrict__ after_total_sq, int n, int num_features) {
+                    double* __restrict__ after_total_sq, int n, int num_features,
+                    double count, double* __restrict__ counts) {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f < n) counts[f] = __dadd_rn(count, static_cast<double>(f));
     if (f >= num_features) return;
     double s = total[f];
     double q = total_sq[f];

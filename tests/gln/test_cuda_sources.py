@@ -28,6 +28,7 @@ from gln.gating import (
     context_indices,
     dot_rounding_bound,
     halfspace_contexts,
+    layer_contexts,
     rounding_tolerances,
     sample_halfspaces,
 )
@@ -239,11 +240,13 @@ extern "C" int emu_layer_pass(int resident, unsigned grid_x, unsigned grid_y, un
 
 extern "C" int emu_running_moments(const double* x, const double* total, const double* total_sq,
                                    double* sums, double* sums_sq, double* after_total,
-                                   double* after_total_sq, int n, int d) {
+                                   double* after_total_sq, int n, int d, double count,
+                                   double* counts) {
     emu::failed = 0;
-    emu::launch({(unsigned)(d + 127) / 128, 1, 1}, {128, 1, 1}, 0, [=] {
+    const unsigned threads = n > d ? n : d;
+    emu::launch({(threads + 127) / 128, 1, 1}, {128, 1, 1}, 0, [=] {
         gln_running_moments(x, total, total_sq, sums, sums_sq, after_total, after_total_sq,
-                            n, d);
+                            n, d, count, counts);
     });
     return emu::failed;
 }
@@ -252,11 +255,11 @@ extern "C" int emu_halfspace_contexts(unsigned grid_x, unsigned block_x, const f
                                       const float* z, const float* normals,
                                       const float* offsets, const float* tolerance, int n,
                                       int neurons, int context_dim, int num_features,
-                                      int* contexts) {
+                                      const int* layer_starts, int layers, int* contexts) {
     emu::failed = 0;
     emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, 0, [=] {
         gln_halfspace_contexts(products, z, normals, offsets, tolerance, n, neurons,
-                               context_dim, num_features, contexts);
+                               context_dim, num_features, layer_starts, layers, contexts);
     });
     return emu::failed;
 }
@@ -436,8 +439,10 @@ def test_launch_plan():
 
 
 @needs_gxx
-@pytest.mark.parametrize("n", [0, 1, 13, 70])
+@pytest.mark.parametrize("n", [0, 1, 13, 70, 300])
 def test_emulated_moments_equal_numpy_bit_for_bit(emulated, n):
+    """Sums, sums of squares and counts before each row; 300 rows outnumber the 130 features,
+    so the counts take threads of their own."""
     rng = np.random.default_rng(n)
     d = 130  # two blocks of 128 threads
     x = rng.normal(3, 5, (n, d))
@@ -445,25 +450,28 @@ def test_emulated_moments_equal_numpy_bit_for_bit(emulated, n):
     counts, sums, sums_sq, after = moments_before_each_row(np, moments, x)
     out = [np.full((n, d), np.nan), np.full((n, d), np.nan), np.full(d, np.nan),
            np.full(d, np.nan)]
+    got_counts = np.full((n, 1), np.nan)
     library = emulated[1]
     status = library.emu_running_moments(
         *(_c_arg(np.ascontiguousarray(a)) for a in (x, moments.total, moments.total_sq, *out)),
-        ctypes.c_int(n), ctypes.c_int(d))
+        ctypes.c_int(n), ctypes.c_int(d), ctypes.c_double(moments.count), _c_arg(got_counts))
     assert status == 0
     np.testing.assert_array_equal(out[0], sums)
     np.testing.assert_array_equal(out[1], sums_sq)
     np.testing.assert_array_equal(out[2], after.total)
     np.testing.assert_array_equal(out[3], after.total_sq)
-    assert counts.shape == (n, 1)
+    np.testing.assert_array_equal(got_counts, counts)
 
 
 @needs_gxx
-@pytest.mark.parametrize("context_dim", [1, 4])
-def test_emulated_gating_equals_numpy_contexts(emulated, context_dim):
-    """The on-device context kernel decides every bit as ``halfspace_contexts`` does on NumPy,
-    including margins too close to call in float32, which it redoes in float64 itself."""
-    rng = np.random.default_rng(context_dim)
-    n, d, neurons = 37, 50, 36 // context_dim
+@pytest.mark.parametrize(("context_dim", "glns", "layer_sizes"),
+                         [(1, 1, (36,)), (4, 1, (9,)), (4, 3, (2, 1)), (1, 2, (5, 10, 3))])
+def test_emulated_gating_equals_numpy_contexts(emulated, context_dim, glns, layer_sizes):
+    """The on-device context kernel decides every bit as ``layer_contexts`` does on NumPy,
+    including margins too close to call in float32, which it redoes in float64 itself, and
+    writes each layer's (n, G, K_l) block where the layer pass reads it."""
+    rng = np.random.default_rng(context_dim + 10 * len(layer_sizes))
+    n, d, neurons = 37, 50, glns * sum(layer_sizes)
     z = rng.normal(size=(n, d)).astype(np.float32)
     normals, offsets = sample_halfspaces(rng, neurons * context_dim, d, 0.3)
     # Ties: a plane's offset set to a row's own dot product leaves a margin of a few ulps.
@@ -474,20 +482,25 @@ def test_emulated_gating_equals_numpy_contexts(emulated, context_dim):
     tolerance = rounding_tolerances(np, z)
     close = np.abs(products - offsets) <= tolerance[:, None]
     assert close.sum() >= 10, "the test must exercise the float64 re-check"
-    expected = halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
-    contexts = np.full((n, neurons), -1, dtype=np.int32)
+    expected = layer_contexts(np, z, normals, offsets, context_dim, glns, layer_sizes,
+                              dots=cpu_exact_dots)
+    contexts = np.full(n * neurons, -1, dtype=np.int32)
+    starts = np.cumsum([0, *layer_sizes]).astype(np.int32)
     threads = GATING_THREADS
     status = emulated[1].emu_halfspace_contexts(
         ctypes.c_uint(-(-contexts.size // threads)), ctypes.c_uint(threads),
         *(_c_arg(np.ascontiguousarray(a)) for a in (products, z, normals, offsets, tolerance)),
         ctypes.c_int(n), ctypes.c_int(neurons), ctypes.c_int(context_dim), ctypes.c_int(d),
-        _c_arg(contexts),
+        _c_arg(starts), ctypes.c_int(len(layer_sizes)), _c_arg(contexts),
     )
     assert status == 0
-    np.testing.assert_array_equal(contexts, expected)
+    blocks = np.split(contexts, np.cumsum([n * glns * k for k in layer_sizes])[:-1])
+    for block, layer, k in zip(blocks, expected, layer_sizes, strict=True):
+        np.testing.assert_array_equal(block.reshape(n, glns, k), layer)
     # The float32 signs alone disagree with the exact decision somewhere, so the re-check ran.
+    flat = halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
     float32_only = context_indices(np, products - offsets >= 0, context_dim)
-    assert (float32_only != expected).any()
+    assert (float32_only != flat).any()
 
 
 @needs_gxx

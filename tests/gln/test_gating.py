@@ -66,13 +66,16 @@ def test_cpu_kernel_contexts_match_the_reference_on_and_off_the_hyperplanes():
         v = normals[t % (40 * m)].astype(np.float64)
         z[t] += (offsets[t % (40 * m)] - z[t] @ v) * v
     z = z.astype(np.float32)
-    cpu_halfspace_contexts = contexts_for(np)
-    fused = cpu_halfspace_contexts(z, normals, offsets, m)
-    assert fused.dtype == np.int32 and fused.shape == (120, 40)
-    assert np.array_equal(fused, halfspace_contexts(np, z, normals, offsets, m))
-    alone = np.concatenate([cpu_halfspace_contexts(z[t:t + 1], normals, offsets, m)
-                            for t in range(120)])
-    assert np.array_equal(fused, alone)
+    cpu_layer_contexts = contexts_for(np)
+    glns, layer_sizes = 4, (6, 3, 1)  # 40 neurons
+    fused = cpu_layer_contexts(z, normals, offsets, m, glns, layer_sizes)
+    flat = halfspace_contexts(np, z, normals, offsets, m).reshape(120, glns, 10)
+    assert [a.shape for a in fused] == [(120, glns, k) for k in layer_sizes]
+    assert all(a.dtype == np.int32 and a.flags.c_contiguous for a in fused)
+    assert np.array_equal(np.concatenate(fused, axis=2), flat)
+    for t in range(120):
+        alone = cpu_layer_contexts(z[t:t + 1], normals, offsets, m, glns, layer_sizes)
+        assert all(np.array_equal(a[0], b[t]) for a, b in zip(alone, fused, strict=True))
 
 
 def test_windowed_normals_are_uniform_on_a_random_square_inside_the_image():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from gln.gating import halfspace_contexts, sample_halfspaces
+from gln.gating import layer_contexts, sample_halfspaces
 from gln.network import reference_layer_pass, with_bias
 from gln.scaling import RunningMoments, gaussian_blur_matrix, per_row_side_info, standardized
 from gln.scaling import moments_before_each_row as numpy_moments
@@ -122,7 +122,7 @@ def test_kernels_and_chunkings_agree_byte_for_byte(layer):
     np.testing.assert_array_equal(p_first, p_res[:1])
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 300])
+@pytest.mark.parametrize("n", [0, 1, 7, 300, 500])  # 500 rows > 300 features
 def test_gpu_moments_equal_numpy_bit_for_bit(n):
     from gln.kernels.cuda import moments_before_each_row  # noqa: PLC0415
 
@@ -142,10 +142,12 @@ def test_gpu_moments_equal_numpy_bit_for_bit(n):
 
 
 @pytest.mark.parametrize("n", [0, 1, 300])
-def test_gpu_contexts_equal_numpy_contexts(n):
-    """The context kernel, fed by cuBLAS, decides every bit as NumPy does, ties included."""
+@pytest.mark.parametrize(("glns", "layer_sizes"), [(1, (64,)), (4, (8, 5, 3))])
+def test_gpu_contexts_equal_numpy_contexts(n, glns, layer_sizes):
+    """The context kernel, fed by cuBLAS, decides every bit as NumPy does, ties included, and
+    gives each layer a C-contiguous (n, G, K_l) array."""
     from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
-    from gln.kernels.cuda import cuda_halfspace_contexts  # noqa: PLC0415
+    from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415
 
     rng = np.random.default_rng(n)
     d, m = 784, 4
@@ -154,10 +156,14 @@ def test_gpu_contexts_equal_numpy_contexts(n):
     for t, p in zip(rng.integers(0, max(n, 1), 50), rng.integers(0, 64 * m, 50), strict=True):
         if n:  # a margin of a few ulps: the kernel must redo it in float64
             offsets[p] = np.float32(z[t].astype(np.float64) @ normals[p].astype(np.float64))
-    expected = halfspace_contexts(np, z, normals, offsets, m, dots=cpu_exact_dots)
-    got = cuda_halfspace_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m)
-    assert got.dtype == cp.int32 and got.shape == (n, 64)
-    np.testing.assert_array_equal(got.get(), expected)
+    expected = layer_contexts(np, z, normals, offsets, m, glns, layer_sizes, dots=cpu_exact_dots)
+    got = cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m, glns,
+                              layer_sizes)
+    assert len(got) == len(layer_sizes)
+    for layer, want, k in zip(got, expected, layer_sizes, strict=True):
+        assert layer.dtype == cp.int32 and layer.shape == (n, glns, k)
+        assert layer.flags.c_contiguous
+        np.testing.assert_array_equal(layer.get(), want)
 
 
 @pytest.mark.parametrize("n", [0, 1, 300])
