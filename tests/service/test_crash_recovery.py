@@ -12,6 +12,7 @@ the acknowledged rows in that order.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,18 @@ def _store_and_log(env: dict[str, str]) -> tuple[Any, Any]:
             open_wal(url, env["GLN_SNAPSHOT_DIR"], key_prefix=prefix))
 
 
+def _wait_for_snapshot_version(url: str, name: str, version: int, timeout_s: float) -> None:
+    """Poll the model until its current snapshot has at least ``version``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snapshot = httpx.get(f"{url}/v1/models/{name}").json().get("snapshot") or {}
+        if snapshot.get("version", 0) >= version:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"snapshot {snapshot} after {timeout_s} s, wanted version {version}")
+        time.sleep(0.05)
+
+
 def test_kill_9_mid_load_then_restart_is_exactly_once(
     log_settings: dict[str, str], tmp_path: Path, small_config: dict[str, Any]
 ) -> None:
@@ -66,6 +79,10 @@ def test_kill_9_mid_load_then_restart_is_exactly_once(
         learners.start()
         try:
             learners.wait_for_acks(ACKS_BEFORE_KILL, timeout_s=60)
+            # Periodic snapshots (and trims) must happen under load; a fast machine can reach
+            # the acks first, so the load goes on until two of them have.
+            _wait_for_snapshot_version(server.url, "m", 3, timeout_s=30)
+            learners.wait_for_acks(len(learners.acks) + 50, timeout_s=60)  # still mid-load
             server.kill()
             learners.pause()  # nothing reaches the restarted server until we have looked
 
