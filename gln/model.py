@@ -139,9 +139,7 @@ class GLN:
                 )
         if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
             raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
-        if isinstance(gating_window, bool) or not isinstance(gating_window, int | np.integer):
-            raise ValueError(f"gating_window must be an int, got {gating_window!r}")
-        self.gating_window = int(gating_window)
+        self.gating_window = _int("gating_window", gating_window)
         if self.gating_window < 0:
             raise ValueError(f"gating_window must be >= 0, got {gating_window}")
         if self.gating_window:
@@ -152,9 +150,7 @@ class GLN:
                     f"gating_window must be 0 or 1..{min(self.image_shape)} (the image's "
                     f"shorter side), got {gating_window}"
                 )
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-            raise ValueError(f"seed must be an int, got {seed!r}")
-        self.seed = int(seed)
+        self.seed = _int("seed", seed)
         self.device = device
         self.use_kernels = bool(use_kernels)
 
@@ -431,16 +427,17 @@ class GLN:
         which a single-example call feels). Rates and targets are zero when not learning."""
         n, d = X32.shape
         glns = self.num_glns
-        host = np.zeros(n * (d + 1 + glns), dtype=np.float32)
-        host[:n * d] = X32.ravel()
+        rates_at, targets_at = n * d, n * (d + 1)  # where each part starts in the one buffer
+        host = np.zeros(targets_at + n * glns, dtype=np.float32)
+        host[:rates_at] = X32.ravel()
         if labels is not None:
             steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
-            host[n * d:n * (d + 1)] = self.schedule(steps)
+            host[rates_at:targets_at] = self.schedule(steps)
             positive = 1 if glns == 1 else np.arange(glns)
-            host[n * (d + 1):] = (labels[:, None] == positive).ravel()
+            host[targets_at:] = (labels[:, None] == positive).ravel()
         packed = self._xp.asarray(host)
-        return (packed[:n * d].reshape(n, d), packed[n * d:n * (d + 1)],
-                packed[n * (d + 1):].reshape(n, glns))
+        return (packed[:rates_at].reshape(n, d), packed[rates_at:targets_at],
+                packed[targets_at:].reshape(n, glns))
 
     @property
     def _bias_logit(self) -> float:
@@ -488,6 +485,12 @@ class GLN:
         return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
                 f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
                 f"device={self._device!r}, examples_seen={self.examples_seen})")
+
+
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return int(value)
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -316,17 +316,12 @@ def cuda_layer_contexts(
             for a, b, k in zip(bounds[:-1], bounds[1:], layer_sizes, strict=True)]
 
 
-_layer_starts_cache: dict[tuple[tuple[int, ...], int], Any] = {}
-
-
+@functools.cache
 def _layer_starts(layer_sizes: tuple[int, ...], device_id: int) -> Any:
     """The layers' first neurons and the total, (L + 1,) int32 on the device (kept, not resent)."""
-    key = (layer_sizes, device_id)
-    if key not in _layer_starts_cache:
-        cp = _cupy()
-        with cp.cuda.Device(device_id):
-            _layer_starts_cache[key] = cp.asarray(np.cumsum([0, *layer_sizes]), dtype=np.int32)
-    return _layer_starts_cache[key]
+    cp = _cupy()
+    with cp.cuda.Device(device_id):
+        return cp.asarray(np.cumsum([0, *layer_sizes]), dtype=np.int32)
 
 
 def cuda_standardize(
