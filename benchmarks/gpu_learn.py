@@ -44,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gln.model  # noqa: E402
+from benchmarks.pygln_peer import add_pygln_argument, measure  # noqa: E402
 from gln import GLN  # noqa: E402
 
 # The library's defaults otherwise (standardised inputs, whole-input gating): the path that the
@@ -174,6 +175,11 @@ def latency_profile(model: GLN, X: np.ndarray, y: np.ndarray, calls: int,
             for (file, line, name), (_, nc, tt, ct, _) in ranked]
 
 
+def int_list(text: str) -> list[int]:
+    """``"1,32,256"`` -> [1, 32, 256] (a command-line list)."""
+    return [int(v) for v in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
@@ -187,16 +193,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="single-example learn calls profiled with cProfile")
     parser.add_argument("--model-chunk-rows", type=int, default=None,
                         help="override gln.model.CHUNK_ROWS_GPU (rows per kernel launch)")
-    parser.add_argument("--layer-rows", type=lambda s: [int(v) for v in s.split(",")],
+    parser.add_argument("--layer-rows", type=int_list,
                         default=[1, 4, 8, 16, 32, 64, 256, 4096],
                         help="chunk lengths for layer_pass timings")
-    parser.add_argument("--predict-rows-per-warp", type=lambda s: [int(v) for v in s.split(",")],
+    parser.add_argument("--predict-rows-per-warp", type=int_list,
                         default=[8, 32, 128], help="PREDICT_ROWS_PER_WARP values to time")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
-    parser.add_argument("--pygln-dir", type=Path, default=os.environ.get("PYGLN_DIR"),
-                        help="a checkout of github.com/aiwabdn/pygln to run side by side "
-                             "(or set PYGLN_DIR)")
+    add_pygln_argument(parser)
     parser.add_argument("--pygln-examples", type=int, default=2_000,
                         help="rows learned by pygln, one per call")
     args = parser.parse_args(argv)
@@ -262,8 +266,6 @@ def main(argv: list[str] | None = None) -> None:
 def compare_with_pygln(pygln_dir: Path, X: np.ndarray, y: np.ndarray, examples: int,
                        rates: dict, call_rows: int, device: str, data: str) -> None:
     """pygln's measurements on the same stream and GPU, and our rates over its rates."""
-    from benchmarks.pygln_peer import measure  # noqa: PLC0415 - needs PyTorch
-
     for record in measure(pygln_dir, X, y, examples):
         emit({**record, "data": data}, device)
         ours = rates.get((record["measure"], "kernels"))

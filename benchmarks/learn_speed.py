@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.pygln_peer import add_pygln_argument, build_peer, learn_rate  # noqa: E402
 from gln import GLN  # noqa: E402
 from gln.scaling import moments_before_each_row, scale_inputs  # noqa: E402
 
@@ -74,9 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--context-dim", type=int, default=4)
     parser.add_argument("--examples", type=int, default=4096, help="examples for gln.GLN")
     parser.add_argument("--plain-examples", type=int, default=300, help="examples for the peer")
-    parser.add_argument("--pygln-dir", type=Path, default=os.environ.get("PYGLN_DIR"),
-                        help="a checkout of github.com/aiwabdn/pygln to run side by side "
-                             "(or set PYGLN_DIR)")
+    add_pygln_argument(parser)
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(0)
@@ -119,12 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
     }
     if args.pygln_dir:
-        from benchmarks.pygln_peer import build_peer, learn_rate  # noqa: PLC0415 - PyTorch
-
-        peer_rows = slice(8, 8 + args.plain_examples)
         pygln = build_peer(args.pygln_dir, args.features, args.classes)
         learn_rate(pygln, X[:8].astype(np.float32), y[:8])  # warm-up, outside the timing
-        pygln_rate, _ = learn_rate(pygln, X[peer_rows].astype(np.float32), y[peer_rows])
+        pygln_rate, _ = learn_rate(pygln, X[tail].astype(np.float32), y[tail])
         result.update(pygln_examples_per_second=pygln_rate,
                       speedup_over_pygln=fast_rate / pygln_rate)
     print(json.dumps(result))

@@ -22,12 +22,21 @@ first layer alone).
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def add_pygln_argument(parser: argparse.ArgumentParser) -> None:
+    """``--pygln-dir`` (default: ``PYGLN_DIR``), the checkout a benchmark runs side by side."""
+    parser.add_argument("--pygln-dir", type=Path, default=os.environ.get("PYGLN_DIR"),
+                        help="a checkout of github.com/aiwabdn/pygln to run side by side "
+                             "(or set PYGLN_DIR)")
 
 
 def build_peer(pygln_dir: Path, num_features: int, num_classes: int, seed: int = 0) -> Any:
