@@ -133,7 +133,7 @@ def split_by_layer(
 
 def context_indices(xp: ModuleType, bits: Any, context_dim: int) -> Any:
     """Fold groups of ``context_dim`` consecutive bits (..., K * m) into indices (..., K)."""
-    grouped = bits.reshape(*bits.shape[:-1], -1, context_dim)
+    grouped = bits.reshape(*bits.shape[:-1], bits.shape[-1] // context_dim, context_dim)
     indices = grouped[..., 0].astype(xp.int32)
     for j in range(1, context_dim):
         indices |= grouped[..., j].astype(xp.int32) << j

@@ -1,24 +1,37 @@
-"""The CUDA backend on a real GPU: kernels against the NumPy reference, GLN(device="cuda").
+"""The CUDA backend: kernels against the NumPy reference, GLN(device="cuda") against the CPU.
 
-Every test is marked ``gpu`` and the module is skipped where CuPy or a CUDA GPU is missing:
+Every test runs twice: on a GPU (marked ``gpu``; skipped where CuPy or a GPU is missing) and on
+the emulated device of ``emulated_cupy.py`` (the same kernel sources and ``gln.kernels.cuda``
+on the CPU; skipped without g++). On a GPU machine:
 
-    pytest -m gpu tests/gln/test_gpu.py
+    pytest -m gpu tests/gln/test_cuda_backend.py
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 import pytest
 
 from gln import GLN
-from gln.gating import layer_contexts, sample_halfspaces
+from gln.gating import (
+    context_indices,
+    dot_rounding_bound,
+    halfspace_contexts,
+    layer_contexts,
+    rounding_tolerances,
+    sample_halfspaces,
+)
 from gln.network import reference_layer_pass, with_bias
 from gln.scaling import RunningMoments, gaussian_blur_matrix, per_row_side_info, standardized
 from gln.scaling import moments_before_each_row as numpy_moments
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed, forget_compiled_kernels
 from tests.gln.layer_data import random_layer
 
 
-def _cupy_with_gpu():
+def _cupy_with_gpu() -> ModuleType | None:
     """CuPy when it imports and sees at least one GPU, else None."""
     try:
         import cupy  # noqa: PLC0415 - optional dependency
@@ -30,13 +43,28 @@ def _cupy_with_gpu():
     return None
 
 
-cp = _cupy_with_gpu()
-if cp is None:
-    pytest.skip("needs CuPy and a CUDA GPU (pip install '.[gpu]')", allow_module_level=True)
-pytestmark = pytest.mark.gpu
+_GPU = _cupy_with_gpu()
 
 
-def run_cuda(data, learn, mode="auto", pred_clip=0.01, weight_clip=1.5):
+@pytest.fixture(params=[
+    pytest.param("gpu", marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(_GPU is None, reason="needs CuPy and a CUDA GPU (pip install '.[gpu]')"),
+    ]),
+    pytest.param("emulated", marks=pytest.mark.skipif(
+        GXX is None, reason="the emulated device needs g++ on PATH")),
+])
+def cp(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    """The ``cupy`` the backend imports for this test: the real one, or the emulation."""
+    if request.param == "gpu":
+        forget_compiled_kernels()
+        yield _GPU
+        return
+    with emulated_cupy_installed() as module:
+        yield module
+
+
+def run_cuda(cp, data, learn, mode="auto", pred_clip=0.01, weight_clip=1.5):
     """The CUDA layer pass on device copies of ``data``; returns host (weights, probs)."""
     from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415 - needs CuPy
 
@@ -56,12 +84,13 @@ def run_reference(data, learn, pred_clip=0.01, weight_clip=1.5):
     return weights, probs
 
 
-LAYERS = [  # (G, K, S, I): bias only, odd widths, one warp exactly, MNIST's layers 2 and 1
-    (2, 3, 2, 1),
+LAYERS = [  # (G, K, S, I): bias only, odd widths, one warp exactly, MNIST's layers 2 and 1,
+    (2, 3, 2, 1),  # and a layer wider than 1024 inputs (loads after the store, no prefetch)
     (3, 5, 4, 33),
     (2, 3, 4, 64),
     (3, 8, 16, 129),
     (2, 4, 16, 785),
+    (1, 2, 2, 1100),
 ]
 
 
@@ -69,11 +98,11 @@ LAYERS = [  # (G, K, S, I): bias only, odd widths, one warp exactly, MNIST's lay
 @pytest.mark.parametrize("mode", ["streaming", "resident", "auto"])
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("learn", [True, False])
-def test_cuda_layer_pass_matches_reference(layer, mode, shared, learn):
+def test_cuda_layer_pass_matches_reference(cp, layer, mode, shared, learn):
     rng = np.random.default_rng(sum(layer))
     data = random_layer(rng, *layer, 100, shared)  # 4 windows of 32 examples
     w_ref, p_ref = run_reference(data, learn)
-    w_gpu, p_gpu = run_cuda(data, learn, mode)
+    w_gpu, p_gpu = run_cuda(cp, data, learn, mode)
     assert not np.isnan(p_gpu).any(), "some outputs were never written"
     np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
     np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
@@ -81,49 +110,49 @@ def test_cuda_layer_pass_matches_reference(layer, mode, shared, learn):
         np.testing.assert_array_equal(w_gpu, data[0])
 
 
-def test_mnist_sized_layer_matches_reference():
+def test_mnist_sized_layer_matches_reference(cp):
     rng = np.random.default_rng(0)
     data = random_layer(rng, 10, 128, 16, 785, 64, True)
     w_ref, p_ref = run_reference(data, True)
-    w_gpu, p_gpu = run_cuda(data, True)
+    w_gpu, p_gpu = run_cuda(cp, data, True)
     np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
     np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
 
 
-def test_wide_layers_fall_back_to_the_reference():
+def test_wide_layers_fall_back_to_the_reference(cp):
     from gln.kernels.cuda import MAX_INPUTS  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
     data = random_layer(rng, 1, 2, 2, MAX_INPUTS + 3, 3, True)
     w_ref, p_ref = run_reference(data, True)
-    w_gpu, p_gpu = run_cuda(data, True)
+    w_gpu, p_gpu = run_cuda(cp, data, True)
     np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
     np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("layer", LAYERS[1:], ids=lambda s: "x".join(map(str, s)))
-def test_kernels_and_chunkings_agree_byte_for_byte(layer):
+def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
     """Streaming and resident kernels, and a chunk against its rows one call at a time."""
     rng = np.random.default_rng(2)
     data = random_layer(rng, *layer, 80, False)
-    w_stream, p_stream = run_cuda(data, True, "streaming")
-    w_res, p_res = run_cuda(data, True, "resident")
+    w_stream, p_stream = run_cuda(cp, data, True, "streaming")
+    w_res, p_res = run_cuda(cp, data, True, "resident")
     np.testing.assert_array_equal(w_res, w_stream)
     np.testing.assert_array_equal(p_res, p_stream)
     w, ctx, x, targets, rates = data
     rows_p = np.empty_like(p_res)
     for t in range(len(ctx)):
         one = (w, ctx[t:t + 1], x[t:t + 1], targets[t:t + 1], rates[t:t + 1])
-        w, rows_p[t:t + 1] = run_cuda(one, True)
+        w, rows_p[t:t + 1] = run_cuda(cp, one, True)
     np.testing.assert_array_equal(w, w_res)
     np.testing.assert_array_equal(rows_p, p_res)
     # Prediction (examples split over warps) gives what learning predicted first.
-    _, p_first = run_cuda((data[0], ctx[:1], x[:1], targets[:1], rates[:1]), False)
+    _, p_first = run_cuda(cp, (data[0], ctx[:1], x[:1], targets[:1], rates[:1]), False)
     np.testing.assert_array_equal(p_first, p_res[:1])
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 300, 500])  # 500 rows > 300 features
-def test_gpu_moments_equal_numpy_bit_for_bit(n):
+def test_cuda_moments_equal_numpy_bit_for_bit(cp, n):
     from gln.kernels.cuda import moments_before_each_row  # noqa: PLC0415
 
     rng = np.random.default_rng(n)
@@ -143,7 +172,7 @@ def test_gpu_moments_equal_numpy_bit_for_bit(n):
 
 @pytest.mark.parametrize("n", [0, 1, 300])
 @pytest.mark.parametrize(("glns", "layer_sizes"), [(1, (64,)), (4, (8, 5, 3))])
-def test_gpu_contexts_equal_numpy_contexts(n, glns, layer_sizes):
+def test_cuda_contexts_equal_numpy_contexts(cp, n, glns, layer_sizes):
     """The context kernel, fed by cuBLAS, decides every bit as NumPy does, ties included, and
     gives each layer a C-contiguous (n, G, K_l) array."""
     from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
@@ -157,6 +186,9 @@ def test_gpu_contexts_equal_numpy_contexts(n, glns, layer_sizes):
         if n:  # a margin of a few ulps: the kernel must redo it in float64
             offsets[p] = np.float32(z[t].astype(np.float64) @ normals[p].astype(np.float64))
     expected = layer_contexts(np, z, normals, offsets, m, glns, layer_sizes, dots=cpu_exact_dots)
+    if n > 1:  # the ties matter: float32 signs alone would decide some contexts otherwise
+        exact = halfspace_contexts(np, z, normals, offsets, m, dots=cpu_exact_dots)
+        assert (context_indices(np, z @ normals.T - offsets >= 0, m) != exact).any()
     got = cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m, glns,
                               layer_sizes)
     assert len(got) == len(layer_sizes)
@@ -167,35 +199,63 @@ def test_gpu_contexts_equal_numpy_contexts(n, glns, layer_sizes):
 
 
 @pytest.mark.parametrize("n", [0, 1, 300])
-def test_gpu_standardize_equals_numpy_bit_for_bit(n):
+@pytest.mark.parametrize("frozen", [False, True], ids=["learning", "frozen"])
+def test_cuda_standardize_equals_numpy_bit_for_bit(cp, n, frozen):
+    """Before any data, constant features (the std floor), logits beyond the cap, statistics
+    per row or one frozen set (prediction)."""
     from gln.kernels.cuda import cuda_standardize  # noqa: PLC0415
 
     rng = np.random.default_rng(n)
     d = 784
     x = rng.normal(2, 3, (n, d)) * rng.uniform(0.01, 10, d)
     x[:, 7] = 0.5  # constant: the std floor
-    counts, sums, sums_sq, _ = numpy_moments(np, RunningMoments(0, np.zeros(d), np.zeros(d)), x)
+    counts, sums, sums_sq, after = numpy_moments(np, RunningMoments(0, np.zeros(d), np.zeros(d)),
+                                                 x)
+    if n:
+        x[n // 2, 9] = 1e4  # far beyond the logit cap, whichever statistics scale it
+    if frozen:
+        counts, sums, sums_sq = (np.full((1, 1), float(after.count)), after.total[None],
+                                 after.total_sq[None])
     expected = standardized(np, x, counts, sums, sums_sq, 0.3, 8.1)
+    assert not n or (np.abs(expected[1]) == np.float32(8.1)).any()
     got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1)
     np.testing.assert_array_equal(got[0].get(), expected[0])
     np.testing.assert_array_equal(got[1].get(), expected[1])
 
 
+@pytest.mark.parametrize(("n", "d"), [(1, 5), (7, 784), (130, 33)])
+def test_cuda_rounding_tolerances_equal_the_array_code(cp, n, d):
+    """The per-row bound that decides which margins are redone in float64 (one warp per row;
+    the float64 sum runs in another order, so equal up to its rounding)."""
+    from gln.kernels.cuda import GATING_THREADS, WARP, _function  # noqa: PLC0415
+
+    z = np.random.default_rng(d).normal(0, 3, (n, d)).astype(np.float32)
+    tolerance = cp.full(n, cp.nan, dtype=cp.float32)
+    _function("gating.cu", "gln_rounding_tolerances")(
+        (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
+        (cp.asarray(z), np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)),
+         tolerance),
+    )
+    np.testing.assert_allclose(tolerance.get(), rounding_tolerances(np, z), rtol=1e-6)
+
+
 @pytest.mark.parametrize("blurred", [False, True], ids=["plain", "blurred"])
-def test_gpu_per_row_side_info_matches_numpy_whatever_the_chunk(blurred):
+def test_cuda_per_row_side_info_matches_numpy_whatever_the_chunk(cp, blurred):
     from gln.kernels.cuda import cuda_per_row_side_info  # noqa: PLC0415
 
     x = np.random.default_rng(4).random((300, 784))
+    x[11] = 0.25  # a constant row: all zeros, not NaN
     blur = (gaussian_blur_matrix(28, 1.5),) * 2 if blurred else None
     on_gpu = None if blur is None else tuple(cp.asarray(b) for b in blur)
     z = cuda_per_row_side_info(cp.asarray(x), on_gpu).get()
     np.testing.assert_allclose(z, per_row_side_info(np, x, blur), rtol=1e-6, atol=1e-6)
+    assert (z[11] == 0).all()
     alone = cuda_per_row_side_info(cp.asarray(x[7:8]), on_gpu).get()
     np.testing.assert_array_equal(alone[0], z[7])
 
 
 @pytest.mark.parametrize("from_probs", [False, True], ids=["base", "hidden"])
-def test_gpu_layer_inputs_match_plain_cupy(from_probs):
+def test_cuda_layer_inputs_match_plain_cupy(cp, from_probs):
     from gln.kernels.cuda import cuda_layer_inputs  # noqa: PLC0415
 
     rng = np.random.default_rng(int(from_probs))
@@ -224,7 +284,7 @@ SIDE_INFOS = [{}, dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 
 
 
 @pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row", "window"])
-def test_gpu_model_matches_cpu_model(side_info):
+def test_cuda_model_matches_cpu_model(cp, side_info):
     X, y = stream()
     config = {**CONFIG, **side_info}
     cpu, gpu = GLN(**config, device="cpu"), GLN(**config, device="cuda")
@@ -238,7 +298,7 @@ def test_gpu_model_matches_cpu_model(side_info):
     assert gpu.examples_seen == cpu.examples_seen == len(X)
 
 
-def test_gpu_kernels_match_plain_cupy_path():
+def test_cuda_kernels_match_plain_cupy_path(cp):
     X, y = stream(300)
     fast, plain = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda", use_kernels=False)
     np.testing.assert_allclose(fast.learn(X, y), plain.learn(X, y), atol=1e-4)
@@ -247,7 +307,7 @@ def test_gpu_kernels_match_plain_cupy_path():
 
 
 @pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row", "window"])
-def test_gpu_learn_equals_single_row_calls_byte_for_byte(side_info):
+def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info):
     """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan)."""
     X, y = stream(300)  # one chunk of 256 (resident kernel) and one of 44
     config = {**CONFIG, **side_info}
@@ -258,7 +318,7 @@ def test_gpu_learn_equals_single_row_calls_byte_for_byte(side_info):
     assert rows.to_bytes() == chunked.to_bytes()
 
 
-def test_snapshots_move_between_gpu_and_cpu():
+def test_snapshots_move_between_gpu_and_cpu(cp):
     X, y = stream(400)
     gpu = GLN(**CONFIG, device="cuda")
     gpu.learn(X, y)
@@ -281,7 +341,7 @@ def test_snapshots_move_between_gpu_and_cpu():
                                atol=1e-4)
 
 
-def test_auto_device_picks_the_gpu():
+def test_auto_device_picks_the_gpu(cp):
     model = GLN(**CONFIG, device="auto")
     assert isinstance(model.weights[0], cp.ndarray)
     assert "cuda" in repr(model)

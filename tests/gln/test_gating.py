@@ -76,6 +76,8 @@ def test_cpu_kernel_contexts_match_the_reference_on_and_off_the_hyperplanes():
     for t in range(120):
         alone = cpu_layer_contexts(z[t:t + 1], normals, offsets, m, glns, layer_sizes)
         assert all(np.array_equal(a[0], b[t]) for a, b in zip(alone, fused, strict=True))
+    empty = cpu_layer_contexts(z[:0], normals, offsets, m, glns, layer_sizes)
+    assert [a.shape for a in empty] == [(0, glns, k) for k in layer_sizes]
 
 
 def test_windowed_normals_are_uniform_on_a_random_square_inside_the_image():

@@ -1,0 +1,48 @@
+"""The GPU benchmark: its latency profile on the CPU model (the profiling is device-blind), and
+the whole script on the emulated device, so that a GPU session does not find it broken."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.gpu_learn import latency_profile, main
+from gln import GLN
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
+
+
+def test_the_profile_ranks_functions_per_learn_call_with_learn_itself_among_them():
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0, 1, (40, 6)), rng.integers(0, 3, 40)
+    model = GLN(num_features=6, num_classes=3, layer_sizes=(4, 1), seed=0)
+    model.learn(X[:2], y[:2])  # compile outside the profile
+    functions = latency_profile(model, X[2:], y[2:], calls=30, top=40)
+    assert 0 < len(functions) <= 40
+    cumulative = [f["cumulative_us"] for f in functions]
+    assert cumulative == sorted(cumulative, reverse=True)
+    assert all(f["own_us"] <= f["cumulative_us"] + 1e-9 for f in functions)
+    learn = [f for f in functions if f["function"].startswith("model.py:") and
+             f["function"].endswith(":learn")]
+    assert len(learn) == 1 and learn[0]["calls_per_learn"] == 1.0
+    assert model.examples_seen == 32
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
+    """Every kind of record, for the MNIST network, at the smallest sizes (timings meaningless)."""
+    with emulated_cupy_installed():
+        main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "1",
+              "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
+              "--predict-rows-per-warp", "8", "--repeats", "1", "--pygln-examples", "0"])
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["device"] for r in records} == {"emulated (CPU)"}
+    kinds = [(r["measure"], r.get("implementation")) for r in records]
+    for kind in [("learn", "kernels"), ("predict", "kernels"), ("learn_latency", "kernels"),
+                 ("learn_latency_profile", "kernels"), ("learn", "plain_cupy"),
+                 ("predict", "plain_cupy"), ("agreement", None)]:
+        assert kind in kinds
+    layer_passes = [r for r in records if r["measure"] == "layer_pass"]
+    # Three layers x (streaming and resident learning, streaming prediction) at one row.
+    assert len(layer_passes) == 9 and all(r["microseconds"] > 0 for r in layer_passes)
+    (agreement,) = [r for r in records if r["measure"] == "agreement"]
+    assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5

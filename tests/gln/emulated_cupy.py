@@ -1,0 +1,559 @@
+"""CuPy on the CPU, for tests: the real kernel sources under a warp emulator, NumPy memory
+that behaves like device memory.
+
+Why: the GPU path (``gln.kernels.cuda`` and the model's array code on CuPy) must be checked
+on machines without a GPU, and a GPU is rarely at hand. ``EmulatedCupy`` is installed as the
+``cupy`` module (``emulated_cupy_installed``); ``GLN(device="cuda")`` then runs its CUDA
+path end to end, every kernel compiled from its ``.cu`` source with g++ against a small
+emulation of the CUDA features the sources use (each lane a fiber; the 32 lanes of a warp
+switch at every warp-collective call, so ``__shfl_sync`` sees the warp in lockstep).
+
+It fails where a real GPU run would fail or go silently wrong:
+
+* a kernel argument that is not what the kernel's C parameter takes: a host array where a
+  device pointer is expected (CuPy would pass a size-one NumPy array *by value*), a
+  non-contiguous array, the wrong element type, a Python number or the wrong NumPy scalar
+  type for an ``int`` / ``float`` / ``double``, the wrong number of arguments;
+* a launch beyond the kernel's ``__launch_bounds__``, more than 48 KB of dynamic shared memory
+  without opting in, an opt-in beyond the device's 227 KB;
+* lanes of a warp that leave the lockstep at a warp-collective call;
+* host and device arrays mixed in one operation, and implicit conversion of a device array
+  to NumPy (``np.asarray``), which CuPy refuses.
+
+It does not model timing, races between warps, asynchronous launches or the GPU's rounding of
+``expf`` (the host's libm stands in). The same tests on a GPU
+(``test_cuda_backend.py -m gpu``) cover those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+GXX = shutil.which("g++")
+HOPPER_SHARED_BYTES = 227 * 1024  # dynamic shared memory one block may opt into
+DEFAULT_SHARED_BYTES = 48 * 1024  # without opting in
+MAX_SHARED_OPTIN_ATTRIBUTE = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+
+# The CUDA features the kernel sources use, for g++. Launches are serial: one block at a time,
+# its warps one after another, the 32 lanes of a warp as fibers.
+HEADER = r"""
+#include <math.h>
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+#include <functional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+struct gln_dim3 { unsigned x, y, z; };
+
+namespace emu {
+constexpr int kLanes = 32;
+constexpr size_t kStack = 128 * 1024;
+inline gln_dim3 block_idx{0, 0, 0}, block_dim{1, 1, 1}, grid_dim{1, 1, 1};
+inline gln_dim3 thread_idx[kLanes];
+inline int lane = 0;
+inline ucontext_t scheduler, fibers[kLanes];
+inline bool finished[kLanes], started[kLanes];
+inline unsigned long long slots[2][kLanes];
+inline unsigned phase[kLanes];
+inline std::vector<float> shared;
+inline std::vector<char> stacks(kLanes * kStack);
+inline std::function<void()> body;
+inline int failed = 0;
+
+// Switches between lanes are _setjmp/_longjmp (no system call); ucontext only starts a lane
+// on its own stack.
+inline jmp_buf scheduler_point, lane_points[kLanes];
+
+inline void yield() {
+    if (!_setjmp(lane_points[lane])) _longjmp(scheduler_point, 1);
+}
+
+// A warp-collective exchange: write, wait for the whole warp, read. Two slot sets, since a
+// lane may write the next exchange before a slower lane has read this one.
+template <class T> T exchange(T value, int source) {
+    const unsigned p = phase[lane]++ & 1u;
+    memcpy(&slots[p][lane], &value, sizeof(T));
+    yield();
+    T out;
+    memcpy(&out, &slots[p][source & (kLanes - 1)], sizeof(T));
+    return out;
+}
+
+inline void run_lane() {
+    body();
+    finished[lane] = true;
+    _longjmp(scheduler_point, 1);  // never returns: the scheduler resumes where it left off
+}
+
+inline void run_warp(unsigned warp) {
+    for (int l = 0; l < kLanes; ++l) {
+        thread_idx[l] = {warp * kLanes + l, 0, 0};
+        finished[l] = false;
+        started[l] = false;
+        phase[l] = 0;
+        getcontext(&fibers[l]);
+        fibers[l].uc_stack.ss_sp = stacks.data() + l * kStack;
+        fibers[l].uc_stack.ss_size = kStack;
+        fibers[l].uc_link = &scheduler;
+        makecontext(&fibers[l], run_lane, 0);
+    }
+    for (bool running = true; running;) {
+        running = false;
+        int waiting = 0, done = 0;
+        for (int l = 0; l < kLanes; ++l) {
+            if (finished[l]) continue;
+            lane = l;
+            if (!_setjmp(scheduler_point)) {
+                if (started[l]) _longjmp(lane_points[l], 1);
+                started[l] = true;
+                swapcontext(&scheduler, &fibers[l]);
+            }
+            running = true;
+            (finished[l] ? done : waiting) += 1;
+        }
+        if (waiting && done) failed = 1;  // lanes of one warp left the lockstep
+    }
+}
+
+inline int launch(gln_dim3 grid, gln_dim3 block, size_t shared_bytes,
+                  std::function<void()> kernel) {
+    failed = 0;
+    grid_dim = grid;
+    block_dim = block;
+    body = kernel;
+    for (unsigned y = 0; y < grid.y; ++y) {
+        for (unsigned x = 0; x < grid.x; ++x) {
+            block_idx = {x, y, 0};
+            shared.assign(shared_bytes / sizeof(float) + 4, NAN);  // poisoned
+            for (unsigned w = 0; w < (block.x + kLanes - 1) / kLanes; ++w) run_warp(w);
+        }
+    }
+    return failed;
+}
+
+// A kernel parameter's kind: pointer to float / double / int (F, D, I), or float, double,
+// int by value (f, d, i); '?' for anything else.
+template <class T> constexpr char code() {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_pointer_v<U>) {
+        using E = std::remove_cv_t<std::remove_pointer_t<U>>;
+        return std::is_same_v<E, float> ? 'F' : std::is_same_v<E, double> ? 'D'
+             : std::is_same_v<E, int> ? 'I' : '?';
+    } else {
+        return std::is_same_v<U, float> ? 'f' : std::is_same_v<U, double> ? 'd'
+             : std::is_same_v<U, int> ? 'i' : '?';
+    }
+}
+
+template <class... A> const char* signature(void (*)(A...)) {
+    static const char codes[] = {code<A>()..., '\0'};
+    return codes;
+}
+
+// Call a kernel with CUDA's convention for arguments: args[i] points at argument i.
+template <class... A, size_t... I>
+void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
+    kernel(*static_cast<std::remove_cv_t<A>*>(args[I])...);
+}
+
+template <class... A>
+int launch_kernel(void (*kernel)(A...), unsigned grid_x, unsigned grid_y, unsigned block_x,
+                  size_t shared_bytes, void** args) {
+    return launch({grid_x, grid_y, 1}, {block_x, 1, 1}, shared_bytes,
+                  [=] { call(kernel, args, std::index_sequence_for<A...>{}); });
+}
+}  // namespace emu
+
+#define threadIdx (emu::thread_idx[emu::lane])
+#define blockIdx (emu::block_idx)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::yield(); }
+template <class T> inline T __shfl_sync(unsigned, T v, int source) {
+    return emu::exchange(v, source);
+}
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
+    return emu::exchange(v, emu::lane ^ mask);
+}
+template <class T> inline T __ldg(const T* p) { return *p; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dsqrt_rn(double a) { return sqrt(a); }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
+inline float* dynamic_shared_floats() { return emu::shared.data(); }
+"""
+
+# Every kernel in a source: extern "C" __global__ void [__launch_bounds__(threads)] name(
+_KERNEL = re.compile(
+    r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\(([^)]*)\)\s+)?(\w+)\s*\('
+)
+_LAUNCHERS = r"""
+extern "C" const char* emu_signature_{name}() {{ return emu::signature({name}); }}
+extern "C" int emu_max_threads_{name}() {{ return {threads}; }}
+extern "C" int emu_launch_{name}(unsigned grid_x, unsigned grid_y, unsigned block_x,
+                                 size_t shared_bytes, void** args) {{
+    return emu::launch_kernel({name}, grid_x, grid_y, block_x, shared_bytes, args);
+}}
+"""
+_SCALAR_TYPES = {"i": (np.int32, ctypes.c_int32), "f": (np.float32, ctypes.c_float),
+                 "d": (np.float64, ctypes.c_double)}
+_POINTER_DTYPES = {"I": np.int32, "F": np.float32, "D": np.float64}
+_LAUNCH_LOCK = threading.Lock()  # the emulator's state is global: one launch at a time
+_BUILD_DIRECTORY = tempfile.TemporaryDirectory(prefix="gln-emulated-cuda-")
+
+
+@functools.cache
+def compile_module(code: str, defines: tuple[str, ...]) -> tuple[ctypes.CDLL, dict[str, str]]:
+    """``code`` built for the CPU with the ``-D`` options in ``defines``: the library and the
+    bounds expression of each kernel (cached per source and options)."""
+    if GXX is None:
+        raise RuntimeError("the CUDA emulation needs g++ on PATH")
+    kernels = {name: bounds or "1024" for bounds, name in _KERNEL.findall(code)}
+    driver = "\n".join([
+        HEADER, '#line 1 "module.cu"', code,
+        *(_LAUNCHERS.format(name=name, threads=bounds) for name, bounds in kernels.items()),
+    ])
+    digest = hashlib.sha256((driver + repr(defines)).encode()).hexdigest()[:16]
+    directory = Path(_BUILD_DIRECTORY.name)
+    source, library = directory / f"{digest}.cpp", directory / f"{digest}.so"
+    source.write_text(driver)
+    # -U_FORTIFY_SOURCE: the fortified longjmp refuses to jump between the lanes' stacks.
+    command = [GXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off",
+               "-U_FORTIFY_SOURCE", "-DGLN_HOST_EMULATION", *defines, "-o", str(library),
+               str(source)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)}\n{result.stderr}")
+    return ctypes.CDLL(str(library)), kernels
+
+
+# --------------------------------------------------------------------------- device arrays
+def _unwrap(value: Any, host_allowed: bool = False) -> Any:
+    """NumPy values for NumPy, refusing host arrays as CuPy does (unless ``host_allowed``)."""
+    if isinstance(value, DeviceArray):
+        return value.host_view
+    if isinstance(value, np.ndarray) and not host_allowed:
+        raise TypeError(f"Unsupported type {type(value)}: a host (NumPy) array reached CuPy")
+    if isinstance(value, list | tuple):
+        return type(value)(_unwrap(v, host_allowed) for v in value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v, host_allowed) for k, v in value.items()}
+    return value
+
+
+def _wrap(value: Any) -> Any:
+    """Arrays and NumPy scalars as device arrays (CuPy's reductions give 0-d arrays)."""
+    if isinstance(value, np.ndarray):
+        return DeviceArray(value)
+    if isinstance(value, np.generic):
+        return DeviceArray(np.asarray(value))
+    if isinstance(value, list | tuple):
+        return type(value)(_wrap(v) for v in value)
+    return value
+
+
+class _Device:
+    """``cupy.cuda.Device``: one device, id 0."""
+
+    def __init__(self, device_id: int = 0) -> None:
+        if device_id != 0:
+            raise ValueError(f"the emulated machine has one device, 0; got {device_id}")
+        self.id = 0
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        """Launches run to completion when called: nothing to wait for."""
+
+
+class _Event:
+    """``cupy.cuda.Event``: launches are synchronous here, so the host clock times them."""
+
+    def __init__(self) -> None:
+        self.time = None
+
+    def record(self) -> None:
+        self.time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        """Nothing is in flight."""
+
+    @staticmethod
+    def elapsed_ms(start: _Event, stop: _Event) -> float:
+        return (stop.time - start.time) * 1e3
+
+
+class DeviceArray(NDArrayOperatorsMixin):
+    """An array on the emulated device: NumPy memory behind CuPy's rules.
+
+    Operations between device arrays work as in NumPy and give device arrays; host arrays are
+    refused; ``get()`` copies to the host and ``np.asarray`` on a device array raises.
+    """
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.host_view = array
+
+    @property
+    def device(self) -> _Device:
+        return _Device(0)
+
+    def get(self) -> np.ndarray:
+        return self.host_view.copy()
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
+                        "Please use `.get()` to construct a NumPy array explicitly.")
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        outs = kwargs.get("out")
+        result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
+        if outs is not None:
+            return outs[0] if len(outs) == 1 else outs
+        return _wrap(result)
+
+    def __array_function__(self, func: Callable, types: Any, args: Any, kwargs: Any) -> Any:
+        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+
+    def __getattr__(self, name: str) -> Any:
+        # No host_view before __init__ (copy, pickle); no NumPy protocols (__array_interface__
+        # would hand NumPy the memory that np.asarray must not reach).
+        if name == "host_view" or name.startswith("__"):
+            raise AttributeError(name)
+        value = getattr(self.host_view, name)
+        if callable(value):
+            return lambda *args, **kwargs: _wrap(value(*_unwrap(args), **_unwrap(kwargs)))
+        return _wrap(value) if isinstance(value, np.ndarray) else value
+
+    def __getitem__(self, key: Any) -> Any:
+        return _wrap(self.host_view[_unwrap(key, host_allowed=True)])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.host_view[_unwrap(key, host_allowed=True)] = _unwrap(value, host_allowed=True)
+
+    def __len__(self) -> int:
+        return len(self.host_view)
+
+    def __iter__(self):
+        return (_wrap(row) for row in self.host_view)
+
+    def __bool__(self) -> bool:
+        return bool(self.host_view)
+
+    def __float__(self) -> float:
+        return float(self.host_view)
+
+    def __int__(self) -> int:
+        return int(self.host_view)
+
+    def __index__(self) -> int:
+        return self.host_view.__index__()
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.host_view!r})"
+
+
+# --------------------------------------------------------------------------- kernels
+class EmulatedKernel:
+    """``cupy.RawKernel`` as ``RawModule.get_function`` gives it: call with (grid, block,
+    args, shared_mem=...)."""
+
+    def __init__(self, library: ctypes.CDLL, name: str) -> None:
+        self.name = name
+        signature = getattr(library, f"emu_signature_{name}")
+        signature.restype = ctypes.c_char_p
+        self.signature = signature().decode()
+        if "?" in self.signature:
+            raise NotImplementedError(f"{name}: a parameter type the emulator does not pass")
+        self.max_threads = getattr(library, f"emu_max_threads_{name}")()
+        self._launch = getattr(library, f"emu_launch_{name}")
+        self._launch.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_size_t,
+                                 ctypes.POINTER(ctypes.c_void_p)]
+        self._max_dynamic_shared = DEFAULT_SHARED_BYTES
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._max_dynamic_shared
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, size: int) -> None:
+        if not 0 <= size <= HOPPER_SHARED_BYTES:
+            raise ValueError(f"{self.name}: cannot opt into {size} bytes of shared memory")
+        self._max_dynamic_shared = int(size)
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
+        block_x, block_y, block_z = (*block, 1, 1)[:3]
+        if (grid_z, block_y, block_z) != (1, 1, 1):
+            raise NotImplementedError("the emulator launches 1-D blocks on 2-D grids")
+        if not 1 <= block_x <= self.max_threads:
+            raise ValueError(f"{self.name}: {block_x} threads a block, __launch_bounds__ "
+                             f"allows {self.max_threads}")
+        if not (1 <= grid_x < 2**31 and 1 <= grid_y <= 65535):
+            raise ValueError(f"{self.name}: grid {grid} out of range")
+        if shared_mem > self._max_dynamic_shared:
+            raise ValueError(f"{self.name}: {shared_mem} bytes of dynamic shared memory, "
+                             f"{self._max_dynamic_shared} allowed (opt in beyond 48 KB)")
+        holders = self._arguments(args)
+        pointers = (ctypes.c_void_p * max(len(holders), 1))(
+            *(ctypes.addressof(h) for h in holders))
+        with _LAUNCH_LOCK:
+            failed = self._launch(grid_x, grid_y, block_x, shared_mem, pointers)
+        if failed:
+            raise RuntimeError(f"{self.name}: lanes of a warp left the lockstep")
+
+    def _arguments(self, args: tuple) -> list[Any]:
+        """Each argument as the C value the kernel's parameter takes, or an error."""
+        if len(args) != len(self.signature):
+            raise TypeError(f"{self.name} takes {len(self.signature)} arguments, "
+                            f"got {len(args)}")
+        holders = []
+        for i, (code, value) in enumerate(zip(self.signature, args, strict=True)):
+            where = f"{self.name} argument {i}"
+            if code in _POINTER_DTYPES:
+                if not isinstance(value, DeviceArray):
+                    raise TypeError(f"{where}: a device array, got {type(value).__name__}")
+                array = value.host_view
+                if array.dtype != _POINTER_DTYPES[code]:
+                    raise TypeError(f"{where}: {np.dtype(_POINTER_DTYPES[code]).name} "
+                                    f"elements, got {array.dtype}")
+                if not array.flags.c_contiguous:
+                    raise TypeError(f"{where}: not C-contiguous")
+                holders.append(ctypes.c_void_p(array.ctypes.data))
+            else:
+                scalar_type, c_type = _SCALAR_TYPES[code]
+                if type(value) is not scalar_type:
+                    raise TypeError(f"{where}: {scalar_type.__name__}, got "
+                                    f"{type(value).__name__}")
+                holders.append(c_type(value.item()))
+        return holders
+
+
+class RawModule:
+    """``cupy.RawModule(code=..., options=...)``, built with g++."""
+
+    extra_defines: tuple[str, ...] = ()  # appended to every build (tests of other paths)
+
+    def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
+        defines = []
+        for option in options:
+            if option.startswith("-D"):
+                defines.append(option)
+            elif option != "--fmad=false":  # g++ runs with -ffp-contract=off anyway
+                raise NotImplementedError(f"compile option {option!r}")
+        self._library, self._kernels = compile_module(
+            code, (*defines, *RawModule.extra_defines))
+
+    def get_function(self, name: str) -> EmulatedKernel:
+        if name not in self._kernels:
+            raise KeyError(f"no kernel {name!r} in the module")
+        return EmulatedKernel(self._library, name)
+
+
+# --------------------------------------------------------------------------- the module
+_HOST_INPUTS = {"asarray", "array"}  # host -> device copies
+
+
+class EmulatedCupy(types.ModuleType):
+    """A ``cupy`` module: NumPy's functions on device arrays, ``RawModule``, ``cuda``."""
+
+    ndarray = DeviceArray
+    RawModule = RawModule
+
+    def __init__(self) -> None:
+        super().__init__("cupy", "CuPy on the CPU for tests (tests/gln/emulated_cupy.py)")
+        runtime = types.SimpleNamespace(
+            getDeviceCount=lambda: 1,
+            getDeviceProperties=lambda device_id: {"name": b"emulated (CPU)"},
+            cudaDevAttrMaxSharedMemoryPerBlockOptin=MAX_SHARED_OPTIN_ATTRIBUTE,
+            deviceGetAttribute=_device_attribute,
+        )
+        self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
+                                          get_elapsed_time=_Event.elapsed_ms)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(np, name)
+        if isinstance(value, types.ModuleType):
+            raise AttributeError(f"the emulated cupy has no {name}")
+        if isinstance(value, type) or not callable(value):
+            return value  # dtypes and constants are NumPy's in CuPy too
+        return functools.partial(_device_function, value, name in _HOST_INPUTS)
+
+
+def _device_function(function: Callable, host_allowed: bool, *args: Any, **kwargs: Any) -> Any:
+    if host_allowed:  # copies, as a host -> device transfer does
+        args = tuple(np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args)
+    return _wrap(function(*_unwrap(args, host_allowed), **_unwrap(kwargs, host_allowed)))
+
+
+def _device_attribute(attribute: int, device_id: int) -> int:
+    if attribute != MAX_SHARED_OPTIN_ATTRIBUTE or device_id != 0:
+        raise NotImplementedError(f"device attribute {attribute} of device {device_id}")
+    return HOPPER_SHARED_BYTES
+
+
+def forget_compiled_kernels() -> None:
+    """Drop what ``gln.kernels.cuda`` cached from the CuPy it last saw: modules, kernels and
+    device limits (call when ``cupy`` changes between the emulation and a real one)."""
+    from gln.kernels import cuda  # noqa: PLC0415
+
+    for value in vars(cuda).values():
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+    cuda._shared_limit_set.clear()
+
+
+@contextlib.contextmanager
+def emulated_cupy_installed() -> Iterator[EmulatedCupy]:
+    """``import cupy`` gives the emulation inside the block, whatever it gave before."""
+    previous = sys.modules.get("cupy")
+    module = EmulatedCupy()
+    sys.modules["cupy"] = module
+    forget_compiled_kernels()
+    try:
+        yield module
+    finally:
+        if previous is None:
+            del sys.modules["cupy"]
+        else:
+            sys.modules["cupy"] = previous
+        forget_compiled_kernels()

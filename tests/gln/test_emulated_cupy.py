@@ -1,0 +1,99 @@
+"""The emulated device refuses what a GPU would refuse or get silently wrong.
+
+``test_cuda_backend.py`` trusts the emulation to stand in for a GPU; these tests check that its
+guards bite: kernel arguments against the kernels' C signatures, shared-memory opt-in, launch
+bounds, and CuPy's separation of host and device arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+
+
+@pytest.fixture
+def cp() -> Iterator[ModuleType]:
+    with emulated_cupy_installed() as module:
+        yield module
+
+
+ROWS, BIAS = np.int32(2), np.float32(1.0)
+
+
+def layer_inputs_launch(cp, values, inputs, n=ROWS, bias=BIAS, block=128):
+    """``gln_layer_inputs`` on (2, 1, 3) values, with the arguments a test wants to spoil."""
+    from gln.kernels.cuda import _function  # noqa: PLC0415 - the cupy of the fixture
+
+    kernel = _function("layer_inputs.cu", "gln_layer_inputs")
+    kernel((1,), (block,), (values, n, np.int32(1), np.int32(3), np.int32(0), bias, inputs))
+
+
+def test_a_correct_launch_runs_the_kernel(cp):
+    values = cp.asarray(np.arange(6, dtype=np.float32).reshape(2, 1, 3))
+    inputs = cp.zeros((2, 1, 4), dtype=cp.float32)
+    layer_inputs_launch(cp, values, inputs)
+    np.testing.assert_array_equal(inputs.get()[:, 0], [[1, 0, 1, 2], [1, 3, 4, 5]])
+
+
+@pytest.mark.parametrize("spoil", ["host array", "float64 array", "strided array", "python int",
+                                   "int64 scalar", "float64 for a float"])
+def test_kernel_arguments_must_match_the_c_signature(cp, spoil):
+    values = cp.asarray(np.arange(6, dtype=np.float32).reshape(2, 1, 3))
+    inputs = cp.zeros((2, 1, 4), dtype=cp.float32)
+    arguments = {
+        "host array": dict(values=values.get()),
+        "float64 array": dict(values=values.astype(cp.float64)),
+        "strided array": dict(values=cp.zeros((2, 1, 6), dtype=cp.float32)[:, :, ::2]),
+        "python int": dict(n=2),
+        "int64 scalar": dict(n=np.int64(2)),
+        "float64 for a float": dict(bias=np.float64(1.0)),
+    }[spoil]
+    with pytest.raises(TypeError, match="gln_layer_inputs argument"):
+        layer_inputs_launch(cp, **{"values": values, "inputs": inputs, **arguments})
+    assert not inputs.get().any(), "nothing ran"
+
+
+def test_launch_bounds_are_enforced(cp):
+    values = cp.zeros((2, 1, 3), dtype=cp.float32)
+    inputs = cp.zeros((2, 1, 4), dtype=cp.float32)
+    with pytest.raises(ValueError, match="__launch_bounds__"):
+        layer_inputs_launch(cp, values, inputs, block=256)
+
+
+def test_shared_memory_beyond_48_kb_needs_an_opt_in(cp):
+    from gln.kernels.cuda import RESIDENT, _layer_kernel  # noqa: PLC0415
+
+    kernel = _layer_kernel(1, RESIDENT)
+    w = cp.zeros((1, 1, 2, 1), dtype=cp.float32)
+    args = (w, cp.zeros((1, 1, 1), dtype=cp.int32), cp.zeros((1, 1, 1), dtype=cp.float32),
+            cp.zeros((1, 1), dtype=cp.float32), cp.zeros(1, dtype=cp.float32),
+            cp.zeros((1, 1, 1), dtype=cp.float32), *map(np.int32, (1, 1, 1, 2, 1, 1)),
+            *map(np.float32, (0.01, 0.99, 5.0)), np.int32(1), np.int32(1))
+    with pytest.raises(ValueError, match="opt in"):
+        kernel((1,), (32,), args, shared_mem=64 * 1024)
+    kernel.max_dynamic_shared_size_bytes = 64 * 1024
+    kernel((1,), (32,), args, shared_mem=64 * 1024)
+    with pytest.raises(ValueError, match="cannot opt into"):
+        kernel.max_dynamic_shared_size_bytes = 300 * 1024
+
+
+def test_host_and_device_arrays_do_not_mix(cp):
+    device, host = cp.ones(3), np.ones(3)
+    with pytest.raises(TypeError):
+        np.asarray(device)
+    with pytest.raises(TypeError):
+        device + host
+    with pytest.raises(TypeError):
+        cp.concatenate([device, host])
+    with pytest.raises(TypeError):
+        cp.ascontiguousarray(host)
+    assert isinstance(cp.asarray(host), cp.ndarray)  # the host -> device copy
+    assert isinstance(device.sum(), cp.ndarray)  # reductions stay on the device (0-d)
+    np.testing.assert_array_equal((device * 2).get(), [2.0, 2.0, 2.0])
