@@ -27,6 +27,7 @@ It does not model timing, races between warps, asynchronous launches or the GPU'
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
@@ -262,6 +263,21 @@ def compile_module(code: str, defines: tuple[str, ...]) -> tuple[ctypes.CDLL, di
 
 
 # --------------------------------------------------------------------------- device arrays
+# What a real device would have done, one count per launch or copy: kernels by name, CuPy
+# operations that write a new buffer or into one (views and empty allocations are free), and
+# copies each way. Reset by ``emulated_cupy_installed``; read through ``EmulatedCupy.operations``.
+OPERATIONS: collections.Counter[str] = collections.Counter()
+
+
+def _count_if_new(name: str, result: Any, *sources: Any) -> Any:
+    """Count ``name`` when ``result`` is an array in memory none of ``sources`` owns."""
+    if isinstance(result, np.ndarray) and result.size and not any(
+        isinstance(s, np.ndarray) and np.may_share_memory(result, s) for s in sources
+    ):
+        OPERATIONS[f"op {name}"] += 1
+    return result
+
+
 def _unwrap(value: Any, host_allowed: bool = False) -> Any:
     """NumPy values for NumPy, refusing host arrays as CuPy does (unless ``host_allowed``)."""
     if isinstance(value, DeviceArray):
@@ -338,6 +354,7 @@ class DeviceArray(NDArrayOperatorsMixin):
         return _Device(0)
 
     def get(self) -> np.ndarray:
+        OPERATIONS["copy device->host"] += 1
         return self.host_view.copy()
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -346,13 +363,16 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         outs = kwargs.get("out")
+        OPERATIONS[f"op {ufunc.__name__}"] += 1
         result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
         if outs is not None:
             return outs[0] if len(outs) == 1 else outs
         return _wrap(result)
 
     def __array_function__(self, func: Callable, types: Any, args: Any, kwargs: Any) -> Any:
-        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+        arrays = [a for a in _unwrap(args) if isinstance(a, np.ndarray)]
+        return _wrap(_count_if_new(func.__name__, func(*_unwrap(args), **_unwrap(kwargs)),
+                                   *arrays))
 
     def __getattr__(self, name: str) -> Any:
         # No host_view before __init__ (copy, pickle); no NumPy protocols (__array_interface__
@@ -361,13 +381,16 @@ class DeviceArray(NDArrayOperatorsMixin):
             raise AttributeError(name)
         value = getattr(self.host_view, name)
         if callable(value):
-            return lambda *args, **kwargs: _wrap(value(*_unwrap(args), **_unwrap(kwargs)))
+            return lambda *args, **kwargs: _wrap(_count_if_new(
+                name, value(*_unwrap(args), **_unwrap(kwargs)), self.host_view))
         return _wrap(value) if isinstance(value, np.ndarray) else value
 
     def __getitem__(self, key: Any) -> Any:
-        return _wrap(self.host_view[_unwrap(key, host_allowed=True)])
+        return _wrap(_count_if_new("gather", self.host_view[_unwrap(key, host_allowed=True)],
+                                   self.host_view))
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        OPERATIONS["op setitem"] += 1
         self.host_view[_unwrap(key, host_allowed=True)] = _unwrap(value, host_allowed=True)
 
     def __len__(self) -> int:
@@ -436,6 +459,7 @@ class EmulatedKernel:
         holders = self._arguments(args)
         pointers = (ctypes.c_void_p * max(len(holders), 1))(
             *(ctypes.addressof(h) for h in holders))
+        OPERATIONS[f"kernel {self.name}"] += 1
         with _LAUNCH_LOCK:
             failed = self._launch(grid_x, grid_y, block_x, shared_mem, pointers)
         if failed:
@@ -491,6 +515,7 @@ class RawModule:
 
 # --------------------------------------------------------------------------- the module
 _HOST_INPUTS = {"asarray", "array"}  # host -> device copies
+_ALLOCATIONS = {"empty", "empty_like"}  # memory from the pool, no launch
 
 
 class EmulatedCupy(types.ModuleType):
@@ -498,6 +523,7 @@ class EmulatedCupy(types.ModuleType):
 
     ndarray = DeviceArray
     RawModule = RawModule
+    operations = OPERATIONS
 
     def __init__(self) -> None:
         super().__init__("cupy", "CuPy on the CPU for tests (tests/gln/emulated_cupy.py)")
@@ -520,9 +546,15 @@ class EmulatedCupy(types.ModuleType):
 
 
 def _device_function(function: Callable, host_allowed: bool, *args: Any, **kwargs: Any) -> Any:
-    if host_allowed:  # copies, as a host -> device transfer does
+    if host_allowed and any(isinstance(a, np.ndarray) for a in args):
+        OPERATIONS["copy host->device"] += 1  # a copy, as a transfer is
         args = tuple(np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args)
-    return _wrap(function(*_unwrap(args, host_allowed), **_unwrap(kwargs, host_allowed)))
+        return _wrap(function(*args, **_unwrap(kwargs, host_allowed)))
+    result = function(*_unwrap(args, host_allowed), **_unwrap(kwargs, host_allowed))
+    if function.__name__ not in _ALLOCATIONS:
+        arrays = [a for a in _unwrap(args) if isinstance(a, np.ndarray)]
+        _count_if_new(function.__name__, result, *arrays)
+    return _wrap(result)
 
 
 def _device_attribute(attribute: int, device_id: int) -> int:
@@ -547,6 +579,7 @@ def emulated_cupy_installed() -> Iterator[EmulatedCupy]:
     """``import cupy`` gives the emulation inside the block, whatever it gave before."""
     previous = sys.modules.get("cupy")
     module = EmulatedCupy()
+    OPERATIONS.clear()
     sys.modules["cupy"] = module
     forget_compiled_kernels()
     try:

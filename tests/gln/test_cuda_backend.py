@@ -345,3 +345,30 @@ def test_auto_device_picks_the_gpu(cp):
     model = GLN(**CONFIG, device="auto")
     assert isinstance(model.weights[0], cp.ndarray)
     assert "cuda" in repr(model)
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+@pytest.mark.parametrize(("options", "most"), [
+    ({}, 14),
+    (dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5)), 15),
+])
+def test_a_single_example_costs_a_handful_of_device_operations(options, most):
+    """Each launch or copy costs the host microseconds, which a one-row call feels: learning one
+    example is one copy in, the widening, moments, standardisation, the gating GEMM and two
+    gating kernels, each layer's inputs and pass, one copy out (counted on the emulated device,
+    which counts what a GPU would run); prediction is no dearer."""
+    X, y = stream(3)
+    with emulated_cupy_installed() as cp:
+        model = GLN(**{**CONFIG, **options}, device="cuda")
+        model.learn(X[:2], y[:2])
+        cp.operations.clear()
+        model.learn(X[2:], y[2:])
+        learned = dict(cp.operations)
+        cp.operations.clear()
+        model.predict_proba(X[2:])
+        predicted = dict(cp.operations)
+    layers = len(CONFIG["layer_sizes"])
+    assert learned["kernel gln_layer_pass_streaming"] == layers
+    assert learned["copy host->device"] == learned["copy device->host"] == 1
+    assert sum(learned.values()) <= most, learned
+    assert sum(predicted.values()) <= most, predicted

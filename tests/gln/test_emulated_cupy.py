@@ -97,3 +97,11 @@ def test_host_and_device_arrays_do_not_mix(cp):
     assert isinstance(cp.asarray(host), cp.ndarray)  # the host -> device copy
     assert isinstance(device.sum(), cp.ndarray)  # reductions stay on the device (0-d)
     np.testing.assert_array_equal((device * 2).get(), [2.0, 2.0, 2.0])
+
+
+def test_operations_count_launches_and_copies_but_not_views_or_allocations(cp):
+    a = cp.asarray(np.ones((4, 4)))
+    a.reshape(16), a[1:], a.T, cp.empty(3), cp.ascontiguousarray(a)  # views, pool, no-op
+    a + 1, a[np.array([0, 2])], a.astype(cp.float32), a.get()
+    assert dict(cp.operations) == {"copy host->device": 1, "op add": 1, "op gather": 1,
+                                   "op astype": 1, "copy device->host": 1}
