@@ -43,14 +43,16 @@ SIDE_INFOS = ("scaled", "per_row")
 
 
 class FusedScaling(NamedTuple):
-    """Single-kernel versions of two scaling steps, for devices where launches are dear.
+    """Single-kernel versions of the scaling steps, for devices where launches are dear.
 
     ``standardize(x64, counts, sums, sums_sq, min_std, logit_cap) -> (z, logits)`` gives the
-    bits of ``standardized``; ``per_row_side_info(x64, blur) -> z`` (float32) equals
-    ``per_row_side_info`` up to the rounding of its sums.
+    bits of ``standardized``; ``unit(x64, counts, sums, sums_sq, min_std, pred_clip, want_z)
+    -> (z or None, logits)`` and ``per_row_side_info(x64, blur) -> z`` (float32) equal
+    ``unit_scaled`` and ``per_row_side_info`` up to the rounding of their sums.
     """
 
     standardize: Callable[..., tuple[Any, Any]]
+    unit: Callable[..., tuple[Any, Any]]
     per_row_side_info: Callable[..., Any]
 
 
@@ -106,11 +108,10 @@ def scale_inputs(
         compute = fused.standardize if fused else functools.partial(standardized, xp)
         z, base_logits = compute(x64, counts, sums, sums_sq, min_std, logit_cap)
     elif mode == "unit":
-        mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
-        pooled = xp.sqrt(variance.mean(axis=1, keepdims=True))
-        z = (x64 - mean) / xp.maximum(pooled, min_std)
-        p0 = xp.clip(x64, pred_clip, 1.0 - pred_clip)
-        base_logits = xp.log(p0 / (1.0 - p0))
+        compute = fused.unit if fused else functools.partial(unit_scaled, xp)
+        # Per-row side information replaces z: no need to compute it.
+        z, base_logits = compute(x64, counts, sums, sums_sq, min_std, pred_clip,
+                                 side_info != "per_row")
     else:
         raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {mode!r}")
     if side_info == "per_row":
@@ -128,6 +129,21 @@ def standardized(
     mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
     z = (x64 - mean) / xp.maximum(xp.sqrt(variance), min_std)
     return z.astype(xp.float32), xp.clip(z, -logit_cap, logit_cap).astype(xp.float32)
+
+
+def unit_scaled(
+    xp: ModuleType, x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float,
+    pred_clip: float, want_z: bool = True,
+) -> tuple[Any, Any]:
+    """Mode ``"unit"``: ``z = (x - mean) / max(pooled std, min_std)`` (None unless ``want_z``)
+    and the logits of ``clip(x, eps, 1 - eps)``, float64."""
+    p0 = xp.clip(x64, pred_clip, 1.0 - pred_clip)
+    base_logits = xp.log(p0 / (1.0 - p0))
+    if not want_z:
+        return None, base_logits
+    mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
+    pooled = xp.sqrt(variance.mean(axis=1, keepdims=True))
+    return (x64 - mean) / xp.maximum(pooled, min_std), base_logits
 
 
 def _mean_and_variance(xp: ModuleType, counts: Any, sums: Any, sums_sq: Any) -> tuple[Any, Any]:

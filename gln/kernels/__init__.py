@@ -48,9 +48,13 @@ def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]
 def fused_scaling_for(xp: ModuleType, use_kernels: bool = True) -> FusedScaling | None:
     """The single-kernel scaling steps for ``scale_inputs`` on ``xp``, or None (array code)."""
     if use_kernels and xp.__name__ == "cupy":
-        from gln.kernels.cuda import cuda_per_row_side_info, cuda_standardize  # noqa: PLC0415
+        from gln.kernels.cuda import (  # noqa: PLC0415
+            cuda_per_row_side_info,
+            cuda_standardize,
+            cuda_unit_scaling,
+        )
 
-        return FusedScaling(cuda_standardize, cuda_per_row_side_info)
+        return FusedScaling(cuda_standardize, cuda_unit_scaling, cuda_per_row_side_info)
     return None
 
 

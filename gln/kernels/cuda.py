@@ -51,7 +51,7 @@ RESIDENT_MIN_ROWS = 32
 PREDICT_ROWS_PER_WARP = 32
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
-SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize
+SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize and gln_unit_scaling
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 SIDE_INFO_THREADS = 128  # __launch_bounds__ of gln_per_row_side_info (four rows a block)
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
@@ -347,6 +347,29 @@ def cuda_standardize(
              np.int32(stats_rows), np.float64(min_std), np.float64(logit_cap), z, base_logits),
         )
     return z, base_logits
+
+
+def cuda_unit_scaling(
+    x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, pred_clip: float,
+    want_z: bool = True,
+) -> tuple[Any, Any]:
+    """``gln.scaling.unit_scaled`` in one launch, one warp per row: z (None unless ``want_z``)
+    and the logits of the clipped inputs, float32; statistics as for ``cuda_standardize``."""
+    cp = _cupy()
+    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
+    n, d = x64.shape
+    base_logits = cp.empty((n, d), dtype=cp.float32)
+    z = cp.empty((n, d) if want_z else 1, dtype=cp.float32)  # 1: a placeholder, never written
+    if base_logits.size:
+        _function("scaling.cu", "gln_unit_scaling")(
+            (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
+            (x64, cp.ascontiguousarray(counts, dtype=cp.float64),
+             cp.ascontiguousarray(sums, dtype=cp.float64),
+             cp.ascontiguousarray(sums_sq, dtype=cp.float64), np.int32(n), np.int32(d),
+             np.int32(counts.shape[0]), np.float64(min_std), np.float64(pred_clip),
+             np.int32(bool(want_z)), z, base_logits),
+        )
+    return (z if want_z else None), base_logits
 
 
 def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:

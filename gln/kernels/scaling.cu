@@ -1,4 +1,6 @@
-// Online standardisation of a chunk in one launch: gln.scaling.scale_inputs, mode "standardize".
+// Online input scaling of a chunk in one launch: gln.scaling.scale_inputs, both modes.
+//
+// Mode "standardize".
 //
 // In plain CuPy that is a dozen elementwise launches per chunk, which dominate the time of a
 // single-example learn. One thread here owns one feature of one row and does the same float64
@@ -12,6 +14,19 @@
 // both rounded to float32. The statistics are those before each row (stats_rows = n, learning)
 // or one frozen set for every row (stats_rows = 1, prediction).
 
+// Mean and (population) variance from a feature's running sums; 0 and 1 before any row.
+__device__ __forceinline__ void gln_mean_and_variance(double count, double sum, double sum_sq,
+                                                      double* mean, double* variance) {
+    *mean = 0.0;
+    *variance = 1.0;
+    if (count > 0.0) {
+        const double safe_count = count > 1.0 ? count : 1.0;
+        *mean = __ddiv_rn(sum, safe_count);
+        const double spread = __dsub_rn(__ddiv_rn(sum_sq, safe_count), __dmul_rn(*mean, *mean));
+        *variance = spread >= 0.0 ? spread : 0.0;  // as NumPy's maximum(spread, 0)
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128)
 gln_standardize(const double* __restrict__ x, const double* __restrict__ counts,
                 const double* __restrict__ sums, const double* __restrict__ sums_sq,
@@ -22,21 +37,67 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ counts,
     const long long t = at / num_features;
     const long long f = at - t * num_features;
     const long long row = stats_rows == 1 ? 0 : t;
-    const double count = counts[row];
     const long long stat = row * num_features + f;
-    double mean = 0.0;
-    double variance = 1.0;
-    if (count > 0.0) {
-        const double safe_count = count > 1.0 ? count : 1.0;
-        mean = __ddiv_rn(sums[stat], safe_count);
-        const double mean_square = __ddiv_rn(sums_sq[stat], safe_count);
-        const double spread = __dsub_rn(mean_square, __dmul_rn(mean, mean));
-        variance = spread >= 0.0 ? spread : 0.0;  // as NumPy's maximum(spread, 0)
-    }
+    double mean, variance;
+    gln_mean_and_variance(counts[row], sums[stat], sums_sq[stat], &mean, &variance);
     const double root = __dsqrt_rn(variance);
     const double scale = root >= min_std ? root : min_std;
     const double value = __ddiv_rn(__dsub_rn(x[at], mean), scale);
     const double logit = value < -logit_cap ? -logit_cap : (value > logit_cap ? logit_cap : value);
     z[at] = __double2float_rn(value);
     base_logits[at] = __double2float_rn(logit);
+}
+
+// Mode "unit" in one launch (inputs already probabilities, such as pixels): in CuPy about twenty
+// elementwise launches per chunk. One warp owns one row, since z divides by one pooled standard
+// deviation per row, the root mean of the per-feature variances:
+//   z     = (x - mean) / max(sqrt(sum_j variance_j / d), min_std)      (only when want_z)
+//   logit = log(p) - log1p(-p) = log(p / (1 - p)),  p = clip(x, pred_clip, 1 - pred_clip)
+// mean and variance as in gln_standardize. The sum over features has a fixed order (lanes take
+// every 32nd feature, then a butterfly), so a row's bits never depend on its chunk; they equal
+// NumPy's up to the rounding of that sum.
+
+#define GLN_UNIT_LANES 32
+
+__device__ __forceinline__ double gln_unit_warp_sum(double v) {
+    for (int offset = GLN_UNIT_LANES / 2; offset > 0; offset >>= 1) {
+        v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    return v;  // the same bits on every lane: IEEE addition is commutative
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_unit_scaling(const double* __restrict__ x, const double* __restrict__ counts,
+                 const double* __restrict__ sums, const double* __restrict__ sums_sq, int n,
+                 int num_features, int stats_rows, double min_std, double pred_clip, int want_z,
+                 float* __restrict__ z, float* __restrict__ base_logits) {
+    const long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (t >= n) return;  // whole warps: the block size is a multiple of 32
+    const int d = num_features;
+    const double* row = x + t * d;
+    const long long stats = (stats_rows == 1 ? 0 : t) * static_cast<long long>(d);
+    const double count = counts[stats_rows == 1 ? 0 : t];
+    const double hi = __dsub_rn(1.0, pred_clip);
+    for (int i = lane; i < d; i += GLN_UNIT_LANES) {
+        const double v = row[i];
+        const double p = v < pred_clip ? pred_clip : (v > hi ? hi : v);
+        // log(p / (1 - p)) as NumPy writes it; this form is as accurate and, unlike a log of
+        // the quotient, compiles without a register spill.
+        base_logits[t * d + i] = __double2float_rn(__dsub_rn(log(p), log1p(-p)));
+    }
+    if (!want_z) return;  // the whole warp: want_z is the same for every thread
+    double total = 0.0;
+    for (int i = lane; i < d; i += GLN_UNIT_LANES) {
+        double mean, variance;
+        gln_mean_and_variance(count, sums[stats + i], sums_sq[stats + i], &mean, &variance);
+        total = __dadd_rn(total, variance);
+    }
+    const double pooled = __dsqrt_rn(__ddiv_rn(gln_unit_warp_sum(total), static_cast<double>(d)));
+    const double scale = pooled >= min_std ? pooled : min_std;
+    for (int i = lane; i < d; i += GLN_UNIT_LANES) {
+        double mean, variance;
+        gln_mean_and_variance(count, sums[stats + i], sums_sq[stats + i], &mean, &variance);
+        z[t * d + i] = __double2float_rn(__ddiv_rn(__dsub_rn(row[i], mean), scale));
+    }
 }

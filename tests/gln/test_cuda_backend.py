@@ -223,6 +223,41 @@ def test_cuda_standardize_equals_numpy_bit_for_bit(cp, n, frozen):
     np.testing.assert_array_equal(got[1].get(), expected[1])
 
 
+@pytest.mark.parametrize("n", [0, 1, 300])
+@pytest.mark.parametrize("frozen", [False, True], ids=["learning", "frozen"])
+@pytest.mark.parametrize("want_z", [True, False], ids=["z", "logits_only"])
+def test_cuda_unit_scaling_matches_numpy_whatever_the_chunk(cp, n, frozen, want_z):
+    """Inputs that are already probabilities: logits of the clipped inputs, and z divided by the
+    pooled standard deviation (a row's own sum, so its bits do not depend on the chunk)."""
+    from gln.kernels.cuda import cuda_unit_scaling  # noqa: PLC0415
+    from gln.scaling import unit_scaled  # noqa: PLC0415
+
+    rng = np.random.default_rng(n)
+    d = 784
+    x = rng.random((n, d))
+    x[:, :30] = 0.0  # a blank border: clipped to eps, variance 0
+    counts, sums, sums_sq, after = numpy_moments(np, RunningMoments(0, np.zeros(d), np.zeros(d)),
+                                                 x)
+    if frozen:
+        counts, sums, sums_sq = (np.full((1, 1), float(after.count)), after.total[None],
+                                 after.total_sq[None])
+    args = (counts, sums, sums_sq, 0.1, 3e-4, want_z)
+    want_z_value, want_logits = unit_scaled(np, x, *args)
+    z, logits = cuda_unit_scaling(cp.asarray(x), *(cp.asarray(a) for a in args[:3]), *args[3:])
+    np.testing.assert_allclose(logits.get(), want_logits, rtol=1e-6)
+    if not want_z:
+        assert z is None and want_z_value is None
+        return
+    np.testing.assert_allclose(z.get(), want_z_value, rtol=1e-6, atol=1e-6)
+    if n > 1:
+        t = n // 2
+        rows = slice(0, 1) if frozen else slice(t, t + 1)
+        alone, _ = cuda_unit_scaling(cp.asarray(x[t:t + 1]), cp.asarray(counts[rows]),
+                                     cp.asarray(sums[rows]), cp.asarray(sums_sq[rows]), 0.1,
+                                     3e-4)
+        np.testing.assert_array_equal(alone.get()[0], z.get()[t])
+
+
 @pytest.mark.parametrize(("n", "d"), [(1, 5), (7, 784), (130, 33)])
 def test_cuda_rounding_tolerances_equal_the_array_code(cp, n, d):
     """The per-row bound that decides which margins are redone in float64 (one warp per row;
@@ -268,29 +303,38 @@ def test_cuda_layer_inputs_match_plain_cupy(cp, from_probs):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
-def stream(n=1000, features=20, classes=3, seed=0):
+def stream(n=1000, features=20, classes=3, seed=0, unit=False):
+    """A labelled stream; with ``unit``, features squashed into (0, 1) like pixels."""
     rng = np.random.default_rng(seed)
     X = rng.normal(0, 1, (n, features)) * rng.uniform(0.5, 3, features) + rng.normal(0, 2,
                                                                                     features)
     y = (X[:, :classes] + rng.normal(0, 0.5, (n, classes))).argmax(axis=1)
-    return X, y
+    return (1.0 / (1.0 + np.exp(-X)) if unit else X), y
 
 
 CONFIG = dict(num_features=20, num_classes=3, layer_sizes=(16, 16, 1), context_dim=4,
               learning_rate={"schedule": "inverse_time", "scale": 100, "cap": 0.01}, seed=3)
-# Gating on per-row side information (centred, blurred 4 x 5 "images"): other array code.
-SIDE_INFOS = [{}, dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5)),
-              dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5), gating_window=2)]
+# Each input scaling and side information has its own kernels: standardised inputs, gating on
+# per-row side information (centred, blurred 4 x 5 "images"), on windows of it, and inputs that
+# are already probabilities (with and without per-row gating).
+PER_ROW = dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5))
+SIDE_INFOS = [{}, PER_ROW, dict(PER_ROW, gating_window=2), dict(input_scaling="unit"),
+              dict(PER_ROW, input_scaling="unit")]
+SIDE_INFO_IDS = ["scaled", "per_row", "window", "unit", "unit_per_row"]
 
 
-@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row", "window"])
+def stream_for(options, n=1000, seed=0):
+    return stream(n, seed=seed, unit=options.get("input_scaling") == "unit")
+
+
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
 def test_cuda_model_matches_cpu_model(cp, side_info):
-    X, y = stream()
+    X, y = stream_for(side_info)
     config = {**CONFIG, **side_info}
     cpu, gpu = GLN(**config, device="cpu"), GLN(**config, device="cuda")
     assert isinstance(gpu.weights[0], cp.ndarray)
     np.testing.assert_allclose(gpu.learn(X, y), cpu.learn(X, y), atol=1e-4)
-    X_test, _ = stream(200, seed=1)
+    X_test, _ = stream_for(side_info, 200, seed=1)
     np.testing.assert_allclose(gpu.predict_proba(X_test), cpu.predict_proba(X_test), atol=1e-4)
     for w_gpu, w_cpu in zip(gpu.weights, cpu.weights, strict=True):
         np.testing.assert_allclose(w_gpu.get(), w_cpu, atol=1e-4)
@@ -306,10 +350,10 @@ def test_cuda_kernels_match_plain_cupy_path(cp):
         np.testing.assert_allclose(w_fast.get(), w_plain.get(), atol=1e-4)
 
 
-@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=["scaled", "per_row", "window"])
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
 def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info):
     """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan)."""
-    X, y = stream(300)  # one chunk of 256 (resident kernel) and one of 44
+    X, y = stream_for(side_info, 300)  # one chunk of 256 (resident kernel) and one of 44
     config = {**CONFIG, **side_info}
     chunked, rows = GLN(**config, device="cuda"), GLN(**config, device="cuda")
     chunk_probs = chunked.learn(X, y)
@@ -349,15 +393,15 @@ def test_auto_device_picks_the_gpu(cp):
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 @pytest.mark.parametrize(("options", "most"), [
-    ({}, 14),
-    (dict(side_info="per_row", side_info_blur=1.0, image_shape=(4, 5)), 15),
-])
+    ({}, 14), (PER_ROW, 15), (dict(input_scaling="unit"), 14),
+    (dict(PER_ROW, input_scaling="unit"), 15),
+], ids=["scaled", "per_row", "unit", "unit_per_row"])
 def test_a_single_example_costs_a_handful_of_device_operations(options, most):
     """Each launch or copy costs the host microseconds, which a one-row call feels: learning one
     example is one copy in, the widening, moments, standardisation, the gating GEMM and two
     gating kernels, each layer's inputs and pass, one copy out (counted on the emulated device,
     which counts what a GPU would run); prediction is no dearer."""
-    X, y = stream(3)
+    X, y = stream_for(options, 3)
     with emulated_cupy_installed() as cp:
         model = GLN(**{**CONFIG, **options}, device="cuda")
         model.learn(X[:2], y[:2])
