@@ -1,0 +1,70 @@
+"""The service with ``GLN_DEVICE=cuda``, on the emulated device (tests/gln/emulated_cupy.py).
+
+Models live on the device; requests, snapshots, the write-ahead log and restore work as on the
+CPU, and a snapshot taken on the device restores on a CPU-only server and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from gln import GLN
+from service.app import create_app
+from service.settings import Settings
+from tests.gln.emulated_cupy import GXX, EmulatedCupy, emulated_cupy_installed
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+
+
+@pytest.fixture
+def device() -> Iterator[EmulatedCupy]:
+    with emulated_cupy_installed() as module:
+        yield module
+
+
+def settings_on(device_name: str, tmp_path) -> Settings:
+    return Settings(snapshot_dir=str(tmp_path / "snapshots"), snapshot_interval_s=3600,
+                    device=device_name)
+
+
+async def test_models_learn_on_the_device_and_move_to_a_cpu_server_and_back(
+    device, tmp_path, serve, small_config, create_model, make_data
+):
+    X, y = make_data(50)
+    probe, _ = make_data(7, seed=3)
+    reference = GLN(**small_config, device="cpu")
+    expected_learn = reference.learn(np.array(X[:30]), np.array(y[:30]))
+    reference.learn(np.array(X[30:]), np.array(y[30:]))
+
+    app = create_app(settings_on("cuda", tmp_path))
+    async with serve(app) as client:
+        await create_model(client, "fraud")
+        r = await client.post("/v1/models/fraud/learn", json={"features": X[:30], "labels": y[:30]})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["probabilities"], expected_learn, atol=1e-4)
+        r = await client.post("/v1/models/fraud/learn", json={"features": X[30:], "labels": y[30:]})
+        assert r.json()["sequence"] == 30
+        on_device = (await client.post("/v1/models/fraud/predict",
+                                       json={"features": probe})).json()["probabilities"]
+        np.testing.assert_allclose(on_device, reference.predict_proba(np.array(probe)), atol=1e-4)
+        entry = await app.state.registry.get("fraud")
+        assert isinstance(entry.model.weights[0], device.ndarray)  # in device memory
+        metrics = (await client.get("/metrics")).text
+        assert 'device="cuda"' in metrics
+        assert (await client.post("/v1/models/fraud/snapshot")).status_code == 200
+
+    async with serve(create_app(settings_on("cpu", tmp_path))) as client:
+        info = (await client.get("/v1/models/fraud")).json()
+        assert info["examples_seen"] == 50
+        on_cpu = (await client.post("/v1/models/fraud/predict",
+                                    json={"features": probe})).json()["probabilities"]
+        np.testing.assert_allclose(on_cpu, on_device, atol=1e-5)
+        r = await client.post("/v1/models/fraud/learn", json={"features": X[:5], "labels": y[:5]})
+        assert r.json()["sequence"] == 50
+
+    async with serve(create_app(settings_on("cuda", tmp_path))) as client:
+        info = (await client.get("/v1/models/fraud")).json()
+        assert info["examples_seen"] == 55  # the CPU server's learning came back too
