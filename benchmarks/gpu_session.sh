@@ -7,7 +7,8 @@
 #
 # Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
 # (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
-# tests.log, gpu_learn.jsonl, gpu_learn.err. docs/gpu.md says how to carry .peers there.
+# tests.log, gpu_learn.jsonl, gpu_learn.err, constants.json. docs/gpu.md says how to carry
+# .peers there.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -33,3 +34,6 @@ timeout 300 "$PYTHON" benchmarks/gpu_learn.py "${args[@]}" \
 echo "gpu_learn: exit $?"
 grep -v '"layer_pass"' "$OUT/gpu_learn.jsonl"
 tail -5 "$OUT/gpu_learn.err"
+
+# RESIDENT_MIN_ROWS and PREDICT_ROWS_PER_WARP, read off the layer_pass lines.
+"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$OUT/constants.json"

@@ -1,0 +1,43 @@
+"""Reading the launch constants off a GPU benchmark's layer_pass lines."""
+
+import json
+
+from benchmarks.gpu_constants import main, recommend
+
+
+def layer_pass(layer, kernel, learn, rows, microseconds, rows_per_warp=None):
+    return {"measure": "layer_pass", "layer": layer, "kernel": kernel, "learn": learn,
+            "rows": rows, "rows_per_warp": rows_per_warp, "microseconds": microseconds}
+
+
+def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers():
+    records = [{"measure": "learn", "examples_per_second": 1.0}]  # other lines are ignored
+    # (rows, streaming us, resident us) per layer: resident wins at 8 on layer 1 alone, but
+    # loses at 8 overall (layer 2), wins again from 32 on; 16 is a tie (resident).
+    timings = {"a": [(1, 10, 30), (8, 40, 30), (16, 60, 55), (32, 100, 60), (256, 800, 300)],
+               "b": [(1, 5, 20), (8, 10, 25), (16, 15, 20), (32, 30, 25), (256, 200, 90)]}
+    for layer, rows in timings.items():
+        for n, streaming, resident in rows:
+            records += [layer_pass(layer, "streaming", True, n, streaming),
+                        layer_pass(layer, "resident", True, n, resident)]
+    for per_warp, us in ((8, 50), (32, 30), (128, 40)):
+        records += [layer_pass("a", "streaming", False, 4096, us, per_warp),
+                    layer_pass("b", "streaming", False, 4096, us, per_warp),
+                    layer_pass("a", "streaming", False, 1, 1000 - us, per_warp)]
+    chosen = recommend(records)
+    assert chosen["RESIDENT_MIN_ROWS"] == 16
+    assert chosen["learn_us_by_rows"][8] == {"streaming": 50, "resident": 55}
+    assert chosen["PREDICT_ROWS_PER_WARP"] == 32  # at 4096 rows, not at 1
+    assert chosen["predict_us_by_rows_per_warp"] == {"rows": 4096, 8: 100, 32: 60, 128: 80}
+
+
+def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
+    never = [layer_pass("a", "streaming", True, n, n) for n in (1, 64)]
+    never += [layer_pass("a", "resident", True, n, 2 * n) for n in (1, 64)]
+    assert recommend(never)["RESIDENT_MIN_ROWS"] is None  # resident never wins
+    run = tmp_path / "gpu_learn.jsonl"
+    run.write_text('{"measure": "learn"}\nnot json: a warning line\n')
+    main([str(run)])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["RESIDENT_MIN_ROWS"] is None and printed["PREDICT_ROWS_PER_WARP"] is None
+    assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
