@@ -416,3 +416,42 @@ def test_a_single_example_costs_a_handful_of_device_operations(options, most):
     assert learned["copy host->device"] == learned["copy device->host"] == 1
     assert sum(learned.values()) <= most, learned
     assert sum(predicted.values()) <= most, predicted
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_cuda_saliency_matches_the_cpu_model(cp, classes):
+    """The collapsed weight product, gathered and multiplied on the device."""
+    X, y = stream(200, classes=classes)
+    config = {**CONFIG, "num_classes": classes}
+    cpu, gpu = GLN(**config, device="cpu"), GLN(**config, device="cuda")
+    cpu.learn(X, y)
+    gpu.learn(X, y)
+    maps, biases = gpu.saliency_terms(X[:6])
+    want_maps, want_biases = cpu.saliency_terms(X[:6])
+    assert isinstance(maps, np.ndarray) and maps.shape == (6, classes, 20)
+    np.testing.assert_allclose(maps, want_maps, atol=1e-4)
+    np.testing.assert_allclose(biases, want_biases, atol=1e-4)
+
+
+def test_cuda_bad_input_and_prediction_change_nothing(cp):
+    X, y = stream(40)
+    model = GLN(**CONFIG, device="cuda")
+    model.learn(X[:20], y[:20])
+    blob = model.to_bytes()
+    bad = X[20:].copy()
+    bad[-1, 3] = np.nan  # the last row of the batch
+    with pytest.raises(ValueError, match="row 19"):
+        model.learn(bad, y[20:])
+    with pytest.raises(ValueError, match="labels"):
+        model.learn(X[20:], np.full(20, 3))
+    model.predict_proba(X)
+    model.saliency(X[:3])
+    assert model.to_bytes() == blob and model.examples_seen == 20
+
+
+def test_cuda_constant_features_never_produce_nan(cp):
+    model = GLN(**CONFIG, device="cuda")
+    probs = model.learn(np.full((40, 20), 4.0), np.zeros(40, int))
+    assert np.isfinite(probs).all()
+    assert all(np.isfinite(w.get()).all() for w in model.weights)
+    assert np.isfinite(model.predict_proba(np.full((1, 20), 1e6))).all()
