@@ -22,8 +22,7 @@ import numpy as np
 
 from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import restrict_to_windows, sample_halfspaces
-from gln.kernels import contexts_for, fused_scaling_for, layer_inputs_for, layer_pass_for
-from gln.network import network_pass
+from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
 from gln.scaling import (
     INPUT_SCALINGS,
     SIDE_INFOS,
@@ -156,10 +155,9 @@ class GLN:
 
         self._device = resolve_device(device)
         self._xp = array_module(self._device)
-        self._layer_pass = layer_pass_for(self._xp, self.use_kernels)
         self._layer_contexts = contexts_for(self._xp, self.use_kernels)
         self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
-        self._layer_inputs = layer_inputs_for(self._xp, self.use_kernels)
+        self._network_pass = network_pass_for(self._xp, self.use_kernels)
         self._blur = None
         if self.side_info_blur > 0:
             self._blur = tuple(
@@ -412,10 +410,9 @@ class GLN:
         x64 = x32.astype(xp.float64)  # widened on the device
         z, base_logits = self._scale(x64, learning)
         contexts = self._contexts(z)
-        outputs = network_pass(
-            xp, self._layer_pass, self.weights, contexts, base_logits, targets, rates,
-            bias_logit=self._bias_logit, pred_clip=self.pred_clip,
-            weight_clip=self.weight_clip, learn=learning, layer_inputs=self._layer_inputs,
+        outputs = self._network_pass(
+            self.weights, contexts, base_logits, targets, rates, bias_logit=self._bias_logit,
+            pred_clip=self.pred_clip, weight_clip=self.weight_clip, learn=learning,
         )
         if learning:
             self.examples_seen += n

@@ -24,8 +24,6 @@ then every example through layer 2, ...) and still equal strict per-example lear
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -85,21 +83,17 @@ def network_pass(
     pred_clip: float,
     weight_clip: float,
     learn: bool,
-    layer_inputs: Callable[..., Any] | None = None,
 ) -> Any:
     """Every layer over a chunk; returns the last layer's outputs (n, G) float32.
 
     ``base_logits`` (n, d) are the logits of the base predictions p_0 (without the bias).
-    ``layer_inputs(values, bias_logit, from_probs)``, when given, builds a layer's inputs in
-    one step (the GPU kernel) as ``with_bias`` does.
     """
-    build = layer_inputs or functools.partial(with_bias, xp)
     n = base_logits.shape[0]
-    inputs = build(base_logits[:, None, :], bias_logit, False)
+    inputs = with_bias(xp, base_logits[:, None, :], bias_logit, False)
     probs = None
     for depth, (layer_weights, layer_contexts) in enumerate(zip(weights, contexts, strict=True)):
         if depth:  # the logits of the layer below are this layer's inputs
-            inputs = build(probs, bias_logit, True)
+            inputs = with_bias(xp, probs, bias_logit, True)
         num_glns, num_neurons = layer_weights.shape[:2]
         probs = xp.empty((n, num_glns, num_neurons), dtype=xp.float32)
         layer_pass(

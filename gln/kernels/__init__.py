@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from gln.gating import layer_contexts
-from gln.network import LayerPass, reference_layer_pass
+from gln.network import LayerPass, network_pass, reference_layer_pass
 from gln.scaling import FusedScaling
 
 
@@ -58,10 +58,15 @@ def fused_scaling_for(xp: ModuleType, use_kernels: bool = True) -> FusedScaling 
     return None
 
 
-def layer_inputs_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any] | None:
-    """The fused builder of layer inputs for ``network_pass`` on ``xp``, or None."""
-    if use_kernels and xp.__name__ == "cupy":
-        from gln.kernels.cuda import cuda_layer_inputs  # noqa: PLC0415 - needs CuPy
+def network_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
+    """``f(weights, contexts, base_logits, targets, rates, *, bias_logit, pred_clip,
+    weight_clip, learn)``: every layer over a chunk (``gln.network.network_pass``) on ``xp``.
 
-        return cuda_layer_inputs
-    return None
+    On the GPU each layer's kernel also writes the next layer's inputs, which saves a launch per
+    layer; elsewhere it is ``network_pass`` with ``layer_pass_for(xp, use_kernels)``.
+    """
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_network_pass  # noqa: PLC0415 - needs CuPy
+
+        return cuda_network_pass
+    return functools.partial(network_pass, xp, layer_pass_for(xp, use_kernels))

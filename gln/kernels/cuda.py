@@ -122,16 +122,23 @@ def plan_layer_launch(
 def layer_kernel_args(
     weights: Any, contexts: Any, inputs: Any, targets: Any, rates: Any, probs: Any,
     pred_clip: float, weight_clip: float, learn: bool, rows_per_warp: int,
+    next_inputs: Any = None, bias_logit: float = 0.0,
 ) -> tuple:
-    """The kernels' arguments, in their order, with the C types they expect."""
+    """The kernels' arguments, in their order, with the C types they expect.
+
+    ``next_inputs`` (n, G, K + 1), when given, receives the next layer's inputs; otherwise
+    ``probs`` stands in for the pointer, which the kernel then never writes through.
+    """
     num_glns, num_neurons, num_contexts, num_inputs = weights.shape
     return (
         weights, contexts, inputs, targets, rates, probs,
+        probs if next_inputs is None else next_inputs,
         np.int32(contexts.shape[0]), np.int32(num_glns), np.int32(num_neurons),
         np.int32(num_contexts), np.int32(num_inputs), np.int32(inputs.shape[1]),
         # The reference clips a float32 p with Python floats: both bounds round to float32.
         np.float32(pred_clip), np.float32(1.0 - pred_clip), np.float32(weight_clip),
-        np.int32(bool(learn)), np.int32(rows_per_warp),
+        np.int32(bool(learn)), np.float32(bias_logit), np.int32(next_inputs is not None),
+        np.int32(rows_per_warp),
     )
 
 
@@ -219,14 +226,18 @@ def _kernel(launch: LayerLaunch, device_id: int) -> Any:
 
 def cuda_layer_pass(
     weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs,
-    mode: str = "auto",
+    mode: str = "auto", next_inputs: Any = None, bias_logit: float = 0.0,
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
 
     One launch per call. ``mode`` forces a kernel (``"streaming"`` or ``"resident"``); both
-    give the same bytes. Layers wider than ``MAX_INPUTS`` inputs take the reference pass.
+    give the same bytes. ``next_inputs`` (n, G, K + 1) float32, when given, receives the next
+    layer's inputs (``cuda_layer_inputs(probs, bias_logit, True)``, bit for bit) from the same
+    launch. Layers wider than ``MAX_INPUTS`` inputs take the reference pass.
     """
     check_layer_arrays(weights, contexts, inputs, targets, rates, probs)
+    if next_inputs is not None:
+        _check_next_inputs(next_inputs, probs)
     n = contexts.shape[0]
     if n == 0:
         return
@@ -234,6 +245,8 @@ def cuda_layer_pass(
         reference_layer_pass(_cupy())(
             weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs
         )
+        if next_inputs is not None:
+            next_inputs[...] = cuda_layer_inputs(probs, bias_logit, True)
         return
     device_id = weights.device.id
     launch = plan_layer_launch(
@@ -241,9 +254,42 @@ def cuda_layer_pass(
     )
     args = layer_kernel_args(
         weights, contexts, inputs, targets, rates, probs, pred_clip, weight_clip, learn,
-        launch.rows_per_warp,
+        launch.rows_per_warp, next_inputs, bias_logit,
     )
     _kernel(launch, device_id)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+
+def _check_next_inputs(next_inputs: Any, probs: Any) -> None:
+    n, num_glns, num_neurons = probs.shape
+    if (next_inputs.dtype != np.float32 or tuple(next_inputs.shape) != (n, num_glns,
+                                                                       num_neurons + 1)
+            or not next_inputs.flags.c_contiguous):
+        raise ValueError(
+            f"next_inputs must be C-contiguous float32 of shape {(n, num_glns, num_neurons + 1)}"
+            f", got {next_inputs.dtype} of shape {tuple(next_inputs.shape)}"
+        )
+
+
+def cuda_network_pass(
+    weights: list[Any], contexts: list[Any], base_logits: Any, targets: Any, rates: Any, *,
+    bias_logit: float, pred_clip: float, weight_clip: float, learn: bool,
+) -> Any:
+    """``gln.network.network_pass`` on the GPU in L + 1 launches: the first layer's inputs,
+    then each layer's pass, which also writes the next layer's inputs."""
+    cp = _cupy()
+    n = base_logits.shape[0]
+    inputs = cuda_layer_inputs(base_logits[:, None, :], bias_logit, False)
+    probs = None
+    for depth, (layer_weights, layer_contexts) in enumerate(zip(weights, contexts, strict=True)):
+        num_glns, num_neurons = layer_weights.shape[:2]
+        probs = cp.empty((n, num_glns, num_neurons), dtype=cp.float32)
+        last = depth == len(weights) - 1
+        next_inputs = None if last else cp.empty((n, num_glns, num_neurons + 1), cp.float32)
+        cuda_layer_pass(layer_weights, layer_contexts, inputs, targets, rates, pred_clip,
+                        weight_clip, learn, probs, next_inputs=next_inputs,
+                        bias_logit=bias_logit)
+        inputs = next_inputs
+    return probs[:, :, 0]
 
 
 def moments_before_each_row(

@@ -4,6 +4,9 @@
 //   weights  (G, K, S, I) float32, updated in place; row w[g, k, c] is neuron (g, k) in context c
 //   contexts (n, G, K) int32; inputs (n, 1 or G, I) float32 (bias logit first)
 //   targets  (n, G) float32; rates (n,) float32; probs (n, G, K) float32, written
+//   next_inputs (n, G, K + 1) float32, written when write_next: the next layer's inputs, the
+//     bias logit then logf(p / (1 - p)) per neuron, as gln_layer_inputs (layer_inputs.cu) builds
+//     them, so no launch between two layers has to
 // For each example t in order and each neuron (g, k) with c = contexts[t, g, k]:
 //   p       = clip(sigmoid(w[g, k, c] . x_t), lo, hi)
 //   w[g,k,c] = clip(w[g, k, c] - rate_t * (p - target_t) * x_t, -bound, bound)   (when learning)
@@ -129,10 +132,26 @@ struct LayerArgs {
     const float* targets;
     const float* rates;
     float* probs;
+    float* next_inputs;
     int n, num_glns, num_neurons, num_contexts, num_inputs, input_groups;
-    float lo, hi, bound;
-    bool learn;
+    float lo, hi, bound, bias_logit;
+    bool learn, write_next;
 };
+
+// Lane 0's outputs for example t: p, and the next layer's input from it (and the bias, once
+// per GLN and example, by neuron 0).
+__device__ __forceinline__ void write_outputs(const LayerArgs& a, long long neuron, int g, int t,
+                                              float p) {
+    const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
+    a.probs[t * per_example + neuron] = p;
+    if (a.write_next) {
+        const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
+        float* row = a.next_inputs + (static_cast<long long>(t) * a.num_glns + g) *
+                                         (a.num_neurons + 1LL);
+        row[1 + k] = logf(__fdiv_rn(p, __fsub_rn(1.0f, p)));
+        if (k == 0) row[0] = a.bias_logit;
+    }
+}
 
 // Per-example scalars for a window of 32 examples: lane l holds example window + l. One
 // (scattered) load per lane serves 32 examples; __shfl_sync hands each example to the warp.
@@ -161,7 +180,6 @@ __device__ __forceinline__ void run_neuron(float* rows, const LayerArgs& a, long
                                            int g, int begin, int end, int lane) {
     const int I = a.num_inputs;
     const int source = a.input_groups == 1 ? 0 : g;
-    const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
     const long long input_stride = static_cast<long long>(a.input_groups) * I;
     const float* input0 = a.inputs + static_cast<long long>(source) * I;
 
@@ -195,7 +213,7 @@ __device__ __forceinline__ void run_neuron(float* rows, const LayerArgs& a, long
         }
 
         const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
-        if (lane == 0) a.probs[t * per_example + neuron] = p;
+        if (lane == 0) write_outputs(a, neuron, g, t, p);
         if (a.learn) store_row(rows + static_cast<long long>(c) * I, w, lane, I);
 
         if (more) {
@@ -218,16 +236,18 @@ __device__ __forceinline__ void run_neuron(float* rows, const LayerArgs& a, long
 
 __device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float* inputs,
                                                 const float* targets, const float* rates,
-                                                float* probs, int n, int num_glns,
-                                                int num_neurons, int num_contexts,
+                                                float* probs, float* next_inputs, int n,
+                                                int num_glns, int num_neurons, int num_contexts,
                                                 int num_inputs, int input_groups, float lo,
-                                                float hi, float bound, int learn) {
+                                                float hi, float bound, int learn,
+                                                float bias_logit, int write_next) {
     LayerArgs a;
     a.contexts = contexts;
     a.inputs = inputs;
     a.targets = targets;
     a.rates = rates;
     a.probs = probs;
+    a.next_inputs = next_inputs;
     a.n = n;
     a.num_glns = num_glns;
     a.num_neurons = num_neurons;
@@ -237,7 +257,9 @@ __device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float
     a.lo = lo;
     a.hi = hi;
     a.bound = bound;
+    a.bias_logit = bias_logit;
     a.learn = learn != 0;
+    a.write_next = write_next != 0;
     return a;
 }
 
@@ -246,9 +268,10 @@ __device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float
 extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
 gln_layer_pass_streaming(float* weights, const int* __restrict__ contexts,
                          const float* __restrict__ inputs, const float* __restrict__ targets,
-                         const float* __restrict__ rates, float* __restrict__ probs, int n,
-                         int num_glns, int num_neurons, int num_contexts, int num_inputs,
-                         int input_groups, float lo, float hi, float bound, int learn,
+                         const float* __restrict__ rates, float* __restrict__ probs,
+                         float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
+                         int num_contexts, int num_inputs, int input_groups, float lo, float hi,
+                         float bound, int learn, float bias_logit, int write_next,
                          int rows_per_warp) {
     const int lane = threadIdx.x % GLN_WARP;
     const long long neuron =
@@ -258,9 +281,9 @@ gln_layer_pass_streaming(float* weights, const int* __restrict__ contexts,
     if (first >= n) return;
     const int begin = static_cast<int>(first);
     const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
-    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, n, num_glns,
-                                   num_neurons, num_contexts, num_inputs, input_groups, lo, hi,
-                                   bound, learn);
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, learn, bias_logit, write_next);
     const int g = static_cast<int>(neuron / num_neurons);
     float* rows = weights + neuron * num_contexts * static_cast<long long>(num_inputs);
     run_neuron(rows, a, neuron, g, begin, end, lane);
@@ -322,17 +345,18 @@ __device__ __forceinline__ void rows_to_global(float* dst, const float* src, lon
 extern "C" __global__ void __launch_bounds__(GLN_WARP)
 gln_layer_pass_resident(float* weights, const int* __restrict__ contexts,
                         const float* __restrict__ inputs, const float* __restrict__ targets,
-                        const float* __restrict__ rates, float* __restrict__ probs, int n,
-                        int num_glns, int num_neurons, int num_contexts, int num_inputs,
-                        int input_groups, float lo, float hi, float bound, int learn,
+                        const float* __restrict__ rates, float* __restrict__ probs,
+                        float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
+                        int num_contexts, int num_inputs, int input_groups, float lo, float hi,
+                        float bound, int learn, float bias_logit, int write_next,
                         int rows_per_warp) {
     (void)rows_per_warp;  // same signature as the streaming kernel; always the whole chunk
     const int lane = threadIdx.x % GLN_WARP;
     const long long neuron = blockIdx.x;
     if (neuron >= static_cast<long long>(num_glns) * num_neurons || n <= 0) return;
-    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, n, num_glns,
-                                   num_neurons, num_contexts, num_inputs, input_groups, lo, hi,
-                                   bound, learn);
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, learn, bias_logit, write_next);
     const long long size = static_cast<long long>(num_contexts) * num_inputs;
     float* global_rows = weights + neuron * size;
     float* rows = dynamic_shared_floats();

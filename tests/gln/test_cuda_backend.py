@@ -151,6 +151,30 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
     np.testing.assert_array_equal(p_first, p_res[:1])
 
 
+@pytest.mark.parametrize("layer", [*LAYERS[1:], (1, 2, 2, 2051)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(("mode", "learn"), [("streaming", True), ("resident", True),
+                                             ("streaming", False)])
+def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode, learn):
+    """What the separate input kernel would build from the outputs, from the same launch,
+    also where prediction splits a neuron's examples over warps (and for the widest layers,
+    which take the reference pass)."""
+    from gln.kernels.cuda import cuda_layer_inputs, cuda_layer_pass  # noqa: PLC0415
+
+    data = random_layer(np.random.default_rng(5), *layer, 70, False)
+    w, ctx, x, targets, rates = (cp.asarray(a) for a in data)
+    glns, neurons = layer[:2]
+    probs = cp.full((70, glns, neurons), cp.nan, dtype=cp.float32)
+    next_inputs = cp.full((70, glns, neurons + 1), cp.nan, dtype=cp.float32)
+    cuda_layer_pass(w, ctx, x, targets, rates, 0.01, 1.5, learn, probs, mode=mode,
+                    next_inputs=next_inputs, bias_logit=0.75)
+    expected = cuda_layer_inputs(probs, 0.75, True).get()
+    np.testing.assert_array_equal(next_inputs.get(), expected)
+    assert (expected[:, :, 0] == np.float32(0.75)).all()
+    _, alone = run_cuda(cp, data, learn, mode)  # and the outputs are those without it
+    np.testing.assert_array_equal(probs.get(), alone)
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 300, 500])  # 500 rows > 300 features
 def test_cuda_moments_equal_numpy_bit_for_bit(cp, n):
     from gln.kernels.cuda import moments_before_each_row  # noqa: PLC0415
@@ -393,14 +417,15 @@ def test_auto_device_picks_the_gpu(cp):
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 @pytest.mark.parametrize(("options", "most"), [
-    ({}, 14), (PER_ROW, 15), (dict(input_scaling="unit"), 14),
-    (dict(PER_ROW, input_scaling="unit"), 15),
+    ({}, 12), (PER_ROW, 13), (dict(input_scaling="unit"), 12),
+    (dict(PER_ROW, input_scaling="unit"), 13),
 ], ids=["scaled", "per_row", "unit", "unit_per_row"])
 def test_a_single_example_costs_a_handful_of_device_operations(options, most):
     """Each launch or copy costs the host microseconds, which a one-row call feels: learning one
-    example is one copy in, the widening, moments, standardisation, the gating GEMM and two
-    gating kernels, each layer's inputs and pass, one copy out (counted on the emulated device,
-    which counts what a GPU would run); prediction is no dearer."""
+    example is one copy in, the widening, moments, scaling, the gating GEMM and two gating
+    kernels, the first layer's inputs, each layer's pass (which writes the next layer's inputs),
+    one copy out (counted on the emulated device, which counts what a GPU would run); prediction
+    is no dearer."""
     X, y = stream_for(options, 3)
     with emulated_cupy_installed() as cp:
         model = GLN(**{**CONFIG, **options}, device="cuda")
@@ -413,6 +438,7 @@ def test_a_single_example_costs_a_handful_of_device_operations(options, most):
         predicted = dict(cp.operations)
     layers = len(CONFIG["layer_sizes"])
     assert learned["kernel gln_layer_pass_streaming"] == layers
+    assert learned["kernel gln_layer_inputs"] == 1
     assert learned["copy host->device"] == learned["copy device->host"] == 1
     assert sum(learned.values()) <= most, learned
     assert sum(predicted.values()) <= most, predicted

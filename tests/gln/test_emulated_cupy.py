@@ -68,14 +68,13 @@ def test_launch_bounds_are_enforced(cp):
 
 
 def test_shared_memory_beyond_48_kb_needs_an_opt_in(cp):
-    from gln.kernels.cuda import RESIDENT, _layer_kernel  # noqa: PLC0415
+    from gln.kernels.cuda import RESIDENT, _layer_kernel, layer_kernel_args  # noqa: PLC0415
 
     kernel = _layer_kernel(1, RESIDENT)
-    w = cp.zeros((1, 1, 2, 1), dtype=cp.float32)
-    args = (w, cp.zeros((1, 1, 1), dtype=cp.int32), cp.zeros((1, 1, 1), dtype=cp.float32),
-            cp.zeros((1, 1), dtype=cp.float32), cp.zeros(1, dtype=cp.float32),
-            cp.zeros((1, 1, 1), dtype=cp.float32), *map(np.int32, (1, 1, 1, 2, 1, 1)),
-            *map(np.float32, (0.01, 0.99, 5.0)), np.int32(1), np.int32(1))
+    args = layer_kernel_args(
+        cp.zeros((1, 1, 2, 1), dtype=cp.float32), cp.zeros((1, 1, 1), dtype=cp.int32),
+        cp.zeros((1, 1, 1), dtype=cp.float32), cp.zeros((1, 1), dtype=cp.float32),
+        cp.zeros(1, dtype=cp.float32), cp.zeros((1, 1, 1), dtype=cp.float32), 0.01, 5.0, True, 1)
     with pytest.raises(ValueError, match="opt in"):
         kernel((1,), (32,), args, shared_mem=64 * 1024)
     kernel.max_dynamic_shared_size_bytes = 64 * 1024
