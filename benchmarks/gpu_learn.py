@@ -73,13 +73,15 @@ def load_data(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray,
 
 
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
-    """Each layer shape of the network through one launch, per kernel and chunk length."""
+    """Each layer shape of the network through one launch, per kernel and chunk length; as in
+    the model, every layer but the last also writes the next layer's inputs."""
     from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
     shapes = [("784->128", 10, 128, 785, 1), ("128->128", 10, 128, 129, 10),
               ("128->1", 10, 1, 129, 10)]
     for name, glns, neurons, inputs, groups in shapes:
+        last = name == shapes[-1][0]
         weights = cp.asarray(rng.uniform(-0.1, 0.1, (glns, neurons, 16, inputs)), cp.float32)
         for n in args.layer_rows:
             contexts = cp.asarray(rng.integers(0, 16, (n, glns, neurons)), cp.int32)
@@ -87,12 +89,15 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             targets = cp.asarray(rng.integers(0, 2, (n, glns)), cp.float32)
             rates = cp.full(n, 1e-3, cp.float32)
             probs = cp.empty((n, glns, neurons), cp.float32)
+            next_inputs = None if last else cp.empty((n, glns, neurons + 1), cp.float32)
             arrays = (weights, contexts, x, targets, rates)
             runs = [("streaming", True, None), ("resident", True, None)]
             runs += [("streaming", False, rows) for rows in args.predict_rows_per_warp]
             for mode, learn, rows_per_warp in runs:
-                def launch(arrays=arrays, probs=probs, mode=mode, learn=learn):
-                    cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode)
+                def launch(arrays=arrays, probs=probs, mode=mode, learn=learn,
+                           next_inputs=next_inputs):
+                    cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode,
+                                    next_inputs=next_inputs, bias_logit=1.0)
 
                 with predict_rows_per_warp(rows_per_warp):
                     seconds = median_event_seconds(cp, launch, args.repeats)
