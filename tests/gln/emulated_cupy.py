@@ -495,8 +495,6 @@ class EmulatedKernel:
 class RawModule:
     """``cupy.RawModule(code=..., options=...)``, built with g++."""
 
-    extra_defines: tuple[str, ...] = ()  # appended to every build (tests of other paths)
-
     def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
         defines = []
         for option in options:
@@ -504,8 +502,7 @@ class RawModule:
                 defines.append(option)
             elif option != "--fmad=false":  # g++ runs with -ffp-contract=off anyway
                 raise NotImplementedError(f"compile option {option!r}")
-        self._library, self._kernels = compile_module(
-            code, (*defines, *RawModule.extra_defines))
+        self._library, self._kernels = compile_module(code, tuple(defines))
 
     def get_function(self, name: str) -> EmulatedKernel:
         if name not in self._kernels:
