@@ -404,10 +404,8 @@ class GLN:
 
     def _run_chunk(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """One chunk through the network; learns when labels are given. Returns (n, G)."""
-        xp = self._xp
         n, learning = len(X32), labels is not None
-        x32, rates, targets = self._chunk_arrays(X32, labels)
-        x64 = x32.astype(xp.float64)  # widened on the device
+        x64, rates, targets = self._chunk_arrays(X32, labels)
         z, base_logits = self._scale(x64, learning)
         contexts = self._contexts(z)
         outputs = self._network_pass(
@@ -419,22 +417,26 @@ class GLN:
         return to_numpy(outputs)
 
     def _chunk_arrays(self, X32: np.ndarray, labels: np.ndarray | None) -> tuple[Any, Any, Any]:
-        """A chunk's rows (n, d), learning rates (n,) and one-vs-all targets (n, G), float32 on
-        the model's device, sent in one copy (each copy to a GPU costs microseconds of its own,
-        which a single-example call feels). Rates and targets are zero when not learning."""
+        """A chunk's rows (n, d) float64, learning rates (n,) and one-vs-all targets (n, G)
+        float32, on the model's device, sent in one copy (each copy to a GPU, and each launch
+        that would widen the rows there, costs microseconds of its own, which a single-example
+        call feels). The rows are widened here (exactly). Rates and targets are zero when not
+        learning."""
         n, d = X32.shape
         glns = self.num_glns
-        rates_at, targets_at = n * d, n * (d + 1)  # where each part starts in the one buffer
-        host = np.zeros(targets_at + n * glns, dtype=np.float32)
-        host[:rates_at] = X32.ravel()
+        rows_bytes = 8 * n * d  # float64 rows first, then float32 rates and targets
+        host = np.zeros(rows_bytes + 4 * n * (1 + glns), dtype=np.uint8)
+        host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
         if labels is not None:
+            rates_and_targets = host[rows_bytes:].view(np.float32)
             steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
-            host[rates_at:targets_at] = self.schedule(steps)
+            rates_and_targets[:n] = self.schedule(steps)
             positive = 1 if glns == 1 else np.arange(glns)
-            host[targets_at:] = (labels[:, None] == positive).ravel()
+            rates_and_targets[n:] = (labels[:, None] == positive).ravel()
         packed = self._xp.asarray(host)
-        return (packed[:rates_at].reshape(n, d), packed[rates_at:targets_at],
-                packed[targets_at:].reshape(n, glns))
+        small = packed[rows_bytes:].view(self._xp.float32)
+        return (packed[:rows_bytes].view(self._xp.float64).reshape(n, d), small[:n],
+                small[n:].reshape(n, glns))
 
     @property
     def _bias_logit(self) -> float:
