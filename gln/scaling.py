@@ -100,8 +100,8 @@ def scale_inputs(
 ) -> tuple[Any, Any]:
     """Side information z (n, d) float32 and base-prediction logits (n, d) float32.
 
-    ``fused`` replaces steps by single kernels (the GPU's) that compute what ``standardized``
-    and ``per_row_side_info`` compute.
+    ``fused`` replaces steps by single kernels (the GPU's) that compute what ``standardized``,
+    ``unit_scaled`` and ``per_row_side_info`` compute.
     """
     logit_cap = math.log((1.0 - pred_clip) / pred_clip)
     if mode == "standardize":

@@ -1,8 +1,8 @@
 """The CUDA kernels: Algorithm 1 for one layer over a chunk, the running input moments, the
-online standardisation, the layers' inputs and the halfspace contexts.
+online input scaling, the first layer's inputs and the halfspace contexts.
 
 The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
-``side_info.cu``, ``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule``
+``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule``
 (NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
@@ -16,8 +16,9 @@ The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
   kernel itself, so gating never makes the host wait for the GPU;
 * the standardisation of a chunk is one launch instead of a dozen (bit for bit NumPy's), and
-  so are the per-row side information (one warp per row, sums in a fixed order) and the
-  inputs of each layer (the bias, then logits).
+  so are the unit scaling and the per-row side information (one warp per row, sums in a fixed
+  order) and the first layer's inputs (the bias, then logits); each layer pass writes the next
+  layer's inputs itself.
 
 CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
 used and tested without it.
@@ -51,9 +52,8 @@ RESIDENT_MIN_ROWS = 32
 PREDICT_ROWS_PER_WARP = 32
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
-SCALING_THREADS = 128  # __launch_bounds__ of gln_standardize and gln_unit_scaling
+SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
-SIDE_INFO_THREADS = 128  # __launch_bounds__ of gln_per_row_side_info (four rows a block)
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
 COMPILE_OPTIONS = ("--fmad=false",)
@@ -451,8 +451,8 @@ def cuda_per_row_side_info(x64: Any, blur: tuple[Any, Any] | None) -> Any:
     z = cp.empty((n, d), dtype=cp.float32)
     if z.size:
         scratch = cp.empty((n, 2 * d), dtype=cp.float64)
-        _function("side_info.cu", "gln_per_row_side_info")(
-            (-(-n * WARP // SIDE_INFO_THREADS),), (SIDE_INFO_THREADS,),
+        _function("scaling.cu", "gln_per_row_side_info")(
+            (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
             (x64, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
              rows, cols, scratch, z),
         )

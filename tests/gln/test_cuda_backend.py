@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
+from gln.backend import array_module, resolve_device
 from gln.gating import (
     context_indices,
     dot_rounding_bound,
@@ -30,20 +31,8 @@ from gln.scaling import moments_before_each_row as numpy_moments
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed, forget_compiled_kernels
 from tests.gln.layer_data import random_layer
 
-
-def _cupy_with_gpu() -> ModuleType | None:
-    """CuPy when it imports and sees at least one GPU, else None."""
-    try:
-        import cupy  # noqa: PLC0415 - optional dependency
-
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return cupy
-    except Exception:  # ImportError, or no driver / no device
-        return None
-    return None
-
-
-_GPU = _cupy_with_gpu()
+# CuPy with a GPU, as the library itself finds it, else None.
+_GPU = array_module("cuda") if resolve_device("auto") == "cuda" else None
 
 
 @pytest.fixture(params=[
