@@ -370,9 +370,9 @@ class DeviceArray(NDArrayOperatorsMixin):
         return _wrap(result)
 
     def __array_function__(self, func: Callable, types: Any, args: Any, kwargs: Any) -> Any:
-        arrays = [a for a in _unwrap(args) if isinstance(a, np.ndarray)]
-        return _wrap(_count_if_new(func.__name__, func(*_unwrap(args), **_unwrap(kwargs)),
-                                   *arrays))
+        unwrapped = _unwrap(args)
+        return _wrap(_count_if_new(func.__name__, func(*unwrapped, **_unwrap(kwargs)),
+                                   *unwrapped))
 
     def __getattr__(self, name: str) -> Any:
         # No host_view before __init__ (copy, pickle); no NumPy protocols (__array_interface__
@@ -547,10 +547,10 @@ def _device_function(function: Callable, host_allowed: bool, *args: Any, **kwarg
         OPERATIONS["copy host->device"] += 1  # a copy, as a transfer is
         args = tuple(np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args)
         return _wrap(function(*args, **_unwrap(kwargs, host_allowed)))
-    result = function(*_unwrap(args, host_allowed), **_unwrap(kwargs, host_allowed))
+    unwrapped = _unwrap(args, host_allowed)
+    result = function(*unwrapped, **_unwrap(kwargs, host_allowed))
     if function.__name__ not in _ALLOCATIONS:
-        arrays = [a for a in _unwrap(args) if isinstance(a, np.ndarray)]
-        _count_if_new(function.__name__, result, *arrays)
+        _count_if_new(function.__name__, result, *unwrapped)
     return _wrap(result)
 
 
