@@ -6,12 +6,15 @@
 * ``RESIDENT_MIN_ROWS``: the shortest measured chunk from which the resident kernel learns the
   network at least as fast as the streaming one, at that length and every longer one measured.
   A chunk runs every layer, so the times are summed over the layers.
-* ``PREDICT_ROWS_PER_WARP``: the value with which prediction of the longest measured chunk is
-  fastest, summed over the layers.
+* ``PREDICT_ROWS_PER_WARP`` and ``PREDICT_ROWS_PER_BLOCK``: the values with which prediction
+  of the longest measured chunk is fastest, by the streaming and by the shared kernel, summed
+  over the layers.
+* ``PREDICT_SHARED_MIN_ROWS``: the shortest measured chunk from which the shared kernel (at its
+  best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 
-Prints one JSON line: both values, the library's current ones, and the summed timings they were
-chosen from. Either value is null when the lines to choose it are missing (or, for the first,
-when resident never wins: keep chunks streaming).
+Prints one JSON line: the values, the library's current ones, and the summed timings they were
+chosen from. A value is null when the lines to choose it are missing (or, for the two minimum
+lengths, when the other kernel never wins).
 """
 
 from __future__ import annotations
@@ -29,35 +32,60 @@ from gln.kernels import cuda  # noqa: E402
 
 
 def recommend(records: Iterable[dict]) -> dict:
-    """Both constants from ``layer_pass`` records (see the module docstring)."""
+    """The constants from ``layer_pass`` records (see the module docstring)."""
     learn: dict[tuple[str, int], float] = defaultdict(float)
-    predict: dict[tuple[int, int], float] = defaultdict(float)
+    predict: dict[str, dict[tuple[int, int], float]] = defaultdict(lambda: defaultdict(float))
     for r in records:
         if r.get("measure") != "layer_pass":
             continue
         if r["learn"]:
             learn[(r["kernel"], r["rows"])] += r["microseconds"]
         else:
-            predict[(r["rows"], r["rows_per_warp"])] += r["microseconds"]
+            predict[r["kernel"]][(r["rows"], r["rows_per_warp"])] += r["microseconds"]
 
-    lengths = sorted({rows for kernel, rows in learn
-                      if ("streaming", rows) in learn and ("resident", rows) in learn})
-    resident_wins = [learn[("resident", n)] <= learn[("streaming", n)] for n in lengths]
-    resident_min_rows = next(
-        (n for i, n in enumerate(lengths) if all(resident_wins[i:])), None
-    )
-    longest = max((rows for rows, _ in predict), default=None)
-    at_longest = {per_warp: us for (rows, per_warp), us in predict.items() if rows == longest}
-    rows_per_warp = min(at_longest, key=at_longest.get) if at_longest else None
+    resident_min_rows, learn_by_rows = _crossing(
+        {n: learn[(kernel, n)] for kernel, n in learn if kernel == "streaming"},
+        {n: learn[(kernel, n)] for kernel, n in learn if kernel == "resident"})
+    best = {kernel: _best_by_rows(times) for kernel, times in predict.items()}
+    shared_min_rows, predict_by_rows = _crossing(
+        {n: us for n, (_, us) in best.get("streaming", {}).items()},
+        {n: us for n, (_, us) in best.get("shared", {}).items()})
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
-        "PREDICT_ROWS_PER_WARP": rows_per_warp,
-        "current": {"RESIDENT_MIN_ROWS": cuda.RESIDENT_MIN_ROWS,
-                    "PREDICT_ROWS_PER_WARP": cuda.PREDICT_ROWS_PER_WARP},
-        "learn_us_by_rows": {n: {"streaming": learn[("streaming", n)],
-                                 "resident": learn[("resident", n)]} for n in lengths},
-        "predict_us_by_rows_per_warp": {"rows": longest, **at_longest},
+        "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {})),
+        "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {})),
+        "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
+        "current": {name: getattr(cuda, name) for name in (
+            "RESIDENT_MIN_ROWS", "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
+            "PREDICT_SHARED_MIN_ROWS")},
+        "learn_us_by_rows": {n: {"streaming": a, "resident": b}
+                             for n, (a, b) in learn_by_rows.items()},
+        "predict_us_by_rows": {n: {"streaming": a, "shared": b}
+                               for n, (a, b) in predict_by_rows.items()},
     }
+
+
+def _crossing(first: dict[int, float], second: dict[int, float]
+              ) -> tuple[int | None, dict[int, tuple[float, float]]]:
+    """The shortest length from which ``second`` is no slower than ``first`` at it and every
+    longer length measured by both, and the paired timings."""
+    lengths = sorted(set(first) & set(second))
+    wins = [second[n] <= first[n] for n in lengths]
+    crossing = next((n for i, n in enumerate(lengths) if all(wins[i:])), None)
+    return crossing, {n: (first[n], second[n]) for n in lengths}
+
+
+def _best_by_rows(times: dict[tuple[int, int], float]) -> dict[int, tuple[int, float]]:
+    """For each chunk length, the fastest setting and its time."""
+    best: dict[int, tuple[int, float]] = {}
+    for (rows, setting), us in times.items():
+        if rows not in best or us < best[rows][1]:
+            best[rows] = (setting, us)
+    return best
+
+
+def _value_at_longest(best: dict[int, tuple[int, float]]) -> int | None:
+    return best[max(best)][0] if best else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,10 +7,13 @@
 The network is the paper's MNIST one: 784 features, 10 classes, [128, 128, 1], context
 dimension 4. Prints one JSON line per measurement, each naming the device:
 
-* ``layer_pass``: one launch of the CUDA layer pass alone (CUDA events, median of repeats) for
-  each layer shape, kernel (streaming / resident), learn or predict, and chunk length, to set
-  ``RESIDENT_MIN_ROWS`` (where resident overtakes streaming) and, for prediction, each
-  ``PREDICT_ROWS_PER_WARP`` of ``--predict-rows-per-warp``;
+* ``layer_pass``: one launch of the CUDA layer pass alone (CUDA events around back-to-back
+  launches, so the host's launch overhead is hidden) for each layer shape, kernel (streaming /
+  resident / shared), learn or predict, and chunk length, to set ``RESIDENT_MIN_ROWS`` (where
+  resident overtakes streaming) and, for prediction, ``PREDICT_SHARED_MIN_ROWS`` (where the
+  shared kernel overtakes streaming), each ``PREDICT_ROWS_PER_WARP`` of
+  ``--predict-rows-per-warp`` and each ``PREDICT_ROWS_PER_BLOCK`` of
+  ``--predict-rows-per-block``;
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
@@ -93,14 +96,16 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             arrays = (weights, contexts, x, targets, rates)
             runs = [("streaming", True, None), ("resident", True, None)]
             runs += [("streaming", False, rows) for rows in args.predict_rows_per_warp]
+            runs += [("shared", False, rows) for rows in args.predict_rows_per_block]
             for mode, learn, rows_per_warp in runs:
                 def launch(arrays=arrays, probs=probs, mode=mode, learn=learn,
                            next_inputs=next_inputs):
                     cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode,
                                     next_inputs=next_inputs, bias_logit=1.0)
 
-                with predict_rows_per_warp(rows_per_warp):
-                    seconds = median_event_seconds(cp, launch, args.repeats)
+                constant = "PREDICT_ROWS_PER_BLOCK" if mode == "shared" else "PREDICT_ROWS_PER_WARP"
+                with launch_constant(constant, rows_per_warp):
+                    seconds = mean_event_seconds(cp, launch, args.repeats)
                 active = n * glns * neurons * inputs * 4 * (2 if learn else 1)
                 emit({"measure": "layer_pass", "layer": name, "kernel": mode, "learn": learn,
                       "rows": n, "rows_per_warp": rows_per_warp, "microseconds": seconds * 1e6,
@@ -109,29 +114,30 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
 
 
 @contextlib.contextmanager
-def predict_rows_per_warp(rows: int | None) -> Iterator[None]:
-    """Prediction's examples per warp set to ``rows`` for a while (None: the library's)."""
+def launch_constant(name: str, value: int | None) -> Iterator[None]:
+    """``gln.kernels.cuda.<name>`` set to ``value`` for a while (None: the library's)."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
-    saved = cuda.PREDICT_ROWS_PER_WARP
-    cuda.PREDICT_ROWS_PER_WARP = rows or saved
+    saved = getattr(cuda, name)
+    setattr(cuda, name, value or saved)
     try:
         yield
     finally:
-        cuda.PREDICT_ROWS_PER_WARP = saved
+        setattr(cuda, name, saved)
 
 
-def median_event_seconds(cp, fn, repeats: int) -> float:
+def mean_event_seconds(cp, fn, repeats: int) -> float:
+    """Device seconds per call of ``fn``: ``repeats`` calls back to back between two events,
+    so the device never waits for the host between them (small launches are otherwise timed
+    at the host's pace)."""
     fn()  # compile and warm up
     start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
+    start.record()
     for _ in range(repeats):
-        start.record()
         fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    return float(np.median(times))
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeats
 
 
 def learn_rate(model: GLN, X: np.ndarray, y: np.ndarray, chunk: int) -> tuple[float, np.ndarray]:
@@ -199,10 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-chunk-rows", type=int, default=None,
                         help="override gln.model.CHUNK_ROWS_GPU (rows per kernel launch)")
     parser.add_argument("--layer-rows", type=int_list,
-                        default=[1, 4, 8, 16, 32, 64, 256, 4096],
+                        default=[1, 4, 16, 64, 256, 1024, 2048, 4096],
                         help="chunk lengths for layer_pass timings")
     parser.add_argument("--predict-rows-per-warp", type=int_list,
-                        default=[8, 32, 128], help="PREDICT_ROWS_PER_WARP values to time")
+                        default=[32, 128], help="PREDICT_ROWS_PER_WARP values to time")
+    parser.add_argument("--predict-rows-per-block", type=int_list, default=[256, 512, 2048],
+                        help="PREDICT_ROWS_PER_BLOCK values to time")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)

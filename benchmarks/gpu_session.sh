@@ -7,8 +7,8 @@
 #
 # Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
 # (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
-# tests.log, gpu_learn.jsonl, gpu_learn.err, constants.json. docs/gpu.md says how to carry
-# .peers there.
+# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, constants.json. docs/gpu.md says
+# how to carry .peers there.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -21,7 +21,7 @@ cat "$OUT/device.txt"
 
 # The device machines have no Redis or FastAPI: skip the top-level conftest. The emulated
 # variants already ran on the CPU (CI): only the real GPU's here.
-timeout 240 "$PYTHON" -m pytest -q --noconftest -rs -k "not emulated" \
+timeout 150 "$PYTHON" -m pytest -q --noconftest -rs -k "not emulated" \
     tests/gln/test_cuda_backend.py tests/gln/test_cuda_sources.py > "$OUT/tests.log" 2>&1
 echo "tests: exit $?"
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
@@ -29,11 +29,17 @@ grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 args=()
 [ -d .peers/mnist ] && args+=(--data-dir .peers/mnist)
 [ -d .peers/pygln ] && args+=(--pygln-dir .peers/pygln)
-timeout 300 "$PYTHON" benchmarks/gpu_learn.py "${args[@]}" \
+timeout 250 "$PYTHON" benchmarks/gpu_learn.py "${args[@]}" \
     > "$OUT/gpu_learn.jsonl" 2> "$OUT/gpu_learn.err"
 echo "gpu_learn: exit $?"
 grep -v '"layer_pass"' "$OUT/gpu_learn.jsonl"
 tail -5 "$OUT/gpu_learn.err"
 
-# RESIDENT_MIN_ROWS and PREDICT_ROWS_PER_WARP, read off the layer_pass lines.
+# Where one-row and 4,096-row calls spend their time, stage by stage, and the host's cost of
+# single CuPy operations.
+timeout 120 "$PYTHON" benchmarks/gpu_stages.py > "$OUT/gpu_stages.jsonl" 2>&1
+echo "gpu_stages: exit $?"
+cat "$OUT/gpu_stages.jsonl"
+
+# The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
 "$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$OUT/constants.json"

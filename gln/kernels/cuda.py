@@ -48,8 +48,13 @@ MAX_INPUTS = WARP * MAX_PER_LANE
 # and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
 # memory. A guess from the byte counts in docs/gpu.md, to be tuned on the H100.
 RESIDENT_MIN_ROWS = 32
-# Prediction writes nothing, so a neuron's examples are split over warps of this many rows.
+# Prediction writes nothing, so a neuron's examples are split over warps of this many rows
+# (streaming kernel) ...
 PREDICT_ROWS_PER_WARP = 32
+# ... and chunks at least PREDICT_SHARED_MIN_ROWS long are predicted by the shared kernel, whose
+# blocks keep several neurons' rows in shared memory and take this many examples each.
+PREDICT_SHARED_MIN_ROWS = 256
+PREDICT_ROWS_PER_BLOCK = 512
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
@@ -59,7 +64,8 @@ INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 COMPILE_OPTIONS = ("--fmad=false",)
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
-MODES = ("auto", "streaming", "resident")
+SHARED = "gln_layer_predict_shared"
+MODES = ("auto", "streaming", "resident", "shared")
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,13 @@ class LayerLaunch:
     block: tuple[int]
     shared_bytes: int
     per_lane: int
-    rows_per_warp: int
+    rows_per_warp: int  # examples per warp (per block for the shared kernel)
+    neurons_per_block: int = 1  # the shared kernel's neurons per block
+
+
+def predict_warps(lanes: int) -> int:
+    """Warps per block of the shared prediction kernel (``GLN_PREDICT_WARPS``)."""
+    return 16 if lanes <= 32 else 8
 
 
 def per_lane(num_inputs: int) -> int:
@@ -88,9 +100,10 @@ def plan_layer_launch(
 ) -> LayerLaunch:
     """Choose the kernel and its launch shape for a layer of ``weights_shape`` over n rows.
 
-    ``mode`` forces ``"streaming"`` or ``"resident"`` (tests and benchmarks); ``"auto"`` picks
-    resident when learning at least ``RESIDENT_MIN_ROWS`` rows and the neuron's rows fit in
-    ``max_shared_bytes`` of shared memory. Both give the same bytes.
+    ``mode`` forces ``"streaming"``, ``"resident"`` or (prediction only) ``"shared"`` (tests
+    and benchmarks); ``"auto"`` picks resident when learning at least ``RESIDENT_MIN_ROWS``
+    rows, shared when predicting at least ``PREDICT_SHARED_MIN_ROWS``, where a neuron's rows fit
+    in ``max_shared_bytes`` of shared memory. All give the same bytes.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -106,10 +119,20 @@ def plan_layer_launch(
         raise ValueError(
             f"a neuron's rows ({shared_bytes} bytes) exceed the shared memory ({max_shared_bytes})"
         )
+    if mode == "shared" and learn:
+        raise ValueError("the shared kernel only predicts")
+    lanes = per_lane(num_inputs)
+    if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
+                            and fits):
+        blocks_per_gln = -(-num_neurons // min(WARP, max_shared_bytes // shared_bytes))
+        per_block = -(-num_neurons // blocks_per_gln)  # balanced: no block of a few neurons
+        rows = max(PREDICT_ROWS_PER_BLOCK, -(-n // _MAX_GRID_Y))
+        return LayerLaunch(SHARED, (num_glns * blocks_per_gln, max(1, -(-n // rows))),
+                           (WARP * predict_warps(lanes),), per_block * shared_bytes, lanes, rows,
+                           per_block)
     resident = mode == "resident" or (
         mode == "auto" and learn and n >= RESIDENT_MIN_ROWS and fits
     )
-    lanes = per_lane(num_inputs)
     if resident:
         return LayerLaunch(RESIDENT, (neurons, 1), (WARP,), shared_bytes, lanes, max(n, 1))
     # Learning must keep each neuron on one warp (its updates are sequential); prediction
@@ -122,7 +145,7 @@ def plan_layer_launch(
 def layer_kernel_args(
     weights: Any, contexts: Any, inputs: Any, targets: Any, rates: Any, probs: Any,
     pred_clip: float, weight_clip: float, learn: bool, rows_per_warp: int,
-    next_inputs: Any = None, bias_logit: float = 0.0,
+    next_inputs: Any = None, bias_logit: float = 0.0, neurons_per_block: int = 1,
 ) -> tuple:
     """The kernels' arguments, in their order, with the C types they expect.
 
@@ -138,7 +161,7 @@ def layer_kernel_args(
         # The reference clips a float32 p with Python floats: both bounds round to float32.
         np.float32(pred_clip), np.float32(1.0 - pred_clip), np.float32(weight_clip),
         np.int32(bool(learn)), np.float32(bias_logit), np.int32(next_inputs is not None),
-        np.int32(rows_per_warp),
+        np.int32(rows_per_warp), np.int32(neurons_per_block),
     )
 
 
@@ -230,14 +253,22 @@ def cuda_layer_pass(
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
 
-    One launch per call. ``mode`` forces a kernel (``"streaming"`` or ``"resident"``); both
-    give the same bytes. ``next_inputs`` (n, G, K + 1) float32, when given, receives the next
-    layer's inputs (``cuda_layer_inputs(probs, bias_logit, True)``, bit for bit) from the same
-    launch. Layers wider than ``MAX_INPUTS`` inputs take the reference pass.
+    One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"`` or, when
+    predicting, ``"shared"``); all give the same bytes. ``next_inputs`` (n, G, K + 1) float32,
+    when given, receives the next layer's inputs (``cuda_layer_inputs(probs, bias_logit,
+    True)``, bit for bit) from the same launch. Layers wider than ``MAX_INPUTS`` inputs take
+    the reference pass.
     """
     check_layer_arrays(weights, contexts, inputs, targets, rates, probs)
     if next_inputs is not None:
         _check_next_inputs(next_inputs, probs)
+    _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs,
+                mode, next_inputs, bias_logit)
+
+
+def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs,
+                mode, next_inputs, bias_logit) -> None:
+    """``cuda_layer_pass`` on arrays known to be right (the network pass makes its own)."""
     n = contexts.shape[0]
     if n == 0:
         return
@@ -249,14 +280,24 @@ def cuda_layer_pass(
             next_inputs[...] = cuda_layer_inputs(probs, bias_logit, True)
         return
     device_id = weights.device.id
-    launch = plan_layer_launch(
-        tuple(weights.shape), n, bool(learn), _max_shared_bytes(device_id), mode
+    launch = _planned_launch(
+        tuple(weights.shape), n, bool(learn), _max_shared_bytes(device_id), mode,
+        (RESIDENT_MIN_ROWS, PREDICT_ROWS_PER_WARP, PREDICT_SHARED_MIN_ROWS,
+         PREDICT_ROWS_PER_BLOCK),
     )
     args = layer_kernel_args(
         weights, contexts, inputs, targets, rates, probs, pred_clip, weight_clip, learn,
-        launch.rows_per_warp, next_inputs, bias_logit,
+        launch.rows_per_warp, next_inputs, bias_logit, launch.neurons_per_block,
     )
     _kernel(launch, device_id)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _planned_launch(weights_shape: tuple[int, int, int, int], n: int, learn: bool,
+                    max_shared_bytes: int, mode: str, constants: tuple[int, ...]) -> LayerLaunch:
+    """``plan_layer_launch``, remembered: a one-row call plans every layer again otherwise.
+    ``constants`` (the launch constants as they are now) only keys the cache."""
+    return plan_layer_launch(weights_shape, n, learn, max_shared_bytes, mode)
 
 
 def _check_next_inputs(next_inputs: Any, probs: Any) -> None:
@@ -285,9 +326,8 @@ def cuda_network_pass(
         probs = cp.empty((n, num_glns, num_neurons), dtype=cp.float32)
         last = depth == len(weights) - 1
         next_inputs = None if last else cp.empty((n, num_glns, num_neurons + 1), cp.float32)
-        cuda_layer_pass(layer_weights, layer_contexts, inputs, targets, rates, pred_clip,
-                        weight_clip, learn, probs, next_inputs=next_inputs,
-                        bias_logit=bias_logit)
+        _layer_pass(layer_weights, layer_contexts, inputs, targets, rates, pred_clip,
+                    weight_clip, learn, probs, "auto", next_inputs, bias_logit)
         inputs = next_inputs
     return probs[:, :, 0]
 

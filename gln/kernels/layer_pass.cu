@@ -33,6 +33,12 @@
 //   gln_layer_pass_resident: the neuron's 2^m rows are copied to shared memory once (cp.async),
 //     the chunk runs against them, and they are written back once. Weight traffic per chunk is
 //     then 2 x S x I x 4 bytes per neuron instead of 2 x I x 4 bytes per example.
+// and prediction of long chunks has a third, which calls the same mixing code:
+//   gln_layer_predict_shared: a block holds the rows of several neurons of one GLN in shared
+//     memory and its warps take turns over the examples; a warp loads an example's input once
+//     and mixes it with every neuron of the block. The streaming kernel reads a row and an
+//     input from the caches for every neuron and example; this one reads the input once per
+//     block and the rows from shared memory.
 //
 // GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
 // and an input live in registers.
@@ -50,9 +56,12 @@
 #define GLN_WARP 32
 #define GLN_FULL_MASK 0xffffffffu
 #define GLN_STREAM_WARPS 4  // warps (neurons) per block of the streaming kernel
+// Warps per block of gln_layer_predict_shared: as many as the registers allow without spilling
+// (three register arrays per lane: the row, the input and the next input).
+#define GLN_PREDICT_WARPS (GLN_PER_LANE <= 32 ? 16 : 8)
 
 #ifndef GLN_HOST_EMULATION
-// Dynamic shared memory of the resident kernel, 16-byte aligned for cp.async.
+// Dynamic shared memory of the resident and shared-prediction kernels, 16-byte aligned for cp.async.
 __device__ __forceinline__ float* dynamic_shared_floats() {
     extern __shared__ float4 gln_dynamic_shared[];
     return reinterpret_cast<float*>(gln_dynamic_shared);
@@ -272,7 +281,8 @@ gln_layer_pass_streaming(float* weights, const int* __restrict__ contexts,
                          float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
                          int num_contexts, int num_inputs, int input_groups, float lo, float hi,
                          float bound, int learn, float bias_logit, int write_next,
-                         int rows_per_warp) {
+                         int rows_per_warp, int neurons_per_block) {
+    (void)neurons_per_block;  // one neuron per warp: the kernels share one signature
     const int lane = threadIdx.x % GLN_WARP;
     const long long neuron =
         static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
@@ -299,29 +309,30 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 }
 #endif
 
-// Copy `size` floats between a neuron's global rows and shared memory, all lanes together.
-// Global to shared goes through cp.async (sm_80+): every request is in flight at once instead
-// of a few per lane, so the copy runs at memory bandwidth rather than at memory latency.
+// Copy `size` floats of weight rows from global to shared memory, thread `thread` of `threads`
+// taking every threads-th element; the caller synchronises the threads that shared the copy.
+// cp.async (sm_80+) keeps every request in flight at once instead of a few per thread, so the
+// copy runs at memory bandwidth rather than at memory latency.
 __device__ __forceinline__ void rows_to_shared(float* dst, const float* src, long long size,
-                                               int lane) {
+                                               int thread, int threads) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const bool vector = ((reinterpret_cast<unsigned long long>(src) |
                           reinterpret_cast<unsigned long long>(dst)) & 15) == 0 &&
                         (size & 3) == 0;
     if (vector) {
-        for (long long e = 4LL * lane; e < size; e += 4LL * GLN_WARP) {
+        for (long long e = 4LL * thread; e < size; e += 4LL * threads) {
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
                          :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
         }
     } else {
-        for (long long e = lane; e < size; e += GLN_WARP) {
+        for (long long e = thread; e < size; e += threads) {
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
                          :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
         }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #else
-    for (long long e = lane; e < size; e += GLN_WARP) dst[e] = src[e];
+    for (long long e = thread; e < size; e += threads) dst[e] = src[e];
 #endif
 }
 
@@ -349,8 +360,9 @@ gln_layer_pass_resident(float* weights, const int* __restrict__ contexts,
                         float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
                         int num_contexts, int num_inputs, int input_groups, float lo, float hi,
                         float bound, int learn, float bias_logit, int write_next,
-                        int rows_per_warp) {
-    (void)rows_per_warp;  // same signature as the streaming kernel; always the whole chunk
+                        int rows_per_warp, int neurons_per_block) {
+    (void)rows_per_warp;  // the kernels share one signature; always the whole chunk
+    (void)neurons_per_block;
     const int lane = threadIdx.x % GLN_WARP;
     const long long neuron = blockIdx.x;
     if (neuron >= static_cast<long long>(num_glns) * num_neurons || n <= 0) return;
@@ -360,11 +372,79 @@ gln_layer_pass_resident(float* weights, const int* __restrict__ contexts,
     const long long size = static_cast<long long>(num_contexts) * num_inputs;
     float* global_rows = weights + neuron * size;
     float* rows = dynamic_shared_floats();
-    rows_to_shared(rows, global_rows, size, lane);
+    rows_to_shared(rows, global_rows, size, lane, GLN_WARP);
     __syncwarp();  // the copy's lane layout differs from run_neuron's
     run_neuron(rows, a, neuron, static_cast<int>(neuron / num_neurons), 0, n, lane);
     if (a.learn) {
         __syncwarp();
         rows_to_global(global_rows, rows, size, lane);
+    }
+}
+
+// Prediction only. Block (blockIdx.x, blockIdx.y) holds neurons k0 .. k0 + neurons_per_block - 1
+// of GLN g (blockIdx.x = g * blocks_per_gln + k0 / neurons_per_block) and examples
+// [blockIdx.y * rows_per_warp, ...) of at most rows_per_warp examples (here: per block); warp w
+// of the block takes the examples w, w + warps, ... of that range. Each (neuron, example) is
+// mixed by mix_and_learn exactly as the other kernels mix it, so the bytes are theirs.
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_PREDICT_WARPS, 1)
+gln_layer_predict_shared(float* weights, const int* __restrict__ contexts,
+                         const float* __restrict__ inputs, const float* __restrict__ targets,
+                         const float* __restrict__ rates, float* __restrict__ probs,
+                         float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
+                         int num_contexts, int num_inputs, int input_groups, float lo, float hi,
+                         float bound, int learn, float bias_logit, int write_next,
+                         int rows_per_warp, int neurons_per_block) {
+    (void)learn;  // never learns: the host launches it for prediction only
+    const int lane = threadIdx.x % GLN_WARP, warp = threadIdx.x / GLN_WARP;
+    const int warps = blockDim.x / GLN_WARP;
+    const int blocks_per_gln = (num_neurons + neurons_per_block - 1) / neurons_per_block;
+    const int g = blockIdx.x / blocks_per_gln;
+    const int k0 = (blockIdx.x % blocks_per_gln) * neurons_per_block;
+    const long long first = static_cast<long long>(blockIdx.y) * rows_per_warp;
+    if (g >= num_glns || first >= n) return;  // whole block
+    const int count = num_neurons - k0 < neurons_per_block ? num_neurons - k0 : neurons_per_block;
+    const int begin = static_cast<int>(first);
+    const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, 0, bias_logit, write_next);
+    const int I = num_inputs;
+    const long long row_floats = static_cast<long long>(num_contexts) * I;
+    const long long neuron0 = static_cast<long long>(g) * num_neurons + k0;
+    float* rows = dynamic_shared_floats();
+    rows_to_shared(rows, weights + neuron0 * row_floats, count * row_floats, threadIdx.x,
+                   blockDim.x);
+    __syncthreads();
+
+    const int source = input_groups == 1 ? 0 : g;
+    const long long input_stride = static_cast<long long>(input_groups) * I;
+    const float* input0 = inputs + static_cast<long long>(source) * I;
+    const long long per_example = static_cast<long long>(num_glns) * num_neurons;
+    float w[GLN_PER_LANE], x[GLN_PER_LANE];
+    int t = begin + warp;
+    if (t < end) load_input(x, input0 + t * input_stride, lane, I);
+    for (; t < end; t += warps) {
+        // Lane j holds the context of neuron k0 + j at example t (neurons_per_block <= 32).
+        const int mine = lane < count ? contexts[t * per_example + neuron0 + lane] &
+                                            (num_contexts - 1)
+                                      : 0;
+#if GLN_PREFETCH
+        float x_next[GLN_PER_LANE];
+        if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
+#endif
+        for (int j = 0; j < count; ++j) {
+            const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
+            load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
+            const float p = mix_and_learn(w, x, 0.0f, 0.0f, lo, hi, bound, false);
+            if (lane == 0) write_outputs(a, neuron0 + j, g, t, p);
+        }
+        if (t + warps < end) {
+#if GLN_PREFETCH
+#pragma unroll
+            for (int i = 0; i < GLN_PER_LANE; ++i) x[i] = x_next[i];
+#else
+            load_input(x, input0 + (t + warps) * input_stride, lane, I);
+#endif
+        }
     }
 }

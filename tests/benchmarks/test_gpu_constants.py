@@ -24,11 +24,20 @@ def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers():
         records += [layer_pass("a", "streaming", False, 4096, us, per_warp),
                     layer_pass("b", "streaming", False, 4096, us, per_warp),
                     layer_pass("a", "streaming", False, 1, 1000 - us, per_warp)]
+    # The shared kernel (two rows-per-block settings): slower at 1 row, faster from 256 on.
+    for rows, per_block, us in ((1, 256, 2000), (1, 512, 2100), (256, 256, 10), (256, 512, 9),
+                                (4096, 256, 20), (4096, 512, 25)):
+        records.append(layer_pass("a", "shared", False, rows, us, per_block))
+    records += [layer_pass("a", "streaming", False, 256, 50, 32)]
     chosen = recommend(records)
     assert chosen["RESIDENT_MIN_ROWS"] == 16
     assert chosen["learn_us_by_rows"][8] == {"streaming": 50, "resident": 55}
     assert chosen["PREDICT_ROWS_PER_WARP"] == 32  # at 4096 rows, not at 1
-    assert chosen["predict_us_by_rows_per_warp"] == {"rows": 4096, 8: 100, 32: 60, 128: 80}
+    assert chosen["PREDICT_ROWS_PER_BLOCK"] == 256  # at 4096 rows, not at 256
+    assert chosen["PREDICT_SHARED_MIN_ROWS"] == 256
+    # Each kernel at its best setting for the length (streaming summed over both layers).
+    assert chosen["predict_us_by_rows"][4096] == {"streaming": 60, "shared": 20}
+    assert chosen["predict_us_by_rows"][1] == {"streaming": 950, "shared": 2000}
 
 
 def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
@@ -40,4 +49,5 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     main([str(run)])
     printed = json.loads(capsys.readouterr().out)
     assert printed["RESIDENT_MIN_ROWS"] is None and printed["PREDICT_ROWS_PER_WARP"] is None
+    assert printed["PREDICT_SHARED_MIN_ROWS"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1

@@ -33,7 +33,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     with emulated_cupy_installed():
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "1",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
-              "--predict-rows-per-warp", "8", "--repeats", "1", "--pygln-examples", "0"])
+              "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
+              "--pygln-examples", "0"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -42,7 +43,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
                  ("predict", "plain_cupy"), ("agreement", None)]:
         assert kind in kinds
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
-    # Three layers x (streaming and resident learning, streaming prediction) at one row.
-    assert len(layer_passes) == 9 and all(r["microseconds"] > 0 for r in layer_passes)
+    # Three layers x (streaming and resident learning, streaming and shared prediction) at one
+    # row.
+    assert len(layer_passes) == 12 and all(r["microseconds"] > 0 for r in layer_passes)
+    assert {(r["kernel"], r["learn"]) for r in layer_passes} == {
+        ("streaming", True), ("resident", True), ("streaming", False), ("shared", False)}
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5

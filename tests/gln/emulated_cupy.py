@@ -5,8 +5,9 @@ Why: the GPU path (``gln.kernels.cuda`` and the model's array code on CuPy) must
 on machines without a GPU, and a GPU is rarely at hand. ``EmulatedCupy`` is installed as the
 ``cupy`` module (``emulated_cupy_installed``); ``GLN(device="cuda")`` then runs its CUDA
 path end to end, every kernel compiled from its ``.cu`` source with g++ against a small
-emulation of the CUDA features the sources use (each lane a fiber; the 32 lanes of a warp
-switch at every warp-collective call, so ``__shfl_sync`` sees the warp in lockstep).
+emulation of the CUDA features the sources use (each thread of a block a fiber; threads switch
+at every warp-collective call and ``__syncthreads``, so ``__shfl_sync`` sees the warp in
+lockstep and a block's barrier holds every warp).
 
 It fails where a real GPU run would fail or go silently wrong:
 
@@ -53,7 +54,7 @@ DEFAULT_SHARED_BYTES = 48 * 1024  # without opting in
 MAX_SHARED_OPTIN_ATTRIBUTE = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 
 # The CUDA features the kernel sources use, for g++. Launches are serial: one block at a time,
-# its warps one after another, the 32 lanes of a warp as fibers.
+# every thread of the block a fiber; threads switch at warp-collective calls and barriers.
 HEADER = r"""
 #include <math.h>
 #include <setjmp.h>
@@ -75,71 +76,106 @@ struct gln_dim3 { unsigned x, y, z; };
 
 namespace emu {
 constexpr int kLanes = 32;
+constexpr int kMaxThreads = 1024;
 constexpr size_t kStack = 128 * 1024;
 inline gln_dim3 block_idx{0, 0, 0}, block_dim{1, 1, 1}, grid_dim{1, 1, 1};
-inline gln_dim3 thread_idx[kLanes];
-inline int lane = 0;
-inline ucontext_t scheduler, fibers[kLanes];
-inline bool finished[kLanes], started[kLanes];
-inline unsigned long long slots[2][kLanes];
-inline unsigned phase[kLanes];
+inline gln_dim3 thread_idx[kMaxThreads];
+inline int current = 0;  // the running thread of the block
+inline ucontext_t scheduler, fibers[kMaxThreads];
+inline bool finished[kMaxThreads], started[kMaxThreads];
+inline unsigned long long slots[2][kMaxThreads];
+inline unsigned phase[kMaxThreads];
 inline std::vector<float> shared;
-inline std::vector<char> stacks(kLanes * kStack);
+inline char* stacks = nullptr;  // calloc: pages are only touched by the threads that run
+inline int stack_threads = 0;
 inline std::function<void()> body;
 inline int failed = 0;
+// __syncthreads: threads that have arrived, threads of the block still running, and a count of
+// completed barriers that waiting threads watch.
+inline int arrived = 0, running_threads = 0;
+inline unsigned barriers = 0;
 
-// Switches between lanes are _setjmp/_longjmp (no system call); ucontext only starts a lane
-// on its own stack.
-inline jmp_buf scheduler_point, lane_points[kLanes];
+// Switches between threads are _setjmp/_longjmp (no system call); ucontext only starts a
+// thread on its own stack.
+inline jmp_buf scheduler_point, thread_points[kMaxThreads];
 
 inline void yield() {
-    if (!_setjmp(lane_points[lane])) _longjmp(scheduler_point, 1);
+    if (!_setjmp(thread_points[current])) _longjmp(scheduler_point, 1);
 }
 
-// A warp-collective exchange: write, wait for the whole warp, read. Two slot sets, since a
-// lane may write the next exchange before a slower lane has read this one.
+// A warp-collective exchange: write, wait for the whole warp, read (from lane `source` of the
+// same warp). Two slot sets, since a lane may write the next exchange before a slower lane has
+// read this one.
 template <class T> T exchange(T value, int source) {
-    const unsigned p = phase[lane]++ & 1u;
-    memcpy(&slots[p][lane], &value, sizeof(T));
+    const unsigned p = phase[current]++ & 1u;
+    memcpy(&slots[p][current], &value, sizeof(T));
     yield();
     T out;
-    memcpy(&out, &slots[p][source & (kLanes - 1)], sizeof(T));
+    memcpy(&out, &slots[p][current - current % kLanes + (source & (kLanes - 1))], sizeof(T));
     return out;
 }
 
-inline void run_lane() {
+inline void release_barrier_if_complete() {
+    if (arrived > 0 && arrived == running_threads) {
+        arrived = 0;
+        ++barriers;
+    }
+}
+
+// Every thread yields at least once, and all stay until the pass after the last arrival, so
+// the lanes of a warp leave together, still in lockstep.
+inline void syncthreads() {
+    const unsigned barrier = barriers;
+    ++arrived;
+    release_barrier_if_complete();
+    do yield(); while (barriers == barrier);
+}
+
+inline void run_thread() {
     body();
-    finished[lane] = true;
+    finished[current] = true;
+    --running_threads;
+    release_barrier_if_complete();  // an exited thread no longer holds a barrier back
     _longjmp(scheduler_point, 1);  // never returns: the scheduler resumes where it left off
 }
 
-inline void run_warp(unsigned warp) {
-    for (int l = 0; l < kLanes; ++l) {
-        thread_idx[l] = {warp * kLanes + l, 0, 0};
-        finished[l] = false;
-        started[l] = false;
-        phase[l] = 0;
-        getcontext(&fibers[l]);
-        fibers[l].uc_stack.ss_sp = stacks.data() + l * kStack;
-        fibers[l].uc_stack.ss_size = kStack;
-        fibers[l].uc_link = &scheduler;
-        makecontext(&fibers[l], run_lane, 0);
+// The block's threads round robin, each up to its next warp-collective call or barrier.
+inline void run_block(int threads) {
+    if (threads > stack_threads) {
+        free(stacks);
+        stacks = static_cast<char*>(calloc(threads, kStack));
+        stack_threads = threads;
     }
+    for (int t = 0; t < threads; ++t) {
+        thread_idx[t] = {static_cast<unsigned>(t), 0, 0};
+        finished[t] = false;
+        started[t] = false;
+        phase[t] = 0;
+        getcontext(&fibers[t]);
+        fibers[t].uc_stack.ss_sp = stacks + t * kStack;
+        fibers[t].uc_stack.ss_size = kStack;
+        fibers[t].uc_link = &scheduler;
+        makecontext(&fibers[t], run_thread, 0);
+    }
+    arrived = 0;
+    running_threads = threads;
     for (bool running = true; running;) {
         running = false;
-        int waiting = 0, done = 0;
-        for (int l = 0; l < kLanes; ++l) {
-            if (finished[l]) continue;
-            lane = l;
-            if (!_setjmp(scheduler_point)) {
-                if (started[l]) _longjmp(lane_points[l], 1);
-                started[l] = true;
-                swapcontext(&scheduler, &fibers[l]);
+        for (int warp = 0; warp * kLanes < threads; ++warp) {
+            int waiting = 0, done = 0;
+            for (int t = warp * kLanes; t < threads && t < (warp + 1) * kLanes; ++t) {
+                if (finished[t]) continue;
+                current = t;
+                if (!_setjmp(scheduler_point)) {
+                    if (started[t]) _longjmp(thread_points[t], 1);
+                    started[t] = true;
+                    swapcontext(&scheduler, &fibers[t]);
+                }
+                running = true;
+                (finished[t] ? done : waiting) += 1;
             }
-            running = true;
-            (finished[l] ? done : waiting) += 1;
+            if (waiting && done) failed = 1;  // lanes of one warp left the lockstep
         }
-        if (waiting && done) failed = 1;  // lanes of one warp left the lockstep
     }
 }
 
@@ -153,7 +189,7 @@ inline int launch(gln_dim3 grid, gln_dim3 block, size_t shared_bytes,
         for (unsigned x = 0; x < grid.x; ++x) {
             block_idx = {x, y, 0};
             shared.assign(shared_bytes / sizeof(float) + 4, NAN);  // poisoned
-            for (unsigned w = 0; w < (block.x + kLanes - 1) / kLanes; ++w) run_warp(w);
+            run_block(static_cast<int>(block.x));
         }
     }
     return failed;
@@ -192,17 +228,18 @@ int launch_kernel(void (*kernel)(A...), unsigned grid_x, unsigned grid_y, unsign
 }
 }  // namespace emu
 
-#define threadIdx (emu::thread_idx[emu::lane])
+#define threadIdx (emu::thread_idx[emu::current])
 #define blockIdx (emu::block_idx)
 #define blockDim (emu::block_dim)
 #define gridDim (emu::grid_dim)
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::yield(); }
+inline void __syncthreads() { emu::syncthreads(); }
 template <class T> inline T __shfl_sync(unsigned, T v, int source) {
     return emu::exchange(v, source);
 }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
-    return emu::exchange(v, emu::lane ^ mask);
+    return emu::exchange(v, (emu::current % emu::kLanes) ^ mask);
 }
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __fadd_rn(float a, float b) { return a + b; }
@@ -243,7 +280,8 @@ def compile_module(code: str, defines: tuple[str, ...]) -> tuple[ctypes.CDLL, di
     bounds expression of each kernel (cached per source and options)."""
     if GXX is None:
         raise RuntimeError("the CUDA emulation needs g++ on PATH")
-    kernels = {name: bounds or "1024" for bounds, name in _KERNEL.findall(code)}
+    # __launch_bounds__(threads[, min blocks]): the first argument bounds a launch
+    kernels = {name: (bounds.split(",")[0] or "1024") for bounds, name in _KERNEL.findall(code)}
     driver = "\n".join([
         HEADER, '#line 1 "module.cu"', code,
         *(_LAUNCHERS.format(name=name, threads=bounds) for name, bounds in kernels.items()),
@@ -252,7 +290,7 @@ def compile_module(code: str, defines: tuple[str, ...]) -> tuple[ctypes.CDLL, di
     directory = Path(_BUILD_DIRECTORY.name)
     source, library = directory / f"{digest}.cpp", directory / f"{digest}.so"
     source.write_text(driver)
-    # -U_FORTIFY_SOURCE: the fortified longjmp refuses to jump between the lanes' stacks.
+    # -U_FORTIFY_SOURCE: the fortified longjmp refuses to jump between the threads' stacks.
     command = [GXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off",
                "-U_FORTIFY_SOURCE", "-DGLN_HOST_EMULATION", *defines, "-o", str(library),
                str(source)]

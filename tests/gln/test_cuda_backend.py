@@ -140,10 +140,33 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
     np.testing.assert_array_equal(p_first, p_res[:1])
 
 
+# Layers for the shared prediction kernel: as LAYERS, and 37 neurons, more than one block holds.
+SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), LAYERS[-1]]
+
+
+@pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shared", [True, False])
+def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared,
+                                                                      monkeypatch):
+    """Several neurons per block, blocks of 24 examples (the last one short), warps taking
+    turns over a block's examples: the outputs of the one-neuron-per-warp kernel, bit for bit,
+    and the weights untouched."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
+    data = random_layer(np.random.default_rng(7), *layer, 100, shared)
+    w_shared, p_shared = run_cuda(cp, data, False, "shared")
+    _, p_stream = run_cuda(cp, data, False, "streaming")
+    assert not np.isnan(p_shared).any(), "some outputs were never written"
+    np.testing.assert_array_equal(p_shared, p_stream)
+    np.testing.assert_array_equal(w_shared, data[0])
+    np.testing.assert_allclose(p_shared, run_reference(data, False)[1], atol=1e-5)
+
+
 @pytest.mark.parametrize("layer", [*LAYERS[1:], (1, 2, 2, 2051)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize(("mode", "learn"), [("streaming", True), ("resident", True),
-                                             ("streaming", False)])
+                                             ("streaming", False), ("shared", False)])
 def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode, learn):
     """What the separate input kernel would build from the outputs, from the same launch,
     also where prediction splits a neuron's examples over warps (and for the widest layers,

@@ -19,6 +19,7 @@ import pytest
 from gln.kernels.cuda import (
     COMPILE_OPTIONS,
     RESIDENT,
+    SHARED,
     STREAMING,
     per_lane,
     plan_layer_launch,
@@ -79,7 +80,15 @@ def test_launch_plan():
     single = plan_layer_launch(mnist_first, 1, True, HOPPER_SHARED_BYTES)
     assert (single.kernel, single.grid, single.rows_per_warp) == (STREAMING, (320, 1), 1)
     predict = plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES)
-    assert (predict.kernel, predict.grid, predict.rows_per_warp) == (STREAMING, (320, 128), 32)
+    assert (predict.kernel, predict.block) == (SHARED, (512,))  # 4 neurons' rows a block
+    assert (predict.grid, predict.neurons_per_block) == ((320, 4096 // 512), 4)
+    assert predict.shared_bytes == 4 * 16 * 785 * 4 <= HOPPER_SHARED_BYTES
+    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert (second.grid[0], second.neurons_per_block) == (50, 26)  # 5 blocks a GLN, balanced
+    few = plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES)
+    assert (few.kernel, few.grid, few.rows_per_warp) == (STREAMING, (320, 4), 32)
+    with pytest.raises(ValueError, match="only predicts"):
+        plan_layer_launch(mnist_first, 4096, True, HOPPER_SHARED_BYTES, "shared")
     too_big = plan_layer_launch((1, 1, 2**8, 785), 4096, True, HOPPER_SHARED_BYTES)
     assert too_big.kernel == STREAMING  # 800 KB of rows: stays in global memory
     with pytest.raises(ValueError, match="power of two"):

@@ -104,3 +104,22 @@ def test_operations_count_launches_and_copies_but_not_views_or_allocations(cp):
     a + 1, a[np.array([0, 2])], a.astype(cp.float32), a.get()
     assert dict(cp.operations) == {"copy host->device": 1, "op add": 1, "op gather": 1,
                                    "op astype": 1, "copy device->host": 1}
+
+
+def test_a_barrier_holds_every_warp_of_the_block(cp):
+    """Warp 0 reads what warp 3 wrote before ``__syncthreads``; emulated warps that ran one
+    after another would read the poisoned shared memory instead."""
+    code = r"""
+    extern "C" __global__ void __launch_bounds__(128) reversed(const float* in, float* out) {
+        float* buffer = dynamic_shared_floats();
+        const int t = threadIdx.x;
+        buffer[t] = in[t];
+        __syncthreads();
+        out[t] = buffer[blockDim.x - 1 - t];
+    }
+    """
+    kernel = cp.RawModule(code=code).get_function("reversed")
+    values = cp.asarray(np.arange(128, dtype=np.float32))
+    out = cp.zeros(128, dtype=cp.float32)
+    kernel((1,), (128,), (values, out), shared_mem=128 * 4)
+    np.testing.assert_array_equal(out.get(), np.arange(128, dtype=np.float32)[::-1])

@@ -1,0 +1,128 @@
+"""Where a GPU model's learn and predict calls spend their time, stage by stage.
+
+    python benchmarks/gpu_stages.py [--calls 200] [--rows 1,4096]
+
+For one-row calls and for 4,096-row calls (the service's coalesced batches), learning and
+predicting, each stage of ``GLN._run_chunk`` (input check, the one copy in, scaling, contexts,
+the network pass, the one copy out) is wrapped so that the device is synchronised after it: a
+stage's time is then its host work plus the device work it issued. The sum exceeds an
+unwrapped call, which overlaps them; what matters is which stage dominates. Then the host cost
+of single CuPy operations that a one-row call is made of (an allocation, a launch, small copies
+each way, the gating product), timed back to back without synchronising, which shows whether
+the latency of one-row calls is the host's or the device's.
+
+Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_learn import NETWORK, int_list  # noqa: E402
+from gln import GLN  # noqa: E402
+
+STAGES = ("check_input", "_chunk_arrays", "_scale", "_contexts", "_network_pass", "_fetched")
+
+
+def emit(record: dict, device: str) -> None:
+    print(json.dumps({"benchmark": "gpu_stages", "device": device, **record}), flush=True)
+
+
+def staged(model: GLN, cp, totals: dict[str, float]) -> None:
+    """Wrap the model's stages so each one synchronises the device and adds its seconds."""
+    def timed(name: str, method: Callable) -> Callable:
+        @functools.wraps(method)
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            cp.cuda.Device().synchronize()
+            totals[name] += time.perf_counter() - start
+            return result
+        return run
+
+    for name in STAGES:
+        setattr(model, name, timed(name, getattr(model, name)))
+
+
+def stage_times(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int, device: str) -> None:
+    for learning in (True, False):
+        model = GLN(**NETWORK, device="cuda")
+        model.learn(X[:rows], y[:rows])  # compiles the kernels this size takes
+        totals: dict[str, float] = defaultdict(float)
+        staged(model, cp, totals)
+        start = time.perf_counter()
+        for call in range(calls):
+            lo = (call * rows) % (len(X) - rows)
+            if learning:
+                model.learn(X[lo:lo + rows], y[lo:lo + rows])
+            else:
+                model.predict_proba(X[lo:lo + rows])
+        whole = (time.perf_counter() - start) / calls
+        emit({"measure": "stages", "verb": "learn" if learning else "predict", "rows": rows,
+              "calls": calls, "call_us": whole * 1e6,
+              "stage_us": {name: totals[name] / calls * 1e6 for name in STAGES}}, device)
+
+
+def host_costs(cp, calls: int, device: str) -> None:
+    """Microseconds of host time per CuPy operation, issued back to back."""
+    from gln.kernels.cuda import _function  # noqa: PLC0415
+
+    values = cp.zeros((1, 1, 128), cp.float32)
+    inputs = cp.empty((1, 1, 129), cp.float32)
+    kernel = _function("layer_inputs.cu", "gln_layer_inputs")
+    row = np.random.default_rng(0).random(784 + 12).astype(np.float64)
+    small = cp.zeros(10, cp.float32)
+    z = cp.asarray(np.random.default_rng(1).random((1, 784)), cp.float32)
+    normals = cp.asarray(np.random.default_rng(2).random((5120, 784)), cp.float32)
+    operations = {
+        "empty": lambda: cp.empty((1, 10, 129), cp.float32),
+        "launch": lambda: kernel((1,), (128,), (values, np.int32(1), np.int32(1), np.int32(128),
+                                                np.int32(1), np.float32(0.5), inputs)),
+        "copy_in_6kb": lambda: cp.asarray(row),
+        "copy_out_40b": lambda: small.get(),
+        "gating_product_1_row": lambda: z @ normals.T,
+        "int32_scalars_x14": lambda: [np.int32(i) for i in range(14)],
+    }
+    for name, operation in operations.items():
+        operation()
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            operation()
+        host = time.perf_counter() - start
+        cp.cuda.Device().synchronize()
+        emit({"measure": "host_cost", "operation": name, "us": host / calls * 1e6}, device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200, help="calls per measurement")
+    parser.add_argument("--rows", type=int_list, default=[1, 4096], help="rows per call")
+    args = parser.parse_args(argv)
+
+    import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    device = device.decode() if isinstance(device, bytes) else str(device)
+    rng = np.random.default_rng(0)
+    X = rng.random((max(args.rows) * 4 + 1, 784)).astype(np.float32)
+    y = rng.integers(0, 10, len(X))
+    for rows in args.rows:
+        stage_times(cp, X, y, rows, args.calls if rows < 1024 else max(3, args.calls // 20),
+                    device)
+    host_costs(cp, args.calls, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The GPU stage benchmark runs end to end on the emulated device, so that a GPU session does
+not find it broken, and its stage wrappers leave the model's results as they were."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.gpu_stages import STAGES, main, staged
+from gln import GLN
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+
+
+def test_every_stage_of_learn_and_predict_is_timed_and_results_are_unchanged():
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0, 1, (30, 5)), rng.integers(0, 3, 30)
+    config = dict(num_features=5, num_classes=3, layer_sizes=(4, 1), seed=0)
+    with emulated_cupy_installed() as cp:
+        plain, wrapped = GLN(**config, device="cuda"), GLN(**config, device="cuda")
+        totals = dict.fromkeys(STAGES, 0.0)
+        staged(wrapped, cp, totals)
+        np.testing.assert_array_equal(wrapped.learn(X, y), plain.learn(X, y))
+        np.testing.assert_array_equal(wrapped.predict_proba(X), plain.predict_proba(X))
+    assert all(seconds > 0 for seconds in totals.values()), totals
+
+
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
+    with emulated_cupy_installed():
+        main(["--calls", "2", "--rows", "1,3"])
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    stages = {(r["verb"], r["rows"]): r for r in records if r["measure"] == "stages"}
+    assert set(stages) == {(verb, rows) for verb in ("learn", "predict") for rows in (1, 3)}
+    assert all(set(r["stage_us"]) == set(STAGES) for r in stages.values())
+    costs = {r["operation"] for r in records if r["measure"] == "host_cost"}
+    assert {"launch", "copy_in_6kb", "copy_out_40b", "gating_product_1_row"} <= costs
