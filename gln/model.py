@@ -39,6 +39,9 @@ from gln.schedules import make_schedule
 # host waits of one chunk.
 CHUNK_ROWS = 256
 CHUNK_ROWS_GPU = 4096
+# Chunks up to this many rows go to the device already widened to float64, in one copy with
+# their rates and targets; longer ones as float32 (see GLN._chunk_arrays).
+HOST_WIDENED_ROWS = 64
 
 
 class GLN:
@@ -432,25 +435,32 @@ class GLN:
 
     def _chunk_arrays(self, X32: np.ndarray, labels: np.ndarray | None) -> tuple[Any, Any, Any]:
         """A chunk's rows (n, d) float64, learning rates (n,) and one-vs-all targets (n, G)
-        float32, on the model's device, sent in one copy (each copy to a GPU, and each launch
-        that would widen the rows there, costs microseconds of its own, which a single-example
-        call feels). The rows are widened here (exactly). Rates and targets are zero when not
-        learning."""
+        float32, on the model's device. Rates and targets are zero when not learning.
+
+        A short chunk goes in one copy, its rows widened here (exactly): each copy to a GPU,
+        and each launch that would widen the rows there, costs microseconds of its own, which
+        a single-example call feels. A long chunk's rows travel as float32, half the bytes, and
+        are widened on the device.
+        """
         n, d = X32.shape
         glns = self.num_glns
-        rows_bytes = 8 * n * d  # float64 rows first, then float32 rates and targets
+        widen_here = n <= HOST_WIDENED_ROWS
+        rows_bytes = 8 * n * d if widen_here else 0  # float64 rows first, then rates, targets
         host = np.zeros(rows_bytes + 4 * n * (1 + glns), dtype=np.uint8)
-        host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
         if labels is not None:
             rates_and_targets = host[rows_bytes:].view(np.float32)
             steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
             rates_and_targets[:n] = self.schedule(steps)
             positive = 1 if glns == 1 else np.arange(glns)
             rates_and_targets[n:] = (labels[:, None] == positive).ravel()
-        packed = self._xp.asarray(host)
-        small = packed[rows_bytes:].view(self._xp.float32)
-        return (packed[:rows_bytes].view(self._xp.float64).reshape(n, d), small[:n],
-                small[n:].reshape(n, glns))
+        xp = self._xp
+        if widen_here:
+            host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
+        packed = xp.asarray(host)
+        small = packed[rows_bytes:].view(xp.float32)
+        x64 = (packed[:rows_bytes].view(xp.float64).reshape(n, d) if widen_here
+               else xp.asarray(X32).astype(xp.float64))
+        return x64, small[:n], small[n:].reshape(n, glns)
 
     @property
     def _bias_logit(self) -> float:

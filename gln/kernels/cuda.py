@@ -46,8 +46,9 @@ MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take t
 MAX_INPUTS = WARP * MAX_PER_LANE
 # Chunks at least this long learn with the rows in shared memory (when they fit): the copy in
 # and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
-# memory. A guess from the byte counts in docs/gpu.md, to be tuned on the H100.
-RESIDENT_MIN_ROWS = 32
+# memory. On an H100 (MNIST network, docs/benchmarks.md) resident cost about 60 us more than
+# streaming at 1 to 256 rows and 0.17 us less per row: even at about 600 rows, ahead from 1024.
+RESIDENT_MIN_ROWS = 1024
 # Prediction writes nothing, so a neuron's examples are split over warps of this many rows
 # (streaming kernel) ...
 PREDICT_ROWS_PER_WARP = 32
@@ -57,6 +58,9 @@ PREDICT_SHARED_MIN_ROWS = 256
 PREDICT_ROWS_PER_BLOCK = 512
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
+# Chunks shorter than this get their gating products from gln_halfspace_products instead of a
+# cuBLAS GEMM (a guess: the GEMM's host-side cost is what a one-row call feels).
+GATING_GEMM_MIN_ROWS = 16
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
@@ -366,7 +370,8 @@ def cuda_layer_contexts(
 ) -> list[Any]:
     """``gln.gating.layer_contexts`` on the GPU without waiting for it: (n, G, K_l) per layer.
 
-    The float32 GEMM runs in cuBLAS; the margins it cannot settle are redone in float64 inside
+    The float32 products come from cuBLAS (from ``gln_halfspace_products`` for chunks shorter
+    than ``GATING_GEMM_MIN_ROWS``); the margins they cannot settle are redone in float64 inside
     the kernel, so nothing is copied back to the host to find them. The kernel writes each
     layer's block in place: the per-layer arrays are views of one buffer, with no copies.
     """
@@ -383,9 +388,9 @@ def cuda_layer_contexts(
     neurons = normals.shape[0] // context_dim
     if neurons != num_glns * sum(layer_sizes):
         raise ValueError(f"{neurons} neurons' planes for {num_glns} GLNs of {list(layer_sizes)}")
-    products = cp.ascontiguousarray(z @ normals.T)
     contexts = cp.empty(n * neurons, dtype=cp.int32)
     if contexts.size:
+        products = _gating_products(z, normals)
         tolerance = cp.empty(n, dtype=cp.float32)
         _function("gating.cu", "gln_rounding_tolerances")(
             (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
@@ -400,6 +405,20 @@ def cuda_layer_contexts(
     bounds = np.cumsum([0, *layer_sizes]) * n * num_glns
     return [contexts[a:b].reshape(n, num_glns, k)
             for a, b, k in zip(bounds[:-1], bounds[1:], layer_sizes, strict=True)]
+
+
+def _gating_products(z: Any, normals: Any) -> Any:
+    """z @ normals.T in float32, (n, P): cuBLAS for long chunks, one launch of ours for short."""
+    n, d = z.shape
+    if n >= GATING_GEMM_MIN_ROWS:
+        return z @ normals.T
+    planes = normals.shape[0]
+    products = _cupy().empty((n, planes), dtype=np.float32)
+    _function("gating.cu", "gln_halfspace_products")(
+        (-(-n * planes * WARP // GATING_THREADS),), (GATING_THREADS,),
+        (z, normals, np.int32(n), np.int32(planes), np.int32(d), products),
+    )
+    return products
 
 
 @functools.cache

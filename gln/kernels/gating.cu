@@ -80,3 +80,25 @@ gln_rounding_tolerances(const float* __restrict__ z, int n, int num_features, do
         tolerance[t] = __double2float_rn(__dadd_rn(bound, 1e-30));
     }
 }
+
+// The float32 margins' products z_t . v_p of a few rows, one warp per (row, plane): lanes take
+// every 32nd feature, then a butterfly sum. For a one-row call this stands in for the cuBLAS
+// GEMM, whose call costs the host more than the product costs the device. Any order of the
+// float32 sum is within the rounding bound that gln_halfspace_contexts allows for.
+extern "C" __global__ void __launch_bounds__(128)
+gln_halfspace_products(const float* __restrict__ z, const float* __restrict__ normals, int n,
+                       int planes, int num_features, float* __restrict__ products) {
+    const long long at = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (at >= static_cast<long long>(n) * planes) return;  // whole warps
+    const long long t = at / planes;
+    const long long p = at - t * planes;
+    float total = 0.0f;
+    for (int i = lane; i < num_features; i += 32) {
+        total = fmaf(z[t * num_features + i], normals[p * num_features + i], total);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        total = __fadd_rn(total, __shfl_xor_sync(0xffffffffu, total, offset));
+    }
+    if (lane == 0) products[at] = total;
+}

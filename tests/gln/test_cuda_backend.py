@@ -206,11 +206,12 @@ def test_cuda_moments_equal_numpy_bit_for_bit(cp, n):
     np.testing.assert_array_equal(after.total_sq.get(), expected[3].total_sq)
 
 
-@pytest.mark.parametrize("n", [0, 1, 300])
+@pytest.mark.parametrize("n", [0, 1, 5, 300])  # 1 and 5: products from our kernel, not cuBLAS
 @pytest.mark.parametrize(("glns", "layer_sizes"), [(1, (64,)), (4, (8, 5, 3))])
 def test_cuda_contexts_equal_numpy_contexts(cp, n, glns, layer_sizes):
-    """The context kernel, fed by cuBLAS, decides every bit as NumPy does, ties included, and
-    gives each layer a C-contiguous (n, G, K_l) array."""
+    """The context kernel, fed by cuBLAS or, for short chunks, by gln_halfspace_products,
+    decides every bit as NumPy does, ties included, and gives each layer a C-contiguous
+    (n, G, K_l) array."""
     from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
     from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415
 
@@ -387,9 +388,16 @@ def test_cuda_kernels_match_plain_cupy_path(cp):
 
 
 @pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
-def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info):
-    """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan)."""
-    X, y = stream_for(side_info, 300)  # one chunk of 256 (resident kernel) and one of 44
+def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info, monkeypatch):
+    """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan).
+    A chunk of 256 rows (resident kernel, rows sent as float32) and one of 44 (streaming, rows
+    widened on the host) against single rows (streaming, widened on the host)."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+    import gln.model  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.model, "CHUNK_ROWS_GPU", 256)
+    monkeypatch.setattr(cuda, "RESIDENT_MIN_ROWS", 64)
+    X, y = stream_for(side_info, 300)
     config = {**CONFIG, **side_info}
     chunked, rows = GLN(**config, device="cuda"), GLN(**config, device="cuda")
     chunk_probs = chunked.learn(X, y)
