@@ -272,16 +272,19 @@ __device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float
     return a;
 }
 
+// The three layer kernels' parameters: one signature, so the host builds one argument list.
+#define GLN_LAYER_KERNEL_PARAMETERS                                                             \
+    float *weights, const int *__restrict__ contexts, const float *__restrict__ inputs,          \
+        const float *__restrict__ targets, const float *__restrict__ rates,                     \
+        float *__restrict__ probs, float *__restrict__ next_inputs, int n, int num_glns,        \
+        int num_neurons, int num_contexts, int num_inputs, int input_groups, float lo, float hi, \
+        float bound, int learn, float bias_logit, int write_next, int rows_per_warp,            \
+        int neurons_per_block
+
 // One warp per neuron, GLN_STREAM_WARPS neurons per block; blockIdx.y picks a range of
 // rows_per_warp examples (the whole chunk when learning: gridDim.y must then be 1).
 extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
-gln_layer_pass_streaming(float* weights, const int* __restrict__ contexts,
-                         const float* __restrict__ inputs, const float* __restrict__ targets,
-                         const float* __restrict__ rates, float* __restrict__ probs,
-                         float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
-                         int num_contexts, int num_inputs, int input_groups, float lo, float hi,
-                         float bound, int learn, float bias_logit, int write_next,
-                         int rows_per_warp, int neurons_per_block) {
+gln_layer_pass_streaming(GLN_LAYER_KERNEL_PARAMETERS) {
     (void)neurons_per_block;  // one neuron per warp: the kernels share one signature
     const int lane = threadIdx.x % GLN_WARP;
     const long long neuron =
@@ -354,13 +357,7 @@ __device__ __forceinline__ void rows_to_global(float* dst, const float* src, lon
 
 // One warp (block) per neuron; S x I x 4 bytes of dynamic shared memory hold its rows.
 extern "C" __global__ void __launch_bounds__(GLN_WARP)
-gln_layer_pass_resident(float* weights, const int* __restrict__ contexts,
-                        const float* __restrict__ inputs, const float* __restrict__ targets,
-                        const float* __restrict__ rates, float* __restrict__ probs,
-                        float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
-                        int num_contexts, int num_inputs, int input_groups, float lo, float hi,
-                        float bound, int learn, float bias_logit, int write_next,
-                        int rows_per_warp, int neurons_per_block) {
+gln_layer_pass_resident(GLN_LAYER_KERNEL_PARAMETERS) {
     (void)rows_per_warp;  // the kernels share one signature; always the whole chunk
     (void)neurons_per_block;
     const int lane = threadIdx.x % GLN_WARP;
@@ -387,13 +384,7 @@ gln_layer_pass_resident(float* weights, const int* __restrict__ contexts,
 // of the block takes the examples w, w + warps, ... of that range. Each (neuron, example) is
 // mixed by mix_and_learn exactly as the other kernels mix it, so the bytes are theirs.
 extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_PREDICT_WARPS, 1)
-gln_layer_predict_shared(float* weights, const int* __restrict__ contexts,
-                         const float* __restrict__ inputs, const float* __restrict__ targets,
-                         const float* __restrict__ rates, float* __restrict__ probs,
-                         float* __restrict__ next_inputs, int n, int num_glns, int num_neurons,
-                         int num_contexts, int num_inputs, int input_groups, float lo, float hi,
-                         float bound, int learn, float bias_logit, int write_next,
-                         int rows_per_warp, int neurons_per_block) {
+gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     (void)learn;  // never learns: the host launches it for prediction only
     const int lane = threadIdx.x % GLN_WARP, warp = threadIdx.x / GLN_WARP;
     const int warps = blockDim.x / GLN_WARP;
