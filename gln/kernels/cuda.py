@@ -119,7 +119,7 @@ def plan_layer_launch(
     neurons = num_glns * num_neurons
     shared_bytes = num_contexts * num_inputs * 4
     fits = shared_bytes <= max_shared_bytes
-    if mode == "resident" and not fits:
+    if mode in ("resident", "shared") and not fits:
         raise ValueError(
             f"a neuron's rows ({shared_bytes} bytes) exceed the shared memory ({max_shared_bytes})"
         )
@@ -284,24 +284,14 @@ def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_cli
             next_inputs[...] = cuda_layer_inputs(probs, bias_logit, True)
         return
     device_id = weights.device.id
-    launch = _planned_launch(
-        tuple(weights.shape), n, bool(learn), _max_shared_bytes(device_id), mode,
-        (RESIDENT_MIN_ROWS, PREDICT_ROWS_PER_WARP, PREDICT_SHARED_MIN_ROWS,
-         PREDICT_ROWS_PER_BLOCK),
+    launch = plan_layer_launch(
+        tuple(weights.shape), n, bool(learn), _max_shared_bytes(device_id), mode
     )
     args = layer_kernel_args(
         weights, contexts, inputs, targets, rates, probs, pred_clip, weight_clip, learn,
         launch.rows_per_warp, next_inputs, bias_logit, launch.neurons_per_block,
     )
     _kernel(launch, device_id)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
-
-
-@functools.lru_cache(maxsize=1024)
-def _planned_launch(weights_shape: tuple[int, int, int, int], n: int, learn: bool,
-                    max_shared_bytes: int, mode: str, constants: tuple[int, ...]) -> LayerLaunch:
-    """``plan_layer_launch``, remembered: a one-row call plans every layer again otherwise.
-    ``constants`` (the launch constants as they are now) only keys the cache."""
-    return plan_layer_launch(weights_shape, n, learn, max_shared_bytes, mode)
 
 
 def _check_next_inputs(next_inputs: Any, probs: Any) -> None:

@@ -61,7 +61,8 @@
 #define GLN_PREDICT_WARPS (GLN_PER_LANE <= 32 ? 16 : 8)
 
 #ifndef GLN_HOST_EMULATION
-// Dynamic shared memory of the resident and shared-prediction kernels, 16-byte aligned for cp.async.
+// Dynamic shared memory of the resident and shared-prediction kernels, 16-byte aligned for
+// cp.async.
 __device__ __forceinline__ float* dynamic_shared_floats() {
     extern __shared__ float4 gln_dynamic_shared[];
     return reinterpret_cast<float*>(gln_dynamic_shared);

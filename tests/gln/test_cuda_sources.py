@@ -89,6 +89,8 @@ def test_launch_plan():
     assert (few.kernel, few.grid, few.rows_per_warp) == (STREAMING, (320, 4), 32)
     with pytest.raises(ValueError, match="only predicts"):
         plan_layer_launch(mnist_first, 4096, True, HOPPER_SHARED_BYTES, "shared")
+    with pytest.raises(ValueError, match="exceed the shared memory"):  # not one neuron fits
+        plan_layer_launch((1, 1, 2**8, 785), 4096, False, HOPPER_SHARED_BYTES, "shared")
     too_big = plan_layer_launch((1, 1, 2**8, 785), 4096, True, HOPPER_SHARED_BYTES)
     assert too_big.kernel == STREAMING  # 800 KB of rows: stays in global memory
     with pytest.raises(ValueError, match="power of two"):
