@@ -18,7 +18,10 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
 * ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows;
-* ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds;
+* ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds:
+  replayed from its captured CUDA graph (``kernels``, as the library runs it) and launch by
+  launch (``kernels_uncaptured``), side by side on models in the same state;
+* ``predict_latency``: one ``predict_proba`` call of a single example, likewise;
 * ``learn_latency_profile``: where those calls spend their time (cProfile, per call);
 * ``agreement``: whether both implementations predicted the same stream alike;
 * with ``--pygln-dir DIR`` (a checkout of the public pygln, never vendored here), pygln's PyTorch
@@ -155,11 +158,15 @@ def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
     return len(X) / (time.perf_counter() - start)
 
 
-def latency_us(model: GLN, X: np.ndarray, y: np.ndarray, calls: int) -> dict:
+def latency_us(model: GLN, X: np.ndarray, y: np.ndarray | None, calls: int) -> dict:
+    """Single-example ``learn`` calls (``predict_proba`` when ``y`` is None), timed one by one."""
     times = []
     for t in range(calls):
         start = time.perf_counter()
-        model.learn(X[t:t + 1], y[t:t + 1])
+        if y is None:
+            model.predict_proba(X[t:t + 1])
+        else:
+            model.learn(X[t:t + 1], y[t:t + 1])
         times.append(time.perf_counter() - start)
     us = np.array(times) * 1e6
     return {"median_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
@@ -263,6 +270,14 @@ def main(argv: list[str] | None = None) -> None:
         rates[("predict", name)] = predict_rate(model, predict_rows, args.chunk)
         emit({"measure": "predict", "implementation": name, "examples": len(predict_rows),
               "examples_per_second": rates[("predict", name)], **common}, device)
+        if name == "kernels":  # launch by launch, from the same state, then replayed
+            uncaptured = GLN.from_bytes(model.to_bytes(), device="cuda")
+            uncaptured._replays = None  # what the library did before it captured short calls
+            for verb, labels in (("predict", None), ("learn", y[tail])):
+                emit({"measure": f"{verb}_latency", "implementation": "kernels_uncaptured",
+                      **latency_us(uncaptured, X[tail], labels, n_latency)}, device)
+            emit({"measure": "predict_latency", "implementation": name,
+                  **latency_us(model, X[tail], None, n_latency)}, device)
         emit({"measure": "learn_latency", "implementation": name,
               **latency_us(model, X[tail], y[tail], n_latency)}, device)
         if name == "kernels":

@@ -4,7 +4,8 @@
 
 For one-row calls and for 4,096-row calls (the service's coalesced batches), learning and
 predicting, each stage of ``GLN._run_chunk`` (input check, the one copy in, scaling, contexts,
-the network pass, the one copy out) is wrapped so that the device is synchronised after it: a
+the network pass, the one copy out) is wrapped so that the device is synchronised after it (short
+calls launch by launch, not replayed from a CUDA graph: ``gpu_learn.py`` times those): a
 stage's time is then its host work plus the device work it issued. The sum exceeds an
 unwrapped call, which overlaps them; what matters is which stage dominates. Then the host cost
 of single CuPy operations that a one-row call is made of (an allocation, a launch, small copies
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.gpu_learn import NETWORK, int_list  # noqa: E402
 from gln import GLN  # noqa: E402
 
-STAGES = ("check_input", "_chunk_arrays", "_scale", "_contexts", "_network_pass", "_fetched")
+STAGES = ("check_input", "_sent", "_scale", "_contexts", "_network_pass", "_fetched")
 
 
 def emit(record: dict, device: str) -> None:
@@ -58,6 +59,7 @@ def staged(model: GLN, cp, totals: dict[str, float]) -> None:
 def stage_times(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int, device: str) -> None:
     for learning in (True, False):
         model = GLN(**NETWORK, device="cuda")
+        model._replays = None  # the stages of the uncaptured path
         model.learn(X[:rows], y[:rows])  # compiles the kernels this size takes
         totals: dict[str, float] = defaultdict(float)
         staged(model, cp, totals)

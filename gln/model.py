@@ -23,6 +23,7 @@ import numpy as np
 from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import restrict_to_windows, sample_halfspaces
 from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
+from gln.kernels.replay import REPLAY_MAX_ROWS, CallReplays
 from gln.scaling import (
     INPUT_SCALINGS,
     SIDE_INFOS,
@@ -40,7 +41,7 @@ from gln.schedules import make_schedule
 CHUNK_ROWS = 256
 CHUNK_ROWS_GPU = 4096
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
-# their rates and targets; longer ones as float32 (see GLN._chunk_arrays).
+# their rates and targets; longer ones as float32 (see GLN._staged).
 HOST_WIDENED_ROWS = 64
 
 
@@ -161,6 +162,9 @@ class GLN:
         self._layer_contexts = contexts_for(self._xp, self.use_kernels)
         self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
         self._network_pass = network_pass_for(self._xp, self.use_kernels)
+        # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
+        self._replays = (CallReplays() if self._device == "cuda" and self.use_kernels
+                         else None)
         self._blur = None
         if self.side_info_blur > 0:
             self._blur = tuple(
@@ -326,8 +330,7 @@ class GLN:
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities (n, num_classes), rows summing to 1. Does not learn."""
         X32, _ = self.check_input(X)
-        outputs = [self._run_chunk(X32[a:b], None) for a, b in self._chunk_bounds(len(X32))]
-        return self._class_probabilities(self._fetched(outputs), len(X32))
+        return self._class_probabilities(self._outputs(X32, None), len(X32))
 
     def predict(self, X: Any) -> np.ndarray:
         """The most probable class of each row (n,)."""
@@ -342,11 +345,7 @@ class GLN:
         ``ValueError`` before anything is changed.
         """
         X32, labels = self.check_input(X, y)
-        outputs = [
-            self._run_chunk(X32[start:stop], labels[start:stop])
-            for start, stop in self._chunk_bounds(len(X32))
-        ]
-        return self._class_probabilities(self._fetched(outputs), len(X32))
+        return self._class_probabilities(self._outputs(X32, labels), len(X32))
 
     def saliency(self, X: Any) -> np.ndarray:
         """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
@@ -369,7 +368,8 @@ class GLN:
         for start, stop in self._chunk_bounds(len(X32)):
             chunk = X32[start:stop]
             x64 = xp.asarray(chunk, dtype=xp.float64)
-            z, _ = self._scale(x64, learning=False)
+            count = xp.full((1, 1), float(self.moments.count))
+            z, _, _ = self._scale(x64, count, learning=False)
             contexts = self._contexts(z)
             for t in range(len(chunk)):
                 chunk_map, chunk_bias = self._collapse(contexts, t)
@@ -390,26 +390,38 @@ class GLN:
         size = CHUNK_ROWS_GPU if self._device == "cuda" else CHUNK_ROWS
         return [(start, min(start + size, n)) for start in range(0, n, size)]
 
-    def _scale(self, x64: Any, learning: bool) -> tuple[Any, Any]:
-        xp = self._xp
+    def _scale(self, x64: Any, count: Any, learning: bool) -> tuple[Any, Any, RunningMoments]:
+        """Side information z, base logits, and the moments after the chunk (``count``:
+        ``moments.count`` as a (1, 1) float64 array on the model's device)."""
+        xp, m = self._xp, self.moments
         if learning:
-            counts, sums, sums_sq, after = moments_before_each_row(xp, self.moments, x64)
+            counts, sums, sums_sq, after = moments_before_each_row(xp, m, x64, count)
         else:
-            m = self.moments
-            counts = xp.full((1, 1), float(m.count))
-            sums, sums_sq, after = m.total[None, :], m.total_sq[None, :], m
+            counts, sums, sums_sq, after = count, m.total[None, :], m.total_sq[None, :], m
         z, base_logits = scale_inputs(
             xp, x64, counts, sums, sums_sq,
             mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
             side_info=self.side_info, blur=self._blur, fused=self._fused_scaling,
         )
-        if learning:
-            self.moments = after
-        return z, base_logits
+        return z, base_logits, after
 
     def _contexts(self, z: Any) -> list[Any]:
         return self._layer_contexts(z, self.normals, self.offsets, self.context_dim,
                                     self.num_glns, self.layer_sizes)
+
+    def _outputs(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
+        """The network's outputs (n, G) for a checked batch, on the host; learns when labels
+        are given. A short call on the GPU is replayed from its captured graph when it can be."""
+        n = len(X32)
+        if self._replays is not None and 0 < n <= REPLAY_MAX_ROWS:
+            replayed = self._replayed(X32, labels)
+            if replayed is not None:
+                return to_numpy(replayed)
+        outputs = [
+            self._run_chunk(X32[start:stop], None if labels is None else labels[start:stop])
+            for start, stop in self._chunk_bounds(n)
+        ]
+        return self._fetched(outputs)
 
     def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
         """The chunks' outputs on the host, in one copy after the last chunk: until then the
@@ -421,21 +433,58 @@ class GLN:
     def _run_chunk(self, X32: np.ndarray, labels: np.ndarray | None) -> Any:
         """One chunk through the network; learns when labels are given. Returns (n, G) on the
         model's device."""
+        n = len(X32)
+        packed, rows32 = self._sent(X32, labels)
+        outputs, self.moments = self._chunk_on_device(packed, rows32, n, labels is not None)
+        if labels is not None:
+            self.examples_seen += n
+        return outputs
+
+    def _sent(self, X32: np.ndarray, labels: np.ndarray | None) -> tuple[Any, Any]:
+        """A chunk on the model's device: its staged buffer and, for a chunk too long to have
+        its rows staged, the rows as float32."""
+        xp = self._xp
+        rows32 = None if len(X32) <= HOST_WIDENED_ROWS else xp.asarray(X32)
+        return xp.asarray(self._staged(X32, labels)), rows32
+
+    def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> Any | None:
+        """``_run_chunk`` from the call's captured graph, or None if it has none (yet)."""
         n, learning = len(X32), labels is not None
-        x64, rates, targets = self._chunk_arrays(X32, labels)
-        z, base_logits = self._scale(x64, learning)
+        state = (*self.weights, self.normals, self.offsets, self.moments.total,
+                 self.moments.total_sq)
+        outputs = self._replays.replayed(
+            (n, learning), state, self._staged(X32, labels),
+            lambda packed: self._chunk_on_device(packed, None, n, learning)[0],
+        )
+        if outputs is not None and learning:  # the graph updated the totals in place
+            m = self.moments
+            self.moments = RunningMoments(m.count + n, m.total, m.total_sq)
+            self.examples_seen += n
+        return outputs
+
+    def _chunk_on_device(
+        self, packed: Any, rows32: Any, n: int, learning: bool
+    ) -> tuple[Any, RunningMoments]:
+        """The device's work for a chunk staged by ``_staged`` (its float32 rows ``rows32``
+        when they were not staged): outputs (n, G) and the moments after the chunk.
+
+        Reads and writes only device arrays (the weights and, on the GPU, the moments' totals
+        in place) and changes nothing on the host, so a call's launches can be captured.
+        """
+        x64, count, rates, targets = self._unpacked(packed, rows32, n)
+        z, base_logits, after = self._scale(x64, count, learning)
         contexts = self._contexts(z)
         outputs = self._network_pass(
             self.weights, contexts, base_logits, targets, rates, bias_logit=self._bias_logit,
             pred_clip=self.pred_clip, weight_clip=self.weight_clip, learn=learning,
         )
-        if learning:
-            self.examples_seen += n
-        return outputs
+        return outputs, after
 
-    def _chunk_arrays(self, X32: np.ndarray, labels: np.ndarray | None) -> tuple[Any, Any, Any]:
-        """A chunk's rows (n, d) float64, learning rates (n,) and one-vs-all targets (n, G)
-        float32, on the model's device. Rates and targets are zero when not learning.
+    def _staged(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+        """What a chunk sends to the device, as one host buffer: its rows widened to float64
+        (chunks of at most ``HOST_WIDENED_ROWS``), the example count before it (float64), and
+        its learning rates (n,) and one-vs-all targets (n, G) as float32, zero when not
+        learning.
 
         A short chunk goes in one copy, its rows widened here (exactly): each copy to a GPU,
         and each launch that would widen the rows there, costs microseconds of its own, which
@@ -444,23 +493,29 @@ class GLN:
         """
         n, d = X32.shape
         glns = self.num_glns
-        widen_here = n <= HOST_WIDENED_ROWS
-        rows_bytes = 8 * n * d if widen_here else 0  # float64 rows first, then rates, targets
-        host = np.zeros(rows_bytes + 4 * n * (1 + glns), dtype=np.uint8)
+        rows_bytes = 8 * n * d if n <= HOST_WIDENED_ROWS else 0
+        host = np.zeros(rows_bytes + 8 + 4 * n * (1 + glns), dtype=np.uint8)
+        if rows_bytes:
+            host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
+        host[rows_bytes:rows_bytes + 8].view(np.float64)[0] = self.moments.count
         if labels is not None:
-            rates_and_targets = host[rows_bytes:].view(np.float32)
+            rates_and_targets = host[rows_bytes + 8:].view(np.float32)
             steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
             rates_and_targets[:n] = self.schedule(steps)
             positive = 1 if glns == 1 else np.arange(glns)
             rates_and_targets[n:] = (labels[:, None] == positive).ravel()
-        xp = self._xp
-        if widen_here:
-            host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
-        packed = xp.asarray(host)
-        small = packed[rows_bytes:].view(xp.float32)
-        x64 = (packed[:rows_bytes].view(xp.float64).reshape(n, d) if widen_here
-               else xp.asarray(X32).astype(xp.float64))
-        return x64, small[:n], small[n:].reshape(n, glns)
+        return host
+
+    def _unpacked(self, packed: Any, rows32: Any, n: int) -> tuple[Any, Any, Any, Any]:
+        """Views of a staged chunk on the device: rows (n, d) float64 (``rows32`` widened
+        when given), count (1, 1) float64, rates (n,) and targets (n, G) float32."""
+        xp, d = self._xp, self.num_features
+        rows_bytes = 0 if rows32 is not None else 8 * n * d
+        x64 = (rows32.astype(xp.float64) if rows32 is not None
+               else packed[:rows_bytes].view(xp.float64).reshape(n, d))
+        count = packed[rows_bytes:rows_bytes + 8].view(xp.float64).reshape(1, 1)
+        small = packed[rows_bytes + 8:].view(xp.float32)
+        return x64, count, small[:n], small[n:].reshape(n, self.num_glns)
 
     @property
     def _bias_logit(self) -> float:

@@ -66,16 +66,18 @@ class RunningMoments:
 
 
 def moments_before_each_row(
-    xp: ModuleType, moments: RunningMoments, x64: Any
+    xp: ModuleType, moments: RunningMoments, x64: Any, count: Any = None
 ) -> tuple[Any, Any, Any, RunningMoments]:
     """Statistics seen by each row of a chunk (before it), and the statistics after the chunk.
 
-    Returns counts (n, 1), sums (n, d), sums of squares (n, d) and the updated moments.
+    Returns counts (n, 1), sums (n, d), sums of squares (n, d) and the updated moments. On the
+    GPU the updated totals are ``moments``' arrays, changed in place, and ``count`` (optional,
+    ``moments.count`` as a one-element device array) is where the kernel reads the count.
     """
     if xp.__name__ == "cupy":  # CuPy's cumsum is a parallel scan; keep the sequential fold
         from gln.kernels.cuda import moments_before_each_row as sequential  # noqa: PLC0415
 
-        return sequential(moments, x64)
+        return sequential(moments, x64, count)
     n = x64.shape[0]
     sums = xp.cumsum(xp.concatenate([moments.total[None, :], x64]), axis=0)
     sums_sq = xp.cumsum(xp.concatenate([moments.total_sq[None, :], x64 * x64]), axis=0)

@@ -327,31 +327,37 @@ def cuda_network_pass(
 
 
 def moments_before_each_row(
-    moments: RunningMoments, x64: Any
+    moments: RunningMoments, x64: Any, count: Any = None
 ) -> tuple[Any, Any, Any, RunningMoments]:
     """``gln.scaling.moments_before_each_row`` on the GPU, bit for bit NumPy's sequential fold.
 
     Returns counts (n, 1), sums (n, d) and sums of squares (n, d) before each row, and the
-    moments after the chunk.
+    moments after the chunk, whose totals are ``moments``' own arrays, updated in place (they
+    must be C-contiguous float64). ``count``: ``moments.count`` as a one-element float64 device
+    array, for a caller that has it there already; the kernel reads it from memory, so its
+    launch can be captured once and replayed (``gln.kernels.replay``).
     """
     cp = _cupy()
     x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
     n, d = x64.shape
-    total = cp.ascontiguousarray(moments.total, dtype=cp.float64)
-    total_sq = cp.ascontiguousarray(moments.total_sq, dtype=cp.float64)
+    for name, total in (("total", moments.total), ("total_sq", moments.total_sq)):
+        if total.dtype != cp.float64 or total.shape != (d,) or not total.flags.c_contiguous:
+            raise ValueError(f"moments.{name} must be C-contiguous float64 of shape ({d},), "
+                             f"got {total.dtype} of shape {tuple(total.shape)}")
+    if count is None:
+        count = cp.full(1, float(moments.count), dtype=cp.float64)
     sums = cp.empty((n, d), dtype=cp.float64)
     sums_sq = cp.empty((n, d), dtype=cp.float64)
-    after_total = cp.empty(d, dtype=cp.float64)
-    after_total_sq = cp.empty(d, dtype=cp.float64)
     counts = cp.empty((n, 1), dtype=cp.float64)
     if max(n, d):
         threads = 128  # __launch_bounds__ of gln_running_moments
         _function("moments.cu", "gln_running_moments")(
             (-(-max(n, d) // threads),), (threads,),
-            (x64, total, total_sq, sums, sums_sq, after_total, after_total_sq,
-             np.int32(n), np.int32(d), np.float64(moments.count), counts),
+            (x64, moments.total, moments.total_sq, sums, sums_sq, np.int32(n), np.int32(d),
+             count, counts),
         )
-    return counts, sums, sums_sq, RunningMoments(moments.count + n, after_total, after_total_sq)
+    return counts, sums, sums_sq, RunningMoments(moments.count + n, moments.total,
+                                                 moments.total_sq)
 
 
 def cuda_layer_contexts(
@@ -493,7 +499,7 @@ def cuda_per_row_side_info(x64: Any, blur: tuple[Any, Any] | None) -> Any:
     n, d = x64.shape
     if blur is None:
         height, width = 1, d
-        rows = cols = cp.zeros(1, dtype=cp.float64)  # not read
+        rows = cols = cp.empty(1, dtype=cp.float64)  # not read
     else:
         rows, cols = (cp.ascontiguousarray(b, dtype=cp.float64) for b in blur)
         height, width = rows.shape[0], cols.shape[0]

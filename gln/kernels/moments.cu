@@ -10,15 +10,17 @@
 // Consecutive threads read consecutive features of a row, so every load and store coalesces.
 // The same launch writes each row's count, counts[t] = count + t (exact: integers below 2^53),
 // which would otherwise take two more launches; it needs max(n, num_features) threads.
+//
+// The totals are updated in place and the count before the chunk is read from device memory,
+// so the launch has the same arguments on every call: a captured call (a CUDA graph) replays it.
 
 extern "C" __global__ void __launch_bounds__(128)
-gln_running_moments(const double* __restrict__ x, const double* __restrict__ total,
-                    const double* __restrict__ total_sq, double* __restrict__ sums,
-                    double* __restrict__ sums_sq, double* __restrict__ after_total,
-                    double* __restrict__ after_total_sq, int n, int num_features,
-                    double count, double* __restrict__ counts) {
+gln_running_moments(const double* __restrict__ x, double* __restrict__ total,
+                    double* __restrict__ total_sq, double* __restrict__ sums,
+                    double* __restrict__ sums_sq, int n, int num_features,
+                    const double* __restrict__ count, double* __restrict__ counts) {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
-    if (f < n) counts[f] = __dadd_rn(count, static_cast<double>(f));
+    if (f < n) counts[f] = __dadd_rn(*count, static_cast<double>(f));
     if (f >= num_features) return;
     double s = total[f];
     double q = total_sq[f];
@@ -32,6 +34,6 @@ gln_running_moments(const double* __restrict__ x, const double* __restrict__ tot
         s = __dadd_rn(s, v);
         q = __dadd_rn(q, __dmul_rn(v, v));
     }
-    after_total[f] = s;
-    after_total_sq[f] = q;
+    total[f] = s;  // only this thread reads or writes feature f of the totals
+    total_sq[f] = q;
 }

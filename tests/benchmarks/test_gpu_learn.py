@@ -31,7 +31,7 @@ def test_the_profile_ranks_functions_per_learn_call_with_learn_itself_among_them
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     """Every kind of record, for the MNIST network, at the smallest sizes (timings meaningless)."""
     with emulated_cupy_installed():
-        main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "1",
+        main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
               "--pygln-examples", "0"])
@@ -39,6 +39,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
     for kind in [("learn", "kernels"), ("predict", "kernels"), ("learn_latency", "kernels"),
+                 ("learn_latency", "kernels_uncaptured"), ("predict_latency", "kernels"),
+                 ("predict_latency", "kernels_uncaptured"),
                  ("learn_latency_profile", "kernels"), ("learn", "plain_cupy"),
                  ("predict", "plain_cupy"), ("agreement", None)]:
         assert kind in kinds

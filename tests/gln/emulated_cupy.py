@@ -307,12 +307,112 @@ def compile_module(code: str, defines: tuple[str, ...]) -> tuple[ctypes.CDLL, di
 OPERATIONS: collections.Counter[str] = collections.Counter()
 
 
+def _operation(name: str) -> None:
+    """Count a device operation other than a kernel launch; refused while the current stream
+    is capturing (stricter than CUDA: only launches are recorded here, so only they may be
+    captured)."""
+    if _capturing_stream() is not None:
+        raise RuntimeError(f"{name} during a stream capture: only kernel launches, views and "
+                           "allocations from a private pool are captured")
+    OPERATIONS[name] += 1
+
+
+# --------------------------------------------------------------------------- streams, graphs
+_THREAD = threading.local()  # CuPy's current stream and allocator are per thread
+
+
+def _streams() -> list[Any]:
+    if not hasattr(_THREAD, "streams"):
+        _THREAD.streams = []
+    return _THREAD.streams
+
+
+def _capturing_stream() -> Any:
+    """The current stream if it is capturing, else None."""
+    streams = _streams()
+    return streams[-1] if streams and streams[-1].launches is not None else None
+
+
+class _Stream:
+    """``cupy.cuda.Stream``: ``with stream`` makes it current; capture records its launches."""
+
+    def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
+        self.null = null
+        self.launches: list[tuple] | None = None
+
+    def __enter__(self) -> _Stream:
+        _streams().append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _streams().pop()
+
+    def begin_capture(self) -> None:
+        if self.null:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if self.launches is not None:
+            raise RuntimeError("the stream is already capturing")
+        self.launches = []
+
+    def end_capture(self) -> _Graph:
+        if self.launches is None:
+            raise RuntimeError("the stream is not capturing")
+        launches, self.launches = self.launches, None
+        return _Graph(launches)
+
+    def is_capturing(self) -> bool:
+        return self.launches is not None
+
+    def synchronize(self) -> None:
+        """Nothing is in flight."""
+
+
+class _Graph:
+    """``cupy.cuda.Graph``: the captured launches, with the arguments they were given."""
+
+    def __init__(self, launches: list[tuple]) -> None:
+        self.launches = launches
+
+    def launch(self, stream: Any = None) -> None:
+        if _capturing_stream() is not None:
+            raise NotImplementedError("the emulator does not capture graph launches")
+        OPERATIONS["graph launch"] += 1
+        for kernel, launch in self.launches:
+            kernel.run(*launch)
+
+
+class _MemoryPool:
+    """``cupy.cuda.MemoryPool``: only its ``malloc`` matters, to ``using_allocator``."""
+
+    def malloc(self, size: int) -> None:
+        raise NotImplementedError("the emulator allocates with NumPy")
+
+
+@contextlib.contextmanager
+def _using_allocator(allocator: Any = None) -> Iterator[None]:
+    """``cupy.cuda.using_allocator``: allocations in the block come from ``allocator``."""
+    previous = getattr(_THREAD, "allocator", None)
+    _THREAD.allocator = allocator
+    try:
+        yield
+    finally:
+        _THREAD.allocator = previous
+
+
+def _check_capture_allocation(name: str) -> None:
+    """Memory allocated during a capture from the shared pool goes back to it when its array
+    is dropped and is handed out again while the graph still writes it: refuse that."""
+    if _capturing_stream() is not None and getattr(_THREAD, "allocator", None) is None:
+        raise RuntimeError(f"{name} during a stream capture from the shared memory pool: "
+                           "capture with a private pool (cupy.cuda.using_allocator)")
+
+
 def _count_if_new(name: str, result: Any, *sources: Any) -> Any:
     """Count ``name`` when ``result`` is an array in memory none of ``sources`` owns."""
     if isinstance(result, np.ndarray) and result.size and not any(
         isinstance(s, np.ndarray) and np.may_share_memory(result, s) for s in sources
     ):
-        OPERATIONS[f"op {name}"] += 1
+        _operation(f"op {name}")
     return result
 
 
@@ -392,8 +492,20 @@ class DeviceArray(NDArrayOperatorsMixin):
         return _Device(0)
 
     def get(self) -> np.ndarray:
-        OPERATIONS["copy device->host"] += 1
+        _operation("copy device->host")
         return self.host_view.copy()
+
+    def set(self, array: np.ndarray) -> None:
+        """Copy a host array of the same dtype and shape in (``cupy.ndarray.set``)."""
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"set() takes a NumPy array, got {type(array).__name__}")
+        if array.dtype != self.host_view.dtype or array.shape != self.host_view.shape:
+            raise ValueError(f"set() of {array.dtype} {array.shape} into "
+                             f"{self.host_view.dtype} {self.host_view.shape}")
+        if not self.host_view.flags.c_contiguous:
+            raise RuntimeError("set() into a non-contiguous array")
+        _operation("copy host->device")
+        self.host_view[...] = array
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise TypeError("Implicit conversion to a NumPy array is not allowed. "
@@ -401,7 +513,7 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         outs = kwargs.get("out")
-        OPERATIONS[f"op {ufunc.__name__}"] += 1
+        _operation(f"op {ufunc.__name__}")
         result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
         if outs is not None:
             return outs[0] if len(outs) == 1 else outs
@@ -428,7 +540,7 @@ class DeviceArray(NDArrayOperatorsMixin):
                                    self.host_view))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        OPERATIONS["op setitem"] += 1
+        _operation("op setitem")
         self.host_view[_unwrap(key, host_allowed=True)] = _unwrap(value, host_allowed=True)
 
     def __len__(self) -> int:
@@ -495,9 +607,19 @@ class EmulatedKernel:
             raise ValueError(f"{self.name}: {shared_mem} bytes of dynamic shared memory, "
                              f"{self._max_dynamic_shared} allowed (opt in beyond 48 KB)")
         holders = self._arguments(args)
+        capture = _capturing_stream()
+        if capture is not None:  # the arrays are kept with the launch, as a graph keeps them
+            capture.launches.append((self, (grid_x, grid_y, block_x, shared_mem, holders,
+                                            args)))
+            return
+        OPERATIONS[f"kernel {self.name}"] += 1
+        self.run(grid_x, grid_y, block_x, shared_mem, holders, args)
+
+    def run(self, grid_x: int, grid_y: int, block_x: int, shared_mem: int, holders: list[Any],
+            args: tuple) -> None:
+        """Run the launch (``args`` only keeps its arrays alive)."""
         pointers = (ctypes.c_void_p * max(len(holders), 1))(
             *(ctypes.addressof(h) for h in holders))
-        OPERATIONS[f"kernel {self.name}"] += 1
         with _LAUNCH_LOCK:
             failed = self._launch(grid_x, grid_y, block_x, shared_mem, pointers)
         if failed:
@@ -569,7 +691,9 @@ class EmulatedCupy(types.ModuleType):
             deviceGetAttribute=_device_attribute,
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
-                                          get_elapsed_time=_Event.elapsed_ms)
+                                          get_elapsed_time=_Event.elapsed_ms, Stream=_Stream,
+                                          MemoryPool=_MemoryPool,
+                                          using_allocator=_using_allocator)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(np, name)
@@ -582,10 +706,12 @@ class EmulatedCupy(types.ModuleType):
 
 def _device_function(function: Callable, host_allowed: bool, *args: Any, **kwargs: Any) -> Any:
     if host_allowed and any(isinstance(a, np.ndarray) for a in args):
-        OPERATIONS["copy host->device"] += 1  # a copy, as a transfer is
+        _operation("copy host->device")  # a copy, as a transfer is
         args = tuple(np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args)
         return _wrap(function(*args, **_unwrap(kwargs, host_allowed)))
     unwrapped = _unwrap(args, host_allowed)
+    if function.__name__ in _ALLOCATIONS:
+        _check_capture_allocation(function.__name__)
     result = function(*unwrapped, **_unwrap(kwargs, host_allowed))
     if function.__name__ not in _ALLOCATIONS:
         _count_if_new(function.__name__, result, *unwrapped)

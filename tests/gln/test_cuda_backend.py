@@ -464,6 +464,104 @@ def test_a_single_example_costs_a_handful_of_device_operations(options, most):
     assert sum(predicted.values()) <= most, predicted
 
 
+def uncaptured(model):
+    """The model with its short calls run launch by launch, never replayed."""
+    model._replays = None
+    return model
+
+
+def calls_of_every_kind(model, X, y):
+    """Single rows, short batches of each size, a predict between learns, a long call: every
+    output and the final bytes."""
+    outputs, start = [], 0
+    for rows in (1, 1, 1, 2, 2, 2, 8, 8, 8, 1, 9, 1, 3, 3, 3, 1, 1):
+        outputs.append(model.learn(X[start:start + rows], y[start:start + rows]))
+        outputs.append(model.predict_proba(X[start:start + 1]))
+        start += rows
+    outputs.append(model.learn(X[start:start + 40], y[start:start + 40]))
+    outputs.append(model.predict_proba(X[:5]))
+    outputs.append(model.predict_proba(X[:5]))
+    return outputs, model.to_bytes()
+
+
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
+def test_short_calls_replayed_from_their_graphs_equal_uncaptured_calls(cp, side_info):
+    """From its third call on, a call of at most REPLAY_MAX_ROWS rows is a replay of the
+    graph captured at its second; replays give the same bytes, and the moments and examples
+    seen move on as they would."""
+    X, y = stream_for(side_info, 100)
+    config = {**CONFIG, **side_info}
+    replaying = GLN(**config, device="cuda")
+    want_outputs, want_bytes = calls_of_every_kind(uncaptured(GLN(**config, device="cuda")), X, y)
+    outputs, blob = calls_of_every_kind(replaying, X, y)
+    assert replaying._replays.failure is None
+    assert {(1, True), (2, True), (8, True), (3, True), (1, False), (5, False)} <= set(
+        replaying._replays._captured)
+    for got, want in zip(outputs, want_outputs, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert blob == want_bytes
+
+
+def test_a_model_whose_arrays_are_replaced_captures_its_calls_again(cp):
+    """A graph holds the addresses of the arrays it was captured with: after the model's
+    arrays are replaced (as a restore does), its calls read and write the new ones."""
+    X, y = stream(20)
+    model, reference = GLN(**CONFIG, device="cuda"), uncaptured(GLN(**CONFIG, device="cuda"))
+    for t in range(3):  # run, capture, replay
+        np.testing.assert_array_equal(model.learn(X[t:t + 1], y[t:t + 1]),
+                                      reference.learn(X[t:t + 1], y[t:t + 1]))
+    old = model._replays._captured[(1, True)]
+    restored = GLN.from_bytes(reference.to_bytes(), device="cuda")
+    model.weights, model.moments = restored.weights, restored.moments
+    for t in range(3, 6):
+        np.testing.assert_array_equal(model.learn(X[t:t + 1], y[t:t + 1]),
+                                      reference.learn(X[t:t + 1], y[t:t + 1]))
+    assert model._replays._captured[(1, True)] is not old
+    assert model.to_bytes() == reference.to_bytes()
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_replayed_single_example_is_one_copy_in_one_graph_launch_one_copy_out():
+    """What the host does for a replayed one-row call, counted on the emulated device."""
+    X, y = stream(6)
+    with emulated_cupy_installed() as cp:
+        model = GLN(**CONFIG, device="cuda")
+        for t in range(2):  # run, then capture
+            model.learn(X[t:t + 1], y[t:t + 1])
+            model.predict_proba(X[t:t + 1])
+        for t in range(2, 4):
+            cp.operations.clear()
+            model.learn(X[t:t + 1], y[t:t + 1])
+            assert dict(cp.operations) == {"copy host->device": 1, "graph launch": 1,
+                                           "copy device->host": 1}
+            cp.operations.clear()
+            model.predict_proba(X[t:t + 1])
+            assert dict(cp.operations) == {"copy host->device": 1, "graph launch": 1,
+                                           "copy device->host": 1}
+    assert model.examples_seen == 4 and model.moments.count == 4
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_failed_capture_warns_and_leaves_the_calls_uncaptured(monkeypatch):
+    """A one-row call that used cuBLAS (CuPy's own matmul, which the emulated capture refuses)
+    cannot be captured: the model says so once and runs its calls as before, same bytes."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "GATING_GEMM_MIN_ROWS", 1)
+    X, y = stream(6)
+    with emulated_cupy_installed():
+        model, reference = GLN(**CONFIG, device="cuda"), uncaptured(GLN(**CONFIG, device="cuda"))
+        np.testing.assert_array_equal(model.learn(X[:1], y[:1]), reference.learn(X[:1], y[:1]))
+        with pytest.warns(RuntimeWarning, match="capture failed"):
+            np.testing.assert_array_equal(model.learn(X[1:2], y[1:2]),
+                                          reference.learn(X[1:2], y[1:2]))
+        for t in range(2, 6):
+            np.testing.assert_array_equal(model.learn(X[t:t + 1], y[t:t + 1]),
+                                          reference.learn(X[t:t + 1], y[t:t + 1]))
+        assert "during a stream capture" in model._replays.failure
+        assert model.to_bytes() == reference.to_bytes()
+
+
 @pytest.mark.parametrize("classes", [2, 3])
 def test_cuda_saliency_matches_the_cpu_model(cp, classes):
     """The collapsed weight product, gathered and multiplied on the device."""

@@ -2,11 +2,12 @@
 
 ``test_cuda_backend.py`` trusts the emulation to stand in for a GPU; these tests check that its
 guards bite: kernel arguments against the kernels' C signatures, shared-memory opt-in, launch
-bounds, and CuPy's separation of host and device arrays.
+bounds, CuPy's separation of host and device arrays, and what a stream capture may hold.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -123,3 +124,63 @@ def test_a_barrier_holds_every_warp_of_the_block(cp):
     out = cp.zeros(128, dtype=cp.float32)
     kernel((1,), (128,), (values, out), shared_mem=128 * 4)
     np.testing.assert_array_equal(out.get(), np.arange(128, dtype=np.float32)[::-1])
+
+
+def test_a_captured_graph_replays_its_launches_on_the_memory_it_was_given(cp):
+    """Nothing runs during the capture; each replay runs the launch again with the arguments it
+    was captured with, reading what the input buffer holds at that time."""
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    values = cp.asarray(np.zeros((2, 1, 3), dtype=np.float32))
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        inputs = cp.empty((2, 1, 4), dtype=cp.float32)
+        layer_inputs_launch(cp, values, inputs)
+        graph = stream.end_capture()
+    cp.operations.clear()
+    for step in (1, 2):
+        values.set(np.full((2, 1, 3), step, dtype=np.float32))
+        graph.launch()
+        np.testing.assert_array_equal(inputs.get()[:, 0], [[1, step, step, step]] * 2)
+    assert dict(cp.operations) == {"copy host->device": 2, "graph launch": 2,
+                                   "copy device->host": 2}
+
+
+@pytest.mark.parametrize("operation", ["copy in", "copy out", "array operation",
+                                       "shared pool allocation"])
+def test_a_capture_refuses_what_it_would_not_replay_or_would_corrupt(cp, operation):
+    """Copies and CuPy's own operations are not recorded by the emulation (refused, where a
+    GPU would record or refuse them); an allocation from the shared pool would be handed to
+    another array while the graph still writes it."""
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    device = cp.asarray(np.ones(3))
+    act = {
+        "copy in": lambda: cp.asarray(np.ones(3)),
+        "copy out": device.get,
+        "array operation": lambda: device + 1,
+        "shared pool allocation": lambda: cp.empty(3),
+    }[operation]
+    allocator = contextlib.nullcontext() if operation == "shared pool allocation" else (
+        cp.cuda.using_allocator(pool.malloc))
+    with allocator, stream:
+        stream.begin_capture()
+        with pytest.raises(RuntimeError, match="during a stream capture"):
+            act()
+        stream.end_capture()
+    act()  # allowed once the capture is over
+
+
+def test_capture_needs_a_stream_of_its_own(cp):
+    with pytest.raises(RuntimeError, match="legacy"):
+        cp.cuda.Stream(null=True).begin_capture()
+
+
+def test_set_copies_only_a_host_array_of_the_same_dtype_and_shape(cp):
+    device = cp.empty(4, dtype=cp.uint8)
+    with pytest.raises(ValueError, match="set"):
+        device.set(np.zeros(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="set"):
+        device.set(np.zeros(5, dtype=np.uint8))
+    with pytest.raises(TypeError, match="NumPy"):
+        device.set(cp.zeros(4, dtype=cp.uint8))
+    device.set(np.arange(4, dtype=np.uint8))
+    np.testing.assert_array_equal(device.get(), np.arange(4))
