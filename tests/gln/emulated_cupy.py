@@ -19,7 +19,11 @@ It fails where a real GPU run would fail or go silently wrong:
   without opting in, an opt-in beyond the device's 227 KB;
 * lanes of a warp that leave the lockstep at a warp-collective call;
 * host and device arrays mixed in one operation, and implicit conversion of a device array
-  to NumPy (``np.asarray``), which CuPy refuses.
+  to NumPy (``np.asarray``), which CuPy refuses;
+* during a stream capture, anything but kernel launches (recorded with their arguments and run
+  again at each ``Graph.launch``), views and allocations from a private memory pool: copies
+  and CuPy's own array operations, which CUDA would record or refuse, and allocations from the
+  shared pool, whose memory CuPy would hand to other arrays while the graph still writes it.
 
 It does not model timing, races between warps, asynchronous launches or the GPU's rounding of
 ``expf`` (the host's libm stands in). The same tests on a GPU
