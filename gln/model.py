@@ -416,7 +416,7 @@ class GLN:
         if self._replays is not None and 0 < n <= REPLAY_MAX_ROWS:
             replayed = self._replayed(X32, labels)
             if replayed is not None:
-                return to_numpy(replayed)
+                return replayed
         outputs = [
             self._run_chunk(X32[start:stop], None if labels is None else labels[start:stop])
             for start, stop in self._chunk_bounds(n)
@@ -447,8 +447,9 @@ class GLN:
         rows32 = None if len(X32) <= HOST_WIDENED_ROWS else xp.asarray(X32)
         return xp.asarray(self._staged(X32, labels)), rows32
 
-    def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> Any | None:
-        """``_run_chunk`` from the call's captured graph, or None if it has none (yet)."""
+    def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
+        """``_run_chunk``'s outputs, on the host, from the call's captured graph, or None if it
+        has none (yet)."""
         n, learning = len(X32), labels is not None
         state = (*self.weights, self.normals, self.offsets, self.moments.total,
                  self.moments.total_sq)

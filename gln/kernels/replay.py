@@ -10,8 +10,10 @@ out, with the same kernels and therefore the same bytes.
 
 The graph holds the addresses of the model's arrays: a model whose arrays are replaced (a
 restore) has its graphs captured again. Memory a graph uses comes from a pool of its own, so
-nothing else is ever given a buffer that a replay writes. If a capture fails, the model warns
-once and runs every call as before.
+nothing else is ever given a buffer that a replay writes. A model's replays share that
+buffer and its outputs, so they take turns: two threads may still predict with one model at
+once, as they may with calls that are not replayed. If a capture fails, the model warns once
+and runs every call as before.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ class _CapturedCall:
 class CallReplays:
     """One model's captured short calls, keyed by (rows, learning).
 
-    ``replayed`` returns a call's outputs on the device, or None where the caller must run the
+    ``replayed`` returns a call's outputs on the host, or None where the caller must run the
     call itself: the first call of each key (which compiles the kernels and fills the caches
     that a capture must not touch), and every call after a failed capture.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # one replay at a time: they share buffers
         self._captured: dict[tuple[int, bool], _CapturedCall] = {}
         self._state: tuple[Any, ...] = ()
         self._warm: set[tuple[int, bool]] = set()
@@ -60,12 +63,19 @@ class CallReplays:
     def replayed(
         self, key: tuple[int, bool], state: tuple[Any, ...], staged: np.ndarray,
         steps: Callable[[Any], Any],
-    ) -> Any | None:
-        """The outputs of ``steps(device copy of staged)``, replayed from a graph.
+    ) -> np.ndarray | None:
+        """The outputs of ``steps(device copy of staged)``, replayed from a graph, on the host.
 
         ``state``: the device arrays the steps read and write in place; graphs captured with
         other arrays are dropped. ``steps`` must change nothing on the host.
         """
+        with self._lock:
+            return self._replayed(key, state, staged, steps)
+
+    def _replayed(
+        self, key: tuple[int, bool], state: tuple[Any, ...], staged: np.ndarray,
+        steps: Callable[[Any], Any],
+    ) -> np.ndarray | None:
         if self.failure is not None:
             return None
         if len(state) != len(self._state) or any(
@@ -84,7 +94,7 @@ class CallReplays:
             self._captured[key] = call
         call.staged.set(staged)
         call.graph.launch()
-        return call.outputs
+        return call.outputs.get()
 
     def _capture(self, staged: np.ndarray, steps: Callable[[Any], Any]) -> _CapturedCall | None:
         cp = _cupy()

@@ -9,6 +9,7 @@ on the CPU; skipped without g++). On a GPU machine:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -518,6 +519,40 @@ def test_a_model_whose_arrays_are_replaced_captures_its_calls_again(cp):
                                       reference.learn(X[t:t + 1], y[t:t + 1]))
     assert model._replays._captured[(1, True)] is not old
     assert model.to_bytes() == reference.to_bytes()
+
+
+class LaunchingAnotherCallMeanwhile:
+    """A captured graph whose next launch, once launched, has another thread make ``call`` and
+    waits a while for it to finish: the other call may not replay into the same buffers."""
+
+    def __init__(self, graph, call):
+        self.graph, self.call, self.other = graph, call, None
+
+    def launch(self, stream=None):
+        self.graph.launch(stream)
+        if self.other is None:
+            self.other = threading.Thread(target=self.call)
+            self.other.start()
+            self.other.join(timeout=0.5)
+
+
+def test_two_threads_predicting_with_one_model_get_their_own_rows(cp):
+    """Replays of a model share one staged buffer and one outputs array, so they take turns;
+    a prediction made while another is being replayed gets its own rows' probabilities."""
+    X, y = stream(40)
+    model, reference = GLN(**CONFIG, device="cuda"), uncaptured(GLN(**CONFIG, device="cuda"))
+    model.learn(X[:30], y[:30])
+    reference.learn(X[:30], y[:30])
+    for t in range(2):  # run, capture
+        model.predict_proba(X[t:t + 1])
+    results = {}
+    captured = model._replays._captured[(1, False)]
+    captured.graph = LaunchingAnotherCallMeanwhile(
+        captured.graph, lambda: results.setdefault("other", model.predict_proba(X[31:32])))
+    mine = model.predict_proba(X[30:31])
+    captured.graph.other.join()
+    np.testing.assert_array_equal(mine, reference.predict_proba(X[30:31]))
+    np.testing.assert_array_equal(results["other"], reference.predict_proba(X[31:32]))
 
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
