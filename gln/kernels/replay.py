@@ -70,31 +70,25 @@ class CallReplays:
         other arrays are dropped. ``steps`` must change nothing on the host.
         """
         with self._lock:
-            return self._replayed(key, state, staged, steps)
-
-    def _replayed(
-        self, key: tuple[int, bool], state: tuple[Any, ...], staged: np.ndarray,
-        steps: Callable[[Any], Any],
-    ) -> np.ndarray | None:
-        if self.failure is not None:
-            return None
-        if len(state) != len(self._state) or any(
-            a is not b for a, b in zip(state, self._state, strict=True)
-        ):
-            self._captured.clear()
-            self._state = state
-        call = self._captured.get(key)
-        if call is None:
-            if key not in self._warm:
-                self._warm.add(key)
+            if self.failure is not None:
                 return None
-            call = self._capture(staged, steps)
+            if len(state) != len(self._state) or any(
+                a is not b for a, b in zip(state, self._state, strict=True)
+            ):
+                self._captured.clear()
+                self._state = state
+            call = self._captured.get(key)
             if call is None:
-                return None
-            self._captured[key] = call
-        call.staged.set(staged)
-        call.graph.launch()
-        return call.outputs.get()
+                if key not in self._warm:
+                    self._warm.add(key)
+                    return None
+                call = self._capture(staged, steps)
+                if call is None:
+                    return None
+                self._captured[key] = call
+            call.staged.set(staged)
+            call.graph.launch()
+            return call.outputs.get()
 
     def _capture(self, staged: np.ndarray, steps: Callable[[Any], Any]) -> _CapturedCall | None:
         cp = _cupy()
