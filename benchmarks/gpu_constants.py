@@ -7,8 +7,10 @@
   network at least as fast as the streaming one, at that length and every longer one measured.
   A chunk runs every layer, so the times are summed over the layers.
 * ``PREDICT_ROWS_PER_WARP`` and ``PREDICT_ROWS_PER_BLOCK``: the values with which prediction
-  of the longest measured chunk is fastest, by the streaming and by the shared kernel, summed
-  over the layers.
+  is fastest, by the streaming and by the shared kernel, summed over the layers: for the
+  streaming kernel at the longest measured chunk, for the shared one at the longest measured
+  chunk that prediction runs at once (``gln.model.PREDICT_CHUNK_ROWS_GPU``; 4,096-row calls are
+  predicted in chunks of that many rows).
 * ``PREDICT_SHARED_MIN_ROWS``: the shortest measured chunk from which the shared kernel (at its
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gln import model  # noqa: E402
 from gln.kernels import cuda  # noqa: E402
 
 
@@ -53,7 +56,8 @@ def recommend(records: Iterable[dict]) -> dict:
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
         "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {})),
-        "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {})),
+        "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {}),
+                                                    model.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "current": {name: getattr(cuda, name) for name in (
             "RESIDENT_MIN_ROWS", "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
@@ -84,8 +88,11 @@ def _best_by_rows(times: dict[tuple[int, int], float]) -> dict[int, tuple[int, f
     return best
 
 
-def _value_at_longest(best: dict[int, tuple[int, float]]) -> int | None:
-    return best[max(best)][0] if best else None
+def _value_at_longest(best: dict[int, tuple[int, float]], limit: int | None = None
+                      ) -> int | None:
+    """The fastest setting at the longest length measured (at most ``limit`` rows, if any)."""
+    lengths = [n for n in best if limit is None or n <= limit] or list(best)
+    return best[max(lengths)][0] if lengths else None
 
 
 def main(argv: list[str] | None = None) -> None:

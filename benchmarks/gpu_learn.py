@@ -13,11 +13,13 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   resident overtakes streaming) and, for prediction, ``PREDICT_SHARED_MIN_ROWS`` (where the
   shared kernel overtakes streaming), each ``PREDICT_ROWS_PER_WARP`` of
   ``--predict-rows-per-warp`` and each ``PREDICT_ROWS_PER_BLOCK`` of
-  ``--predict-rows-per-block``;
+  ``--predict-rows-per-block``, and the threads kernel on the narrow layers;
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
-* ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows;
+* ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows, each
+  batch predicted in chunks of the library's ``PREDICT_CHUNK_ROWS_GPU`` rows; then, side by
+  side on the same model, with each value of ``--predict-chunk-rows``;
 * ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds:
   replayed from its captured CUDA graph (``kernels``, as the library runs it) and launch by
   launch (``kernels_uncaptured``), side by side on models in the same state;
@@ -44,6 +46,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +84,7 @@ def load_data(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray,
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     """Each layer shape of the network through one launch, per kernel and chunk length; as in
     the model, every layer but the last also writes the next layer's inputs."""
-    from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
+    from gln.kernels.cuda import THREADS_MAX_PER_LANE, cuda_layer_pass, per_lane  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
     shapes = [("784->128", 10, 128, 785, 1), ("128->128", 10, 128, 129, 10),
@@ -100,6 +103,8 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             runs = [("streaming", True, None), ("resident", True, None)]
             runs += [("streaming", False, rows) for rows in args.predict_rows_per_warp]
             runs += [("shared", False, rows) for rows in args.predict_rows_per_block]
+            if per_lane(inputs) <= THREADS_MAX_PER_LANE:
+                runs.append(("threads", False, None))
             for mode, learn, rows_per_warp in runs:
                 def launch(arrays=arrays, probs=probs, mode=mode, learn=learn,
                            next_inputs=next_inputs):
@@ -117,16 +122,21 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
 
 
 @contextlib.contextmanager
-def launch_constant(name: str, value: int | None) -> Iterator[None]:
-    """``gln.kernels.cuda.<name>`` set to ``value`` for a while (None: the library's)."""
-    import gln.kernels.cuda as cuda  # noqa: PLC0415
-
-    saved = getattr(cuda, name)
-    setattr(cuda, name, value or saved)
+def module_constant(module: Any, name: str, value: int | None) -> Iterator[None]:
+    """``module.<name>`` set to ``value`` for a while (None: the library's)."""
+    saved = getattr(module, name)
+    setattr(module, name, value or saved)
     try:
         yield
     finally:
-        setattr(cuda, name, saved)
+        setattr(module, name, saved)
+
+
+def launch_constant(name: str, value: int | None) -> contextlib.AbstractContextManager[None]:
+    """``gln.kernels.cuda.<name>`` set to ``value`` for a while (None: the library's)."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    return module_constant(cuda, name, value)
 
 
 def mean_event_seconds(cp, fn, repeats: int) -> float:
@@ -218,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
                         default=[32, 128], help="PREDICT_ROWS_PER_WARP values to time")
     parser.add_argument("--predict-rows-per-block", type=int_list, default=[256, 512, 2048],
                         help="PREDICT_ROWS_PER_BLOCK values to time")
+    parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
+                        help="values of gln.model.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)
@@ -269,7 +281,15 @@ def main(argv: list[str] | None = None) -> None:
         predict_rows = X[:max(n_learn, args.chunk)]
         rates[("predict", name)] = predict_rate(model, predict_rows, args.chunk)
         emit({"measure": "predict", "implementation": name, "examples": len(predict_rows),
-              "examples_per_second": rates[("predict", name)], **common}, device)
+              "examples_per_second": rates[("predict", name)],
+              "predict_chunk_rows": gln.model.PREDICT_CHUNK_ROWS_GPU, **common}, device)
+        if name == "kernels":
+            for rows in args.predict_chunk_rows:
+                with module_constant(gln.model, "PREDICT_CHUNK_ROWS_GPU", rows):
+                    rate = predict_rate(model, predict_rows, args.chunk)
+                emit({"measure": "predict_by_chunk_rows", "implementation": name,
+                      "predict_chunk_rows": rows, "examples_per_second": rate, **common},
+                     device)
         if name == "kernels":  # launch by launch, from the same state, then replayed
             uncaptured = GLN.from_bytes(model.to_bytes(), device="cuda")
             uncaptured._replays = None  # what the library did before it captured short calls

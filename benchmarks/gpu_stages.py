@@ -10,7 +10,10 @@ stage's time is then its host work plus the device work it issued. The sum excee
 unwrapped call, which overlaps them; what matters is which stage dominates. Then the host cost
 of single CuPy operations that a one-row call is made of (an allocation, a launch, small copies
 each way, the gating product), timed back to back without synchronising, which shows whether
-the latency of one-row calls is the host's or the device's.
+the latency of one-row calls is the host's or the device's. Last, the parts of a 4,096-row
+call's two largest stages: the gating (the float32 GEMM, the rounding bounds, the contexts
+kernel with its float64 re-checks; CUDA events) and the copy in (pageable against pinned host
+memory) next to the host's input check.
 
 Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
 """
@@ -107,6 +110,96 @@ def host_costs(cp, calls: int, device: str) -> None:
         emit({"measure": "host_cost", "operation": name, "us": host / calls * 1e6}, device)
 
 
+def event_us(cp, operation: Callable, repeats: int = 20) -> float:
+    """Mean device microseconds of ``operation`` between CUDA events, after one warm-up."""
+    operation()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        operation()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
+
+
+def long_call_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
+    """The gating's parts and the copy in of one ``rows``-row call, each timed alone."""
+    from gln.gating import dot_rounding_bound  # noqa: PLC0415
+    from gln.kernels import cuda  # noqa: PLC0415
+
+    model = GLN(**NETWORK, device="cuda")
+    chunk = np.ascontiguousarray(X[:rows])
+    x64 = cp.asarray(chunk, dtype=cp.float64)
+    count = cp.full((1, 1), 0.0)
+    z, _, _ = model._scale(x64, count, learning=False)
+    z = cp.ascontiguousarray(z, dtype=cp.float32)
+    normals, offsets = model.normals, model.offsets
+    n, d = z.shape
+    neurons = normals.shape[0] // model.context_dim
+    products = z @ normals.T
+    tolerance = cp.empty(n, dtype=cp.float32)
+    contexts = cp.empty(n * neurons, dtype=cp.int32)
+    starts = cuda._layer_starts(tuple(model.layer_sizes), z.device.id)
+
+    def bounds() -> None:
+        cuda._function("gating.cu", "gln_rounding_tolerances")(
+            (-(-n * cuda.WARP // cuda.GATING_THREADS),), (cuda.GATING_THREADS,),
+            (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance))
+
+    capacity = n * neurons * model.context_dim // cuda.RECHECK_LIST_FRACTION + cuda.RECHECK_LIST_MIN
+    pending = cp.empty(capacity, dtype=cp.int64)
+    count = cp.zeros(1, dtype=cp.int32)
+    layer = (starts, np.int32(len(model.layer_sizes)))
+
+    def decide(listing: bool) -> None:
+        count.fill(0)
+        cuda._function("gating.cu", "gln_halfspace_contexts")(
+            (-(-contexts.size // cuda.GATING_THREADS),), (cuda.GATING_THREADS,),
+            (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
+             np.int32(model.context_dim), np.int32(d), *layer, contexts, pending,
+             np.int32(capacity if listing else 0), count))
+
+    def recheck() -> None:
+        cuda._function("gating.cu", "gln_halfspace_rechecks")(
+            (min(-(-capacity // cuda.GATING_THREADS), cuda.RECHECK_MAX_BLOCKS),),
+            (cuda.GATING_THREADS,),
+            (pending, count, np.int32(capacity), z, normals, offsets, np.int32(n),
+             np.int32(neurons), np.int32(model.context_dim), np.int32(d), *layer, contexts))
+
+    bounds()
+    margins = products - offsets[None, :]
+    rechecked = float((cp.abs(margins) <= tolerance[:, None]).mean())
+    pinned = cp.cuda.alloc_pinned_memory(chunk.nbytes)
+    staging = np.frombuffer(pinned, chunk.dtype, chunk.size).reshape(chunk.shape)
+    on_device = cp.empty(chunk.shape, chunk.dtype)
+
+    def host_us(operation: Callable, repeats: int = 20) -> float:
+        operation()
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            operation()
+        cp.cuda.Device().synchronize()
+        return (time.perf_counter() - start) / repeats * 1e6
+
+    decide(True)
+    listed = int(count.get()[0])
+    emit({"measure": "long_call_parts", "rows": rows, "margins_rechecked": rechecked,
+          "margins_listed": listed, "list_capacity": capacity,
+          "device_us": {"gemm": event_us(cp, lambda: z @ normals.T),
+                        "rounding_bounds": event_us(cp, bounds),
+                        "contexts_rechecking_in_place": event_us(cp, lambda: decide(False)),
+                        "contexts_listing": event_us(cp, lambda: decide(True)),
+                        "rechecks_of_the_list": event_us(cp, recheck),
+                        "layer_contexts": event_us(cp, lambda: model._contexts(z))},
+          "host_us": {"check_input": host_us(lambda: model.check_input(chunk)),
+                      "copy_in_pageable": host_us(lambda: cp.asarray(chunk)),
+                      "to_pinned": host_us(lambda: np.copyto(staging, chunk)),
+                      "copy_in_from_pinned": host_us(
+                          lambda: on_device.set(staging)),
+                      "min_max": host_us(lambda: (chunk.min(), chunk.max()))}}, device)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per measurement")
@@ -124,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         stage_times(cp, X, y, rows, args.calls if rows < 1024 else max(3, args.calls // 20),
                     device)
     host_costs(cp, args.calls, device)
+    long_call_parts(cp, X, max(args.rows), device)
 
 
 if __name__ == "__main__":

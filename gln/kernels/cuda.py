@@ -46,21 +46,30 @@ MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take t
 MAX_INPUTS = WARP * MAX_PER_LANE
 # Chunks at least this long learn with the rows in shared memory (when they fit): the copy in
 # and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
-# memory. On an H100 (MNIST network, docs/benchmarks.md) resident cost about 60 us more than
-# streaming at 1 to 256 rows and 0.17 us less per row: even at about 600 rows, ahead from 1024.
-RESIDENT_MIN_ROWS = 1024
+# memory. On an H100 (MNIST network, the three layers summed, docs/benchmarks.md) resident was
+# slower up to 1,024 rows (3,343 against 3,317 us) and faster from 2,048 (6,623 against 6,730).
+RESIDENT_MIN_ROWS = 2048
 # Prediction writes nothing, so a neuron's examples are split over warps of this many rows
 # (streaming kernel) ...
 PREDICT_ROWS_PER_WARP = 32
 # ... and chunks at least PREDICT_SHARED_MIN_ROWS long are predicted by the shared kernel, whose
-# blocks keep several neurons' rows in shared memory and take this many examples each.
-PREDICT_SHARED_MIN_ROWS = 256
+# blocks keep several neurons' rows in shared memory and take this many examples each. On an
+# H100 the shared kernel was level with streaming at 1 to 16 rows and ahead from 64 (152
+# against 158 us) to 1,024 rows (911 against 1,329 us); 512 rows per block was best at 1,024
+# rows (gln.model.PREDICT_CHUNK_ROWS_GPU), 256 at 4,096.
+PREDICT_SHARED_MIN_ROWS = 16
 PREDICT_ROWS_PER_BLOCK = 512
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
 # cuBLAS GEMM (a guess: the GEMM's host-side cost is what a one-row call feels).
 GATING_GEMM_MIN_ROWS = 16
+# Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN) to be listed for the
+# float64 re-check: about eight times what standardised inputs need (one in a thousand,
+# measured on an H100); a fuller list re-checks the rest in place, slower and with the same bits.
+RECHECK_LIST_FRACTION = 128
+RECHECK_LIST_MIN = 1024
+RECHECK_MAX_BLOCKS = 4096  # gln_halfspace_rechecks loops over what its grid does not cover
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
@@ -68,8 +77,13 @@ INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 COMPILE_OPTIONS = ("--fmad=false",)
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
-SHARED = "gln_layer_predict_shared"
-MODES = ("auto", "streaming", "resident", "shared")
+SHARED, THREADS = "gln_layer_predict_shared", "gln_layer_predict_threads"
+MODES = ("auto", "streaming", "resident", "shared", "threads")
+# Narrow layers (at most this many elements per lane: GLN_THREADS_MAX_PER_LANE) are predicted
+# by the thread-per-(neuron, example) kernel where the shared kernel would be, in blocks of up
+# to THREADS_MAX_BLOCK examples (GLN_THREADS_MAX_BLOCK) ...
+THREADS_MAX_PER_LANE = 8
+THREADS_MAX_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -104,10 +118,12 @@ def plan_layer_launch(
 ) -> LayerLaunch:
     """Choose the kernel and its launch shape for a layer of ``weights_shape`` over n rows.
 
-    ``mode`` forces ``"streaming"``, ``"resident"`` or (prediction only) ``"shared"`` (tests
-    and benchmarks); ``"auto"`` picks resident when learning at least ``RESIDENT_MIN_ROWS``
-    rows, shared when predicting at least ``PREDICT_SHARED_MIN_ROWS``, where a neuron's rows fit
-    in ``max_shared_bytes`` of shared memory. All give the same bytes.
+    ``mode`` forces ``"streaming"``, ``"resident"`` or (prediction only) ``"shared"`` or
+    ``"threads"`` (tests and benchmarks); ``"auto"`` picks resident when learning at least
+    ``RESIDENT_MIN_ROWS`` rows and, when predicting at least ``PREDICT_SHARED_MIN_ROWS``,
+    threads for layers of at most ``THREADS_MAX_PER_LANE`` elements per lane, shared for
+    wider ones, where a neuron's rows fit in ``max_shared_bytes`` of shared memory. All give
+    the same bytes.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -126,6 +142,14 @@ def plan_layer_launch(
     if mode == "shared" and learn:
         raise ValueError("the shared kernel only predicts")
     lanes = per_lane(num_inputs)
+    if mode == "threads" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
+                             and lanes <= THREADS_MAX_PER_LANE):
+        threads = _threads_launch(weights_shape, n, learn, max_shared_bytes)
+        if threads is not None or mode == "threads":
+            if threads is None:
+                raise ValueError("the threads kernel predicts layers of at most "
+                                 f"{THREADS_MAX_PER_LANE * WARP} inputs whose rows fit")
+            return threads
     if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
                             and fits):
         blocks_per_gln = -(-num_neurons // min(WARP, max_shared_bytes // shared_bytes))
@@ -144,6 +168,32 @@ def plan_layer_launch(
     rows = max(n, 1) if learn else max(PREDICT_ROWS_PER_WARP, -(-n // _MAX_GRID_Y))
     grid = (-(-neurons // STREAM_WARPS), max(1, -(-n // rows)))
     return LayerLaunch(STREAMING, grid, (WARP * STREAM_WARPS,), 0, lanes, rows)
+
+
+def _threads_launch(weights_shape: tuple[int, int, int, int], n: int, learn: bool,
+                    max_shared_bytes: int) -> LayerLaunch | None:
+    """The thread-per-(neuron, example) kernel's launch: the most examples per block (a
+    multiple of 32, no more than the chunk needs) whose inputs leave room for a neuron's rows
+    beside them, and as many neurons as fit, balanced over the GLN's blocks; None where the
+    layer is too wide or not even one neuron's rows fit."""
+    if learn:
+        raise ValueError("the threads kernel only predicts")
+    num_glns, num_neurons, num_contexts, num_inputs = weights_shape
+    lanes, stride = per_lane(num_inputs), num_inputs | 1  # the kernel's odd stride
+    if lanes > THREADS_MAX_PER_LANE:
+        return None
+    row_bytes = num_contexts * stride * 4
+    for block in (256, 128, 64, 32):
+        if block > THREADS_MAX_BLOCK or (block > 32 and block // 2 >= n):
+            continue  # a smaller block holds the whole chunk
+        room = max_shared_bytes - block * stride * 4
+        if room >= row_bytes:
+            blocks_per_gln = -(-num_neurons // min(num_neurons, room // row_bytes))
+            per_block = -(-num_neurons // blocks_per_gln)
+            return LayerLaunch(THREADS, (num_glns * blocks_per_gln, max(1, -(-n // block))),
+                               (block,), (per_block * num_contexts + block) * stride * 4, lanes,
+                               block, per_block)
+    return None
 
 
 def layer_kernel_args(
@@ -258,10 +308,10 @@ def cuda_layer_pass(
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
 
     One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"`` or, when
-    predicting, ``"shared"``); all give the same bytes. ``next_inputs`` (n, G, K + 1) float32,
-    when given, receives the next layer's inputs (``cuda_layer_inputs(probs, bias_logit,
-    True)``, bit for bit) from the same launch. Layers wider than ``MAX_INPUTS`` inputs take
-    the reference pass.
+    predicting, ``"shared"`` or ``"threads"``); all give the same bytes. ``next_inputs``
+    (n, G, K + 1) float32, when given, receives the next layer's inputs
+    (``cuda_layer_inputs(probs, bias_logit, True)``, bit for bit) from the same launch. Layers
+    wider than ``MAX_INPUTS`` inputs take the reference pass.
     """
     check_layer_arrays(weights, contexts, inputs, targets, rates, probs)
     if next_inputs is not None:
@@ -392,12 +442,26 @@ def cuda_layer_contexts(
             (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
             (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance),
         )
+        # Short chunks (replayed from CUDA graphs, which a zeroed counter would not fit)
+        # re-check in place; long ones list their close margins for a second launch.
+        listing = n >= GATING_GEMM_MIN_ROWS
+        capacity = (n * neurons * context_dim // RECHECK_LIST_FRACTION + RECHECK_LIST_MIN
+                    if listing else 0)
+        pending = cp.empty(max(capacity, 1), dtype=cp.int64)
+        count = cp.zeros(1, dtype=cp.int32) if listing else cp.empty(1, dtype=cp.int32)
+        layer = (_layer_starts(tuple(layer_sizes), z.device.id), np.int32(len(layer_sizes)))
         _function("gating.cu", "gln_halfspace_contexts")(
             (-(-contexts.size // GATING_THREADS),), (GATING_THREADS,),
             (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
-             np.int32(context_dim), np.int32(d), _layer_starts(tuple(layer_sizes), z.device.id),
-             np.int32(len(layer_sizes)), contexts),
+             np.int32(context_dim), np.int32(d), *layer, contexts, pending, np.int32(capacity),
+             count),
         )
+        if listing:
+            _function("gating.cu", "gln_halfspace_rechecks")(
+                (min(-(-capacity // GATING_THREADS), RECHECK_MAX_BLOCKS),), (GATING_THREADS,),
+                (pending, count, np.int32(capacity), z, normals, offsets, np.int32(n),
+                 np.int32(neurons), np.int32(context_dim), np.int32(d), *layer, contexts),
+            )
     bounds = np.cumsum([0, *layer_sizes]) * n * num_glns
     return [contexts[a:b].reshape(n, num_glns, k)
             for a, b, k in zip(bounds[:-1], bounds[1:], layer_sizes, strict=True)]

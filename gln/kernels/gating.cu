@@ -4,8 +4,9 @@
 // gln.gating.halfspace_bits computes every margin z . v_p - b_p in float32 (one GEMM), trusts
 // its sign where |margin| exceeds the row's rounding bound, and redoes the rest in float64.
 // Finding "the rest" with nonzero() makes the host wait for the GPU on every chunk. Here one
-// thread owns one neuron of one row: it takes the neuron's m margins from the GEMM, redoes in
-// float64 the few that are too close to call, and writes the m-bit context index
+// thread owns one neuron of one row: it takes the neuron's m margins from the GEMM, has the few
+// that are too close to call redone in float64 (by itself, or by gln_halfspace_rechecks in a
+// second launch), and writes the m-bit context index
 //   c = sum_j [z . v_{km+j} >= b_{km+j}] 2^j
 // exactly as gln.gating.context_indices folds the bits. The float64 re-check sums the exact
 // products (a float32 times a float32 fits a float64) from the first feature to the last, the
@@ -17,12 +18,50 @@
 // [layer_starts[l], layer_starts[l + 1]) and its block starts at n G layer_starts[l]. One layer
 // of K neurons gives the plain (n, G K) layout.
 
+// The float64 re-check of margin p of row t: the exact products summed from the first feature
+// to the last with explicitly rounded additions, as gln.kernels.cpu sums them.
+__device__ __forceinline__ bool exactly_above(const float* __restrict__ z,
+                                              const float* __restrict__ normals,
+                                              const float* __restrict__ offsets, long long t,
+                                              long long p, int num_features) {
+    double total = 0.0;
+    for (int i = 0; i < num_features; ++i) {
+        const double zi = static_cast<double>(z[t * num_features + i]);
+        const double vi = static_cast<double>(normals[p * num_features + i]);
+        total = __dadd_rn(total, __dmul_rn(zi, vi));
+    }
+    return total >= static_cast<double>(offsets[p]);
+}
+
+// Where neuron k's context of row t goes: its layer's block, (n, G, K_l) in C order.
+__device__ __forceinline__ long long context_slot(long long t, long long k, int n, int neurons,
+                                                  const int* __restrict__ layer_starts,
+                                                  int layers) {
+    const int per_gln = layer_starts[layers];
+    const long long glns = neurons / per_gln;
+    const long long g = k / per_gln;
+    const int within = static_cast<int>(k - g * per_gln);
+    int layer = 0;
+    while (within >= layer_starts[layer + 1]) ++layer;
+    const long long start = layer_starts[layer];
+    const long long width = layer_starts[layer + 1] - start;
+    return n * glns * start + (t * glns + g) * width + (within - start);
+}
+
+// The margins too close to call are rare (about one in a thousand on standardised inputs),
+// but a thread that re-checks one holds its whole warp for the ~800 sequential float64 steps,
+// and nearly every warp has one. With pending_capacity > 0 they are listed instead (flat
+// index t * planes + p, in pending[0 .. *pending_count)) and gln_halfspace_rechecks settles
+// them afterwards, a thread each, with no warp waiting; the bit written here is then the
+// float32 margin's. A list already full, and pending_capacity == 0 (a launch that is captured
+// into a CUDA graph, which must not need a zeroed counter), re-check in place.
 extern "C" __global__ void __launch_bounds__(128)
 gln_halfspace_contexts(const float* __restrict__ products, const float* __restrict__ z,
                        const float* __restrict__ normals, const float* __restrict__ offsets,
                        const float* __restrict__ tolerance, int n, int neurons, int context_dim,
                        int num_features, const int* __restrict__ layer_starts, int layers,
-                       int* __restrict__ contexts) {
+                       int* __restrict__ contexts, long long* __restrict__ pending,
+                       int pending_capacity, int* __restrict__ pending_count) {
     const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (at >= static_cast<long long>(n) * neurons) return;
     const long long t = at / neurons;
@@ -35,25 +74,42 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
         const float margin = __fsub_rn(products[t * planes + p], offsets[p]);
         bool above = margin >= 0.0f;
         if (fabsf(margin) <= margin_bound) {
-            double total = 0.0;
-            for (int i = 0; i < num_features; ++i) {
-                const double zi = static_cast<double>(z[t * num_features + i]);
-                const double vi = static_cast<double>(normals[p * num_features + i]);
-                total = __dadd_rn(total, __dmul_rn(zi, vi));
+            const int slot = pending_capacity > 0 ? atomicAdd(pending_count, 1) : 0;
+            if (slot < pending_capacity) {
+                pending[slot] = t * planes + p;
+            } else {
+                above = exactly_above(z, normals, offsets, t, p, num_features);
             }
-            above = total >= static_cast<double>(offsets[p]);
         }
         context |= static_cast<int>(above) << j;
     }
-    const int per_gln = layer_starts[layers];
-    const long long glns = neurons / per_gln;
-    const long long g = k / per_gln;
-    const int within = static_cast<int>(k - g * per_gln);
-    int layer = 0;
-    while (within >= layer_starts[layer + 1]) ++layer;
-    const long long start = layer_starts[layer];
-    const long long width = layer_starts[layer + 1] - start;
-    contexts[n * glns * start + (t * glns + g) * width + (within - start)] = context;
+    contexts[context_slot(t, k, n, neurons, layer_starts, layers)] = context;
+}
+
+// The margins gln_halfspace_contexts listed, one thread each (a grid-stride loop: the host
+// does not know how many there are): each sets or clears its bit of the context it belongs to.
+extern "C" __global__ void __launch_bounds__(128)
+gln_halfspace_rechecks(const long long* __restrict__ pending,
+                       const int* __restrict__ pending_count, int pending_capacity,
+                       const float* __restrict__ z, const float* __restrict__ normals,
+                       const float* __restrict__ offsets, int n, int neurons, int context_dim,
+                       int num_features, const int* __restrict__ layer_starts, int layers,
+                       int* __restrict__ contexts) {
+    const int listed = *pending_count < pending_capacity ? *pending_count : pending_capacity;
+    const long long planes = static_cast<long long>(neurons) * context_dim;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < listed; i += static_cast<long long>(gridDim.x) * blockDim.x) {
+        const long long t = pending[i] / planes;
+        const long long p = pending[i] - t * planes;
+        const long long k = p / context_dim;
+        const int bit = 1 << static_cast<int>(p - k * context_dim);
+        int* context = contexts + context_slot(t, k, n, neurons, layer_starts, layers);
+        if (exactly_above(z, normals, offsets, t, p, num_features)) {
+            atomicOr(context, bit);
+        } else {
+            atomicAnd(context, ~bit);
+        }
+    }
 }
 
 // The rounding bound of each row, as gln.gating.rounding_tolerances computes it:

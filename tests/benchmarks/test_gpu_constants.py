@@ -2,6 +2,7 @@
 
 import json
 
+import gln.model
 from benchmarks.gpu_constants import main, recommend
 
 
@@ -10,7 +11,7 @@ def layer_pass(layer, kernel, learn, rows, microseconds, rows_per_warp=None):
             "rows": rows, "rows_per_warp": rows_per_warp, "microseconds": microseconds}
 
 
-def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers():
+def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers(monkeypatch):
     records = [{"measure": "learn", "examples_per_second": 1.0}]  # other lines are ignored
     # (rows, streaming us, resident us) per layer: resident wins at 8 on layer 1 alone, but
     # loses at 8 overall (layer 2), wins again from 32 on; 16 is a tie (resident).
@@ -29,6 +30,9 @@ def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers():
                                 (4096, 256, 20), (4096, 512, 25)):
         records.append(layer_pass("a", "shared", False, rows, us, per_block))
     records += [layer_pass("a", "streaming", False, 256, 50, 32)]
+    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 256)
+    assert recommend(records)["PREDICT_ROWS_PER_BLOCK"] == 512  # at 256 rows, the chunk
+    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 4096)
     chosen = recommend(records)
     assert chosen["RESIDENT_MIN_ROWS"] == 16
     assert chosen["learn_us_by_rows"][8] == {"streaming": 50, "resident": 55}

@@ -34,7 +34,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
-              "--pygln-examples", "0"])
+              "--pygln-examples", "0", "--predict-chunk-rows", "2"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -42,13 +42,19 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
                  ("learn_latency", "kernels_uncaptured"), ("predict_latency", "kernels"),
                  ("predict_latency", "kernels_uncaptured"),
                  ("learn_latency_profile", "kernels"), ("learn", "plain_cupy"),
-                 ("predict", "plain_cupy"), ("agreement", None)]:
+                 ("predict", "plain_cupy"), ("agreement", None),
+                 ("predict_by_chunk_rows", "kernels")]:
         assert kind in kinds
+    (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
+    assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming and resident learning, streaming and shared prediction) at one
-    # row.
-    assert len(layer_passes) == 12 and all(r["microseconds"] > 0 for r in layer_passes)
+    # row, and the threads kernel's prediction on the two narrow layers.
+    assert len(layer_passes) == 14 and all(r["microseconds"] > 0 for r in layer_passes)
     assert {(r["kernel"], r["learn"]) for r in layer_passes} == {
-        ("streaming", True), ("resident", True), ("streaming", False), ("shared", False)}
+        ("streaming", True), ("resident", True), ("streaming", False), ("shared", False),
+        ("threads", False)}
+    assert {r["layer"] for r in layer_passes if r["kernel"] == "threads"} == {"128->128",
+                                                                              "128->1"}
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5

@@ -199,14 +199,14 @@ inline int launch(gln_dim3 grid, gln_dim3 block, size_t shared_bytes,
     return failed;
 }
 
-// A kernel parameter's kind: pointer to float / double / int (F, D, I), or float, double,
-// int by value (f, d, i); '?' for anything else.
+// A kernel parameter's kind: pointer to float / double / int / long long (F, D, I, L), or
+// float, double, int by value (f, d, i); '?' for anything else.
 template <class T> constexpr char code() {
     using U = std::remove_cv_t<T>;
     if constexpr (std::is_pointer_v<U>) {
         using E = std::remove_cv_t<std::remove_pointer_t<U>>;
         return std::is_same_v<E, float> ? 'F' : std::is_same_v<E, double> ? 'D'
-             : std::is_same_v<E, int> ? 'I' : '?';
+             : std::is_same_v<E, int> ? 'I' : std::is_same_v<E, long long> ? 'L' : '?';
     } else {
         return std::is_same_v<U, float> ? 'f' : std::is_same_v<U, double> ? 'd'
              : std::is_same_v<U, int> ? 'i' : '?';
@@ -257,6 +257,10 @@ inline double __ddiv_rn(double a, double b) { return a / b; }
 inline double __dsqrt_rn(double a) { return sqrt(a); }
 inline float __double2float_rn(double a) { return static_cast<float>(a); }
 inline float* dynamic_shared_floats() { return emu::shared.data(); }
+// Threads switch only at warp-collective calls and barriers, so plain updates are atomic.
+inline int atomicAdd(int* p, int v) { const int old = *p; *p = old + v; return old; }
+inline int atomicOr(int* p, int v) { const int old = *p; *p = old | v; return old; }
+inline int atomicAnd(int* p, int v) { const int old = *p; *p = old & v; return old; }
 """
 
 # Every kernel in a source: extern "C" __global__ void [__launch_bounds__(threads)] name(
@@ -273,7 +277,7 @@ extern "C" int emu_launch_{name}(unsigned grid_x, unsigned grid_y, unsigned bloc
 """
 _SCALAR_TYPES = {"i": (np.int32, ctypes.c_int32), "f": (np.float32, ctypes.c_float),
                  "d": (np.float64, ctypes.c_double)}
-_POINTER_DTYPES = {"I": np.int32, "F": np.float32, "D": np.float64}
+_POINTER_DTYPES = {"I": np.int32, "L": np.int64, "F": np.float32, "D": np.float64}
 _LAUNCH_LOCK = threading.Lock()  # the emulator's state is global: one launch at a time
 _BUILD_DIRECTORY = tempfile.TemporaryDirectory(prefix="gln-emulated-cuda-")
 
@@ -697,7 +701,8 @@ class EmulatedCupy(types.ModuleType):
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
                                           get_elapsed_time=_Event.elapsed_ms, Stream=_Stream,
                                           MemoryPool=_MemoryPool,
-                                          using_allocator=_using_allocator)
+                                          using_allocator=_using_allocator,
+                                          alloc_pinned_memory=bytearray)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(np, name)

@@ -143,6 +143,8 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
 
 # Layers for the shared prediction kernel: as LAYERS, and 37 neurons, more than one block holds.
 SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), LAYERS[-1]]
+# Layers for the threads kernel: the narrow ones (even widths too), and the widest it takes.
+THREADS_LAYERS = [*LAYERS[:4], (2, 37, 4, 33), (2, 5, 4, 256)]
 
 
 @pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
@@ -164,21 +166,57 @@ def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
     np.testing.assert_allclose(p_shared, run_reference(data, False)[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("layer", THREADS_LAYERS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shared", [True, False])
+def test_thread_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared,
+                                                                      monkeypatch):
+    """One thread per (neuron, example), adding the products in the warp's order: blocks of
+    32 examples (the last one short) and of three neurons (the last GLN's block short, where
+    the neurons do not divide), rows and inputs at an odd stride: the outputs of the
+    one-neuron-per-warp kernel, bit for bit, and the weights untouched."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    glns, neurons, contexts, inputs = layer
+    stride = inputs | 1
+    limit = 32 * stride * 4 + 3 * contexts * stride * 4  # the inputs and three neurons' rows
+    monkeypatch.setattr(cuda, "THREADS_MAX_BLOCK", 32)
+    monkeypatch.setattr(cuda, "_max_shared_bytes", lambda device_id: limit)
+    launch = cuda.plan_layer_launch(layer, 100, False, limit, "threads")
+    assert launch.block == (32,) and launch.grid[1] == 4
+    assert launch.neurons_per_block == min(3, neurons)
+    data = random_layer(np.random.default_rng(11), *layer, 100, shared)
+    w_threads, p_threads = run_cuda(cp, data, False, "threads")
+    _, p_stream = run_cuda(cp, data, False, "streaming")
+    assert not np.isnan(p_threads).any(), "some outputs were never written"
+    np.testing.assert_array_equal(p_threads, p_stream)
+    np.testing.assert_array_equal(w_threads, data[0])
+
+
 @pytest.mark.parametrize("layer", [*LAYERS[1:], (1, 2, 2, 2051)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize(("mode", "learn"), [("streaming", True), ("resident", True),
-                                             ("streaming", False), ("shared", False)])
+                                             ("streaming", False), ("shared", False),
+                                             ("threads", False)])
 def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode, learn):
     """What the separate input kernel would build from the outputs, from the same launch,
     also where prediction splits a neuron's examples over warps (and for the widest layers,
-    which take the reference pass)."""
-    from gln.kernels.cuda import cuda_layer_inputs, cuda_layer_pass  # noqa: PLC0415
+    which take the reference pass; the threads kernel refuses layers wider than it takes)."""
+    from gln.kernels.cuda import (  # noqa: PLC0415
+        THREADS_MAX_PER_LANE,
+        cuda_layer_inputs,
+        cuda_layer_pass,
+        per_lane,
+    )
 
     data = random_layer(np.random.default_rng(5), *layer, 70, False)
     w, ctx, x, targets, rates = (cp.asarray(a) for a in data)
     glns, neurons = layer[:2]
     probs = cp.full((70, glns, neurons), cp.nan, dtype=cp.float32)
     next_inputs = cp.full((70, glns, neurons + 1), cp.nan, dtype=cp.float32)
+    if mode == "threads" and THREADS_MAX_PER_LANE < per_lane(layer[3]) <= 64:
+        with pytest.raises(ValueError, match="threads kernel predicts layers of at most"):
+            cuda_layer_pass(w, ctx, x, targets, rates, 0.01, 1.5, learn, probs, mode=mode)
+        return
     cuda_layer_pass(w, ctx, x, targets, rates, 0.01, 1.5, learn, probs, mode=mode,
                     next_inputs=next_inputs, bias_logit=0.75)
     expected = cuda_layer_inputs(probs, 0.75, True).get()
@@ -209,12 +247,19 @@ def test_cuda_moments_equal_numpy_bit_for_bit(cp, n):
 
 @pytest.mark.parametrize("n", [0, 1, 5, 300])  # 1 and 5: products from our kernel, not cuBLAS
 @pytest.mark.parametrize(("glns", "layer_sizes"), [(1, (64,)), (4, (8, 5, 3))])
-def test_cuda_contexts_equal_numpy_contexts(cp, n, glns, layer_sizes):
+@pytest.mark.parametrize("list_room", ["ample", "eight"])
+def test_cuda_contexts_equal_numpy_contexts(cp, n, glns, layer_sizes, list_room, monkeypatch):
     """The context kernel, fed by cuBLAS or, for short chunks, by gln_halfspace_products,
     decides every bit as NumPy does, ties included, and gives each layer a C-contiguous
-    (n, G, K_l) array."""
+    (n, G, K_l) array; with room to list only eight close margins for the second launch, the
+    rest are re-checked in place, to the same bits."""
+    import gln.kernels.cuda  # noqa: PLC0415
     from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
     from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415
+
+    if list_room == "eight":
+        monkeypatch.setattr(gln.kernels.cuda, "RECHECK_LIST_FRACTION", 1 << 40)
+        monkeypatch.setattr(gln.kernels.cuda, "RECHECK_LIST_MIN", 8)
 
     rng = np.random.default_rng(n)
     d, m = 784, 4
@@ -626,6 +671,27 @@ def test_cuda_bad_input_and_prediction_change_nothing(cp):
     model.predict_proba(X)
     model.saliency(X[:3])
     assert model.to_bytes() == blob and model.examples_seen == 20
+
+
+def test_a_long_prediction_checked_chunk_by_chunk_equals_one_chunk(cp, monkeypatch):
+    """A long batch is predicted in chunks, each checked while the device runs the one
+    before: the same bytes as one chunk, and a bad row in a later chunk is named by its index
+    in the batch, with nothing changed."""
+    import gln.model  # noqa: PLC0415
+
+    X, y = stream(60)
+    model = GLN(**CONFIG, device="cuda")
+    model.learn(X[:30], y[:30])
+    whole = model.predict_proba(X)
+    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 16)
+    np.testing.assert_array_equal(model.predict_proba(X), whole)
+    np.testing.assert_array_equal(model.predict_proba(X.astype(np.float32)), whole)
+    blob = model.to_bytes()
+    bad = X.copy()
+    bad[37, 2] = np.inf
+    with pytest.raises(ValueError, match="row 37, column 2"):
+        model.predict_proba(bad)
+    assert model.to_bytes() == blob and model.examples_seen == 30
 
 
 def test_cuda_constant_features_never_produce_nan(cp):
