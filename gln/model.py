@@ -40,10 +40,12 @@ from gln.schedules import make_schedule
 # host waits of one chunk.
 CHUNK_ROWS = 256
 CHUNK_ROWS_GPU = 4096
-# A long float32 batch is predicted on the GPU in chunks of this many rows, each checked by the
-# host while the device still predicts the one before: checking 4,096 rows costs the host about
-# a millisecond, a fifth of what the device takes to predict them.
-PREDICT_CHUNK_ROWS_GPU = 1024
+# A long batch is predicted on the GPU in chunks of this many rows, each sent while the device
+# still predicts the one before: on an H100's host, copying 4,096 MNIST rows in costs about
+# 1.5 ms, a third of what the device takes to predict them. 4,096-row calls predicted 594k
+# rows/s in chunks of 2,048, 571k of 1,024, 495k of 512 and 468k in one chunk
+# (docs/benchmarks.md).
+PREDICT_CHUNK_ROWS_GPU = 2048
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
 # their rates and targets; longer ones as float32 (see GLN._staged).
 HOST_WIDENED_ROWS = 64
@@ -432,18 +434,29 @@ class GLN:
         return self._fetched(outputs)
 
     def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
-        """The network's outputs (n, G) for a long host batch on the GPU, each chunk checked
-        while the device predicts the one before. Prediction changes nothing, so a bad row
-        found in a later chunk loses nothing; its error is the whole batch's, row index and
-        all."""
-        outputs = []
+        """The network's outputs (n, G) for a long host batch on the GPU, in chunks, each sent
+        while the device predicts the one before. The values of a float32 batch are checked by
+        the device (two passes of the host over the rows cost about as much as the device's
+        work on them), those of other batches by the host, chunk by chunk. Prediction changes
+        nothing, so a bad value found late loses nothing: the error is the whole batch's host
+        check's, naming its first bad value."""
+        xp = self._xp
+        float32 = X.dtype == np.float32 and X.shape[1] == self.num_features
+        outputs, finite = [], []
         for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
+            on_device = float32 and stop - start > HOST_WIDENED_ROWS  # sent as float32 rows
             try:
-                chunk, _ = self.check_input(X[start:stop])
+                chunk = (np.ascontiguousarray(X[start:stop]) if on_device
+                         else self.check_input(X[start:stop])[0])
             except ValueError:
                 self.check_input(X)
                 raise
-            outputs.append(self._run_chunk(chunk, None))
+            packed, rows32 = self._sent(chunk, None)
+            if on_device:
+                finite.append(xp.isfinite(rows32).all())
+            outputs.append(self._chunk_on_device(packed, rows32, len(chunk), False)[0])
+        if finite and not bool(xp.stack(finite).all()):
+            self.check_input(X)  # raises, naming the first value that is not finite
         return self._fetched(outputs)
 
     def _fetched(self, outputs: list[Any]) -> np.ndarray | None:

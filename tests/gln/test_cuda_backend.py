@@ -673,24 +673,27 @@ def test_cuda_bad_input_and_prediction_change_nothing(cp):
     assert model.to_bytes() == blob and model.examples_seen == 20
 
 
-def test_a_long_prediction_checked_chunk_by_chunk_equals_one_chunk(cp, monkeypatch):
-    """A long batch is predicted in chunks, each checked while the device runs the one
-    before: the same bytes as one chunk, and a bad row in a later chunk is named by its index
-    in the batch, with nothing changed."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_a_long_prediction_in_chunks_equals_one_chunk(cp, dtype, monkeypatch):
+    """A long batch is predicted in chunks, each sent while the device runs the one before
+    (float32 rows checked by the device, others by the host): the same bytes as one chunk,
+    and a bad value in a later chunk is named by its row in the batch, with nothing changed."""
     import gln.model  # noqa: PLC0415
 
     X, y = stream(60)
+    X = X.astype(dtype)
     model = GLN(**CONFIG, device="cuda")
     model.learn(X[:30], y[:30])
     whole = model.predict_proba(X)
     monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 16)
+    monkeypatch.setattr(gln.model, "HOST_WIDENED_ROWS", 8)  # 16-row chunks go as float32 rows
     np.testing.assert_array_equal(model.predict_proba(X), whole)
-    np.testing.assert_array_equal(model.predict_proba(X.astype(np.float32)), whole)
     blob = model.to_bytes()
-    bad = X.copy()
-    bad[37, 2] = np.inf
-    with pytest.raises(ValueError, match="row 37, column 2"):
-        model.predict_proba(bad)
+    for bad_value in (np.inf, np.nan):
+        bad = X.copy()
+        bad[37, 2] = bad_value
+        with pytest.raises(ValueError, match="row 37, column 2"):
+            model.predict_proba(bad)
     assert model.to_bytes() == blob and model.examples_seen == 30
 
 

@@ -101,14 +101,14 @@ def test_launch_plan():
     second_shared = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES,
                                       "shared")
     assert (second_shared.grid[0], second_shared.neurons_per_block) == (50, 26)  # balanced
-    short = plan_layer_launch((10, 1, 16, 129), 40, False, HOPPER_SHARED_BYTES)
-    assert (short.kernel, short.block, short.grid) == (THREADS, (64,), (10, 1))
+    short = plan_layer_launch((10, 1, 16, 129), 100, False, HOPPER_SHARED_BYTES)
+    assert (short.kernel, short.block, short.grid) == (THREADS, (128,), (10, 1))
     with pytest.raises(ValueError, match="only predicts"):
         plan_layer_launch((10, 128, 16, 129), 4096, True, HOPPER_SHARED_BYTES, "threads")
     few = plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES, "streaming")
     assert (few.kernel, few.grid, few.rows_per_warp) == (STREAMING, (320, 4), 32)
     assert plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES).kernel == SHARED
-    assert plan_layer_launch(mnist_first, 15, False, HOPPER_SHARED_BYTES).kernel == STREAMING
+    assert plan_layer_launch(mnist_first, 63, False, HOPPER_SHARED_BYTES).kernel == STREAMING
     with pytest.raises(ValueError, match="only predicts"):
         plan_layer_launch(mnist_first, 4096, True, HOPPER_SHARED_BYTES, "shared")
     with pytest.raises(ValueError, match="exceed the shared memory"):  # not one neuron fits
