@@ -6,7 +6,8 @@ For one-row calls and for 4,096-row calls (the service's coalesced batches), lea
 predicting, each stage of ``GLN._run_chunk`` (input check, the one copy in, scaling, contexts,
 the network pass, the one copy out) is wrapped so that the device is synchronised after it (short
 calls launch by launch, not replayed from a CUDA graph: ``gpu_learn.py`` times those): a
-stage's time is then its host work plus the device work it issued. The sum exceeds an
+stage's time is then its host work plus the device work it issued (a long float32
+prediction's values are checked by the device, so its ``check_input`` stage is empty). The sum exceeds an
 unwrapped call, which overlaps them; what matters is which stage dominates. Then the host cost
 of single CuPy operations that a one-row call is made of (an allocation, a launch, small copies
 each way, the gating product), timed back to back without synchronising, which shows whether
