@@ -7,14 +7,14 @@ predicting, each stage of ``GLN._run_chunk`` (input check, the one copy in, scal
 the network pass, the one copy out) is wrapped so that the device is synchronised after it (short
 calls launch by launch, not replayed from a CUDA graph: ``gpu_learn.py`` times those): a
 stage's time is then its host work plus the device work it issued (a long float32
-prediction's values are checked by the device, so its ``check_input`` stage is empty). The sum exceeds an
-unwrapped call, which overlaps them; what matters is which stage dominates. Then the host cost
-of single CuPy operations that a one-row call is made of (an allocation, a launch, small copies
-each way, the gating product), timed back to back without synchronising, which shows whether
-the latency of one-row calls is the host's or the device's. Last, the parts of a 4,096-row
-call's two largest stages: the gating (the float32 GEMM, the rounding bounds, the contexts
-kernel with its float64 re-checks; CUDA events) and the copy in (pageable against pinned host
-memory) next to the host's input check.
+prediction's values are checked by the device, so its ``check_input`` stage is empty). The
+sum exceeds an unwrapped call, which overlaps them; what matters is which stage dominates.
+Then the host cost of single CuPy operations that a one-row call is made of (an allocation, a
+launch, small copies each way, the gating product), timed back to back without synchronising,
+which shows whether the latency of one-row calls is the host's or the device's. Last, the
+parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
+bounds, the contexts kernel with its float64 re-checks in place and listed; CUDA events) and
+the copy in (pageable against pinned host memory) next to the host's input check.
 
 Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
 """
