@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_learn import NETWORK, int_list  # noqa: E402
+from benchmarks.gpu_learn import NETWORK, int_list, mean_event_seconds  # noqa: E402
 from gln import GLN  # noqa: E402
 
 STAGES = ("check_input", "_sent", "_scale", "_contexts", "_network_pass", "_fetched")
@@ -113,14 +113,7 @@ def host_costs(cp, calls: int, device: str) -> None:
 
 def event_us(cp, operation: Callable, repeats: int = 20) -> float:
     """Mean device microseconds of ``operation`` between CUDA events, after one warm-up."""
-    operation()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        operation()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
+    return mean_event_seconds(cp, operation, repeats) * 1e6
 
 
 def long_call_parts(cp, X: np.ndarray, rows: int, device: str) -> None:

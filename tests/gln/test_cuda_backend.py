@@ -158,12 +158,19 @@ def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
 
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)
-    w_shared, p_shared = run_cuda(cp, data, False, "shared")
-    _, p_stream = run_cuda(cp, data, False, "streaming")
-    assert not np.isnan(p_shared).any(), "some outputs were never written"
-    np.testing.assert_array_equal(p_shared, p_stream)
-    np.testing.assert_array_equal(w_shared, data[0])
+    p_shared = assert_predicts_as_streaming(cp, data, "shared")
     np.testing.assert_allclose(p_shared, run_reference(data, False)[1], atol=1e-5)
+
+
+def assert_predicts_as_streaming(cp, data, mode):
+    """Predict ``data`` with the kernel ``mode``: every output written, the streaming kernel's
+    bytes, the weights untouched. Returns the outputs."""
+    weights, probs = run_cuda(cp, data, False, mode)
+    _, streamed = run_cuda(cp, data, False, "streaming")
+    assert not np.isnan(probs).any(), "some outputs were never written"
+    np.testing.assert_array_equal(probs, streamed)
+    np.testing.assert_array_equal(weights, data[0])
+    return probs
 
 
 @pytest.mark.parametrize("layer", THREADS_LAYERS, ids=lambda s: "x".join(map(str, s)))
@@ -184,12 +191,8 @@ def test_thread_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
     launch = cuda.plan_layer_launch(layer, 100, False, limit, "threads")
     assert launch.block == (32,) and launch.grid[1] == 4
     assert launch.neurons_per_block == min(3, neurons)
-    data = random_layer(np.random.default_rng(11), *layer, 100, shared)
-    w_threads, p_threads = run_cuda(cp, data, False, "threads")
-    _, p_stream = run_cuda(cp, data, False, "streaming")
-    assert not np.isnan(p_threads).any(), "some outputs were never written"
-    np.testing.assert_array_equal(p_threads, p_stream)
-    np.testing.assert_array_equal(w_threads, data[0])
+    assert_predicts_as_streaming(cp, random_layer(np.random.default_rng(11), *layer, 100, shared),
+                                 "threads")
 
 
 @pytest.mark.parametrize("layer", [*LAYERS[1:], (1, 2, 2, 2051)],
