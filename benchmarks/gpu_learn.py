@@ -13,7 +13,7 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   resident overtakes streaming) and, for prediction, ``PREDICT_SHARED_MIN_ROWS`` (where the
   shared kernel overtakes streaming), each ``PREDICT_ROWS_PER_WARP`` of
   ``--predict-rows-per-warp`` and each ``PREDICT_ROWS_PER_BLOCK`` of
-  ``--predict-rows-per-block``, and the threads kernel on the narrow layers;
+  ``--predict-rows-per-block``;
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
@@ -84,7 +84,7 @@ def load_data(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray,
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     """Each layer shape of the network through one launch, per kernel and chunk length; as in
     the model, every layer but the last also writes the next layer's inputs."""
-    from gln.kernels.cuda import THREADS_MAX_PER_LANE, cuda_layer_pass, per_lane  # noqa: PLC0415
+    from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
     shapes = [("784->128", 10, 128, 785, 1), ("128->128", 10, 128, 129, 10),
@@ -103,8 +103,6 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             runs = [("streaming", True, None), ("resident", True, None)]
             runs += [("streaming", False, rows) for rows in args.predict_rows_per_warp]
             runs += [("shared", False, rows) for rows in args.predict_rows_per_block]
-            if per_lane(inputs) <= THREADS_MAX_PER_LANE:
-                runs.append(("threads", False, None))
             for mode, learn, rows_per_warp in runs:
                 def launch(arrays=arrays, probs=probs, mode=mode, learn=learn,
                            next_inputs=next_inputs):

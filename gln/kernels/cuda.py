@@ -77,13 +77,8 @@ INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 COMPILE_OPTIONS = ("--fmad=false",)
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
-SHARED, THREADS = "gln_layer_predict_shared", "gln_layer_predict_threads"
-MODES = ("auto", "streaming", "resident", "shared", "threads")
-# Narrow layers (at most this many elements per lane: GLN_THREADS_MAX_PER_LANE) are predicted
-# by the thread-per-(neuron, example) kernel where the shared kernel would be, in blocks of up
-# to THREADS_MAX_BLOCK examples (GLN_THREADS_MAX_BLOCK) ...
-THREADS_MAX_PER_LANE = 8
-THREADS_MAX_BLOCK = 256
+SHARED = "gln_layer_predict_shared"
+MODES = ("auto", "streaming", "resident", "shared")
 
 
 @dataclass(frozen=True)
@@ -118,12 +113,10 @@ def plan_layer_launch(
 ) -> LayerLaunch:
     """Choose the kernel and its launch shape for a layer of ``weights_shape`` over n rows.
 
-    ``mode`` forces ``"streaming"``, ``"resident"`` or (prediction only) ``"shared"`` or
-    ``"threads"`` (tests and benchmarks); ``"auto"`` picks resident when learning at least
-    ``RESIDENT_MIN_ROWS`` rows and, when predicting at least ``PREDICT_SHARED_MIN_ROWS``,
-    threads for layers of at most ``THREADS_MAX_PER_LANE`` elements per lane, shared for
-    wider ones, where a neuron's rows fit in ``max_shared_bytes`` of shared memory. All give
-    the same bytes.
+    ``mode`` forces ``"streaming"``, ``"resident"`` or (prediction only) ``"shared"`` (tests
+    and benchmarks); ``"auto"`` picks resident when learning at least ``RESIDENT_MIN_ROWS``
+    rows, shared when predicting at least ``PREDICT_SHARED_MIN_ROWS``, where a neuron's rows fit
+    in ``max_shared_bytes`` of shared memory. All give the same bytes.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -142,14 +135,6 @@ def plan_layer_launch(
     if mode == "shared" and learn:
         raise ValueError("the shared kernel only predicts")
     lanes = per_lane(num_inputs)
-    if mode == "threads" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
-                             and lanes <= THREADS_MAX_PER_LANE):
-        threads = _threads_launch(weights_shape, n, learn, max_shared_bytes)
-        if threads is not None or mode == "threads":
-            if threads is None:
-                raise ValueError("the threads kernel predicts layers of at most "
-                                 f"{THREADS_MAX_PER_LANE * WARP} inputs whose rows fit")
-            return threads
     if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
                             and fits):
         blocks_per_gln = -(-num_neurons // min(WARP, max_shared_bytes // shared_bytes))
@@ -168,32 +153,6 @@ def plan_layer_launch(
     rows = max(n, 1) if learn else max(PREDICT_ROWS_PER_WARP, -(-n // _MAX_GRID_Y))
     grid = (-(-neurons // STREAM_WARPS), max(1, -(-n // rows)))
     return LayerLaunch(STREAMING, grid, (WARP * STREAM_WARPS,), 0, lanes, rows)
-
-
-def _threads_launch(weights_shape: tuple[int, int, int, int], n: int, learn: bool,
-                    max_shared_bytes: int) -> LayerLaunch | None:
-    """The thread-per-(neuron, example) kernel's launch: the most examples per block (a
-    multiple of 32, no more than the chunk needs) whose inputs leave room for a neuron's rows
-    beside them, and as many neurons as fit, balanced over the GLN's blocks; None where the
-    layer is too wide or not even one neuron's rows fit."""
-    if learn:
-        raise ValueError("the threads kernel only predicts")
-    num_glns, num_neurons, num_contexts, num_inputs = weights_shape
-    lanes, stride = per_lane(num_inputs), num_inputs | 1  # the kernel's odd stride
-    if lanes > THREADS_MAX_PER_LANE:
-        return None
-    row_bytes = num_contexts * stride * 4
-    for block in (256, 128, 64, 32):
-        if block > THREADS_MAX_BLOCK or (block > 32 and block // 2 >= n):
-            continue  # a smaller block holds the whole chunk
-        room = max_shared_bytes - block * stride * 4
-        if room >= row_bytes:
-            blocks_per_gln = -(-num_neurons // min(num_neurons, room // row_bytes))
-            per_block = -(-num_neurons // blocks_per_gln)
-            return LayerLaunch(THREADS, (num_glns * blocks_per_gln, max(1, -(-n // block))),
-                               (block,), (per_block * num_contexts + block) * stride * 4, lanes,
-                               block, per_block)
-    return None
 
 
 def layer_kernel_args(
@@ -308,7 +267,7 @@ def cuda_layer_pass(
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
 
     One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"`` or, when
-    predicting, ``"shared"`` or ``"threads"``); all give the same bytes. ``next_inputs``
+    predicting, ``"shared"``); all give the same bytes. ``next_inputs``
     (n, G, K + 1) float32, when given, receives the next layer's inputs
     (``cuda_layer_inputs(probs, bias_logit, True)``, bit for bit) from the same launch. Layers
     wider than ``MAX_INPUTS`` inputs take the reference pass.

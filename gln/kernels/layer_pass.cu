@@ -38,11 +38,9 @@
 //     memory and its warps take turns over the examples; a warp loads an example's input once
 //     and mixes it with every neuron of the block. The streaming kernel reads a row and an
 //     input from the caches for every neuron and example; this one reads the input once per
-//     block and the rows from shared memory.
-// and a fourth for narrow layers, where a warp per (neuron, example) spends more on its
-// butterfly, sigmoid and logit than on its few products per lane:
-//   gln_layer_predict_threads: one thread per (neuron, example), adding the same products in
-//     the same order as a warp does (thread_dot), the block's rows and inputs in shared memory.
+//     block and the rows from shared memory. A warp keeps 32 finished dot products, one per
+//     lane, and then squashes them and writes their outputs at once: per (neuron, example) a
+//     warp then spends its instructions on the products and the butterfly alone.
 //
 // GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
 // and an input live in registers.
@@ -120,19 +118,25 @@ __device__ __forceinline__ float squash(float dot, float lo, float hi) {
     return fminf(fmaxf(p, lo), hi);
 }
 
-// Lines 10-13 of Algorithm 1 for one neuron and one example: geometric mixing, clipping, and
-// (when learning) the gradient step and projection, in registers. Returns p on every lane.
-__device__ __forceinline__ float mix_and_learn(float (&w)[GLN_PER_LANE],
-                                               const float (&x)[GLN_PER_LANE], float rate,
-                                               float target, float lo, float hi, float bound,
-                                               bool learn) {
+// A row's dot product with an input, on every lane of the warp.
+__device__ __forceinline__ float warp_dot(const float (&w)[GLN_PER_LANE],
+                                          const float (&x)[GLN_PER_LANE]) {
     // Two interleaved partial sums shorten the dependency chain; their order is fixed.
     float even = 0.0f, odd = 0.0f;
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; i += 2) even = fmaf(w[i], x[i], even);
 #pragma unroll
     for (int i = 1; i < GLN_PER_LANE; i += 2) odd = fmaf(w[i], x[i], odd);
-    const float p = squash(warp_sum(__fadd_rn(even, odd)), lo, hi);
+    return warp_sum(__fadd_rn(even, odd));
+}
+
+// Lines 10-13 of Algorithm 1 for one neuron and one example: geometric mixing, clipping, and
+// (when learning) the gradient step and projection, in registers. Returns p on every lane.
+__device__ __forceinline__ float mix_and_learn(float (&w)[GLN_PER_LANE],
+                                               const float (&x)[GLN_PER_LANE], float rate,
+                                               float target, float lo, float hi, float bound,
+                                               bool learn) {
+    const float p = squash(warp_dot(w, x), lo, hi);
     if (learn) {
         // The step uses the clipped p, as the paper's analytic gradient does.
         const float step = __fmul_rn(rate, __fsub_rn(p, target));
@@ -156,8 +160,8 @@ struct LayerArgs {
     bool learn, write_next;
 };
 
-// Lane 0's outputs for example t: p, and the next layer's input from it (and the bias, once
-// per GLN and example, by neuron 0).
+// One lane's outputs for neuron `neuron` at example t: p, and the next layer's input from it
+// (and the bias, once per GLN and example, by neuron 0).
 __device__ __forceinline__ void write_outputs(const LayerArgs& a, long long neuron, int g, int t,
                                               float p) {
     const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
@@ -387,115 +391,6 @@ gln_layer_pass_resident(GLN_LAYER_KERNEL_PARAMETERS) {
     }
 }
 
-// One step of warp_sum's butterfly over the 32 lanes' values, in one thread.
-template <int OFFSET>
-__device__ __forceinline__ void butterfly_step(float (&level)[GLN_WARP]) {
-#pragma unroll
-    for (int l = 0; l < OFFSET; ++l) level[l] = __fadd_rn(level[l], level[l + OFFSET]);
-}
-
-// mix_and_learn's dot product in one thread, the same operations in the same order: lane l's
-// even and odd partial sums over the elements l + 32 i (zeros past the end, as load_row gives
-// them), then warp_sum's butterfly, whose step at offset o leaves lane l < o holding the sum of
-// lanes l and l + o. Rows and input are in shared memory with a stride of an odd number of
-// floats, so a warp's 32 examples of one neuron read 32 different banks (or one broadcast).
-__device__ __forceinline__ float thread_dot(const float* w, const float* x, int num_inputs) {
-    float level[GLN_WARP];
-#pragma unroll
-    for (int l = 0; l < GLN_WARP; ++l) {
-        float even = 0.0f, odd = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GLN_PER_LANE; i += 2) {
-            const int j = l + GLN_WARP * i;
-            even = fmaf(j < num_inputs ? w[j] : 0.0f, j < num_inputs ? x[j] : 0.0f, even);
-        }
-#pragma unroll
-        for (int i = 1; i < GLN_PER_LANE; i += 2) {
-            const int j = l + GLN_WARP * i;
-            odd = fmaf(j < num_inputs ? w[j] : 0.0f, j < num_inputs ? x[j] : 0.0f, odd);
-        }
-        level[l] = __fadd_rn(even, odd);
-    }
-    // Offsets spelled out, so that every index is a constant and the sums stay in registers.
-    butterfly_step<16>(level);
-    butterfly_step<8>(level);
-    butterfly_step<4>(level);
-    butterfly_step<2>(level);
-    butterfly_step<1>(level);
-    return level[0];
-}
-
-#define GLN_THREADS_MAX_BLOCK 256  // examples (threads) per block of gln_layer_predict_threads
-// Layers up to this many elements per lane (I <= 256) have gln_layer_predict_threads; wider
-// ones are no narrow layers, and a thread's unrolled sum would grow with them.
-#define GLN_THREADS_MAX_PER_LANE 8
-// Prediction only, for narrow layers. Block (blockIdx.x, blockIdx.y) holds the rows of neurons
-// k0 .. k0 + neurons_per_block - 1 of GLN g (blockIdx.x as in gln_layer_predict_shared) and
-// the inputs of examples [blockIdx.y * blockDim.x, ...), both in shared memory with the odd
-// stride (I | 1); thread i takes example blockIdx.y * blockDim.x + i through every neuron of
-// the block. rows_per_warp is blockDim.x here. Compiled empty for wider layers, which the
-// host never launches it for.
-extern "C" __global__ void __launch_bounds__(GLN_THREADS_MAX_BLOCK)
-gln_layer_predict_threads(GLN_LAYER_KERNEL_PARAMETERS) {
-    (void)learn;  // never learns: the host launches it for prediction only
-    (void)rows_per_warp;
-#if GLN_PER_LANE <= GLN_THREADS_MAX_PER_LANE
-    const int blocks_per_gln = (num_neurons + neurons_per_block - 1) / neurons_per_block;
-    const int g = blockIdx.x / blocks_per_gln;
-    const int k0 = (blockIdx.x % blocks_per_gln) * neurons_per_block;
-    const long long first = static_cast<long long>(blockIdx.y) * blockDim.x;
-    if (g >= num_glns || first >= n) return;  // whole block
-    const int count = num_neurons - k0 < neurons_per_block ? num_neurons - k0 : neurons_per_block;
-    const int begin = static_cast<int>(first);
-    const int rows_here = n - begin < static_cast<int>(blockDim.x) ? n - begin : blockDim.x;
-    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
-                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
-                                   lo, hi, bound, 0, bias_logit, write_next);
-    const int I = num_inputs, stride = num_inputs | 1;
-    const long long neuron0 = static_cast<long long>(g) * num_neurons + k0;
-    float* rows = dynamic_shared_floats();
-    float* xs = rows + static_cast<long long>(count) * num_contexts * stride;
-    // Warp w copies rows w, w + warps, ... (lanes along the row): no division per element.
-    const int lane = threadIdx.x % GLN_WARP, warp = threadIdx.x / GLN_WARP;
-    const int warps = blockDim.x / GLN_WARP;
-    const float* weights0 = weights + neuron0 * num_contexts * static_cast<long long>(I);
-    for (int row = warp; row < count * num_contexts; row += warps) {
-        for (int j = lane; j < I; j += GLN_WARP) {
-            rows[static_cast<long long>(row) * stride + j] =
-                weights0[static_cast<long long>(row) * I + j];
-        }
-    }
-    const int source = input_groups == 1 ? 0 : g;
-    const long long input_stride = static_cast<long long>(input_groups) * I;
-    const float* input0 = inputs + static_cast<long long>(source) * I + begin * input_stride;
-    for (int t = warp; t < rows_here; t += warps) {
-        for (int j = lane; j < I; j += GLN_WARP) {
-            xs[static_cast<long long>(t) * stride + j] = __ldg(input0 + t * input_stride + j);
-        }
-    }
-    __syncthreads();
-
-    if (static_cast<int>(threadIdx.x) >= rows_here) return;
-    const int t = begin + threadIdx.x;
-    const float* x = xs + static_cast<long long>(threadIdx.x) * stride;
-    const long long per_example = static_cast<long long>(num_glns) * num_neurons;
-    const int* context = contexts + t * per_example + neuron0;
-    int c_next = context[0] & (num_contexts - 1);
-    for (int j = 0; j < count; ++j) {
-        const int c = c_next;
-        // The next neuron's context is on its way while this one mixes.
-        if (j + 1 < count) c_next = context[j + 1] & (num_contexts - 1);
-        const float* w = rows + (static_cast<long long>(j) * num_contexts + c) * stride;
-        write_outputs(a, neuron0 + j, g, t, squash(thread_dot(w, x, I), lo, hi));
-    }
-#else
-    (void)weights, (void)contexts, (void)inputs, (void)targets, (void)rates, (void)probs;
-    (void)next_inputs, (void)n, (void)num_glns, (void)num_neurons, (void)num_contexts;
-    (void)num_inputs, (void)input_groups, (void)lo, (void)hi, (void)bound, (void)bias_logit;
-    (void)write_next, (void)neurons_per_block;
-#endif
-}
-
 // Prediction only. Block (blockIdx.x, blockIdx.y) holds neurons k0 .. k0 + neurons_per_block - 1
 // of GLN g (blockIdx.x = g * blocks_per_gln + k0 / neurons_per_block) and examples
 // [blockIdx.y * rows_per_warp, ...) of at most rows_per_warp examples (here: per block); warp w
@@ -530,6 +425,12 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const float* input0 = inputs + static_cast<long long>(source) * I;
     const long long per_example = static_cast<long long>(num_glns) * num_neurons;
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
+    // Lane `held` keeps the next finished dot product with its neuron and example: once every
+    // lane holds one, the sigmoid, clipping and outputs of 32 (neuron, example) pairs run at
+    // once, a lane each, instead of a whole warp's worth of them per pair.
+    int held = 0, held_t = 0;
+    long long held_neuron = 0;
+    float held_dot = 0.0f;
     int t = begin + warp;
     if (t < end) load_input(x, input0 + t * input_stride, lane, I);
     for (; t < end; t += warps) {
@@ -544,8 +445,16 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
         for (int j = 0; j < count; ++j) {
             const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
             load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
-            const float p = mix_and_learn(w, x, 0.0f, 0.0f, lo, hi, bound, false);
-            if (lane == 0) write_outputs(a, neuron0 + j, g, t, p);
+            const float dot = warp_dot(w, x);
+            if (lane == held) {
+                held_dot = dot;
+                held_neuron = neuron0 + j;
+                held_t = t;
+            }
+            if (++held == GLN_WARP) {
+                write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
+                held = 0;
+            }
         }
         if (t + warps < end) {
 #if GLN_PREFETCH
@@ -556,4 +465,5 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
 #endif
         }
     }
+    if (lane < held) write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
 }

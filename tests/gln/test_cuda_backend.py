@@ -143,8 +143,6 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
 
 # Layers for the shared prediction kernel: as LAYERS, and 37 neurons, more than one block holds.
 SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), LAYERS[-1]]
-# Layers for the threads kernel: the narrow ones (even widths too), and the widest it takes.
-THREADS_LAYERS = [*LAYERS[:4], (2, 37, 4, 33), (2, 5, 4, 256)]
 
 
 @pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
@@ -158,68 +156,29 @@ def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
 
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)
-    p_shared = assert_predicts_as_streaming(cp, data, "shared")
+    w_shared, p_shared = run_cuda(cp, data, False, "shared")
+    _, p_stream = run_cuda(cp, data, False, "streaming")
+    assert not np.isnan(p_shared).any(), "some outputs were never written"
+    np.testing.assert_array_equal(p_shared, p_stream)
+    np.testing.assert_array_equal(w_shared, data[0])
     np.testing.assert_allclose(p_shared, run_reference(data, False)[1], atol=1e-5)
-
-
-def assert_predicts_as_streaming(cp, data, mode):
-    """Predict ``data`` with the kernel ``mode``: every output written, the streaming kernel's
-    bytes, the weights untouched. Returns the outputs."""
-    weights, probs = run_cuda(cp, data, False, mode)
-    _, streamed = run_cuda(cp, data, False, "streaming")
-    assert not np.isnan(probs).any(), "some outputs were never written"
-    np.testing.assert_array_equal(probs, streamed)
-    np.testing.assert_array_equal(weights, data[0])
-    return probs
-
-
-@pytest.mark.parametrize("layer", THREADS_LAYERS, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("shared", [True, False])
-def test_thread_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared,
-                                                                      monkeypatch):
-    """One thread per (neuron, example), adding the products in the warp's order: blocks of
-    32 examples (the last one short) and of three neurons (the last GLN's block short, where
-    the neurons do not divide), rows and inputs at an odd stride: the outputs of the
-    one-neuron-per-warp kernel, bit for bit, and the weights untouched."""
-    import gln.kernels.cuda as cuda  # noqa: PLC0415
-
-    glns, neurons, contexts, inputs = layer
-    stride = inputs | 1
-    limit = 32 * stride * 4 + 3 * contexts * stride * 4  # the inputs and three neurons' rows
-    monkeypatch.setattr(cuda, "THREADS_MAX_BLOCK", 32)
-    monkeypatch.setattr(cuda, "_max_shared_bytes", lambda device_id: limit)
-    launch = cuda.plan_layer_launch(layer, 100, False, limit, "threads")
-    assert launch.block == (32,) and launch.grid[1] == 4
-    assert launch.neurons_per_block == min(3, neurons)
-    assert_predicts_as_streaming(cp, random_layer(np.random.default_rng(11), *layer, 100, shared),
-                                 "threads")
 
 
 @pytest.mark.parametrize("layer", [*LAYERS[1:], (1, 2, 2, 2051)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize(("mode", "learn"), [("streaming", True), ("resident", True),
-                                             ("streaming", False), ("shared", False),
-                                             ("threads", False)])
+                                             ("streaming", False), ("shared", False)])
 def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode, learn):
     """What the separate input kernel would build from the outputs, from the same launch,
     also where prediction splits a neuron's examples over warps (and for the widest layers,
-    which take the reference pass; the threads kernel refuses layers wider than it takes)."""
-    from gln.kernels.cuda import (  # noqa: PLC0415
-        THREADS_MAX_PER_LANE,
-        cuda_layer_inputs,
-        cuda_layer_pass,
-        per_lane,
-    )
+    which take the reference pass)."""
+    from gln.kernels.cuda import cuda_layer_inputs, cuda_layer_pass  # noqa: PLC0415
 
     data = random_layer(np.random.default_rng(5), *layer, 70, False)
     w, ctx, x, targets, rates = (cp.asarray(a) for a in data)
     glns, neurons = layer[:2]
     probs = cp.full((70, glns, neurons), cp.nan, dtype=cp.float32)
     next_inputs = cp.full((70, glns, neurons + 1), cp.nan, dtype=cp.float32)
-    if mode == "threads" and THREADS_MAX_PER_LANE < per_lane(layer[3]) <= 64:
-        with pytest.raises(ValueError, match="threads kernel predicts layers of at most"):
-            cuda_layer_pass(w, ctx, x, targets, rates, 0.01, 1.5, learn, probs, mode=mode)
-        return
     cuda_layer_pass(w, ctx, x, targets, rates, 0.01, 1.5, learn, probs, mode=mode,
                     next_inputs=next_inputs, bias_logit=0.75)
     expected = cuda_layer_inputs(probs, 0.75, True).get()

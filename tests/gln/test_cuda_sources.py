@@ -21,9 +21,6 @@ from gln.kernels.cuda import (
     RESIDENT,
     SHARED,
     STREAMING,
-    THREADS,
-    THREADS_MAX_BLOCK,
-    THREADS_MAX_PER_LANE,
     per_lane,
     plan_layer_launch,
 )
@@ -34,8 +31,8 @@ SOURCES = sorted(KERNELS.glob("*.cu"))
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not on PATH")
 # Row widths the models use: layer sizes 0 (I = 1), 32, 128 and MNIST's 784 features, and the
-# widest layer the kernels take (64 per lane); 8, the widest the threads kernel takes.
-PER_LANE_VALUES = (1, 2, 5, 8, 25, 64)
+# widest layer the kernels take (64 per lane).
+PER_LANE_VALUES = (1, 2, 5, 25, 64)
 
 
 def nvcc(source: Path, out: Path, *defines: str) -> str:
@@ -75,13 +72,6 @@ def test_every_source_compiles_for_hopper(tmp_path):
         assert all(s == ("0", "0") for s in spills), f"{source.name} {defines}: {report}"
 
 
-def test_the_host_knows_the_threads_kernels_limits():
-    """The launch plan and the kernel agree on the widest layer and the largest block."""
-    source = (KERNELS / "layer_pass.cu").read_text()
-    assert re.search(rf"#define GLN_THREADS_MAX_PER_LANE {THREADS_MAX_PER_LANE}\b", source)
-    assert re.search(rf"#define GLN_THREADS_MAX_BLOCK {THREADS_MAX_BLOCK}\b", source)
-
-
 def test_launch_plan():
     mnist_first = (10, 128, 16, 785)
     learn = plan_layer_launch(mnist_first, 4096, True, HOPPER_SHARED_BYTES)
@@ -94,17 +84,7 @@ def test_launch_plan():
     assert (predict.grid, predict.neurons_per_block) == ((320, 4096 // 512), 4)
     assert predict.shared_bytes == 4 * 16 * 785 * 4 <= HOPPER_SHARED_BYTES
     second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
-    assert (second.kernel, second.block, second.rows_per_warp) == (THREADS, (256,), 256)
-    # 256 inputs at the odd stride 129 leave room for 12 neurons' rows: 11 blocks a GLN of 12
-    assert (second.grid, second.neurons_per_block) == ((110, 16), 12)
-    assert second.shared_bytes == (12 * 16 + 256) * 129 * 4 <= HOPPER_SHARED_BYTES
-    second_shared = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES,
-                                      "shared")
-    assert (second_shared.grid[0], second_shared.neurons_per_block) == (50, 26)  # balanced
-    short = plan_layer_launch((10, 1, 16, 129), 100, False, HOPPER_SHARED_BYTES)
-    assert (short.kernel, short.block, short.grid) == (THREADS, (128,), (10, 1))
-    with pytest.raises(ValueError, match="only predicts"):
-        plan_layer_launch((10, 128, 16, 129), 4096, True, HOPPER_SHARED_BYTES, "threads")
+    assert (second.grid[0], second.neurons_per_block) == (50, 26)  # 5 blocks a GLN, balanced
     few = plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES, "streaming")
     assert (few.kernel, few.grid, few.rows_per_warp) == (STREAMING, (320, 4), 32)
     assert plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES).kernel == SHARED
