@@ -54,9 +54,9 @@ RESIDENT_MIN_ROWS = 2048
 PREDICT_ROWS_PER_WARP = 32
 # ... and chunks at least PREDICT_SHARED_MIN_ROWS long are predicted by the shared kernel, whose
 # blocks keep several neurons' rows in shared memory and take this many examples each. On an
-# H100 the shared kernel was level with streaming at 1 to 64 rows and ahead from 256 to 4,096
-# (3,363 against 5,012 us); 512 rows per block was best at 1,024 and 2,048 rows (the lengths
-# of gln.model.PREDICT_CHUNK_ROWS_GPU measured), 2,048 at 4,096.
+# H100 (three layers summed) the shared kernel was ahead from 64 rows in every run (133 against
+# 154 us at 64, 2,338 against 4,976 at 4,096) and level or not below; 512 rows per block was
+# best at 1,024 and 2,048 rows (the lengths of gln.model.PREDICT_CHUNK_ROWS_GPU measured).
 PREDICT_SHARED_MIN_ROWS = 64
 PREDICT_ROWS_PER_BLOCK = 512
 _MAX_GRID_Y = 65535
