@@ -118,47 +118,27 @@ def event_us(cp, operation: Callable, repeats: int = 20) -> float:
 
 def long_call_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
     """The gating's parts and the copy in of one ``rows``-row call, each timed alone."""
-    from gln.gating import dot_rounding_bound  # noqa: PLC0415
     from gln.kernels import cuda  # noqa: PLC0415
 
     model = GLN(**NETWORK, device="cuda")
     chunk = np.ascontiguousarray(X[:rows])
     x64 = cp.asarray(chunk, dtype=cp.float64)
-    count = cp.full((1, 1), 0.0)
-    z, _, _ = model._scale(x64, count, learning=False)
+    z, _, _ = model._scale(x64, cp.full((1, 1), 0.0), learning=False)
     z = cp.ascontiguousarray(z, dtype=cp.float32)
-    normals, offsets = model.normals, model.offsets
-    n, d = z.shape
-    neurons = normals.shape[0] // model.context_dim
+    normals, offsets, sizes, m = model.normals, model.offsets, model.layer_sizes, model.context_dim
     products = z @ normals.T
-    tolerance = cp.empty(n, dtype=cp.float32)
-    contexts = cp.empty(n * neurons, dtype=cp.int32)
-    starts = cuda._layer_starts(tuple(model.layer_sizes), z.device.id)
+    tolerance = cp.empty(len(z), dtype=cp.float32)
+    contexts = cp.empty(len(z) * normals.shape[0] // m, dtype=cp.int32)
+    rechecks = cuda.recheck_list(products.size)
 
-    def bounds() -> None:
-        cuda._function("gating.cu", "gln_rounding_tolerances")(
-            (-(-n * cuda.WARP // cuda.GATING_THREADS),), (cuda.GATING_THREADS,),
-            (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance))
-
-    capacity = n * neurons * model.context_dim // cuda.RECHECK_LIST_FRACTION + cuda.RECHECK_LIST_MIN
-    pending = cp.empty(capacity, dtype=cp.int64)
-    count = cp.zeros(1, dtype=cp.int32)
-    layer = (starts, np.int32(len(model.layer_sizes)))
+    bounds = functools.partial(cuda.launch_rounding_tolerances, z, tolerance)
+    recheck = functools.partial(cuda.launch_halfspace_rechecks, z, normals, offsets, m, sizes,
+                                contexts, rechecks)
 
     def decide(listing: bool) -> None:
-        count.fill(0)
-        cuda._function("gating.cu", "gln_halfspace_contexts")(
-            (-(-contexts.size // cuda.GATING_THREADS),), (cuda.GATING_THREADS,),
-            (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
-             np.int32(model.context_dim), np.int32(d), *layer, contexts, pending,
-             np.int32(capacity if listing else 0), count))
-
-    def recheck() -> None:
-        cuda._function("gating.cu", "gln_halfspace_rechecks")(
-            (min(-(-capacity // cuda.GATING_THREADS), cuda.RECHECK_MAX_BLOCKS),),
-            (cuda.GATING_THREADS,),
-            (pending, count, np.int32(capacity), z, normals, offsets, np.int32(n),
-             np.int32(neurons), np.int32(model.context_dim), np.int32(d), *layer, contexts))
+        rechecks.count.fill(0)
+        cuda.launch_halfspace_contexts(products, z, normals, offsets, tolerance, m, sizes,
+                                       contexts, rechecks if listing else None)
 
     bounds()
     margins = products - offsets[None, :]
@@ -177,9 +157,9 @@ def long_call_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
         return (time.perf_counter() - start) / repeats * 1e6
 
     decide(True)
-    listed = int(count.get()[0])
+    listed = int(rechecks.count.get()[0])
     emit({"measure": "long_call_parts", "rows": rows, "margins_rechecked": rechecked,
-          "margins_listed": listed, "list_capacity": capacity,
+          "margins_listed": listed, "list_capacity": rechecks.capacity,
           "device_us": {"gemm": event_us(cp, lambda: z @ normals.T),
                         "rounding_bounds": event_us(cp, bounds),
                         "contexts_rechecking_in_place": event_us(cp, lambda: decide(False)),

@@ -41,9 +41,9 @@ from gln.schedules import make_schedule
 CHUNK_ROWS = 256
 CHUNK_ROWS_GPU = 4096
 # A long batch is predicted on the GPU in chunks of this many rows, each sent while the device
-# still predicts the one before: on an H100's host, copying 4,096 MNIST rows in costs about
-# 1.5 ms, a third of what the device takes to predict them. 4,096-row calls predicted 594k
-# rows/s in chunks of 2,048, 571k of 1,024, 495k of 512 and 468k in one chunk
+# still predicts the one before: on an H100's host, copying 4,096 MNIST rows in cost 1.5 to 2.2
+# ms, a third to a half of what the device takes to predict them. 4,096-row calls predicted
+# 609k rows/s in chunks of 2,048, 509k of 1,024, 324k of 512 and 476k in one chunk
 # (docs/benchmarks.md).
 PREDICT_CHUNK_ROWS_GPU = 2048
 # Chunks up to this many rows go to the device already widened to float64, in one copy with

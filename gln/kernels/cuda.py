@@ -389,7 +389,7 @@ def cuda_layer_contexts(
     z = cp.ascontiguousarray(z, dtype=cp.float32)
     normals = cp.ascontiguousarray(normals, dtype=cp.float32)
     offsets = cp.ascontiguousarray(offsets, dtype=cp.float32)
-    n, d = z.shape
+    n = z.shape[0]
     neurons = normals.shape[0] // context_dim
     if neurons != num_glns * sum(layer_sizes):
         raise ValueError(f"{neurons} neurons' planes for {num_glns} GLNs of {list(layer_sizes)}")
@@ -397,33 +397,85 @@ def cuda_layer_contexts(
     if contexts.size:
         products = _gating_products(z, normals)
         tolerance = cp.empty(n, dtype=cp.float32)
-        _function("gating.cu", "gln_rounding_tolerances")(
-            (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
-            (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance),
-        )
+        launch_rounding_tolerances(z, tolerance)
         # Short chunks (replayed from CUDA graphs, which a zeroed counter would not fit)
         # re-check in place; long ones list their close margins for a second launch.
-        listing = n >= GATING_GEMM_MIN_ROWS
-        capacity = (n * neurons * context_dim // RECHECK_LIST_FRACTION + RECHECK_LIST_MIN
-                    if listing else 0)
-        pending = cp.empty(max(capacity, 1), dtype=cp.int64)
-        count = cp.zeros(1, dtype=cp.int32) if listing else cp.empty(1, dtype=cp.int32)
-        layer = (_layer_starts(tuple(layer_sizes), z.device.id), np.int32(len(layer_sizes)))
-        _function("gating.cu", "gln_halfspace_contexts")(
-            (-(-contexts.size // GATING_THREADS),), (GATING_THREADS,),
-            (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
-             np.int32(context_dim), np.int32(d), *layer, contexts, pending, np.int32(capacity),
-             count),
-        )
-        if listing:
-            _function("gating.cu", "gln_halfspace_rechecks")(
-                (min(-(-capacity // GATING_THREADS), RECHECK_MAX_BLOCKS),), (GATING_THREADS,),
-                (pending, count, np.int32(capacity), z, normals, offsets, np.int32(n),
-                 np.int32(neurons), np.int32(context_dim), np.int32(d), *layer, contexts),
-            )
+        rechecks = recheck_list(n * neurons * context_dim) if n >= GATING_GEMM_MIN_ROWS else None
+        launch_halfspace_contexts(products, z, normals, offsets, tolerance, context_dim,
+                                  layer_sizes, contexts, rechecks)
+        if rechecks is not None:
+            launch_halfspace_rechecks(z, normals, offsets, context_dim, layer_sizes, contexts,
+                                      rechecks)
     bounds = np.cumsum([0, *layer_sizes]) * n * num_glns
     return [contexts[a:b].reshape(n, num_glns, k)
             for a, b, k in zip(bounds[:-1], bounds[1:], layer_sizes, strict=True)]
+
+
+@dataclass(frozen=True)
+class RecheckList:
+    """Where ``gln_halfspace_contexts`` lists the margins it leaves to
+    ``gln_halfspace_rechecks``: their flat indices, how many (zeroed), room for how many."""
+
+    pending: Any
+    count: Any
+    capacity: int
+
+
+def recheck_list(margins: int) -> RecheckList:
+    """An empty list with room for one in ``RECHECK_LIST_FRACTION`` of ``margins`` (plus
+    ``RECHECK_LIST_MIN``)."""
+    cp = _cupy()
+    capacity = margins // RECHECK_LIST_FRACTION + RECHECK_LIST_MIN
+    return RecheckList(cp.empty(capacity, dtype=cp.int64), cp.zeros(1, dtype=cp.int32), capacity)
+
+
+def launch_rounding_tolerances(z: Any, tolerance: Any) -> None:
+    """Each row's rounding bound into ``tolerance`` (n,) float32 (``gln_rounding_tolerances``)."""
+    n, d = z.shape
+    _function("gating.cu", "gln_rounding_tolerances")(
+        (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
+        (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance),
+    )
+
+
+def launch_halfspace_contexts(
+    products: Any, z: Any, normals: Any, offsets: Any, tolerance: Any, context_dim: int,
+    layer_sizes: Sequence[int], contexts: Any, rechecks: RecheckList | None,
+) -> None:
+    """Every context into ``contexts`` (``gln_halfspace_contexts``); the close margins are
+    listed in ``rechecks``, or re-checked in place where it is None."""
+    cp = _cupy()
+    n, d = z.shape
+    neurons = normals.shape[0] // context_dim
+    if rechecks is None:  # the kernel takes the pointers but, with no room, never uses them
+        rechecks = RecheckList(cp.empty(1, dtype=cp.int64), cp.empty(1, dtype=cp.int32), 0)
+    _function("gating.cu", "gln_halfspace_contexts")(
+        (-(-n * neurons // GATING_THREADS),), (GATING_THREADS,),
+        (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
+         np.int32(context_dim), np.int32(d), *_layer_arguments(layer_sizes, z.device.id),
+         contexts, rechecks.pending, np.int32(rechecks.capacity), rechecks.count),
+    )
+
+
+def launch_halfspace_rechecks(
+    z: Any, normals: Any, offsets: Any, context_dim: int, layer_sizes: Sequence[int],
+    contexts: Any, rechecks: RecheckList,
+) -> None:
+    """The listed margins settled in float64, their bits set in ``contexts``
+    (``gln_halfspace_rechecks``)."""
+    n, d = z.shape
+    neurons = normals.shape[0] // context_dim
+    _function("gating.cu", "gln_halfspace_rechecks")(
+        (min(-(-rechecks.capacity // GATING_THREADS), RECHECK_MAX_BLOCKS),), (GATING_THREADS,),
+        (rechecks.pending, rechecks.count, np.int32(rechecks.capacity), z, normals, offsets,
+         np.int32(n), np.int32(neurons), np.int32(context_dim), np.int32(d),
+         *_layer_arguments(layer_sizes, z.device.id), contexts),
+    )
+
+
+def _layer_arguments(layer_sizes: Sequence[int], device_id: int) -> tuple[Any, np.int32]:
+    """The gating kernels' ``layer_starts`` and ``layers``."""
+    return _layer_starts(tuple(layer_sizes), device_id), np.int32(len(layer_sizes))
 
 
 def _gating_products(z: Any, normals: Any) -> Any:
