@@ -20,6 +20,10 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
 * ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows, each
   batch predicted in chunks of the library's ``PREDICT_CHUNK_ROWS_GPU`` rows; then, side by
   side on the same model, with each value of ``--predict-chunk-rows``;
+* ``predict_by_upload``: the same, the rows sent on the current stream as CuPy's ``asarray``
+  sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
+  stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging``, in alternating
+  rounds (median of ``--upload-rounds``);
 * ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds:
   replayed from its captured CUDA graph (``kernels``, as the library runs it) and launch by
   launch (``kernels_uncaptured``), side by side on models in the same state;
@@ -166,6 +170,49 @@ def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
     return len(X) / (time.perf_counter() - start)
 
 
+class CurrentStreamUploads:
+    """``gln.kernels.uploads.ChunkUploads``'s interface over ``cupy.asarray``: the rows staged
+    by one thread and copied on the current stream, behind the chunk before."""
+
+    def __init__(self, max_rows: int, num_features: int) -> None:
+        import cupy  # noqa: PLC0415
+
+        self._cp = cupy
+
+    def send(self, rows: np.ndarray) -> Any:
+        return self._cp.asarray(np.ascontiguousarray(rows))
+
+    def consumed(self) -> None:
+        """The memory pool orders the reuse of the rows' memory on the one stream."""
+
+    def close(self) -> None:
+        """Nothing runs on another stream."""
+
+
+def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[int, int]],
+                    rounds: int) -> list[dict]:
+    """Prediction rates with the rows sent on the current stream and on the copy stream with
+    each (threads, pieces) of ``staging``: the median of ``rounds`` alternating rounds."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
+    setups = [("current_stream", None, None), *(("copy_stream", t, p) for t, p in staging)]
+    rates: dict[int, list[float]] = {i: [] for i in range(len(setups))}
+    for _ in range(rounds):
+        for i, (path, threads, pieces) in enumerate(setups):
+            with contextlib.ExitStack() as stack:
+                if path == "current_stream":
+                    stack.enter_context(
+                        module_constant(gln.model, "ChunkUploads", CurrentStreamUploads))
+                else:
+                    stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
+                    stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
+                    uploads._staging_pool.cache_clear()
+                rates[i].append(predict_rate(model, X, chunk))
+    return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
+             "staging_pieces": pieces, "examples_per_second": float(np.median(rates[i])),
+             "rounds": rounds} for i, (path, threads, pieces) in enumerate(setups)]
+
+
 def latency_us(model: GLN, X: np.ndarray, y: np.ndarray | None, calls: int) -> dict:
     """Single-example ``learn`` calls (``predict_proba`` when ``y`` is None), timed one by one."""
     times = []
@@ -206,6 +253,11 @@ def int_list(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
 
+def staging_list(text: str) -> list[tuple[int, int]]:
+    """``"1x1,4x4"`` -> [(1, 1), (4, 4)] (threads x pieces pairs)."""
+    return [tuple(int(v) for v in pair.split("x")) for pair in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
@@ -228,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="PREDICT_ROWS_PER_BLOCK values to time")
     parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
                         help="values of gln.model.PREDICT_CHUNK_ROWS_GPU to predict with")
+    parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],
+                        help="STAGING_THREADS x STAGING_PIECES pairs of gln.kernels.uploads")
+    parser.add_argument("--upload-rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)
@@ -288,6 +343,10 @@ def main(argv: list[str] | None = None) -> None:
                 emit({"measure": "predict_by_chunk_rows", "implementation": name,
                       "predict_chunk_rows": rows, "examples_per_second": rate, **common},
                      device)
+        if name == "kernels":
+            for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
+                                          args.upload_rounds):
+                emit({"measure": "predict_by_upload", **record, **common}, device)
         if name == "kernels":  # launch by launch, from the same state, then replayed
             uncaptured = GLN.from_bytes(model.to_bytes(), device="cuda")
             uncaptured._replays = None  # what the library did before it captured short calls

@@ -19,10 +19,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
     > "$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
-# The device machines have no Redis or FastAPI: skip the top-level conftest. The emulated
-# variants already ran on the CPU (CI): only the real GPU's here.
-timeout 150 "$PYTHON" -m pytest -q --noconftest -rs -k "not emulated" \
-    tests/gln/test_cuda_backend.py tests/gln/test_cuda_sources.py > "$OUT/tests.log" 2>&1
+# The device machines have no Redis or FastAPI: no conftest above tests/gln (whose own gives
+# the cp fixture). The emulated variants already ran on the CPU (CI): only the real GPU's here.
+timeout 150 "$PYTHON" -m pytest -q --confcutdir=tests/gln -rs -k "not emulated" \
+    tests/gln/test_cuda_backend.py tests/gln/test_cuda_sources.py tests/gln/test_uploads.py \
+    > "$OUT/tests.log" 2>&1
 echo "tests: exit $?"
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 

@@ -7,6 +7,7 @@ path never imports it.
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -54,6 +55,22 @@ def array_module(device: str) -> ModuleType:
     if cupy is None:
         raise ValueError("CuPy with a CUDA GPU is not available")
     return cupy
+
+
+def import_cupy() -> ModuleType:
+    """CuPy, imported when the GPU path first needs it (never by the CPU path)."""
+    import cupy  # noqa: PLC0415 - optional dependency, imported only on request
+
+    return cupy
+
+
+@functools.cache
+def side_stream(cp: ModuleType, device_id: int, purpose: str) -> Any:
+    """A non-blocking stream of the device kept for one ``purpose`` (captures, copies): the
+    legacy default stream neither waits for it nor makes it wait, so whatever must be ordered
+    against other streams is ordered by events."""
+    with cp.cuda.Device(device_id):
+        return cp.cuda.Stream(non_blocking=True)
 
 
 def to_numpy(array: Any) -> np.ndarray:

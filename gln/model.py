@@ -24,6 +24,7 @@ from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import restrict_to_windows, sample_halfspaces
 from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
 from gln.kernels.replay import REPLAY_MAX_ROWS, CallReplays
+from gln.kernels.uploads import ChunkUploads
 from gln.scaling import (
     INPUT_SCALINGS,
     SIDE_INFOS,
@@ -435,29 +436,38 @@ class GLN:
 
     def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
         """The network's outputs (n, G) for a long host batch on the GPU, in chunks, each sent
-        while the device predicts the one before. The values of a float32 batch are checked by
-        the device (two passes of the host over the rows cost about as much as the device's
-        work on them), those of other batches by the host, chunk by chunk. Prediction changes
-        nothing, so a bad value found late loses nothing: the error is the whole batch's host
-        check's, naming its first bad value."""
+        while the device predicts the one before (float32 rows on a copy stream of their own,
+        ``gln.kernels.uploads``). The values of a float32 batch are checked by the device (two
+        passes of the host over the rows cost about as much as the device's work on them),
+        those of other batches by the host, chunk by chunk. Prediction changes nothing, so a
+        bad value found late loses nothing: the error is the whole batch's host check's,
+        naming its first bad value."""
         xp = self._xp
         float32 = X.dtype == np.float32 and X.shape[1] == self.num_features
+        uploads = ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if float32 else None
         outputs, finite = [], []
-        for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
-            on_device = float32 and stop - start > HOST_WIDENED_ROWS  # sent as float32 rows
-            try:
-                chunk = (np.ascontiguousarray(X[start:stop]) if on_device
-                         else self.check_input(X[start:stop])[0])
-            except ValueError:
-                self.check_input(X)
-                raise
-            packed, rows32 = self._sent(chunk, None)
-            if on_device:
-                finite.append(xp.isfinite(rows32).all())
-            outputs.append(self._chunk_on_device(packed, rows32, len(chunk), False)[0])
-        if finite and not bool(xp.stack(finite).all()):
-            self.check_input(X)  # raises, naming the first value that is not finite
-        return self._fetched(outputs)
+        try:
+            for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
+                if float32 and stop - start > HOST_WIDENED_ROWS:  # sent as float32 rows
+                    rows32 = uploads.send(X[start:stop])
+                    packed = xp.asarray(self._staged(X[start:stop], None))
+                    finite.append(xp.isfinite(rows32).all())
+                    outputs.append(self._chunk_on_device(packed, rows32, stop - start, False)[0])
+                    uploads.consumed()
+                    continue
+                try:
+                    chunk = self.check_input(X[start:stop])[0]
+                except ValueError:
+                    self.check_input(X)
+                    raise
+                packed, rows32 = self._sent(chunk, None)
+                outputs.append(self._chunk_on_device(packed, rows32, len(chunk), False)[0])
+            if finite and not bool(xp.stack(finite).all()):
+                self.check_input(X)  # raises, naming the first value that is not finite
+            return self._fetched(outputs)
+        finally:
+            if uploads is not None:
+                uploads.close()
 
     def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
         """The chunks' outputs on the host, in one copy after the last chunk: until then the

@@ -31,11 +31,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from gln.backend import import_cupy as _cupy
 from gln.gating import dot_rounding_bound
 from gln.network import reference_layer_pass
 from gln.scaling import RunningMoments
@@ -203,12 +203,6 @@ def check_layer_arrays(weights, contexts, inputs, targets, rates, probs) -> None
             raise ValueError(f"{name} must be C-contiguous")
     if inputs.shape[1] not in (1, num_glns):
         raise ValueError(f"inputs' middle axis must be 1 or {num_glns}, got {inputs.shape[1]}")
-
-
-def _cupy() -> ModuleType:
-    import cupy  # noqa: PLC0415 - optional dependency, imported only to launch
-
-    return cupy
 
 
 @functools.cache

@@ -18,15 +18,16 @@ and runs every call as before.
 
 from __future__ import annotations
 
-import functools
 import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from gln.backend import import_cupy as _cupy
+from gln.backend import side_stream
 
 # Calls of at most this many rows are replayed, one graph per row count and verb. Below
 # gln.kernels.cuda.GATING_GEMM_MIN_ROWS, so a captured call launches only our kernels.
@@ -93,7 +94,7 @@ class CallReplays:
     def _capture(self, staged: np.ndarray, steps: Callable[[Any], Any]) -> _CapturedCall | None:
         cp = _cupy()
         pool = cp.cuda.MemoryPool()
-        stream = _capture_stream(cp, cp.cuda.Device().id)
+        stream = side_stream(cp, cp.cuda.Device().id, "capture")  # not the legacy default
         graph = outputs = buffer = None
         try:
             with _CAPTURE_LOCK, cp.cuda.using_allocator(pool.malloc):
@@ -112,15 +113,3 @@ class CallReplays:
             return None
         return _CapturedCall(graph, buffer, outputs, pool)
 
-
-def _cupy() -> ModuleType:
-    import cupy  # noqa: PLC0415 - optional dependency, imported only on the GPU path
-
-    return cupy
-
-
-@functools.cache
-def _capture_stream(cp: ModuleType, device_id: int) -> Any:
-    """The stream calls are captured on (capture needs one other than the legacy default)."""
-    with cp.cuda.Device(device_id):
-        return cp.cuda.Stream(non_blocking=True)

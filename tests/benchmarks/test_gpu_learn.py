@@ -34,7 +34,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
-              "--pygln-examples", "0", "--predict-chunk-rows", "2"])
+              "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
+              "--upload-rounds", "1"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -47,6 +48,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         assert kind in kinds
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
     assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
+    by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"])
+                 for r in records if r["measure"] == "predict_by_upload"]
+    assert by_upload == [("current_stream", None, None), ("copy_stream", 1, 1),
+                         ("copy_stream", 2, 3)]
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming and resident learning, streaming and shared prediction) at one
     # row.

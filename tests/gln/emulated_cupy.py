@@ -25,6 +25,12 @@ It fails where a real GPU run would fail or go silently wrong:
   and CuPy's own array operations, which CUDA would record or refuse, and allocations from the
   shared pool, whose memory CuPy would hand to other arrays while the graph still writes it.
 
+* copies on a stream of their own (``set(..., stream=s)`` with ``s`` a non-blocking stream
+  other than the current one) are held back until an event recorded after them is waited for or
+  synchronised, or ``s`` is: then they read the host memory, as a DMA would. Reading the
+  destination before waiting for the copy sees its old contents, and host memory changed
+  before the copy finished reaches the device changed.
+
 It does not model timing, races between warps, asynchronous launches or the GPU's rounding of
 ``expf`` (the host's libm stands in). The same tests on a GPU
 (``test_cuda_backend.py -m gpu``) cover those.
@@ -45,6 +51,7 @@ import tempfile
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -335,6 +342,12 @@ def _streams() -> list[Any]:
     return _THREAD.streams
 
 
+def _current_stream() -> _Stream:
+    """``cupy.cuda.get_current_stream``: the innermost ``with stream``, else the null stream."""
+    streams = _streams()
+    return streams[-1] if streams else _NULL_STREAM
+
+
 def _capturing_stream() -> Any:
     """The current stream if it is capturing, else None."""
     streams = _streams()
@@ -346,7 +359,34 @@ class _Stream:
 
     def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
         self.null = null
+        self.non_blocking = non_blocking
         self.launches: list[tuple] | None = None
+        self.held: list[Callable[[], None]] = []  # copies not yet run, in stream order
+        self.issued = 0  # copies ever put on the stream; the first issued - len(held) have run
+        _SIDE_STREAMS.add(self)
+
+    def run_later(self, copy: Callable[[], None]) -> None:
+        """Run ``copy`` now if this is the current stream (whose work is done when issued) or
+        one that synchronises with it, else hold it until something waits for it."""
+        if not self.non_blocking or self is _current_stream():
+            copy()
+            return
+        self.held.append(copy)
+        self.issued += 1
+
+    def run_until(self, position: int) -> None:
+        """Run the held copies among the first ``position`` issued."""
+        while self.held and self.issued - len(self.held) < position:
+            self.held.pop(0)()
+
+    def record(self, event: _Event | None = None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: _Event) -> None:
+        """Later work on this stream follows the event's: here, that work runs now."""
+        event.synchronize()
 
     def __enter__(self) -> _Stream:
         _streams().append(self)
@@ -372,7 +412,11 @@ class _Stream:
         return self.launches is not None
 
     def synchronize(self) -> None:
-        """Nothing is in flight."""
+        self.run_until(self.issued)
+
+
+_SIDE_STREAMS: weakref.WeakSet[_Stream] = weakref.WeakSet()
+_NULL_STREAM = _Stream(null=True)
 
 
 class _Graph:
@@ -463,7 +507,9 @@ class _Device:
         return None
 
     def synchronize(self) -> None:
-        """Launches run to completion when called: nothing to wait for."""
+        """Launches run to completion when called; copies held on side streams run now."""
+        for stream in list(_SIDE_STREAMS):
+            stream.synchronize()
 
 
 class _Event:
@@ -471,12 +517,18 @@ class _Event:
 
     def __init__(self) -> None:
         self.time = None
+        self.stream: _Stream | None = None
+        self.position = 0  # the stream's copies issued before the event
 
-    def record(self) -> None:
+    def record(self, stream: _Stream | None = None) -> None:
         self.time = time.perf_counter()
+        self.stream = stream or _current_stream()
+        self.position = self.stream.issued
 
     def synchronize(self) -> None:
-        """Nothing is in flight."""
+        """The copies issued on the event's stream before it have run."""
+        if self.stream is not None:
+            self.stream.run_until(self.position)
 
     @staticmethod
     def elapsed_ms(start: _Event, stop: _Event) -> float:
@@ -503,8 +555,9 @@ class DeviceArray(NDArrayOperatorsMixin):
         _operation("copy device->host")
         return self.host_view.copy()
 
-    def set(self, array: np.ndarray) -> None:
-        """Copy a host array of the same dtype and shape in (``cupy.ndarray.set``)."""
+    def set(self, array: np.ndarray, stream: _Stream | None = None) -> None:
+        """Copy a host array of the same dtype and shape in (``cupy.ndarray.set``), on
+        ``stream`` (default: the current one); see ``_Stream.run_later``."""
         if not isinstance(array, np.ndarray):
             raise TypeError(f"set() takes a NumPy array, got {type(array).__name__}")
         if array.dtype != self.host_view.dtype or array.shape != self.host_view.shape:
@@ -513,7 +566,12 @@ class DeviceArray(NDArrayOperatorsMixin):
         if not self.host_view.flags.c_contiguous:
             raise RuntimeError("set() into a non-contiguous array")
         _operation("copy host->device")
-        self.host_view[...] = array
+        destination = self.host_view
+
+        def copy() -> None:
+            destination[...] = array
+
+        (stream or _current_stream()).run_later(copy)
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise TypeError("Implicit conversion to a NumPy array is not allowed. "
@@ -700,6 +758,7 @@ class EmulatedCupy(types.ModuleType):
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
                                           get_elapsed_time=_Event.elapsed_ms, Stream=_Stream,
+                                          get_current_stream=_current_stream,
                                           MemoryPool=_MemoryPool,
                                           using_allocator=_using_allocator,
                                           alloc_pinned_memory=bytearray)

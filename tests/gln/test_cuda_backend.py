@@ -10,14 +10,11 @@ on the CPU; skipped without g++). On a GPU machine:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from types import ModuleType
 
 import numpy as np
 import pytest
 
 from gln import GLN
-from gln.backend import array_module, resolve_device
 from gln.gating import (
     context_indices,
     dot_rounding_bound,
@@ -29,29 +26,8 @@ from gln.gating import (
 from gln.network import reference_layer_pass, with_bias
 from gln.scaling import RunningMoments, gaussian_blur_matrix, per_row_side_info, standardized
 from gln.scaling import moments_before_each_row as numpy_moments
-from tests.gln.emulated_cupy import GXX, emulated_cupy_installed, forget_compiled_kernels
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 from tests.gln.layer_data import random_layer
-
-# CuPy with a GPU, as the library itself finds it, else None.
-_GPU = array_module("cuda") if resolve_device("auto") == "cuda" else None
-
-
-@pytest.fixture(params=[
-    pytest.param("gpu", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(_GPU is None, reason="needs CuPy and a CUDA GPU (pip install '.[gpu]')"),
-    ]),
-    pytest.param("emulated", marks=pytest.mark.skipif(
-        GXX is None, reason="the emulated device needs g++ on PATH")),
-])
-def cp(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    """The ``cupy`` the backend imports for this test: the real one, or the emulation."""
-    if request.param == "gpu":
-        forget_compiled_kernels()
-        yield _GPU
-        return
-    with emulated_cupy_installed() as module:
-        yield module
 
 
 def run_cuda(cp, data, learn, mode="auto", pred_clip=0.01, weight_clip=1.5):

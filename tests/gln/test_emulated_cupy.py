@@ -184,3 +184,19 @@ def test_set_copies_only_a_host_array_of_the_same_dtype_and_shape(cp):
         device.set(cp.zeros(4, dtype=cp.uint8))
     device.set(np.arange(4, dtype=np.uint8))
     np.testing.assert_array_equal(device.get(), np.arange(4))
+
+
+def test_a_copy_on_a_side_stream_runs_when_it_is_waited_for(cp):
+    """As a DMA would: until an event after it is waited for, the destination keeps its old
+    contents, and the host memory is read only then."""
+    host = np.ones(4, dtype=np.float32)
+    device = cp.zeros(4, dtype=cp.float32)
+    side = cp.cuda.Stream(non_blocking=True)
+    device.set(host, stream=side)
+    copied = side.record()
+    host[0] = 7.0  # changed before the copy ran: the device gets the change
+    assert device.get().tolist() == [0.0] * 4
+    cp.cuda.get_current_stream().wait_event(copied)
+    assert device.get().tolist() == [7.0, 1.0, 1.0, 1.0]
+    device.set(np.full(4, 2.0, dtype=np.float32))  # on the current stream: at once
+    assert device.get().tolist() == [2.0] * 4

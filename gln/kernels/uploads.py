@@ -1,0 +1,123 @@
+"""A long batch's rows sent to the GPU on a stream of their own, so that each chunk's copy
+overlaps the device's work on the chunk before instead of queueing behind it.
+
+``cupy.asarray`` stages host rows in pinned memory and copies them on the current stream: a
+chunk's copy starts only once every launch of the chunk before has finished, and the device
+waits, idle, for the host to stage the first chunk whole. Here a chunk is staged in pieces
+(by ``STAGING_THREADS`` host threads; NumPy's copy releases the GIL), each piece's copy is
+issued on the copy stream as soon as the piece is staged, and events order the rest:
+
+* the current stream waits for a chunk's copies before anything reads its rows (``send``);
+* a pinned buffer is staged again only once its copy has finished (the host waits for it);
+* a device buffer is written again only once the current stream has read it (``consumed``).
+
+Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
+copied while the device works on the other, and a batch of any length holds two chunks' rows
+on the device.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from gln.backend import import_cupy, side_stream
+
+# Host threads that stage a chunk into pinned memory (1: the calling thread alone), and the
+# pieces a chunk is staged and copied in (the first piece's copy starts while the host stages
+# the rest). Neither is measured on a GPU host yet: benchmarks/gpu_learn.py compares them.
+STAGING_THREADS = 1
+STAGING_PIECES = 4
+SLOTS = 2
+
+
+@dataclass
+class _Slot:
+    """One chunk's room: pinned host rows, device rows, and the events that free them."""
+
+    host: np.ndarray
+    device: Any
+    copied: Any = None  # on the copy stream, after the slot's last copy
+    consumed: Any = None  # on the reading stream, after the last launch that read the slot
+
+
+class ChunkUploads:
+    """Chunks of at most ``max_rows`` rows of ``num_features`` float32 values, sent in turn.
+
+    >>> uploads = ChunkUploads(2048, 784)                  # doctest: +SKIP
+    >>> rows32 = uploads.send(X[:2048]); launch(rows32); uploads.consumed()  # doctest: +SKIP
+    >>> uploads.close()                                    # doctest: +SKIP
+    """
+
+    def __init__(self, max_rows: int, num_features: int) -> None:
+        cp = import_cupy()
+        self._cp = cp
+        self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
+        self._slots = [_Slot(_pinned(cp, (max_rows, num_features)),
+                             cp.empty((max_rows, num_features), dtype=cp.float32))
+                       for _ in range(SLOTS)]
+        self._sent = 0
+
+    def send(self, rows: np.ndarray) -> Any:
+        """``rows`` (n, d) on the device as float32, ready for the current stream's next
+        launches; the view stays valid until ``consumed`` after the next-but-one ``send``."""
+        slot = self._slots[self._sent % SLOTS]
+        self._sent += 1
+        n = len(rows)
+        if slot.copied is not None:
+            slot.copied.synchronize()
+        if slot.consumed is not None:
+            self._stream.wait_event(slot.consumed)
+        host, device = slot.host[:n], slot.device[:n]
+        for start, stop in _staged_pieces(rows, host):
+            device[start:stop].set(host[start:stop], stream=self._stream)
+        slot.copied = self._stream.record()
+        self._cp.cuda.get_current_stream().wait_event(slot.copied)
+        return device
+
+    def consumed(self) -> None:
+        """The current stream's launches so far are the last to read the rows sent last."""
+        self._slots[(self._sent - 1) % SLOTS].consumed = self._cp.cuda.get_current_stream().record()
+
+    def close(self) -> None:
+        """Waits for the copies still running, so the pinned buffers can go back to the pool."""
+        for slot in self._slots:
+            if slot.copied is not None:
+                slot.copied.synchronize()
+
+
+def _staged_pieces(rows: np.ndarray, host: np.ndarray):
+    """Copies ``rows`` into ``host`` in ``STAGING_PIECES`` row ranges, yielding each range, in
+    order, once it is staged; every copy has finished when the generator is closed."""
+    bounds = np.linspace(0, len(rows), min(STAGING_PIECES, len(rows)) + 1).astype(int)
+    pieces = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+    if STAGING_THREADS <= 1:
+        for start, stop in pieces:
+            np.copyto(host[start:stop], rows[start:stop])
+            yield start, stop
+        return
+    futures = [_staging_pool().submit(np.copyto, host[start:stop], rows[start:stop])
+               for start, stop in pieces]
+    try:
+        for (start, stop), future in zip(pieces, futures, strict=True):
+            future.result()
+            yield start, stop
+    finally:
+        concurrent.futures.wait(futures)
+
+
+def _pinned(cp: ModuleType, shape: tuple[int, int]) -> np.ndarray:
+    """A float32 host array in page-locked memory from CuPy's pinned pool."""
+    memory = cp.cuda.alloc_pinned_memory(shape[0] * shape[1] * 4)
+    return np.frombuffer(memory, np.float32, shape[0] * shape[1]).reshape(shape)
+
+
+@functools.cache
+def _staging_pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="gln-stage")
+

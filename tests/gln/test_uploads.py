@@ -1,0 +1,56 @@
+"""Rows sent on the copy stream arrive whole, in turn, before anything on the current stream
+reads them (on a GPU, and on the emulated device, which holds side-stream copies back until
+they are waited for)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gln.kernels.uploads as uploads
+from tests.gln.emulated_cupy import emulated_cupy_installed
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("pieces", [1, 4])
+def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, monkeypatch):
+    monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
+    monkeypatch.setattr(uploads, "STAGING_PIECES", pieces)
+    uploads._staging_pool.cache_clear()
+    source = np.random.default_rng(0).standard_normal((200, 24)).astype(np.float32)
+    lengths = [37, 1, 40, 3, 40, 19]  # more chunks than slots; the longest fills a slot
+    sender = uploads.ChunkUploads(max(lengths), 24)
+    start, previous = 0, None
+    try:
+        for n in lengths:
+            rows = source[start:start + n, ::-1]  # not contiguous: staging copies any layout
+            on_device = sender.send(rows)
+            scaled = on_device * 2  # a launch on the current stream reads the rows
+            sender.consumed()
+            np.testing.assert_array_equal(scaled.get(), 2 * rows)
+            if previous is not None:  # the other slot still holds the chunk before
+                np.testing.assert_array_equal(previous[0].get(), previous[1])
+            previous, start = (on_device, rows), start + n
+    finally:
+        sender.close()
+        uploads._staging_pool.cache_clear()
+
+
+def test_a_chunk_is_read_only_after_its_copy():
+    """The emulated device's guard, bitten (on a GPU the copy may win the race by chance):
+    without the current stream's wait for the copy stream, a launch reads the device buffer
+    as it was (here: zeros) instead of the rows."""
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
+    with emulated_cupy_installed() as cp:
+        sender = uploads.ChunkUploads(3, 4)
+        sender._slots[0].device[...] = 0
+        current = cp.cuda.get_current_stream()
+        waited = []
+        current.wait_event = waited.append  # the wait dropped
+        try:
+            on_device = sender.send(rows)
+            assert len(waited) == 1 and (on_device * 1).get().sum() == 0  # before the copy
+        finally:
+            del current.wait_event
+            sender.close()
+        np.testing.assert_array_equal(on_device.get(), rows)  # the copy, once synchronised
