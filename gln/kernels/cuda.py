@@ -456,11 +456,12 @@ def launch_halfspace_rechecks(
     contexts: Any, rechecks: RecheckList,
 ) -> None:
     """The listed margins settled in float64, their bits set in ``contexts``
-    (``gln_halfspace_rechecks``)."""
+    (``gln_halfspace_rechecks``, a warp per margin)."""
     n, d = z.shape
     neurons = normals.shape[0] // context_dim
     _function("gating.cu", "gln_halfspace_rechecks")(
-        (min(-(-rechecks.capacity // GATING_THREADS), RECHECK_MAX_BLOCKS),), (GATING_THREADS,),
+        (min(-(-rechecks.capacity * WARP // GATING_THREADS), RECHECK_MAX_BLOCKS),),
+        (GATING_THREADS,),
         (rechecks.pending, rechecks.count, np.int32(rechecks.capacity), z, normals, offsets,
          np.int32(n), np.int32(neurons), np.int32(context_dim), np.int32(d),
          *_layer_arguments(layer_sizes, z.device.id), contexts),

@@ -52,7 +52,7 @@ __device__ __forceinline__ long long context_slot(long long t, long long k, int 
 // but a thread that re-checks one holds its whole warp for the ~800 sequential float64 steps,
 // and nearly every warp has one. With pending_capacity > 0 they are listed instead (flat
 // index t * planes + p, in pending[0 .. *pending_count)) and gln_halfspace_rechecks settles
-// them afterwards, a thread each, with no warp waiting; the bit written here is then the
+// them afterwards, a warp each, with no warp waiting; the bit written here is then the
 // float32 margin's. A list already full, and pending_capacity == 0 (a launch that is captured
 // into a CUDA graph, which must not need a zeroed counter), re-check in place.
 extern "C" __global__ void __launch_bounds__(128)
@@ -86,8 +86,13 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
     contexts[context_slot(t, k, n, neurons, layer_starts, layers)] = context;
 }
 
-// The margins gln_halfspace_contexts listed, one thread each (a grid-stride loop: the host
-// does not know how many there are): each sets or clears its bit of the context it belongs to.
+// The margins gln_halfspace_contexts listed, one warp each (a grid-stride loop: the host does
+// not know how many there are): each sets or clears its bit of the context it belongs to. A
+// thread of its own per margin read the rows feature by feature, 32 rows apart across the warp
+// (about 220 us for 4,096 MNIST rows on an H100). Here the lanes read 32 consecutive features
+// of the row and the normal at once and form their exact products, and every lane adds the
+// warp's products in feature order, the sum exactly_above makes, so the bit is the one an
+// in-place re-check gives.
 extern "C" __global__ void __launch_bounds__(128)
 gln_halfspace_rechecks(const long long* __restrict__ pending,
                        const int* __restrict__ pending_count, int pending_capacity,
@@ -97,17 +102,37 @@ gln_halfspace_rechecks(const long long* __restrict__ pending,
                        int* __restrict__ contexts) {
     const int listed = *pending_count < pending_capacity ? *pending_count : pending_capacity;
     const long long planes = static_cast<long long>(neurons) * context_dim;
-    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-         i < listed; i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x / 32);
+    for (long long i = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+         i < listed; i += warps) {  // the same i for the whole warp
         const long long t = pending[i] / planes;
         const long long p = pending[i] - t * planes;
-        const long long k = p / context_dim;
-        const int bit = 1 << static_cast<int>(p - k * context_dim);
-        int* context = contexts + context_slot(t, k, n, neurons, layer_starts, layers);
-        if (exactly_above(z, normals, offsets, t, p, num_features)) {
-            atomicOr(context, bit);
-        } else {
-            atomicAnd(context, ~bit);
+        const float* __restrict__ row = z + t * num_features;
+        const float* __restrict__ normal = normals + p * num_features;
+        double total = 0.0;
+        for (int base = 0; base < num_features; base += 32) {
+            const int feature = base + lane;
+            const double product =
+                feature < num_features
+                    ? __dmul_rn(static_cast<double>(row[feature]),
+                                static_cast<double>(normal[feature]))
+                    : 0.0;
+            const int width = num_features - base < 32 ? num_features - base : 32;
+            for (int j = 0; j < 32; ++j) {
+                const double term = __shfl_sync(0xffffffffu, product, j);
+                if (j < width) total = __dadd_rn(total, term);
+            }
+        }
+        if (lane == 0) {
+            const long long k = p / context_dim;
+            const int bit = 1 << static_cast<int>(p - k * context_dim);
+            int* context = contexts + context_slot(t, k, n, neurons, layer_starts, layers);
+            if (total >= static_cast<double>(offsets[p])) {
+                atomicOr(context, bit);
+            } else {
+                atomicAnd(context, ~bit);
+            }
         }
     }
 }
