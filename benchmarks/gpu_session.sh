@@ -7,8 +7,8 @@
 #
 # Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
 # (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
-# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, constants.json. docs/gpu.md says
-# how to carry .peers there.
+# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl,
+# constants.json. docs/gpu.md says how to carry .peers there.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -41,6 +41,15 @@ tail -5 "$OUT/gpu_learn.err"
 timeout 120 "$PYTHON" benchmarks/gpu_stages.py > "$OUT/gpu_stages.jsonl" 2>&1
 echo "gpu_stages: exit $?"
 cat "$OUT/gpu_stages.jsonl"
+
+# Whether the gating GEMM could run on tensor cores: TF32 products, plain and split in three,
+# their time and their error against the float64 product.
+data_args=()
+[ -d .peers/mnist ] && data_args+=(--data-dir .peers/mnist)
+timeout 60 "$PYTHON" benchmarks/gpu_gating_tf32.py "${data_args[@]}" \
+    > "$OUT/gpu_gating_tf32.jsonl" 2>&1
+echo "gpu_gating_tf32: exit $?"
+cat "$OUT/gpu_gating_tf32.jsonl"
 
 # The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
 "$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$OUT/constants.json"

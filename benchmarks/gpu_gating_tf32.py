@@ -1,0 +1,128 @@
+"""Could the gating GEMM run on tensor cores? TF32 products, plain and split in three, against
+the float32 GEMM the library uses: device time and error, on one chunk of the MNIST network.
+
+    python benchmarks/gpu_gating_tf32.py [--data-dir DIR] [--rows 4096]
+
+The gating product (4,096 rows by 10,280 hyperplanes for MNIST) runs at the H100's float32 rate,
+1.3 ms of the 4.4 ms the device spends predicting 4,096 rows. TF32 tensor cores multiply
+several times faster, but round the inputs to 10 bits: the bound under which a float32
+margin's sign is trusted (``gln.gating.rounding_tolerances``, 2 gamma_d ||z||) would have to
+grow, and every margin inside the larger bound would be re-checked in float64. The split
+product keeps most of float32's accuracy at three TF32 products' cost:
+
+    z = zh + zl, v = vh + vl (each part's low 13 bits zeroed, so the hardware's conversion to
+    TF32 changes nothing), z . v ~ zh . vh + zh . vl + zl . vh, one GEMM over [zh, zh, zl] and
+    [vh, vl, vh], 3 d long.
+
+Prints one JSON line per product (``float32``, ``tf32``, ``tf32x3``): device microseconds (CUDA
+events, back to back), the largest and the 99.99th-percentile error against the float64
+product in units of the library's bound (the float32 GEMM must stay below 1), and for each
+multiple k of that bound the share of margins inside k bounds (what would be re-checked) and
+the margins outside them whose float32 sign is wrong (``wrong_outside``: a bound that lets one
+through is unsafe on this data; 0 is necessary, not sufficient: a bound must be proved).
+Needs CuPy and a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_learn import NETWORK, load_data, mean_event_seconds  # noqa: E402
+from gln import GLN  # noqa: E402
+from gln.gating import dot_rounding_bound  # noqa: E402
+
+BOUND_MULTIPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_LOW_13_BITS_CLEARED = np.uint32(0xFFFFE000)  # float32 -> a value TF32 holds exactly
+
+
+def emit(record: dict, device: str) -> None:
+    print(json.dumps({"benchmark": "gpu_gating_tf32", "device": device, **record}), flush=True)
+
+
+def tf32_product(cp: ModuleType, a: Any, b: Any) -> Any:
+    """``a @ b.T`` for float32 operands on TF32 tensor cores (cuBLAS, through CuPy)."""
+    linalg = cp._core._routines_linalg
+    before = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        return a @ b.T
+    finally:
+        linalg.set_compute_type(np.float32, before)
+
+
+def tf32_part(cp: ModuleType, a: Any) -> Any:
+    """``a`` with its low 13 mantissa bits cleared: exactly a TF32 value."""
+    return (a.view(cp.uint32) & _LOW_13_BITS_CLEARED).view(cp.float32)
+
+
+def split_operands(cp: ModuleType, z: Any, normals: Any) -> tuple[Any, Any]:
+    """[zh, zh, zl] and [vh, vl, vh], whose product is zh.vh + zh.vl + zl.vh."""
+    zh, vh = tf32_part(cp, z), tf32_part(cp, normals)
+    zl, vl = tf32_part(cp, z - zh), tf32_part(cp, normals - vh)
+    return (cp.ascontiguousarray(cp.concatenate([zh, zh, zl], axis=1)),
+            cp.ascontiguousarray(cp.concatenate([vh, vl, vh], axis=1)))
+
+
+def margin_errors(cp: ModuleType, products: Any, exact: Any, offsets: Any, tolerance: Any
+                  ) -> dict[str, Any]:
+    """How far ``products`` are from ``exact`` in bound units, and what each multiple of the
+    bound would re-check or let through wrong."""
+    error = cp.abs(products.astype(cp.float64) - exact) / tolerance[:, None]
+    margins = cp.abs(products - offsets[None, :]) / tolerance[:, None]  # float32, as the kernel
+    wrong = (products - offsets[None, :] >= 0) != (exact >= offsets[None, :].astype(cp.float64))
+    return {
+        "max_error_in_bounds": float(error.max()),
+        "p9999_error_in_bounds": float(cp.percentile(error.ravel(), 99.99)),
+        "by_bound_multiple": [
+            {"k": k, "rechecked_share": float((margins <= k).mean()),
+             "wrong_outside": int((wrong & (margins > k)).sum())}
+            for k in BOUND_MULTIPLES
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    device = device.decode() if isinstance(device, bytes) else str(device)
+    X, y, data = load_data(args, 2 * args.rows)
+    model = GLN(**NETWORK, device="cuda")
+    model.learn(X[:args.rows], y[:args.rows])  # moments of real data, as a serving model has
+    x64 = cp.asarray(X[args.rows:], dtype=cp.float64)
+    count = cp.full((1, 1), float(model.moments.count))
+    z, _, _ = model._scale(x64, count, learning=False)
+    z = cp.ascontiguousarray(z, dtype=cp.float32)
+    normals, offsets = model.normals, model.offsets
+    exact = z.astype(cp.float64) @ normals.astype(cp.float64).T
+    bound = 2.0 * dot_rounding_bound(z.shape[1])  # the library's, per unit of ||z||
+    tolerance = bound * cp.sqrt((z.astype(cp.float64) ** 2).sum(axis=1))
+    split_z, split_normals = split_operands(cp, z, normals)
+
+    runs = {"float32": lambda: z @ normals.T, "tf32": lambda: tf32_product(cp, z, normals),
+            "tf32x3": lambda: tf32_product(cp, split_z, split_normals)}
+    for name, run in runs.items():
+        seconds = mean_event_seconds(cp, run, args.repeats)
+        emit({"measure": "gating_product", "product": name, "rows": len(z),
+              "planes": normals.shape[0], "features": z.shape[1], "data": data,
+              "device_us": seconds * 1e6,
+              **margin_errors(cp, run(), exact, offsets, tolerance)}, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The TF32 gating experiment runs end to end on the emulated device (TF32 products emulated by
+rounding the operands to TF32 and multiplying in float32), so that a GPU session does not find
+it broken, and its measures order the three products as their precision does."""
+
+import json
+
+import numpy as np
+import pytest
+
+import benchmarks.gpu_gating_tf32 as experiment
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+
+
+def emulated_tf32_product(cp, a, b):
+    return experiment.tf32_part(cp, a) @ experiment.tf32_part(cp, b).T
+
+
+def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
+    with emulated_cupy_installed() as cp:
+        a = cp.asarray(np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32))
+        high = experiment.tf32_part(cp, a)
+        low = experiment.tf32_part(cp, a - high)
+        for part in (high, low):
+            assert ((part.view(cp.uint32) & np.uint32(0x1FFF)) == 0).all().get()
+        residual = cp.abs(a - high - low) / cp.abs(a)
+        assert 0 < float(residual.max()) <= 2.0 ** -20  # 24 bits kept of 24, less two at most
+
+
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
+    monkeypatch.setattr(experiment, "tf32_product", emulated_tf32_product)
+    with emulated_cupy_installed():
+        experiment.main(["--rows", "48", "--repeats", "1"])
+    records = {r["product"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(records) == {"float32", "tf32", "tf32x3"}
+    assert {r["device"] for r in records.values()} == {"emulated (CPU)"}
+    errors = {name: r["max_error_in_bounds"] for name, r in records.items()}
+    assert errors["float32"] < 1 < errors["tf32"] and errors["tf32x3"] < errors["tf32"]
+    for record in records.values():
+        shares = [b["rechecked_share"] for b in record["by_bound_multiple"]]
+        assert shares == sorted(shares) and 0 <= shares[0] and shares[-1] <= 1
+        assert record["device_us"] > 0
+    assert all(b["wrong_outside"] == 0 for b in records["float32"]["by_bound_multiple"])
