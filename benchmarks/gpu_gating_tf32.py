@@ -2,6 +2,7 @@
 the float32 GEMM the library uses: device time and error, on one chunk of the MNIST network.
 
     python benchmarks/gpu_gating_tf32.py [--data-dir DIR] [--rows 4096]
+    python benchmarks/gpu_gating_tf32.py --emulated --rows 256 [--data-dir DIR]   # no GPU
 
 The gating product (4,096 rows by 10,280 hyperplanes for MNIST) runs at the H100's float32 rate,
 1.3 ms of the 4.4 ms the device spends predicting 4,096 rows. TF32 tensor cores multiply
@@ -20,7 +21,9 @@ product in units of the library's bound (the float32 GEMM must stay below 1), an
 multiple k of that bound the share of margins inside k bounds (what would be re-checked) and
 the margins outside them whose float32 sign is wrong (``wrong_outside``: a bound that lets one
 through is unsafe on this data; 0 is necessary, not sufficient: a bound must be proved).
-Needs CuPy and a GPU.
+Needs CuPy and a GPU, or ``--emulated``: the CPU's emulated device (tests/gln/emulated_cupy.py),
+TF32 products emulated by rounding the operands to TF32 and multiplying in float32; its shares
+of margins are the data's, its times and errors are not the tensor cores'.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -95,9 +99,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--emulated", action="store_true",
+                        help="on the CPU's emulated device, TF32 emulated by rounding")
     args = parser.parse_args(argv)
+    if args.emulated:
+        from tests.gln.emulated_cupy import emulated_cupy_installed  # noqa: PLC0415
 
-    import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
+        with emulated_cupy_installed():
+            measure(args, rounded_operands_product)
+    else:
+        measure(args, tf32_product)
+
+
+def rounded_operands_product(cp: ModuleType, a: Any, b: Any) -> Any:
+    """TF32's operand rounding (the low 13 bits cleared) with a float32 product: an emulation
+    of ``tf32_product`` for machines without tensor cores."""
+    return tf32_part(cp, a) @ tf32_part(cp, b).T
+
+
+def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any]) -> None:
+    """The three products' lines for ``args``, on the ``cupy`` that imports now, ``tf32``
+    standing for ``tf32_product``."""
+    import cupy as cp  # noqa: PLC0415 - a GPU's, or the emulation's
 
     device = cp.cuda.runtime.getDeviceProperties(0)["name"]
     device = device.decode() if isinstance(device, bytes) else str(device)
@@ -114,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     tolerance = bound * cp.sqrt((z.astype(cp.float64) ** 2).sum(axis=1))
     split_z, split_normals = split_operands(cp, z, normals)
 
-    runs = {"float32": lambda: z @ normals.T, "tf32": lambda: tf32_product(cp, z, normals),
-            "tf32x3": lambda: tf32_product(cp, split_z, split_normals)}
+    runs = {"float32": lambda: z @ normals.T, "tf32": lambda: tf32(cp, z, normals),
+            "tf32x3": lambda: tf32(cp, split_z, split_normals)}
     for name, run in runs.items():
         seconds = mean_event_seconds(cp, run, args.repeats)
         emit({"measure": "gating_product", "product": name, "rows": len(z),

@@ -13,10 +13,6 @@ from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 
 
-def emulated_tf32_product(cp, a, b):
-    return experiment.tf32_part(cp, a) @ experiment.tf32_part(cp, b).T
-
-
 def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
     with emulated_cupy_installed() as cp:
         a = cp.asarray(np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32))
@@ -28,10 +24,8 @@ def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
         assert 0 < float(residual.max()) <= 2.0 ** -20  # 24 bits kept of 24, less two at most
 
 
-def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
-    monkeypatch.setattr(experiment, "tf32_product", emulated_tf32_product)
-    with emulated_cupy_installed():
-        experiment.main(["--rows", "48", "--repeats", "1"])
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
+    experiment.main(["--emulated", "--rows", "48", "--repeats", "1"])
     records = {r["product"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert set(records) == {"float32", "tf32", "tf32x3"}
     assert {r["device"] for r in records.values()} == {"emulated (CPU)"}
