@@ -22,8 +22,8 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   side on the same model, with each value of ``--predict-chunk-rows``;
 * ``predict_by_upload``: the same, the rows sent on the current stream as CuPy's ``asarray``
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
-  stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging``, in alternating
-  rounds (median of ``--upload-rounds``);
+  stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
+  chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
 * ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds:
   replayed from its captured CUDA graph (``kernels``, as the library runs it) and launch by
   launch (``kernels_uncaptured``), side by side on models in the same state;
@@ -189,16 +189,41 @@ class CurrentStreamUploads:
         """Nothing runs on another stream."""
 
 
+@contextlib.contextmanager
+def first_chunk_rows(model: GLN, rows: int | None) -> Iterator[None]:
+    """The model's long predictions cut with a first chunk of ``rows`` rows, the rest as usual
+    (None: as usual): with the copies on a stream of their own, the device may start sooner."""
+    if not rows:
+        yield
+        return
+    usual = model._chunk_bounds
+
+    def bounds(n: int, size: int | None = None) -> list[tuple[int, int]]:
+        if size != gln.model.PREDICT_CHUNK_ROWS_GPU or n <= rows:
+            return usual(n, size)
+        return [(0, rows), *((a + rows, b + rows) for a, b in usual(n - rows, size))]
+
+    model._chunk_bounds = bounds
+    try:
+        yield
+    finally:
+        del model._chunk_bounds
+
+
 def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[int, int]],
-                    rounds: int) -> list[dict]:
-    """Prediction rates with the rows sent on the current stream and on the copy stream with
-    each (threads, pieces) of ``staging``: the median of ``rounds`` alternating rounds."""
+                    first_chunks: list[int], rounds: int) -> list[dict]:
+    """Prediction rates with the rows sent on the current stream, on the copy stream with each
+    (threads, pieces) of ``staging``, and on it with the library's staging and each first chunk
+    length of ``first_chunks``: the median of ``rounds`` alternating rounds."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
-    setups = [("current_stream", None, None), *(("copy_stream", t, p) for t, p in staging)]
+    library = (uploads.STAGING_THREADS, uploads.STAGING_PIECES)
+    setups = [("current_stream", None, None, None),
+              *(("copy_stream", t, p, None) for t, p in staging),
+              *(("copy_stream", *library, rows) for rows in first_chunks)]
     rates: dict[int, list[float]] = {i: [] for i in range(len(setups))}
     for _ in range(rounds):
-        for i, (path, threads, pieces) in enumerate(setups):
+        for i, (path, threads, pieces, first) in enumerate(setups):
             with contextlib.ExitStack() as stack:
                 if path == "current_stream":
                     stack.enter_context(
@@ -207,10 +232,12 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
                     stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
                     stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
                     uploads._staging_pool.cache_clear()
+                stack.enter_context(first_chunk_rows(model, first))
                 rates[i].append(predict_rate(model, X, chunk))
     return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
-             "staging_pieces": pieces, "examples_per_second": float(np.median(rates[i])),
-             "rounds": rounds} for i, (path, threads, pieces) in enumerate(setups)]
+             "staging_pieces": pieces, "first_chunk_rows": first,
+             "examples_per_second": float(np.median(rates[i])), "rounds": rounds}
+            for i, (path, threads, pieces, first) in enumerate(setups)]
 
 
 def latency_us(model: GLN, X: np.ndarray, y: np.ndarray | None, calls: int) -> dict:
@@ -282,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="values of gln.model.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],
                         help="STAGING_THREADS x STAGING_PIECES pairs of gln.kernels.uploads")
+    parser.add_argument("--first-chunk-rows", type=int_list, default=[512, 1024],
+                        help="first chunk lengths to predict with on the copy stream")
     parser.add_argument("--upload-rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
@@ -345,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
                      device)
         if name == "kernels":
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
-                                          args.upload_rounds):
+                                          args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
         if name == "kernels":  # launch by launch, from the same state, then replayed
             uncaptured = GLN.from_bytes(model.to_bytes(), device="cuda")

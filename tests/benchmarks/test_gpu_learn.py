@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.gpu_learn import latency_profile, main
+import gln.model
+from benchmarks.gpu_learn import first_chunk_rows, latency_profile, main
 from gln import GLN
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 
@@ -35,7 +36,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
               "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
-              "--upload-rounds", "1"])
+              "--first-chunk-rows", "3", "--upload-rounds", "1"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -48,10 +49,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         assert kind in kinds
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
     assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
-    by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"])
+    by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"])
                  for r in records if r["measure"] == "predict_by_upload"]
-    assert by_upload == [("current_stream", None, None), ("copy_stream", 1, 1),
-                         ("copy_stream", 2, 3)]
+    assert by_upload == [("current_stream", None, None, None), ("copy_stream", 1, 1, None),
+                         ("copy_stream", 2, 3, None), ("copy_stream", 1, 4, 3)]
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming and resident learning, streaming and shared prediction) at one
     # row.
@@ -60,3 +61,20 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         ("streaming", True), ("resident", True), ("streaming", False), ("shared", False)}
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_short_first_chunk_changes_the_cut_not_the_predictions(monkeypatch):
+    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 8)
+    monkeypatch.setattr(gln.model, "HOST_WIDENED_ROWS", 2)  # every chunk through ChunkUploads
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (30, 6)).astype(np.float32)
+    with emulated_cupy_installed():
+        model = GLN(num_features=6, num_classes=3, layer_sizes=(4, 1), seed=0, device="cuda")
+        model.learn(X, rng.integers(0, 3, 30))
+        usual = model.predict_proba(X)
+        with first_chunk_rows(model, 3):
+            assert model._chunk_bounds(30, 8) == [(0, 3), (3, 11), (11, 19), (19, 27), (27, 30)]
+            assert model._chunk_bounds(30) == [(0, 30)]  # learning's chunks are left alone
+            np.testing.assert_array_equal(model.predict_proba(X), usual)
+        assert model._chunk_bounds(30, 8) == [(0, 8), (8, 16), (16, 24), (24, 30)]
