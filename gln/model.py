@@ -436,19 +436,22 @@ class GLN:
 
     def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
         """The network's outputs (n, G) for a long host batch on the GPU, in chunks, each sent
-        while the device predicts the one before (float32 rows on a copy stream of their own,
-        ``gln.kernels.uploads``). The values of a float32 batch are checked by the device (two
-        passes of the host over the rows cost about as much as the device's work on them),
-        those of other batches by the host, chunk by chunk. Prediction changes nothing, so a
-        bad value found late loses nothing: the error is the whole batch's host check's,
-        naming its first bad value."""
+        while the device predicts the one before (on a copy stream of their own,
+        ``gln.kernels.uploads``).
+
+        The rows of a float32 or float64 batch are rounded to float32 as they are staged (the
+        rounding ``check_input`` makes) and checked by the device: a value that is not finite,
+        or beyond float32's range, is not finite there. Two passes of the host over the rows
+        cost about as much as the device's work on them. Those of other batches are checked by
+        the host, chunk by chunk. Prediction changes nothing, so a bad value found late loses
+        nothing: the error is the whole batch's host check's, naming its first bad value."""
         xp = self._xp
-        float32 = X.dtype == np.float32 and X.shape[1] == self.num_features
-        uploads = ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if float32 else None
+        staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
+        uploads = ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw else None
         outputs, finite = [], []
         try:
             for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
-                if float32 and stop - start > HOST_WIDENED_ROWS:  # sent as float32 rows
+                if staged_raw and stop - start > HOST_WIDENED_ROWS:  # sent as float32 rows
                     rows32 = uploads.send(X[start:stop])
                     packed = xp.asarray(self._staged(X[start:stop], None))
                     finite.append(xp.isfinite(rows32).all())

@@ -64,8 +64,9 @@ class ChunkUploads:
         self._sent = 0
 
     def send(self, rows: np.ndarray) -> Any:
-        """``rows`` (n, d) on the device as float32, ready for the current stream's next
-        launches; the view stays valid until ``consumed`` after the next-but-one ``send``."""
+        """``rows`` (n, d) on the device as float32 (rounded to nearest as they are staged,
+        which leaves float32 rows as they are), ready for the current stream's next launches;
+        the view stays valid until ``consumed`` after the next-but-one ``send``."""
         slot = self._slots[self._sent % SLOTS]
         self._sent += 1
         n = len(rows)
@@ -98,10 +99,10 @@ def _staged_pieces(rows: np.ndarray, host: np.ndarray):
     pieces = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
     if STAGING_THREADS <= 1:
         for start, stop in pieces:
-            np.copyto(host[start:stop], rows[start:stop])
+            _stage(host[start:stop], rows[start:stop])
             yield start, stop
         return
-    futures = [_staging_pool().submit(np.copyto, host[start:stop], rows[start:stop])
+    futures = [_staging_pool().submit(_stage, host[start:stop], rows[start:stop])
                for start, stop in pieces]
     try:
         for (start, stop), future in zip(pieces, futures, strict=True):
@@ -109,6 +110,14 @@ def _staged_pieces(rows: np.ndarray, host: np.ndarray):
             yield start, stop
     finally:
         concurrent.futures.wait(futures)
+
+
+def _stage(host: np.ndarray, rows: np.ndarray) -> None:
+    """``rows`` rounded to float32 into ``host``, silently: a value beyond float32 becomes
+    infinite, which the caller's check on the device reports (NumPy's error state is per
+    thread, so it is set here, in the thread that stages)."""
+    with np.errstate(over="ignore"):
+        np.copyto(host, rows)
 
 
 def _pinned(cp: ModuleType, shape: tuple[int, int]) -> np.ndarray:

@@ -4,6 +4,8 @@ they are waited for)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -54,3 +56,20 @@ def test_a_chunk_is_read_only_after_its_copy():
             del current.wait_event
             sender.close()
         np.testing.assert_array_equal(on_device.get(), rows)  # the copy, once synchronised
+
+
+def test_float64_rows_arrive_rounded_as_check_input_rounds_them(cp):
+    """Rounded to nearest float32 as they are staged; a value beyond float32 arrives infinite
+    (for the device's check to report), without a warning."""
+    rows = np.random.default_rng(1).standard_normal((5, 7))
+    rows[3, 2] = -1e39
+    sender = uploads.ChunkUploads(5, 7)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            on_device = sender.send(rows).get()
+    finally:
+        sender.close()
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(on_device, rows.astype(np.float32))
+    assert on_device[3, 2] == -np.inf
