@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -92,7 +93,7 @@ class ChunkUploads:
                 slot.copied.synchronize()
 
 
-def _staged_pieces(rows: np.ndarray, host: np.ndarray):
+def _staged_pieces(rows: np.ndarray, host: np.ndarray) -> Iterator[tuple[int, int]]:
     """Copies ``rows`` into ``host`` in ``STAGING_PIECES`` row ranges, yielding each range, in
     order, once it is staged; every copy has finished when the generator is closed."""
     bounds = np.linspace(0, len(rows), min(STAGING_PIECES, len(rows)) + 1).astype(int)
