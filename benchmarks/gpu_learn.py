@@ -180,7 +180,7 @@ class CurrentStreamUploads:
         self._cp = cupy
 
     def send(self, rows: np.ndarray) -> Any:
-        return self._cp.asarray(np.ascontiguousarray(rows))
+        return self._cp.asarray(np.ascontiguousarray(rows, dtype=np.float32))
 
     def consumed(self) -> None:
         """The memory pool orders the reuse of the rows' memory on the one stream."""

@@ -4,8 +4,7 @@
 
 For one-row calls and for 4,096-row calls (the service's coalesced batches), learning and
 predicting, each stage of ``GLN._run_chunk`` (input check, the one copy in, scaling, contexts,
-the network pass, the one copy out; a long float32 prediction's rows go through ``upload``
-instead of ``_sent``) is wrapped so that the device is synchronised after it (short
+the network pass, the one copy out) is wrapped so that the device is synchronised after it (short
 calls launch by launch, not replayed from a CUDA graph: ``gpu_learn.py`` times those): a
 stage's time is then its host work plus the device work it issued (a long float32
 prediction's values are checked by the device, so its ``check_input`` stage is empty). The
@@ -35,11 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gln.model  # noqa: E402
 from benchmarks.gpu_learn import NETWORK, int_list, mean_event_seconds  # noqa: E402
 from gln import GLN  # noqa: E402
 
-STAGES = ("check_input", "_sent", "upload", "_scale", "_contexts", "_network_pass", "_fetched")
+STAGES = ("check_input", "_sent", "_scale", "_contexts", "_network_pass", "_fetched")
 
 
 def emit(record: dict, device: str) -> None:
@@ -59,14 +57,7 @@ def staged(model: GLN, cp, totals: dict[str, float]) -> None:
         return run
 
     for name in STAGES:
-        if name.startswith("_") or name == "check_input":
-            setattr(model, name, timed(name, getattr(model, name)))
-
-    class TimedUploads(gln.model.ChunkUploads):
-        """A long float32 prediction's rows go through ``ChunkUploads.send``, not ``_sent``."""
-
-    TimedUploads.send = timed("upload", TimedUploads.send)
-    gln.model.ChunkUploads = TimedUploads  # every model's, for the rest of the run
+        setattr(model, name, timed(name, getattr(model, name)))
 
 
 def stage_times(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int, device: str) -> None:

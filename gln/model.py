@@ -451,20 +451,20 @@ class GLN:
         outputs, finite = [], []
         try:
             for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
-                if staged_raw and stop - start > HOST_WIDENED_ROWS:  # sent as float32 rows
-                    rows32 = uploads.send(X[start:stop])
-                    packed = xp.asarray(self._staged(X[start:stop], None))
+                rows = X[start:stop]
+                checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
+                if checked_here:  # else sent as they are, checked by the device
+                    try:
+                        rows = self.check_input(rows)[0]
+                    except ValueError:
+                        self.check_input(X)
+                        raise
+                packed, rows32 = self._sent(rows, None, uploads)
+                if not checked_here:
                     finite.append(xp.isfinite(rows32).all())
-                    outputs.append(self._chunk_on_device(packed, rows32, stop - start, False)[0])
+                outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
+                if rows32 is not None and uploads is not None:
                     uploads.consumed()
-                    continue
-                try:
-                    chunk = self.check_input(X[start:stop])[0]
-                except ValueError:
-                    self.check_input(X)
-                    raise
-                packed, rows32 = self._sent(chunk, None)
-                outputs.append(self._chunk_on_device(packed, rows32, len(chunk), False)[0])
             if finite and not bool(xp.stack(finite).all()):
                 self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
@@ -489,11 +489,17 @@ class GLN:
             self.examples_seen += n
         return outputs
 
-    def _sent(self, X32: np.ndarray, labels: np.ndarray | None) -> tuple[Any, Any]:
+    def _sent(
+        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
+    ) -> tuple[Any, Any]:
         """A chunk on the model's device: its staged buffer and, for a chunk too long to have
-        its rows staged, the rows as float32."""
+        its rows staged, the rows as float32 (sent by ``uploads`` when given; they may then be
+        float64 rows, rounded on the way)."""
         xp = self._xp
-        rows32 = None if len(X32) <= HOST_WIDENED_ROWS else xp.asarray(X32)
+        if len(X32) <= HOST_WIDENED_ROWS:
+            rows32 = None
+        else:
+            rows32 = uploads.send(X32) if uploads is not None else xp.asarray(X32)
         return xp.asarray(self._staged(X32, labels)), rows32
 
     def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:

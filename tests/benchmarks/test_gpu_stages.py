@@ -18,22 +18,20 @@ def test_every_stage_of_learn_and_predict_is_timed_and_results_are_unchanged(mon
     rng = np.random.default_rng(0)
     X, y = rng.uniform(0, 1, (30, 5)), rng.integers(0, 3, 30)
     config = dict(num_features=5, num_classes=3, layer_sizes=(4, 1), seed=0)
-    monkeypatch.setattr(gln.model, "ChunkUploads", gln.model.ChunkUploads)  # restored after
     with emulated_cupy_installed() as cp:
         plain, wrapped = GLN(**config, device="cuda"), GLN(**config, device="cuda")
         totals = dict.fromkeys(STAGES, 0.0)
         staged(wrapped, cp, totals)
         np.testing.assert_array_equal(wrapped.learn(X, y), plain.learn(X, y))
         np.testing.assert_array_equal(wrapped.predict_proba(X), plain.predict_proba(X))
-        monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 8)  # sent by ChunkUploads
+        monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 8)  # the copy stream's way
         monkeypatch.setattr(gln.model, "HOST_WIDENED_ROWS", 4)
         X32 = X.astype(np.float32)
         np.testing.assert_array_equal(wrapped.predict_proba(X32), plain.predict_proba(X32))
     assert all(seconds > 0 for seconds in totals.values()), totals
 
 
-def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
-    monkeypatch.setattr(gln.model, "ChunkUploads", gln.model.ChunkUploads)  # restored after
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     with emulated_cupy_installed():
         main(["--calls", "2", "--rows", "1,3"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
