@@ -428,10 +428,18 @@ class GLN:
             replayed = self._replayed(X32, labels)
             if replayed is not None:
                 return replayed
-        outputs = [
-            self._run_chunk(X32[start:stop], None if labels is None else labels[start:stop])
-            for start, stop in self._chunk_bounds(n)
-        ]
+        chunks = self._chunk_bounds(n)
+        uploads = (ChunkUploads(max(b - a for a, b in chunks), self.num_features)
+                   if self._device == "cuda" and len(chunks) > 1 else None)
+        try:
+            outputs = [
+                self._run_chunk(X32[start:stop], None if labels is None else labels[start:stop],
+                                uploads)
+                for start, stop in chunks
+            ]
+        finally:
+            if uploads is not None:
+                uploads.close()
         return self._fetched(outputs)
 
     def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
@@ -463,7 +471,7 @@ class GLN:
                 if not checked_here:
                     finite.append(xp.isfinite(rows32).all())
                 outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
-                if rows32 is not None and uploads is not None:
+                if uploads is not None:
                     uploads.consumed()
             if finite and not bool(xp.stack(finite).all()):
                 self.check_input(X)  # raises, naming the first value that is not finite
@@ -479,12 +487,16 @@ class GLN:
             return None
         return to_numpy(outputs[0] if len(outputs) == 1 else self._xp.concatenate(outputs))
 
-    def _run_chunk(self, X32: np.ndarray, labels: np.ndarray | None) -> Any:
+    def _run_chunk(
+        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
+    ) -> Any:
         """One chunk through the network; learns when labels are given. Returns (n, G) on the
-        model's device."""
+        model's device. A call of several chunks sends their rows by ``uploads``."""
         n = len(X32)
-        packed, rows32 = self._sent(X32, labels)
+        packed, rows32 = self._sent(X32, labels, uploads)
         outputs, self.moments = self._chunk_on_device(packed, rows32, n, labels is not None)
+        if uploads is not None:
+            uploads.consumed()
         if labels is not None:
             self.examples_seen += n
         return outputs

@@ -83,7 +83,8 @@ class ChunkUploads:
         return device
 
     def consumed(self) -> None:
-        """The current stream's launches so far are the last to read the rows sent last."""
+        """The current stream's launches so far are the last to read the rows sent last (a
+        later call, after chunks sent otherwise, only makes their slot wait longer)."""
         self._slots[(self._sent - 1) % SLOTS].consumed = self._cp.cuda.get_current_stream().record()
 
     def close(self) -> None:
