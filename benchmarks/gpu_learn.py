@@ -14,6 +14,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   shared kernel overtakes streaming), each ``PREDICT_ROWS_PER_WARP`` of
   ``--predict-rows-per-warp`` and each ``PREDICT_ROWS_PER_BLOCK`` of
   ``--predict-rows-per-block``;
+* ``shared_neurons_per_block``: the shared prediction kernel at ``PREDICT_CHUNK_ROWS_GPU`` rows
+  with each ``PREDICT_MAX_NEURONS_PER_BLOCK`` of ``--predict-neurons-per-block`` (fewer
+  neurons per block let two blocks share an SM);
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
@@ -121,6 +124,17 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                       "rows": n, "rows_per_warp": rows_per_warp, "microseconds": seconds * 1e6,
                       "examples_per_second": n / seconds,
                       "active_weight_bytes_per_second": active / seconds}, device)
+            if n != gln.model.PREDICT_CHUNK_ROWS_GPU:
+                continue
+            for most in args.predict_neurons_per_block:  # at the length predictions run at
+                def predict(arrays=arrays, probs=probs, next_inputs=next_inputs):
+                    cuda_layer_pass(*arrays, 0.01, 5.0, False, probs, mode="shared",
+                                    next_inputs=next_inputs, bias_logit=1.0)
+
+                with launch_constant("PREDICT_MAX_NEURONS_PER_BLOCK", most):
+                    seconds = mean_event_seconds(cp, predict, args.repeats)
+                emit({"measure": "shared_neurons_per_block", "layer": name, "rows": n,
+                      "max_neurons_per_block": most, "microseconds": seconds * 1e6}, device)
 
 
 @contextlib.contextmanager
@@ -305,6 +319,10 @@ def main(argv: list[str] | None = None) -> None:
                         default=[32, 128], help="PREDICT_ROWS_PER_WARP values to time")
     parser.add_argument("--predict-rows-per-block", type=int_list, default=[256, 512, 2048],
                         help="PREDICT_ROWS_PER_BLOCK values to time")
+    parser.add_argument("--predict-neurons-per-block", type=int_list,
+                        default=[1, 2, 3, 4, 8, 13, 32],
+                        help="PREDICT_MAX_NEURONS_PER_BLOCK values to time the shared kernel "
+                             "with, at PREDICT_CHUNK_ROWS_GPU rows")
     parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
                         help="values of gln.model.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],

@@ -59,6 +59,12 @@ PREDICT_ROWS_PER_WARP = 32
 # best at 1,024 and 2,048 rows (the lengths of gln.model.PREDICT_CHUNK_ROWS_GPU measured).
 PREDICT_SHARED_MIN_ROWS = 64
 PREDICT_ROWS_PER_BLOCK = 512
+# At most this many neurons in a block of the shared kernel (as many as fit, up to it). A block
+# of MNIST's first layer holds 4 neurons' rows (201 KB), one block per SM, so loading a block's
+# rows overlaps no other block's work; fewer neurons per block let two blocks share an SM, at
+# the cost of reading each example's input for fewer neurons. Not measured yet: 32 (no cap)
+# is what the H100 figures ran with; gpu_learn.py's shared_neurons_per_block lines compare.
+PREDICT_MAX_NEURONS_PER_BLOCK = 32
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
@@ -137,7 +143,8 @@ def plan_layer_launch(
     lanes = per_lane(num_inputs)
     if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
                             and fits):
-        blocks_per_gln = -(-num_neurons // min(WARP, max_shared_bytes // shared_bytes))
+        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, max_shared_bytes // shared_bytes)
+        blocks_per_gln = -(-num_neurons // most)
         per_block = -(-num_neurons // blocks_per_gln)  # balanced: no block of a few neurons
         rows = max(PREDICT_ROWS_PER_BLOCK, -(-n // _MAX_GRID_Y))
         return LayerLaunch(SHARED, (num_glns * blocks_per_gln, max(1, -(-n // rows))),

@@ -29,14 +29,16 @@ def test_the_profile_ranks_functions_per_learn_call_with_learn_itself_among_them
 
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
-def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
     """Every kind of record, for the MNIST network, at the smallest sizes (timings meaningless)."""
+    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 1)  # the layer rows timed
     with emulated_cupy_installed():
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
               "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
-              "--first-chunk-rows", "3", "--upload-rounds", "1"])
+              "--first-chunk-rows", "3", "--upload-rounds", "1",
+              "--predict-neurons-per-block", "1,32"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -53,6 +55,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
                  for r in records if r["measure"] == "predict_by_upload"]
     assert by_upload == [("current_stream", None, None, None), ("copy_stream", 1, 1, None),
                          ("copy_stream", 2, 3, None), ("copy_stream", 1, 4, 3)]
+    caps = {(r["layer"], r["max_neurons_per_block"]) for r in records
+            if r["measure"] == "shared_neurons_per_block" and r["microseconds"] > 0}
+    assert caps == {(layer, most) for layer in ("784->128", "128->128", "128->1")
+                    for most in (1, 32)}
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming and resident learning, streaming and shared prediction) at one
     # row.

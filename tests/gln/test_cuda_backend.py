@@ -123,14 +123,16 @@ SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), LAYERS[-1]]
 
 @pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("shared", [True, False])
-def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared,
+@pytest.mark.parametrize("most", [32, 3], ids=["as_many_as_fit", "at_most_3"])
+def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared, most,
                                                                       monkeypatch):
-    """Several neurons per block, blocks of 24 examples (the last one short), warps taking
-    turns over a block's examples: the outputs of the one-neuron-per-warp kernel, bit for bit,
-    and the weights untouched."""
+    """Several neurons per block (as many as fit, or at most 3), blocks of 24 examples (the
+    last one short), warps taking turns over a block's examples: the outputs of the
+    one-neuron-per-warp kernel, bit for bit, and the weights untouched."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
+    monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", most)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)
     w_shared, p_shared = run_cuda(cp, data, False, "shared")
     _, p_stream = run_cuda(cp, data, False, "streaming")

@@ -99,3 +99,17 @@ def test_launch_plan():
         plan_layer_launch((1, 1, 3, 5), 1, True, HOPPER_SHARED_BYTES)
     with pytest.raises(ValueError, match="inputs"):
         plan_layer_launch((1, 1, 2, 5000), 1, True, HOPPER_SHARED_BYTES)
+
+
+def test_the_shared_kernels_blocks_hold_at_most_the_cap(monkeypatch):
+    """Two neurons of MNIST's first layer a block (100 KB, two blocks an SM) under a cap of 2;
+    the second layer's 26 that fit become 13 per block under a cap of 13, balanced."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", 2)
+    first = plan_layer_launch((10, 128, 16, 785), 4096, False, HOPPER_SHARED_BYTES)
+    assert (first.grid[0], first.neurons_per_block) == (640, 2)
+    assert first.shared_bytes == 2 * 16 * 785 * 4 <= HOPPER_SHARED_BYTES // 2
+    monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", 13)
+    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert (second.grid[0], second.neurons_per_block) == (100, 13)  # 10 blocks a GLN
