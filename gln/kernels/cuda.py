@@ -102,7 +102,7 @@ class LayerLaunch:
 
 def predict_warps(lanes: int) -> int:
     """Warps per block of the shared prediction kernel (``GLN_PREDICT_WARPS``)."""
-    return 16 if lanes <= 32 else 8
+    return 16 if lanes <= 26 else 8
 
 
 def per_lane(num_inputs: int) -> int:
@@ -143,7 +143,7 @@ def plan_layer_launch(
     lanes = per_lane(num_inputs)
     if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
                             and fits):
-        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, max_shared_bytes // shared_bytes)
+        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, WARP, max_shared_bytes // shared_bytes)
         blocks_per_gln = -(-num_neurons // most)
         per_block = -(-num_neurons // blocks_per_gln)  # balanced: no block of a few neurons
         rows = max(PREDICT_ROWS_PER_BLOCK, -(-n // _MAX_GRID_Y))

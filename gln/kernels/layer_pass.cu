@@ -38,9 +38,10 @@
 //     memory and its warps take turns over the examples; a warp loads an example's input once
 //     and mixes it with every neuron of the block. The streaming kernel reads a row and an
 //     input from the caches for every neuron and example; this one reads the input once per
-//     block and the rows from shared memory. A warp keeps 32 finished dot products, one per
-//     lane, and then squashes them and writes their outputs at once: per (neuron, example) a
-//     warp then spends its instructions on the products and the butterfly alone.
+//     block and the rows from shared memory. A warp mixes GLN_SUM_BATCH (neuron, example)
+//     pairs, then sums their dot products together, B - 1 shuffles for B sums by the same
+//     additions as the butterfly's (batched_warp_sums), and squashes them and writes their
+//     outputs at once, a lane each: per pair a warp spends its instructions on the products.
 //
 // GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
 // and an input live in registers.
@@ -56,11 +57,17 @@
 #endif
 
 #define GLN_WARP 32
+// (neuron, example) pairs whose dot products gln_layer_predict_shared sums at once: as many
+// as the registers allow next to the row and inputs (nvcc 13, sm_90: no spill from 1 to 64).
+#ifndef GLN_SUM_BATCH
+#define GLN_SUM_BATCH (GLN_PER_LANE <= 13 ? 32 : GLN_PER_LANE <= 16 ? 16 : 8)
+#endif
 #define GLN_FULL_MASK 0xffffffffu
 #define GLN_STREAM_WARPS 4  // warps (neurons) per block of the streaming kernel
 // Warps per block of gln_layer_predict_shared: as many as the registers allow without spilling
-// (three register arrays per lane: the row, the input and the next input).
-#define GLN_PREDICT_WARPS (GLN_PER_LANE <= 32 ? 16 : 8)
+// (three register arrays per lane: the row, the input and the next input, and the parts of
+// GLN_SUM_BATCH dot products; nvcc 13 for sm_90 spills none up to 64 per lane with these).
+#define GLN_PREDICT_WARPS (GLN_PER_LANE <= 26 ? 16 : 8)
 
 #ifndef GLN_HOST_EMULATION
 // Dynamic shared memory of the resident and shared-prediction kernels, 16-byte aligned for
@@ -118,8 +125,8 @@ __device__ __forceinline__ float squash(float dot, float lo, float hi) {
     return fminf(fmaxf(p, lo), hi);
 }
 
-// A row's dot product with an input, on every lane of the warp.
-__device__ __forceinline__ float warp_dot(const float (&w)[GLN_PER_LANE],
+// This lane's part of a row's dot product with an input: what warp_sum adds up.
+__device__ __forceinline__ float lane_dot(const float (&w)[GLN_PER_LANE],
                                           const float (&x)[GLN_PER_LANE]) {
     // Two interleaved partial sums shorten the dependency chain; their order is fixed.
     float even = 0.0f, odd = 0.0f;
@@ -127,7 +134,50 @@ __device__ __forceinline__ float warp_dot(const float (&w)[GLN_PER_LANE],
     for (int i = 0; i < GLN_PER_LANE; i += 2) even = fmaf(w[i], x[i], even);
 #pragma unroll
     for (int i = 1; i < GLN_PER_LANE; i += 2) odd = fmaf(w[i], x[i], odd);
-    return warp_sum(__fadd_rn(even, odd));
+    return __fadd_rn(even, odd);
+}
+
+// A row's dot product with an input, on every lane of the warp.
+__device__ __forceinline__ float warp_dot(const float (&w)[GLN_PER_LANE],
+                                          const float (&x)[GLN_PER_LANE]) {
+    return warp_sum(lane_dot(w, x));
+}
+
+// B dot products summed at once (B a power of two, at most 32), each exactly as warp_sum sums
+// one: part[i] is this lane's part of dot i, and lane l ends with dot l / (32 / B). At the
+// butterfly's step with offset o, lane l adds lane l ^ o's value to its own; here, while more
+// than one dot is left, lane l keeps half of its dots (the upper half where l has bit o) and
+// receives lane l ^ o's value of each, which holds the same dots' sums so far: the same
+// additions of the same operands, B - 1 shuffles for B dots instead of 5 B. The steps left
+// once each lane holds one dot are warp_sum's own.
+// Halving `Step` of batched_warp_sums and the ones after it, one template per step so that
+// every bound and index is a constant and `part` stays in registers.
+template <int Step, int B>
+__device__ __forceinline__ void halve_sums(float (&part)[B], int lane) {
+    if constexpr ((B >> Step) > 1) {
+        constexpr int kWidth = B >> Step, kOffset = (GLN_WARP / 2) >> Step;
+        const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+        for (int i = 0; i < kWidth / 2; ++i) {
+            const float low = part[i], high = part[i + kWidth / 2];  // values, not places:
+            const float keep = upper ? high : low;  // a choice between two places would keep
+            const float give = upper ? low : high;  // the array in (local) memory
+            part[i] = __fadd_rn(keep, __shfl_xor_sync(GLN_FULL_MASK, give, kOffset));
+        }
+        halve_sums<Step + 1>(part, lane);
+    }
+}
+
+template <int B>
+__device__ __forceinline__ float batched_warp_sums(float (&part)[B], int lane) {
+    static_assert(B >= 1 && B <= GLN_WARP && (B & (B - 1)) == 0, "B: a power of two <= 32");
+    halve_sums<0>(part, lane);
+    float v = part[0];
+#pragma unroll
+    for (int offset = GLN_WARP / 2 / B; offset > 0; offset >>= 1) {
+        v = __fadd_rn(v, __shfl_xor_sync(GLN_FULL_MASK, v, offset));
+    }
+    return v;
 }
 
 // Lines 10-13 of Algorithm 1 for one neuron and one example: geometric mixing, clipping, and
@@ -425,45 +475,55 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const float* input0 = inputs + static_cast<long long>(source) * I;
     const long long per_example = static_cast<long long>(num_glns) * num_neurons;
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
-    // Lane `held` keeps the next finished dot product with its neuron and example: once every
-    // lane holds one, the sigmoid, clipping and outputs of 32 (neuron, example) pairs run at
-    // once, a lane each, instead of a whole warp's worth of them per pair.
-    int held = 0, held_t = 0;
-    long long held_neuron = 0;
-    float held_dot = 0.0f;
-    int t = begin + warp;
-    if (t < end) load_input(x, input0 + t * input_stride, lane, I);
-    for (; t < end; t += warps) {
-        // Lane j holds the context of neuron k0 + j at example t (neurons_per_block <= 32).
-        const int mine = lane < count ? contexts[t * per_example + neuron0 + lane] &
-                                            (num_contexts - 1)
-                                      : 0;
 #if GLN_PREFETCH
-        float x_next[GLN_PER_LANE];
+    float x_next[GLN_PER_LANE];
+#endif
+    // The warp's (neuron, example) pairs, neuron by neuron within an example: j of example t.
+    // GLN_SUM_BATCH of them are mixed, then summed together (batched_warp_sums), and the lane
+    // left with a pair's sum squashes it and writes its outputs, so a pair costs the warp its
+    // products and a share of one reduction, not a butterfly and a squash of its own.
+    int t = begin + warp, j = 0, mine = 0;
+    if (t < end) {
+        load_input(x, input0 + t * input_stride, lane, I);
+        // Lane l holds the context of neuron k0 + l at example t (neurons_per_block <= 32).
+        mine = lane < count ? contexts[t * per_example + neuron0 + lane] & (num_contexts - 1) : 0;
+#if GLN_PREFETCH
         if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
 #endif
-        for (int j = 0; j < count; ++j) {
+    }
+    constexpr int kLanesPerSum = GLN_WARP / GLN_SUM_BATCH;
+    while (t < end) {  // t is the same on every lane: the warp stays together
+        float part[GLN_SUM_BATCH];
+        long long my_neuron = -1;
+        int my_t = 0;
+#pragma unroll
+        for (int b = 0; b < GLN_SUM_BATCH; ++b) {
+            part[b] = 0.0f;
+            if (t >= end) continue;
             const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
             load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
-            const float dot = warp_dot(w, x);
-            if (lane == held) {
-                held_dot = dot;
-                held_neuron = neuron0 + j;
-                held_t = t;
+            part[b] = lane_dot(w, x);
+            if (lane / kLanesPerSum == b) {
+                my_neuron = neuron0 + j;
+                my_t = t;
             }
-            if (++held == GLN_WARP) {
-                write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
-                held = 0;
-            }
-        }
-        if (t + warps < end) {
+            if (++j < count) continue;
+            j = 0;  // the next example
+            t += warps;
+            if (t >= end) continue;
 #if GLN_PREFETCH
 #pragma unroll
             for (int i = 0; i < GLN_PER_LANE; ++i) x[i] = x_next[i];
+            if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
 #else
-            load_input(x, input0 + (t + warps) * input_stride, lane, I);
+            load_input(x, input0 + t * input_stride, lane, I);
 #endif
+            mine = lane < count ? contexts[t * per_example + neuron0 + lane] & (num_contexts - 1)
+                                : 0;
+        }
+        const float dot = batched_warp_sums(part, lane);
+        if (my_neuron >= 0 && lane % kLanesPerSum == 0) {
+            write_outputs(a, my_neuron, g, my_t, squash(dot, lo, hi));
         }
     }
-    if (lane < held) write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
 }
