@@ -16,7 +16,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   ``--predict-rows-per-block``;
 * ``shared_neurons_per_block``: the shared prediction kernel at ``PREDICT_CHUNK_ROWS_GPU`` rows
   with each ``PREDICT_MAX_NEURONS_PER_BLOCK`` of ``--predict-neurons-per-block`` (fewer
-  neurons per block let two blocks share an SM);
+  neurons per block let two blocks share an SM), and ``shared_sum_batch`` with each
+  ``GLN_SUM_BATCH`` of ``--predict-sum-batch`` (dot products summed at once; 1: a butterfly
+  each);
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
@@ -126,15 +128,20 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                       "active_weight_bytes_per_second": active / seconds}, device)
             if n != gln.model.PREDICT_CHUNK_ROWS_GPU:
                 continue
-            for most in args.predict_neurons_per_block:  # at the length predictions run at
-                def predict(arrays=arrays, probs=probs, next_inputs=next_inputs):
-                    cuda_layer_pass(*arrays, 0.01, 5.0, False, probs, mode="shared",
-                                    next_inputs=next_inputs, bias_logit=1.0)
+            def predict(arrays=arrays, probs=probs, next_inputs=next_inputs):
+                cuda_layer_pass(*arrays, 0.01, 5.0, False, probs, mode="shared",
+                                next_inputs=next_inputs, bias_logit=1.0)
 
+            for most in args.predict_neurons_per_block:  # at the length predictions run at
                 with launch_constant("PREDICT_MAX_NEURONS_PER_BLOCK", most):
                     seconds = mean_event_seconds(cp, predict, args.repeats)
                 emit({"measure": "shared_neurons_per_block", "layer": name, "rows": n,
                       "max_neurons_per_block": most, "microseconds": seconds * 1e6}, device)
+            for batch in args.predict_sum_batch:
+                with launch_constant("PREDICT_SUM_BATCH", batch):
+                    seconds = mean_event_seconds(cp, predict, args.repeats)
+                emit({"measure": "shared_sum_batch", "layer": name, "rows": n,
+                      "sum_batch": batch, "microseconds": seconds * 1e6}, device)
 
 
 @contextlib.contextmanager
@@ -323,6 +330,9 @@ def main(argv: list[str] | None = None) -> None:
                         default=[1, 2, 3, 4, 8, 13, 32],
                         help="PREDICT_MAX_NEURONS_PER_BLOCK values to time the shared kernel "
                              "with, at PREDICT_CHUNK_ROWS_GPU rows")
+    parser.add_argument("--predict-sum-batch", type=int_list, default=[1, 4, 8, 16, 32],
+                        help="GLN_SUM_BATCH values to time the shared kernel with, at "
+                             "PREDICT_CHUNK_ROWS_GPU rows")
     parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
                         help="values of gln.model.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],

@@ -65,6 +65,10 @@ PREDICT_ROWS_PER_BLOCK = 512
 # the cost of reading each example's input for fewer neurons. Not measured yet: 32 (no cap)
 # is what the H100 figures ran with; gpu_learn.py's shared_neurons_per_block lines compare.
 PREDICT_MAX_NEURONS_PER_BLOCK = 32
+# Dot products the shared kernel sums at once (GLN_SUM_BATCH: a power of two up to 32); None
+# leaves it to the source, which takes as many as the registers allow for the row width.
+# Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).
+PREDICT_SUM_BATCH: int | None = None
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
@@ -218,16 +222,19 @@ def _source(name: str) -> str:
 
 
 @functools.cache
-def _layer_module(lanes: int) -> Any:
-    """The layer-pass module compiled for rows of ``lanes`` elements per lane."""
+def _layer_module(lanes: int, sum_batch: int | None = None) -> Any:
+    """The layer-pass module compiled for rows of ``lanes`` elements per lane (and, when given,
+    the shared kernel's ``GLN_SUM_BATCH``)."""
+    batch = () if sum_batch is None else (f"-DGLN_SUM_BATCH={sum_batch}",)
     return _cupy().RawModule(
-        code=_source("layer_pass.cu"), options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}")
+        code=_source("layer_pass.cu"),
+        options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}", *batch),
     )
 
 
 @functools.cache
-def _layer_kernel(lanes: int, name: str) -> Any:
-    return _layer_module(lanes).get_function(name)
+def _layer_kernel(lanes: int, name: str, sum_batch: int | None = None) -> Any:
+    return _layer_module(lanes, sum_batch).get_function(name)
 
 
 @functools.cache
@@ -249,12 +256,13 @@ def _max_shared_bytes(device_id: int) -> int:
                                           device_id))
 
 
-_shared_limit_set: dict[tuple[int, int, str], int] = {}
+_shared_limit_set: dict[tuple[int, int, str, int | None], int] = {}
 
 
 def _kernel(launch: LayerLaunch, device_id: int) -> Any:
-    kernel = _layer_kernel(launch.per_lane, launch.kernel)
-    key = (device_id, launch.per_lane, launch.kernel)
+    sum_batch = PREDICT_SUM_BATCH if launch.kernel == SHARED else None
+    kernel = _layer_kernel(launch.per_lane, launch.kernel, sum_batch)
+    key = (device_id, launch.per_lane, launch.kernel, sum_batch)
     if launch.shared_bytes > _shared_limit_set.get(key, 48 * 1024):
         kernel.max_dynamic_shared_size_bytes = launch.shared_bytes  # opt in beyond 48 KB
         _shared_limit_set[key] = launch.shared_bytes

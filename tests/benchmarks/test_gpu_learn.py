@@ -38,7 +38,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
               "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
               "--first-chunk-rows", "3", "--upload-rounds", "1",
-              "--predict-neurons-per-block", "1,32"])
+              "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -59,6 +59,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
             if r["measure"] == "shared_neurons_per_block" and r["microseconds"] > 0}
     assert caps == {(layer, most) for layer in ("784->128", "128->128", "128->1")
                     for most in (1, 32)}
+    batches = {(r["layer"], r["sum_batch"]) for r in records
+               if r["measure"] == "shared_sum_batch" and r["microseconds"] > 0}
+    assert batches == {(layer, b) for layer in ("784->128", "128->128", "128->1")
+                       for b in (1, 32)}
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming and resident learning, streaming and shared prediction) at one
     # row.

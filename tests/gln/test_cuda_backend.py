@@ -123,16 +123,19 @@ SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), LAYERS[-1]]
 
 @pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize("most", [32, 3], ids=["as_many_as_fit", "at_most_3"])
+@pytest.mark.parametrize(("most", "batch"), [(32, None), (3, None), (32, 1), (32, 4)],
+                         ids=["as_many_as_fit", "at_most_3", "sums_one_by_one", "sums_by_4"])
 def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared, most,
-                                                                      monkeypatch):
+                                                                      batch, monkeypatch):
     """Several neurons per block (as many as fit, or at most 3), blocks of 24 examples (the
-    last one short), warps taking turns over a block's examples: the outputs of the
-    one-neuron-per-warp kernel, bit for bit, and the weights untouched."""
+    last one short), warps taking turns over a block's examples, dot products summed in
+    batches (as many as the width allows, one, four): the outputs of the one-neuron-per-warp
+    kernel, bit for bit, and the weights untouched."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
     monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", most)
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", batch)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)
     w_shared, p_shared = run_cuda(cp, data, False, "shared")
     _, p_stream = run_cuda(cp, data, False, "streaming")
