@@ -21,7 +21,7 @@ cat "$OUT/device.txt"
 
 # The device machines have no Redis or FastAPI: no conftest above tests/gln (whose own gives
 # the cp fixture). The emulated variants already ran on the CPU (CI): only the real GPU's here.
-timeout 150 "$PYTHON" -m pytest -q --confcutdir=tests/gln -rs -k "not emulated" \
+timeout 120 "$PYTHON" -m pytest -q --confcutdir=tests/gln -rs -k "not emulated" \
     tests/gln/test_cuda_backend.py tests/gln/test_cuda_sources.py tests/gln/test_uploads.py \
     > "$OUT/tests.log" 2>&1
 echo "tests: exit $?"
@@ -30,7 +30,7 @@ grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 args=()
 [ -d .peers/mnist ] && args+=(--data-dir .peers/mnist)
 [ -d .peers/pygln ] && args+=(--pygln-dir .peers/pygln)
-timeout 250 "$PYTHON" benchmarks/gpu_learn.py "${args[@]}" \
+timeout 300 "$PYTHON" benchmarks/gpu_learn.py "${args[@]}" \
     > "$OUT/gpu_learn.jsonl" 2> "$OUT/gpu_learn.err"
 echo "gpu_learn: exit $?"
 grep -v '"layer_pass"' "$OUT/gpu_learn.jsonl"
@@ -38,7 +38,7 @@ tail -5 "$OUT/gpu_learn.err"
 
 # Where one-row and 4,096-row calls spend their time, stage by stage, and the host's cost of
 # single CuPy operations.
-timeout 120 "$PYTHON" benchmarks/gpu_stages.py > "$OUT/gpu_stages.jsonl" 2>&1
+timeout 100 "$PYTHON" benchmarks/gpu_stages.py > "$OUT/gpu_stages.jsonl" 2>&1
 echo "gpu_stages: exit $?"
 cat "$OUT/gpu_stages.jsonl"
 
