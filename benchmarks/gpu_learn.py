@@ -206,7 +206,10 @@ class CurrentStreamUploads:
     def consumed(self) -> None:
         """The memory pool orders the reuse of the rows' memory on the one stream."""
 
-    def close(self) -> None:
+    def __enter__(self) -> CurrentStreamUploads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         """Nothing runs on another stream."""
 
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -429,17 +430,14 @@ class GLN:
             if replayed is not None:
                 return replayed
         chunks = self._chunk_bounds(n)
-        uploads = (ChunkUploads(max(b - a for a, b in chunks), self.num_features)
-                   if self._device == "cuda" and len(chunks) > 1 else None)
-        try:
+        several = self._device == "cuda" and len(chunks) > 1
+        with (ChunkUploads(max(b - a for a, b in chunks), self.num_features) if several
+              else contextlib.nullcontext()) as uploads:
             outputs = [
                 self._run_chunk(X32[start:stop], None if labels is None else labels[start:stop],
                                 uploads)
                 for start, stop in chunks
             ]
-        finally:
-            if uploads is not None:
-                uploads.close()
         return self._fetched(outputs)
 
     def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
@@ -455,9 +453,9 @@ class GLN:
         nothing: the error is the whole batch's host check's, naming its first bad value."""
         xp = self._xp
         staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
-        uploads = ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw else None
         outputs, finite = [], []
-        try:
+        with (ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw
+              else contextlib.nullcontext()) as uploads:
             for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
                 rows = X[start:stop]
                 checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
@@ -476,9 +474,6 @@ class GLN:
             if finite and not bool(xp.stack(finite).all()):
                 self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
-        finally:
-            if uploads is not None:
-                uploads.close()
 
     def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
         """The chunks' outputs on the host, in one copy after the last chunk: until then the

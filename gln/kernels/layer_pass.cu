@@ -79,10 +79,12 @@ __device__ __forceinline__ float* dynamic_shared_floats() {
 #endif
 
 // Sum over the warp by a fixed butterfly. IEEE addition is commutative, so at every step
-// partner lanes compute the same value and all 32 lanes end with bitwise the same sum.
+// partner lanes compute the same value and all 32 lanes end with bitwise the same sum. From a
+// later step (First < 16) it finishes sums that batched_warp_sums has begun.
+template <int First = GLN_WARP / 2>
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-    for (int offset = GLN_WARP / 2; offset > 0; offset >>= 1) {
+    for (int offset = First; offset > 0; offset >>= 1) {
         v = __fadd_rn(v, __shfl_xor_sync(GLN_FULL_MASK, v, offset));
     }
     return v;
@@ -143,13 +145,6 @@ __device__ __forceinline__ float warp_dot(const float (&w)[GLN_PER_LANE],
     return warp_sum(lane_dot(w, x));
 }
 
-// B dot products summed at once (B a power of two, at most 32), each exactly as warp_sum sums
-// one: part[i] is this lane's part of dot i, and lane l ends with dot l / (32 / B). At the
-// butterfly's step with offset o, lane l adds lane l ^ o's value to its own; here, while more
-// than one dot is left, lane l keeps half of its dots (the upper half where l has bit o) and
-// receives lane l ^ o's value of each, which holds the same dots' sums so far: the same
-// additions of the same operands, B - 1 shuffles for B dots instead of 5 B. The steps left
-// once each lane holds one dot are warp_sum's own.
 // Halving `Step` of batched_warp_sums and the ones after it, one template per step so that
 // every bound and index is a constant and `part` stays in registers.
 template <int Step, int B>
@@ -168,16 +163,18 @@ __device__ __forceinline__ void halve_sums(float (&part)[B], int lane) {
     }
 }
 
+// B dot products summed at once (B a power of two, at most 32), each exactly as warp_sum sums
+// one: part[i] is this lane's part of dot i, and lane l ends with dot l / (32 / B). At the
+// butterfly's step with offset o, lane l adds lane l ^ o's value to its own; here, while more
+// than one dot is left, lane l keeps half of its dots (the upper half where l has bit o) and
+// receives lane l ^ o's value of each, which holds the same dots' sums so far: the same
+// additions of the same operands, B - 1 shuffles for B dots instead of 5 B. The steps left
+// once each lane holds one dot are warp_sum's own.
 template <int B>
 __device__ __forceinline__ float batched_warp_sums(float (&part)[B], int lane) {
     static_assert(B >= 1 && B <= GLN_WARP && (B & (B - 1)) == 0, "B: a power of two <= 32");
     halve_sums<0>(part, lane);
-    float v = part[0];
-#pragma unroll
-    for (int offset = GLN_WARP / 2 / B; offset > 0; offset >>= 1) {
-        v = __fadd_rn(v, __shfl_xor_sync(GLN_FULL_MASK, v, offset));
-    }
-    return v;
+    return warp_sum<GLN_WARP / 2 / B>(part[0]);
 }
 
 // Lines 10-13 of Algorithm 1 for one neuron and one example: geometric mixing, clipping, and

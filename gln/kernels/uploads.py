@@ -50,9 +50,8 @@ class _Slot:
 class ChunkUploads:
     """Chunks of at most ``max_rows`` rows of ``num_features`` float32 values, sent in turn.
 
-    >>> uploads = ChunkUploads(2048, 784)                  # doctest: +SKIP
-    >>> rows32 = uploads.send(X[:2048]); launch(rows32); uploads.consumed()  # doctest: +SKIP
-    >>> uploads.close()                                    # doctest: +SKIP
+    >>> with ChunkUploads(2048, 784) as uploads:           # doctest: +SKIP
+    ...     rows32 = uploads.send(X[:2048]); launch(rows32); uploads.consumed()
     """
 
     def __init__(self, max_rows: int, num_features: int) -> None:
@@ -92,6 +91,12 @@ class ChunkUploads:
         for slot in self._slots:
             if slot.copied is not None:
                 slot.copied.synchronize()
+
+    def __enter__(self) -> ChunkUploads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _staged_pieces(rows: np.ndarray, host: np.ndarray) -> Iterator[tuple[int, int]]:

@@ -363,7 +363,7 @@ class _Stream:
         self.launches: list[tuple] | None = None
         self.held: list[Callable[[], None]] = []  # copies not yet run, in stream order
         self.issued = 0  # copies ever put on the stream; the first issued - len(held) have run
-        _SIDE_STREAMS.add(self)
+        _STREAMS.add(self)
 
     def run_later(self, copy: Callable[[], None]) -> None:
         """Run ``copy`` now if this is the current stream (whose work is done when issued) or
@@ -415,7 +415,7 @@ class _Stream:
         self.run_until(self.issued)
 
 
-_SIDE_STREAMS: weakref.WeakSet[_Stream] = weakref.WeakSet()
+_STREAMS: weakref.WeakSet[_Stream] = weakref.WeakSet()  # every stream made, for synchronize
 _NULL_STREAM = _Stream(null=True)
 
 
@@ -508,7 +508,7 @@ class _Device:
 
     def synchronize(self) -> None:
         """Launches run to completion when called; copies held on side streams run now."""
-        for stream in list(_SIDE_STREAMS):
+        for stream in list(_STREAMS):
             stream.synchronize()
 
 
