@@ -111,14 +111,8 @@ class GLN:
         self.num_classes = _positive_int("num_classes", num_classes)
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-        if isinstance(layer_sizes, str | bytes) or not isinstance(layer_sizes, Sequence):
-            raise ValueError(f"layer_sizes must be a sequence of ints, got {layer_sizes!r}")
-        self.layer_sizes = tuple(_positive_int("layer_sizes[i]", k) for k in layer_sizes)
-        if not self.layer_sizes or self.layer_sizes[-1] != 1:
-            raise ValueError(f"layer_sizes must end in a single neuron (1), got {layer_sizes!r}")
-        self.context_dim = _positive_int("context_dim", context_dim)
-        if self.context_dim > 16:
-            raise ValueError(f"context_dim must be <= 16 (2^m weight rows), got {context_dim}")
+        self.layer_sizes = _checked_layer_sizes(layer_sizes)
+        self.context_dim = _checked_context_dim(context_dim)
         self.schedule = make_schedule(learning_rate)
         self.learning_rate = learning_rate
         self.pred_clip = _float_in("pred_clip", pred_clip, 0.0, 0.5)
@@ -142,7 +136,9 @@ class GLN:
         else:
             if isinstance(image_shape, str | bytes) or not isinstance(image_shape, Sequence):
                 raise ValueError(f"image_shape must be (height, width), got {image_shape!r}")
-            self.image_shape = tuple(_positive_int("image_shape[i]", k) for k in image_shape)
+            self.image_shape = tuple(
+                _positive_int(f"image_shape[{i}]", k) for i, k in enumerate(image_shape)
+            )
             if len(self.image_shape) != 2 or math.prod(self.image_shape) != self.num_features:
                 raise ValueError(
                     f"image_shape must be (height, width) with height * width = "
@@ -162,6 +158,8 @@ class GLN:
                     f"shorter side), got {gating_window}"
                 )
         self.seed = _int("seed", seed)
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
         self.device = device
         self.use_kernels = bool(use_kernels)
 
@@ -252,12 +250,12 @@ class GLN:
 
         Lets a host refuse a configuration before allocating it. Needs ``num_features`` and
         optionally ``num_classes``, ``layer_sizes`` and ``context_dim`` (constructor defaults
-        otherwise); raises ``ValueError`` if they are not positive ints.
+        otherwise); raises the constructor's ``ValueError`` for any of them it would refuse.
         """
         features = _positive_int("num_features", config.get("num_features"))
         classes = _positive_int("num_classes", config.get("num_classes", 2))
-        sizes = [_positive_int("layer_sizes[i]", k) for k in config.get("layer_sizes", (32, 32, 1))]
-        contexts = 2 ** _positive_int("context_dim", config.get("context_dim", 4))
+        sizes = _checked_layer_sizes(config.get("layer_sizes", (32, 32, 1)))
+        contexts = 2 ** _checked_context_dim(config.get("context_dim", 4))
         glns = 1 if classes == 2 else classes
         inputs = [1 + k for k in (features, *sizes[:-1])]
         weights = sum(glns * k * contexts * i for k, i in zip(sizes, inputs, strict=True))
@@ -303,7 +301,7 @@ class GLN:
             index = int(np.argmin(valid))
             raise ValueError(
                 f"labels must be class indices in [0, {self.num_classes}); "
-                f"label {index} is {labels[index]!r}"
+                f"label {index} is {labels[index].item()!r}"
             )
         return X32, as_float.astype(np.int64)
 
@@ -651,6 +649,24 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def _checked_layer_sizes(layer_sizes: Any) -> tuple[int, ...]:
+    """Neurons per layer as a tuple of positive ints ending in the single output neuron."""
+    if isinstance(layer_sizes, str | bytes) or not isinstance(layer_sizes, Sequence):
+        raise ValueError(f"layer_sizes must be a sequence of ints, got {layer_sizes!r}")
+    sizes = tuple(_positive_int(f"layer_sizes[{i}]", k) for i, k in enumerate(layer_sizes))
+    if not sizes or sizes[-1] != 1:
+        raise ValueError(f"layer_sizes must end in a single neuron (1), got {list(sizes)}")
+    return sizes
+
+
+def _checked_context_dim(context_dim: Any) -> int:
+    """m as a positive int small enough that a neuron's 2^m weight rows stay addressable."""
+    m = _positive_int("context_dim", context_dim)
+    if m > 16:
+        raise ValueError(f"context_dim must be <= 16 (2^m weight rows), got {context_dim}")
+    return m
 
 
 def _float_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:

@@ -12,6 +12,7 @@ subclasses that carry their status code; routes never translate exceptions thems
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +52,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# What a client may put in a model's config: GLN's arguments, less the server's own choices
+# (the device) and the library's test switch (use_kernels, which a snapshot does not keep).
+CONFIG_KEYS = frozenset(inspect.signature(GLN).parameters) - {"device", "use_kernels"}
 
 # Requests with more numbers than this are converted and checked in a thread, not the loop.
 _INLINE_CHECK_VALUES = 20_000
@@ -169,6 +174,12 @@ class ModelRegistry:
         if "device" in config:
             raise InvalidRequest(
                 "config: 'device' is chosen by the server (GLN_DEVICE), leave it out"
+            )
+        unknown = sorted(set(config) - CONFIG_KEYS)
+        if unknown:
+            raise InvalidRequest(
+                f"config: unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
+                f"{', '.join(sorted(CONFIG_KEYS))}"
             )
         async with self._names_lock:
             if name in self._models or name in self._failed:

@@ -193,11 +193,33 @@ def test_constant_features_never_produce_nan():
      ({"pred_clip": 0.5}, "pred_clip"), ({"weight_clip": 0}, "weight_clip"),
      ({"bias": 0.5}, "bias"), ({"bias": 0.999}, "bias"),
      ({"input_scaling": "minmax"}, "input_scaling"), ({"device": "tpu"}, "device"),
-     ({"seed": 1.5}, "seed")],
+     ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"layer_sizes": ()}, "layer_sizes"),
+     ({"layer_sizes": (4, 0, 1)}, r"layer_sizes\[1\]"), ({"context_dim": 17}, "context_dim"),
+     ({"image_shape": (2, -3)}, r"image_shape\[1\]")],
 )
 def test_invalid_configuration_names_the_argument(overrides, name):
     with pytest.raises(ValueError, match=name):
         small_model(**overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"layer_sizes": ()}, {"layer_sizes": (4, 2)}, {"layer_sizes": (4, 0, 1)},
+     {"layer_sizes": "41"}, {"context_dim": 17}, {"num_classes": 0}],
+)
+def test_the_size_estimate_refuses_what_the_constructor_refuses(overrides):
+    """A host sizes a config before building it, so both must give the same message."""
+    config = {"num_features": 6, **overrides}
+    with pytest.raises(ValueError) as estimated:
+        GLN.estimate_nbytes(config)
+    with pytest.raises(ValueError) as built:
+        GLN(**config)
+    assert str(estimated.value) == str(built.value)
+
+
+def test_a_bad_label_is_shown_as_the_client_wrote_it():
+    with pytest.raises(ValueError, match=r"label 1 is 7$"):
+        small_model().learn(np.zeros((2, 6)), np.array([0, 7]))
 
 
 @pytest.mark.parametrize("num_classes", [2, 3])

@@ -79,7 +79,12 @@ async def test_create_accepts_the_whole_name_alphabet(
         ({"num_features": 0, "num_classes": 2}, "num_features"),
         ({"num_features": 3, "num_classes": 1}, "num_classes"),
         ({"num_features": 3, "layer_sizes": [4, 2]}, "layer_sizes"),
-        ({"num_features": 3, "bogus_option": 1}, "bogus_option"),
+        ({"num_features": 3, "bogus_option": 1}, "unknown key(s) 'bogus_option'"),
+        ({"num_features": 3, "use_kernels": False}, "unknown key(s) 'use_kernels'"),
+        ({"num_features": 3, "layer_sizes": []}, "layer_sizes must end in a single neuron"),
+        ({"num_features": 3, "layer_sizes": [4, 0, 1]}, "layer_sizes[1]"),
+        ({"num_features": 3, "context_dim": 17}, "context_dim must be <= 16"),
+        ({"num_features": 3, "seed": -1}, "seed must be >= 0"),
         ({"num_features": 3, "device": "cuda"}, "device"),
     ],
 )

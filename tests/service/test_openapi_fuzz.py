@@ -149,7 +149,6 @@ _CONFIG = st.fixed_dictionaries(
                                  st.sampled_from(["none", 1, None])),
         "min_std": _mostly(st.floats(1e-6, 1.0), _BAD_FLOAT),
         "seed": _mostly(st.integers(0, 2**64), _BAD_INT),
-        "use_kernels": st.sampled_from([True, False]),
     },
 )
 _CREATE = st.fixed_dictionaries({
