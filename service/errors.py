@@ -30,6 +30,21 @@ class InvalidRequest(RegistryError):
     status_code = 422
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """A learn request's Idempotency-Key was logged with other rows or labels: not a retry.
+
+    Answering it as a duplicate would drop its data without a word; learning it would break
+    the key's promise. So it is refused, and nothing of it is learned.
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was already used for a learn request with other rows or "
+            "labels, and that request was learned; nothing of this one was learned. A retry "
+            "must repeat the original request exactly; send new data with a new key"
+        )
+
+
 class Unavailable(RegistryError):
     """Not restored yet, or the snapshot store or the write-ahead log cannot be reached."""
 

@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gln import GLN
-from service.errors import ModelNotFound, RegistryError, Unavailable
+from service.errors import IdempotencyKeyReused, ModelNotFound, RegistryError, Unavailable
 from service.metrics import ServiceMetrics
 from service.online_stats import OnlineStats
 from service.pending import PendingPredictions
 from service.settings import Settings
 from service.store import SnapshotInfo, SnapshotStore
-from service.wal import LogEntry, WriteAheadLog
+from service.wal import LogEntry, WriteAheadLog, request_digest
 
 # Snapshot metadata key: id of the last log entry the snapshot's weights include.
 WAL_ID = "wal_id"
@@ -99,28 +99,30 @@ class LearnResult:
 class _AnswerCache:
     """The original answers of the newest keyed learn requests, at most ``max_rows`` rows.
 
-    Lets a retry get exactly what the original request got. Touched only under the model
-    lock (worker thread, replay).
+    Lets a retry get exactly what the original request got, and (without a log) tells a retry
+    from a reused key by the request's digest. Touched only under the model lock (worker
+    thread, replay).
     """
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self._answers: OrderedDict[str, LearnResult] = OrderedDict()
+        self._answers: OrderedDict[str, tuple[LearnResult, str | None]] = OrderedDict()
         self._rows = 0
 
-    def put(self, key: str, result: LearnResult) -> None:
+    def put(self, key: str, result: LearnResult, digest: str | None) -> None:
         if result.rows > self.max_rows:
             return
         old = self._answers.pop(key, None)
         if old is not None:
-            self._rows -= old.rows
-        self._answers[key] = result
+            self._rows -= old[0].rows
+        self._answers[key] = (result, digest)
         self._rows += result.rows
         while self._rows > self.max_rows:
-            _, dropped = self._answers.popitem(last=False)
+            _, (dropped, _) = self._answers.popitem(last=False)
             self._rows -= dropped.rows
 
-    def get(self, key: str) -> LearnResult | None:
+    def get(self, key: str) -> tuple[LearnResult, str | None] | None:
+        """The original answer and its request's digest (None if not known)."""
         return self._answers.get(key)
 
 
@@ -138,6 +140,7 @@ class _Job:
     future: asyncio.Future[Any]
     key: str | None = None  # LEARN: idempotency key
     scored: np.ndarray | None = None  # LEARN: predictions to score instead of prequential ones
+    digest: str | None = None  # LEARN with a key: request_digest(X, y), set by the worker
 
 
 @dataclass
@@ -147,7 +150,7 @@ class _GroupResult:
     jobs: list[_Job]
     output: np.ndarray | None = None  # PREDICT/EXPLAIN: rows in job order
     error: Exception | None = None
-    learned: list[LearnResult] | None = None  # LEARN: one per job
+    learned: list[LearnResult | RegistryError] | None = None  # LEARN: one per job
     losses: np.ndarray | None = None  # LEARN: prequential log loss per newly learned row
     correct: np.ndarray | None = None  # LEARN: prequential argmax == label, same rows
 
@@ -330,7 +333,7 @@ class ModelEntry:
     def _learn_group(self, group: _GroupResult) -> None:
         """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
         jobs = group.jobs
-        learned: list[LearnResult | None] = [None] * len(jobs)
+        learned: list[LearnResult | RegistryError | None] = [None] * len(jobs)
         copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
         if self.wal is not None and self._log_in_doubt:
             self._catch_up_or_refuse()
@@ -353,12 +356,12 @@ class ModelEntry:
                 )
                 learned[i] = result
                 if job.key is not None:
-                    self._answers.put(job.key, result)
+                    self._answers.put(job.key, result, job.digest)
                 offset += n
             group.losses, group.correct = losses, correct
         for i, first in copies:
             original = learned[first]
-            assert original is not None
+            assert isinstance(original, LearnResult)
             learned[i] = dataclasses.replace(original, duplicate=True)
         group.learned = [result for result in learned if result is not None]
         assert len(group.learned) == len(jobs)
@@ -375,31 +378,37 @@ class ModelEntry:
         return start, probs, *_score(probs, y)
 
     def _sort_out_duplicates(
-        self, jobs: list[_Job], learned: list[LearnResult | None],
+        self, jobs: list[_Job], learned: list[LearnResult | RegistryError | None],
         copies: list[tuple[int, int]],
     ) -> list[int]:
-        """(model lock) Indices of jobs to learn; fill in the answers of the retried ones.
+        """(model lock) Indices of jobs to learn; answer the retried ones and refuse reused keys.
 
-        The log knows every key within its TTL. Without a log, only the keys whose answers are
-        still in memory are recognised (and a restart forgets them).
+        A keyed request whose key is known is a retry when its rows and labels have the
+        digest the key was logged with: it gets the original answer, marked duplicate. With
+        other rows or labels it is refused (422) and nothing of it is learned. The log knows
+        every key within its TTL. Without a log, only the keys whose answers are still in
+        memory are recognised (and a restart forgets them).
         """
         keyed = [i for i, job in enumerate(jobs) if job.key is not None]
         if not keyed:
             return list(range(len(jobs)))
-        known: dict[int, LearnResult] = {}
+        for i in keyed:
+            jobs[i].digest = request_digest(jobs[i].X, jobs[i].y)
+        known: dict[int, LearnResult | RegistryError] = {}
         if self.wal is not None:
             try:
-                logged = self.wal.seen_keys(self.name, [jobs[i].key for i in keyed])
+                logged = self.wal.logged_requests(self.name, [jobs[i].key for i in keyed])
             except Exception as exc:
                 raise self._log_unavailable(exc) from exc
-            for i, log_id in zip(keyed, logged, strict=True):
-                if log_id is not None:
-                    known[i] = self._duplicate_answer(jobs[i].key, len(jobs[i].X), log_id)
+            for i, found in zip(keyed, logged, strict=True):
+                if found is not None:
+                    known[i] = self._answer_to_retry(jobs[i], found.entry_id, found.digest)
         else:
             for i in keyed:
-                original = self._answers.get(jobs[i].key)
-                if original is not None:
-                    known[i] = dataclasses.replace(original, duplicate=True)
+                cached = self._answers.get(jobs[i].key)
+                if cached is not None:
+                    original, digest = cached
+                    known[i] = self._answer_to_retry(jobs[i], original.log_id, digest)
         first_with: dict[str, int] = {}
         fresh = []
         for i, job in enumerate(jobs):
@@ -409,18 +418,32 @@ class ModelEntry:
             elif i in known:
                 learned[i] = known[i]
             elif key in first_with:
-                copies.append((i, first_with[key]))
+                first = jobs[first_with[key]]
+                if first.digest == job.digest:
+                    copies.append((i, first_with[key]))
+                else:
+                    learned[i] = IdempotencyKeyReused(key)
             else:
                 first_with[key] = i
                 fresh.append(i)
-        self._metrics.learn_duplicates.inc(len(jobs) - len(fresh))
+        refused = sum(isinstance(answer, RegistryError) for answer in learned)
+        self._metrics.learn_duplicates.inc(len(jobs) - len(fresh) - refused)
         return fresh
 
-    def _duplicate_answer(self, key: str, rows: int, log_id: str | None) -> LearnResult:
-        original = self._answers.get(key)
-        if original is not None and original.log_id == log_id:
-            return dataclasses.replace(original, duplicate=True)
-        return LearnResult(None, None, None, rows, duplicate=True, log_id=log_id)
+    def _answer_to_retry(
+        self, job: _Job, log_id: str | None, digest: str | None
+    ) -> LearnResult | RegistryError:
+        """The duplicate answer for a known key, or the refusal when its data differ.
+
+        A key logged without a digest (an older log) is taken as a retry, as it was then.
+        """
+        assert job.key is not None
+        if digest is not None and digest != job.digest:
+            return IdempotencyKeyReused(job.key)
+        cached = self._answers.get(job.key)
+        if cached is not None and cached[0].log_id == log_id:
+            return dataclasses.replace(cached[0], duplicate=True)
+        return LearnResult(None, None, None, len(job.X), duplicate=True, log_id=log_id)
 
     def _append(self, jobs: list[_Job], X: np.ndarray, y: np.ndarray) -> str:
         """(model lock) Log the run as one entry; 503 (Unavailable) if the log fails.
@@ -433,7 +456,8 @@ class ModelEntry:
         t0 = time.perf_counter()
         try:
             entry_id = self.wal.append(
-                self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs]
+                self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
+                [job.digest for job in jobs],
             )
         except Exception as exc:
             self._metrics.wal_append_errors.inc()
@@ -486,13 +510,15 @@ class ModelEntry:
         self._metrics.wal_replayed_examples.inc(len(entry.labels))
         if len(entry.request_rows) != len(entry.idempotency_keys):
             return
+        digests = entry.request_digests or (None,) * len(entry.idempotency_keys)
         offset = 0
-        for key, n in zip(entry.idempotency_keys, entry.request_rows, strict=True):
+        for key, n, digest in zip(entry.idempotency_keys, entry.request_rows, digests,
+                                  strict=True):
             if key is not None:
                 self._answers.put(key, LearnResult(
                     start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
                     log_id=entry.id,
-                ))
+                ), digest)
             offset += n
 
     def replay_log(self) -> int:
@@ -522,7 +548,11 @@ class ModelEntry:
                         int(group.correct.sum()),
                     )
                 for job, result in zip(group.jobs, group.learned, strict=True):
-                    if not job.future.done():
+                    if job.future.done():
+                        continue
+                    if isinstance(result, RegistryError):
+                        job.future.set_exception(result)
+                    else:
                         job.future.set_result(result)
                 continue
             assert group.output is not None

@@ -174,8 +174,9 @@ IDEMPOTENCY_HEADER = {
     "required": False,
     "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,200}$"},
     "description": "Names this request (1-200 visible ASCII characters): a retry with the "
-    "same key is answered as a duplicate and not learned twice (remembered for "
-    "GLN_IDEMPOTENCY_TTL_S).",
+    "same key and the same rows and labels is answered as a duplicate and not learned twice "
+    "(remembered for GLN_IDEMPOTENCY_TTL_S); the key sent again with other rows or labels is "
+    "refused with 422.",
 }
 
 
@@ -198,7 +199,8 @@ async def learn(name: str, request: Request) -> Response:
     """Learn the rows in order; each row is first predicted (prequential), then learned.
 
     The rows are in the write-ahead log before the answer is sent. A retry carrying the same
-    Idempotency-Key is not learned again (``duplicate``: true).
+    Idempotency-Key is not learned again (``duplicate``: true); a used key sent with other rows
+    or labels is refused (422) and nothing of that request is learned.
     """
     registry = registry_of(request)
     key = idempotency_key(request)

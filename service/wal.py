@@ -16,9 +16,11 @@ Two implementations share the :class:`WriteAheadLog` interface:
   length and CRC-32, fsynced on every append.
 
 Entries carry raw array bytes plus their dtype and shape, never pickles. An append may carry
-idempotency keys (one per request of the chunk, or None for a request without one); the log
-remembers for ``idempotency_ttl_s`` seconds which entry each key was logged with, so a
-retried request can be recognised (:meth:`WriteAheadLog.seen_key`) and not learned twice.
+idempotency keys (one per request of the chunk, or None for a request without one) and each
+keyed request's :func:`request_digest`; the log remembers for ``idempotency_ttl_s`` seconds
+which entry each key was logged with, and the digest, so a retried request can be recognised
+(:meth:`WriteAheadLog.seen_key`) and not learned twice, and a key reused for other data told
+from a retry (:meth:`WriteAheadLog.logged_requests`).
 
 Entry ids are strings, opaque to callers: Redis stream ids (``"1712345678901-0"``) or, in
 files, decimal counters (``"1"``, ``"2"``, ...). Ids only ever increase for a model, also
@@ -39,6 +41,7 @@ across trims and restarts; :meth:`WriteAheadLog.delete` starts a model's log afr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -50,7 +53,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import redis
@@ -69,6 +72,7 @@ __all__ = [
     "Durability",
     "FileWriteAheadLog",
     "LogEntry",
+    "LoggedRequest",
     "RedisWriteAheadLog",
     "WalCorruptError",
     "WalDurabilityError",
@@ -76,6 +80,7 @@ __all__ = [
     "WriteAheadLog",
     "check_idempotency_key",
     "open_wal",
+    "request_digest",
 ]
 
 DEFAULT_IDEMPOTENCY_TTL_S = 24 * 3600.0
@@ -90,6 +95,7 @@ _FORMAT = 1
 """Version of the entry encoding (JSON header + raw array bytes); bumped on any change."""
 
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,200}")
+_DIGEST_RE = re.compile(r"[0-9a-f]{1,128}")
 _REDIS_ID_RE = re.compile(r"(\d+)-(\d+)")
 _FILE_ID_RE = re.compile(r"\d+")
 _U64_MAX = 2**64 - 1
@@ -129,6 +135,17 @@ class LogEntry:
     idempotency_keys: tuple[str | None, ...] = ()
     created_at: float = 0.0
     request_rows: tuple[int, ...] = ()  # rows of each request in the chunk, if logged
+    request_digests: tuple[str | None, ...] = ()  # each request's request_digest, if logged
+
+
+class LoggedRequest(NamedTuple):
+    """What the log remembers of an idempotency key: its entry, and its request's digest.
+
+    ``digest`` is None when the append carried none (a log written before digests were kept).
+    """
+
+    entry_id: str
+    digest: str | None
 
 
 @runtime_checkable
@@ -142,6 +159,7 @@ class WriteAheadLog(Protocol):
         labels: np.ndarray,
         idempotency_keys: Sequence[str | None] | None = None,
         request_rows: Sequence[int] | None = None,
+        request_digests: Sequence[str | None] | None = None,
     ) -> str:
         """Log one chunk (``features`` (n, d) floats, ``labels`` (n,) ints) durably; its id.
 
@@ -150,6 +168,8 @@ class WriteAheadLog(Protocol):
         :meth:`seen_keys` first so that a retried request is not logged (or learned) again.
         ``request_rows`` (optional, one count per request, summing to n) records how the
         chunk splits into requests, so that a replay can give each request its own answer.
+        ``request_digests`` (optional, one per request, like the keys) is remembered with
+        each key, so that :meth:`logged_requests` can tell a retry from a reused key.
         """
         ...
 
@@ -174,6 +194,12 @@ class WriteAheadLog(Protocol):
 
     def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
         """:meth:`seen_key` for many keys at once (None stays None), in one round trip."""
+        ...
+
+    def logged_requests(
+        self, name: str, keys: Sequence[str | None]
+    ) -> list[LoggedRequest | None]:
+        """Entry and digest of each key logged within the TTL (None otherwise), in one trip."""
         ...
 
     def delete(self, name: str) -> None:
@@ -213,6 +239,37 @@ def _check_keys(keys: Sequence[str | None] | None) -> list[str | None]:
     return [None if k is None else check_idempotency_key(k) for k in keys]
 
 
+def request_digest(features: np.ndarray, labels: np.ndarray) -> str:
+    """A fingerprint of one request's rows and labels, as float32 and int64 values.
+
+    Kept with the request's idempotency key: a retry has the same digest, other data sent
+    under a used key does not. The same values in another dtype or byte order give the same
+    digest (the service checks rows as float32 before it logs them).
+    """
+    x = np.ascontiguousarray(features, dtype="<f4")
+    y = np.ascontiguousarray(labels, dtype="<i8")
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps([list(x.shape), list(y.shape)]).encode())
+    digest.update(memoryview(x).cast("B"))
+    digest.update(memoryview(y).cast("B"))
+    return digest.hexdigest()
+
+
+def _check_digests(
+    digests: Sequence[str | None] | None, keys: list[str | None]
+) -> list[str | None]:
+    """Digests aligned with ``keys`` (all None when not given); ValueError if malformed."""
+    if digests is None:
+        return [None] * len(keys)
+    checked = list(digests)
+    if len(checked) != len(keys):
+        raise ValueError(f"request_digests has {len(checked)} items for {len(keys)} keys")
+    for digest in checked:
+        if digest is not None and (not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest)):
+            raise ValueError(f"a request digest must be lowercase hex, got {digest!r}")
+    return checked
+
+
 def _little_endian(a: np.ndarray) -> np.ndarray:
     """``a`` as a C-contiguous array in little-endian byte order (a copy only if needed)."""
     if a.dtype.byteorder == ">":
@@ -235,6 +292,7 @@ def _encode_entry(
     keys: list[str | None],
     created_at: float,
     request_rows: Sequence[int] | None = None,
+    digests: Sequence[str | None] = (),
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """Check the arrays; return the entry's JSON-able header and the two raw byte strings."""
     if not isinstance(features, np.ndarray) or features.ndim != 2 or features.dtype.kind != "f":
@@ -262,6 +320,8 @@ def _encode_entry(
     rows = _check_request_rows(request_rows, len(labels))
     if rows:
         header["rows"] = rows
+    if any(digest is not None for digest in digests):
+        header["digests"] = list(digests)
     return header, x.tobytes(), y.tobytes()
 
 
@@ -290,6 +350,7 @@ def _decode_entry(
         keys = tuple(header.get("keys") or ())
         created_at = float(header.get("t", 0.0))
         rows = tuple(int(r) for r in header.get("rows") or ())
+        digests = tuple(None if d is None else str(d) for d in header.get("digests") or ())
     except WalCorruptError:
         raise
     except (TypeError, ValueError) as exc:
@@ -298,7 +359,9 @@ def _decode_entry(
         raise WalCorruptError(f"entry {entry_id}: shapes {features.shape} and {labels.shape}")
     if rows and sum(rows) != len(labels):
         raise WalCorruptError(f"entry {entry_id}: request rows {rows} for {len(labels)} labels")
-    return LogEntry(entry_id, features, labels, keys, created_at, rows)
+    if digests and len(digests) != len(keys):
+        raise WalCorruptError(f"entry {entry_id}: {len(digests)} digests for {len(keys)} keys")
+    return LogEntry(entry_id, features, labels, keys, created_at, rows, digests)
 
 
 def _check_ttl(idempotency_ttl_s: float) -> float:
@@ -334,13 +397,18 @@ def _server_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-# XADD, then SET every idempotency key to the new entry's id: one script, so the entry and its
-# keys land together (a MULTI cannot feed XADD's generated id into the SETs).
-# KEYS: stream, idempotency keys...; ARGV: key TTL in ms, meta JSON, features, labels.
+# XADD, then SET every idempotency key to the new entry's id (and its request's digest, if
+# any): one script, so the entry and its keys land together (a MULTI cannot feed XADD's
+# generated id into the SETs).
+# KEYS: stream, idempotency keys...; ARGV: key TTL in ms, meta JSON, features, labels, then
+# one digest per idempotency key ('' for none).
 _APPEND_LUA = """
 local id = redis.call('XADD', KEYS[1], '*', 'meta', ARGV[2], 'x', ARGV[3], 'y', ARGV[4])
 for i = 2, #KEYS do
-  redis.call('SET', KEYS[i], id, 'PX', ARGV[1], 'NX')
+  local digest = ARGV[i + 3]
+  local value = id
+  if digest ~= '' then value = id .. ' ' .. digest end
+  redis.call('SET', KEYS[i], value, 'PX', ARGV[1], 'NX')
 end
 return id
 """
@@ -363,11 +431,12 @@ class RedisWriteAheadLog(_RedisClient):
 
         p:wal:n             stream; one entry per chunk: fields meta (JSON), x, y (raw bytes)
         p:wal:n:trimmed     id of the last entry trimmed away (to detect replay gaps)
-        p:wal:n:key:K       entry id that idempotency key K was logged with (expires)
+        p:wal:n:key:K       "id digest": the entry idempotency key K was logged with, and its
+                            request's digest (just "id" without one); expires
 
     An append is one server-side script doing the XADD and a ``SET ... PX ttl NX`` per key
-    (value: the new entry id), so an entry and its keys land (and persist) together, in one
-    round trip. ``durability`` decides when it returns:
+    (value: the new entry id and the request's digest), so an entry and its keys land (and
+    persist) together, in one round trip. ``durability`` decides when it returns:
 
     * ``"everysec"``: as soon as Redis has it in memory. What survives a crash of Redis is
       then whatever its own persistence keeps: with ``appendonly yes`` and the default
@@ -469,6 +538,7 @@ class RedisWriteAheadLog(_RedisClient):
         labels: np.ndarray,
         idempotency_keys: Sequence[str | None] | None = None,
         request_rows: Sequence[int] | None = None,
+        request_digests: Sequence[str | None] | None = None,
     ) -> str:
         """XADD the chunk and SET its idempotency keys in one atomic script; the entry id.
 
@@ -479,17 +549,23 @@ class RedisWriteAheadLog(_RedisClient):
         """
         stream = self._stream_key(name)
         keys = _check_keys(idempotency_keys)
-        header, x, y = _encode_entry(features, labels, keys, time.time(), request_rows)
+        digests = _check_digests(request_digests, keys)
+        header, x, y = _encode_entry(features, labels, keys, time.time(), request_rows, digests)
         if not self._checked:
             with self._check_lock:
                 if not self._checked:
                     self.check_durability()
         ttl_ms = max(1, round(self.idempotency_ttl_s * 1000))
-        idem = [f"{stream}:key:{key}" for key in keys if key is not None]
+        keyed = [(key, digest) for key, digest in zip(keys, digests, strict=True)
+                 if key is not None]
+        idem = [f"{stream}:key:{key}" for key, _ in keyed]
+        idem_digests = [digest or "" for _, digest in keyed]
         # One connection for both commands: WAITAOF waits for *this connection's* writes.
         pipe = self._client.pipeline(transaction=False)
         self._append_script(
-            keys=[stream, *idem], args=[ttl_ms, json.dumps(header).encode(), x, y], client=pipe
+            keys=[stream, *idem],
+            args=[ttl_ms, json.dumps(header).encode(), x, y, *idem_digests],
+            client=pipe,
         )
         if self.durability == "waitaof":
             timeout_ms = max(1, round(self.waitaof_timeout_s * 1000))
@@ -572,14 +648,24 @@ class RedisWriteAheadLog(_RedisClient):
         return self.seen_keys(name, [key])[0]
 
     def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
+        """The entry ids of :meth:`logged_requests`."""
+        return [None if r is None else r.entry_id for r in self.logged_requests(name, keys)]
+
+    def logged_requests(
+        self, name: str, keys: Sequence[str | None]
+    ) -> list[LoggedRequest | None]:
         """One MGET for all keys; None for None keys and for keys not (or no longer) known."""
         checked = _check_keys(keys)
         wanted = [self._idem_key(name, k) for k in checked if k is not None]
         found = iter(self._client.mget(wanted) if wanted else [])
-        out: list[str | None] = []
+        out: list[LoggedRequest | None] = []
         for key in checked:
             value = None if key is None else next(found)
-            out.append(value.decode() if value else None)
+            if not value:
+                out.append(None)
+                continue
+            entry_id, _, digest = value.decode().partition(" ")
+            out.append(LoggedRequest(entry_id, digest or None))
         return out
 
     def delete(self, name: str) -> None:
@@ -658,7 +744,8 @@ class _FileState:
     records: list[_Record] = field(default_factory=list)
     last_id: int = 0
     trimmed_through: int = 0
-    keys: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (id, logged at)
+    # key -> (entry id, logged at, request digest or None)
+    keys: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
 
 
 class FileWriteAheadLog(_ClosingMixin):
@@ -763,8 +850,9 @@ class FileWriteAheadLog(_ClosingMixin):
                 raise ValueError("base record not at the start of the file")
             state.last_id = int(header["last_id"])
             state.trimmed_through = int(header["trimmed_through"])
-            for key, (entry_id, logged_at) in dict(header["keys"]).items():
-                state.keys[str(key)] = (int(entry_id), float(logged_at))
+            for key, (entry_id, logged_at, *digest) in dict(header["keys"]).items():
+                state.keys[str(key)] = (int(entry_id), float(logged_at),
+                                        str(digest[0]) if digest and digest[0] else None)
             return
         if kind != "entry":
             raise ValueError(f"unknown record kind {kind!r}")
@@ -776,15 +864,20 @@ class FileWriteAheadLog(_ClosingMixin):
             raise ValueError("array bytes do not match the header's dtypes and shapes")
         state.records.append(_Record(entry_id, offset, size))
         state.last_id = max(state.last_id, entry_id)  # a base record may name a later one
-        for key in header.get("keys") or ():
+        keys = header.get("keys") or ()
+        digests = header.get("digests") or [None] * len(keys)
+        for key, digest in zip(keys, digests, strict=True):
             if key is not None:
-                state.keys.setdefault(str(key), (entry_id, float(header["t"])))
+                logged = (entry_id, float(header["t"]), None if digest is None else str(digest))
+                state.keys.setdefault(str(key), logged)
 
-    def _key_live(self, state: _FileState, key: str, now: float) -> int | None:
+    def _key_live(
+        self, state: _FileState, key: str, now: float
+    ) -> tuple[int, float, str | None] | None:
         found = state.keys.get(key)
         if found is None or now - found[1] >= self.idempotency_ttl_s:
             return None
-        return found[0]
+        return found
 
     # -- the interface --------------------------------------------------------------------
 
@@ -795,11 +888,13 @@ class FileWriteAheadLog(_ClosingMixin):
         labels: np.ndarray,
         idempotency_keys: Sequence[str | None] | None = None,
         request_rows: Sequence[int] | None = None,
+        request_digests: Sequence[str | None] | None = None,
     ) -> str:
         """Write one record (after cutting off any torn tail), fsync it, return its id."""
         keys = _check_keys(idempotency_keys)
+        digests = _check_digests(request_digests, keys)
         now = time.time()
-        header, x, y = _encode_entry(features, labels, keys, now, request_rows)
+        header, x, y = _encode_entry(features, labels, keys, now, request_rows, digests)
         with self._state(name) as (state, path):
             entry_id = state.last_id + 1
             record = _frame({"kind": "entry", "id": entry_id, **header}, x, y)
@@ -818,9 +913,9 @@ class FileWriteAheadLog(_ClosingMixin):
             state.records.append(_Record(entry_id, state.end, len(record)))
             state.end += len(record)
             state.last_id = entry_id
-            for key in keys:
+            for key, digest in zip(keys, digests, strict=True):
                 if key is not None and self._key_live(state, key, now) is None:
-                    state.keys[key] = (entry_id, now)
+                    state.keys[key] = (entry_id, now, digest)
         return str(entry_id)
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
@@ -867,7 +962,7 @@ class FileWriteAheadLog(_ClosingMixin):
             kept = [r for r in state.records if r.id > cut]
             now = time.time()
             live = {
-                key: [found[0], found[1]]
+                key: list(found)
                 for key, found in state.keys.items()
                 if self._key_live(state, key, now) is not None
             }
@@ -900,7 +995,7 @@ class FileWriteAheadLog(_ClosingMixin):
             state.records = [_Record(r.id, r.offset + shift, r.size) for r in kept]
             state.end += shift
             state.trimmed_through = trimmed_through
-            state.keys = {key: (found[0], found[1]) for key, found in live.items()}
+            state.keys = {key: (found[0], found[1], found[2]) for key, found in live.items()}
 
     def last_id(self, name: str) -> str | None:
         """The newest id appended (kept across trims by the base record), None if none."""
@@ -912,12 +1007,18 @@ class FileWriteAheadLog(_ClosingMixin):
         return self.seen_keys(name, [key])[0]
 
     def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
-        """:meth:`seen_key` for each key (None stays None), from the in-memory index."""
+        """The entry ids of :meth:`logged_requests`."""
+        return [None if r is None else r.entry_id for r in self.logged_requests(name, keys)]
+
+    def logged_requests(
+        self, name: str, keys: Sequence[str | None]
+    ) -> list[LoggedRequest | None]:
+        """Each key's entry and digest (None for None and expired keys), from the index."""
         checked = _check_keys(keys)
         now = time.time()
         with self._state(name) as (state, _):
             found = [None if k is None else self._key_live(state, k, now) for k in checked]
-        return [None if f is None else str(f) for f in found]
+        return [None if f is None else LoggedRequest(str(f[0]), f[2]) for f in found]
 
     def delete(self, name: str) -> None:
         """Remove ``wal.log`` (and leftover temp files); the model directory if now empty."""

@@ -171,6 +171,80 @@ async def test_a_duplicate_after_a_restart_gets_the_original_answer_from_the_log
     assert info["examples_seen"] == 4
 
 
+@pytest.mark.parametrize("logged", [True, False])
+async def test_a_used_key_with_other_data_is_refused_and_nothing_is_learned(
+    tmp_path, serve, small_config, create_model, make_data, logged
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, wal_enabled=logged)
+    X, y = make_data(3)
+    key = {"Idempotency-Key": "order-17"}
+    other_rows = [[*X[0][:-1], X[0][-1] + 1.0], *X[1:]]
+    other_labels = [1 - y[0], *y[1:]]
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        first = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                  headers=key)
+        refused = [
+            await client.post("/v1/models/m/learn", json=body, headers=key)
+            for body in ({"features": other_rows, "labels": y},
+                         {"features": X, "labels": other_labels},
+                         {"features": X[:2], "labels": y[:2]})
+        ]
+        retry = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                  headers=key)
+        info = (await client.get("/v1/models/m")).json()
+        metrics = (await client.get("/metrics")).text
+    assert first.status_code == 200
+    assert [r.status_code for r in refused] == [422, 422, 422]
+    assert all("other rows or labels" in r.json()["detail"] for r in refused)
+    assert retry.status_code == 200 and retry.json() == {**first.json(), "duplicate": True}
+    assert info["examples_seen"] == 3
+    assert "gln_learn_duplicates_total 1.0" in metrics
+
+
+async def test_a_used_key_with_other_data_is_refused_after_a_restart(
+    store_settings: Settings, serve, small_config, create_model, make_data
+):
+    """The digest is kept with the key in the log (also across a trim), not only in memory."""
+    X, y = make_data(4)
+    key = {"Idempotency-Key": "k1"}
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/learn", json={"features": X, "labels": y}, headers=key)
+        await client.post("/v1/models/m/snapshot")  # trims the entry; the key stays
+        _skip_shutdown_snapshots(app)
+    async with serve(create_app(store_settings)) as client:
+        other = await client.post("/v1/models/m/learn",
+                                  json={"features": X[::-1], "labels": y[::-1]}, headers=key)
+        retry = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                  headers=key)
+        info = (await client.get("/v1/models/m")).json()
+    assert other.status_code == 422, other.text
+    assert retry.status_code == 200 and retry.json()["duplicate"] is True
+    assert info["examples_seen"] == 4
+
+
+async def test_the_same_key_with_other_data_in_one_chunk_is_refused(
+    settings: Settings, serve, small_config, create_model, make_data
+):
+    (X, y), (X2, y2) = make_data(2, seed=1), make_data(2, seed=2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        answers = await asyncio.gather(*(
+            client.post("/v1/models/m/learn", json={"features": rows, "labels": labels},
+                        headers={"Idempotency-Key": "same"})
+            for rows, labels in [(X, y), (X2, y2), (X, y), (X2, y2)]
+        ))
+        info = (await client.get("/v1/models/m")).json()
+    codes = [a.status_code for a in answers]
+    assert info["examples_seen"] == 2
+    learned = [a.json() for a in answers if a.status_code == 200]
+    assert sorted(b["duplicate"] for b in learned) == [False, True]
+    assert sorted(codes) == [200, 200, 422, 422]
+    assert codes[0] == codes[2] and codes[1] == codes[3]  # the two bodies, each in one piece
+
+
 @pytest.mark.parametrize("key", ["", "has space", "x" * 201, "é".encode()])
 async def test_a_malformed_idempotency_key_is_refused_before_learning(
     client, create_model, make_data, key

@@ -22,13 +22,16 @@ import redis
 from service.wal import (
     FileWriteAheadLog,
     LogEntry,
+    LoggedRequest,
     RedisWriteAheadLog,
     WalCorruptError,
     WalDurabilityError,
     WalGapError,
     WriteAheadLog,
+    _frame,
     _next_redis_id,
     open_wal,
+    request_digest,
 )
 from tests.redis_process import RedisProcess, free_port
 
@@ -235,6 +238,42 @@ def test_idempotency_keys_name_their_entry(wal: WriteAheadLog) -> None:
     assert wal.seen_keys("m", ["req-a", "req-c"]) == [first, second]
 
 
+def test_request_digests_are_kept_with_their_keys(backend: Backend) -> None:
+    wal = backend.make()
+    X, y = chunk(5)
+    digests = [request_digest(X[:2], y[:2]), None, request_digest(X[2:], y[2:])]
+    first = wal.append("m", X, y, ["a", None, "b"], [2, 1, 2], digests)
+    second = wal.append("m", *tagged(1), ["c"])  # a key without a digest
+    assert [e.request_digests for e in wal.read_after("m", None)] == [tuple(digests), ()]
+    expected = [LoggedRequest(first, digests[0]), LoggedRequest(first, digests[2]),
+                LoggedRequest(second, None), None]
+    assert wal.logged_requests("m", ["a", "b", "c", "d"]) == expected
+    wal.trim_through("m", second)  # keys and digests outlive their entries ...
+    wal.close()
+    reopened = backend.make()  # ... and a restart
+    assert reopened.logged_requests("m", ["a", "b", "c", "d"]) == expected
+    assert reopened.logged_requests("m", [None, "b"]) == [None, expected[1]]
+    with pytest.raises(ValueError, match="2 items for 1 keys"):
+        reopened.append("m", *tagged(2), ["e"], None, ["ab", "cd"])
+    with pytest.raises(ValueError, match="lowercase hex"):
+        reopened.append("m", *tagged(2), ["e"], None, ["not hex"])
+    assert reopened.logged_requests("m", ["e"]) == [None]
+    reopened.close()
+
+
+def test_request_digest_tells_data_apart_but_not_dtypes() -> None:
+    X, y = chunk(4)
+    digest = request_digest(X, y)
+    assert len(digest) == 32 and digest == request_digest(X.astype(">f8"), y.astype(np.int32))
+    changed = X.copy()
+    changed[3, 4] = np.nextafter(changed[3, 4], np.inf)
+    other_labels = y.copy()
+    other_labels[0] += 1
+    others = {request_digest(changed, y), request_digest(X, other_labels),
+              request_digest(X[:3], y[:3]), request_digest(X.reshape(2, 10), y[:2])}
+    assert digest not in others and len(others) == 4
+
+
 def test_idempotency_keys_expire(backend: Backend) -> None:
     wal = backend.make(idempotency_ttl_s=0.3)
     entry_id = wal.append("m", *tagged(1), ["k"])
@@ -380,6 +419,18 @@ def test_file_torn_tail_is_ignored_and_cut_off(tmp_path: Path, how: str) -> None
     assert tags(reopened.read_after("m", None)) == [0, 1, 2, 3]
 
 
+def test_file_keys_trimmed_before_digests_were_kept_still_count(tmp_path: Path) -> None:
+    """A base record from before digests lists each key as [id, time]: still a known key."""
+    (tmp_path / "m").mkdir()
+    base = {"kind": "base", "v": 1, "last_id": 3, "trimmed_through": 3,
+            "keys": {"old": [3, time.time()]}}
+    (tmp_path / "m" / "wal.log").write_bytes(_frame(base))
+    wal = FileWriteAheadLog(tmp_path)
+    assert wal.logged_requests("m", ["old"]) == [LoggedRequest("3", None)]
+    assert wal.append("m", *tagged(4)) == "4"
+    wal.close()
+
+
 def test_file_corruption_in_the_middle_is_refused(tmp_path: Path) -> None:
     wal = FileWriteAheadLog(tmp_path)
     for i in range(3):
@@ -450,9 +501,11 @@ def test_redis_layout_and_same_millisecond_trim(redis_url: str, redis_key_prefix
     wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix)
     client = redis.Redis.from_url(redis_url)
     ids = [wal.append("m", *tagged(i), ["k"]) for i in range(3)]
+    digested = wal.append("m", *tagged(3), ["j"], None, ["00ff"])
     stream = f"{redis_key_prefix}:wal:m"
-    assert client.type(stream) == b"stream" and client.xlen(stream) == 3
+    assert client.type(stream) == b"stream" and client.xlen(stream) == 4
     assert client.get(f"{stream}:key:k") == ids[0].encode()
+    assert client.get(f"{stream}:key:j") == f"{digested} 00ff".encode()
     assert 0 < client.pttl(f"{stream}:key:k") <= 24 * 3600 * 1000
     # Entries in the same millisecond differ only in the sequence part; trimming through the
     # first must keep the second.
@@ -460,7 +513,7 @@ def test_redis_layout_and_same_millisecond_trim(redis_url: str, redis_key_prefix
     for _ in range(2):
         pipe.xadd(stream, {b"filler": b""}, id=b"*")
     a, b = (i.decode() for i in pipe.execute())
-    wal.trim_through("m", ids[-1])
+    wal.trim_through("m", digested)
     assert [i.decode() for i, _ in client.xrange(stream)] == [a, b]
 
 
