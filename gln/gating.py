@@ -82,13 +82,15 @@ def exact_dots(xp: ModuleType, z: Any, normals: Any, rows: Any, planes: Any) -> 
 
 
 def halfspace_bits(
-    xp: ModuleType, z: Any, normals: Any, offsets: Any, dots: Callable[..., Any] | None = None
+    xp: ModuleType, z: Any, normals: Any, offsets: Any, dots: Callable[..., Any] | None = None,
+    products: Callable[..., Any] | None = None,
 ) -> Any:
     """``[z_t . v_p >= b_p]`` for every row t and hyperplane p, decided exactly: (n, P) bool.
 
-    ``dots(z, normals, rows, planes)`` computes the float64 re-checks (default: ``exact_dots``).
+    ``dots(z, normals, rows, planes)`` computes the float64 re-checks (default: ``exact_dots``);
+    ``products(z, normals)`` the float32 ``z @ normals.T`` (a new array; default: that product).
     """
-    margin = z @ normals.T
+    margin = products(z, normals) if products else z @ normals.T
     margin -= offsets
     bits = margin >= 0
     tolerance = rounding_tolerances(xp, z)
@@ -102,10 +104,11 @@ def halfspace_bits(
 
 def halfspace_contexts(
     xp: ModuleType, z: Any, normals: Any, offsets: Any, context_dim: int,
-    dots: Callable[..., Any] | None = None,
+    dots: Callable[..., Any] | None = None, products: Callable[..., Any] | None = None,
 ) -> Any:
     """Every neuron's context index for every row: (n, P / m) int32."""
-    return context_indices(xp, halfspace_bits(xp, z, normals, offsets, dots), context_dim)
+    bits = halfspace_bits(xp, z, normals, offsets, dots, products)
+    return context_indices(xp, bits, context_dim)
 
 
 def layer_contexts(

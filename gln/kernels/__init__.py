@@ -35,9 +35,9 @@ def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]
     """``f(z, normals, offsets, context_dim, num_glns, layer_sizes)``: each layer's (n, G, K_l)
     int32 context indices (``gln.gating.layer_contexts``) for ``xp``."""
     if use_kernels and xp is np:
-        from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
+        from gln.kernels.cpu_gating import cpu_layer_contexts  # noqa: PLC0415
 
-        return functools.partial(layer_contexts, xp, dots=cpu_exact_dots)
+        return cpu_layer_contexts
     if use_kernels and xp.__name__ == "cupy":
         from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415 - needs CuPy
 

@@ -29,6 +29,10 @@ _LOCK = threading.Lock()
 # Multiply-adds per call (examples x neurons x inputs) below which one thread does the work;
 # one MNIST-sized example (10 x 128 x 785) is about a million.
 PARALLEL_MIN_WORK = 2_000_000
+# Examples per call below which one thread does the work, however wide the layer: with few
+# examples a neuron's weights are not reused from the cache, the pass streams them from memory,
+# and a second thread adds contention, not speed.
+PARALLEL_MIN_ROWS = 16
 
 
 @numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
@@ -59,11 +63,11 @@ def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_cli
 
 
 @contextlib.contextmanager
-def _threads_for(work: int) -> Iterator[None]:
-    """Hold the kernel lock; use one thread when ``work`` is too small to share."""
+def _threads_for(work: int, rows: int) -> Iterator[None]:
+    """Hold the kernel lock; use one thread when ``work`` or ``rows`` is too small to share."""
     with _LOCK:
         threads = numba.get_num_threads()
-        if work < PARALLEL_MIN_WORK:
+        if work < PARALLEL_MIN_WORK or rows < PARALLEL_MIN_ROWS:
             numba.set_num_threads(1)
         try:
             yield
@@ -74,7 +78,7 @@ def _threads_for(work: int) -> Iterator[None]:
 def cpu_layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs):
     """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
     work = contexts.shape[0] * weights.shape[0] * weights.shape[1] * weights.shape[3]
-    with _threads_for(work):
+    with _threads_for(work, contexts.shape[0]):
         _layer_pass(
             weights, contexts, inputs, targets, rates,
             np.float32(pred_clip), np.float32(weight_clip), bool(learn), probs,

@@ -1,6 +1,7 @@
 """Halfspace sampling and context signatures."""
 
 import numpy as np
+import pytest
 
 from gln.gating import (
     context_indices,
@@ -9,7 +10,7 @@ from gln.gating import (
     restrict_to_windows,
     sample_halfspaces,
 )
-from gln.kernels import contexts_for
+from gln.kernels import contexts_for, cpu_gating
 
 
 def test_normals_are_uniform_on_the_unit_sphere_and_offsets_normal():
@@ -78,6 +79,66 @@ def test_cpu_kernel_contexts_match_the_reference_on_and_off_the_hyperplanes():
         assert all(np.array_equal(a[0], b[t]) for a, b in zip(alone, fused, strict=True))
     empty = cpu_layer_contexts(z[:0], normals, offsets, m, glns, layer_sizes)
     assert [a.shape for a in empty] == [(0, glns, k) for k in layer_sizes]
+
+
+@pytest.mark.parametrize("parts", [None, 2, 3, 7])
+def test_cpu_contexts_are_the_same_however_the_neurons_are_split(monkeypatch, parts):
+    """Every split, and the row-by-row products of a few rows, decides as the reference does."""
+    monkeypatch.setattr(cpu_gating, "SPLIT_MIN_WORK", 0)
+    monkeypatch.setattr(cpu_gating, "SPLIT_PARTS", parts)
+    rng = np.random.default_rng(4)
+    d, m, neurons = 150, 3, 20
+    normals, offsets = sample_halfspaces(rng, neurons * m, d, 1.0)
+    z = rng.normal(size=(40, d))
+    for t in range(0, 40, 2):  # every other row on a hyperplane: its decision is a re-check
+        v = normals[t % (neurons * m)].astype(np.float64)
+        z[t] += (offsets[t % (neurons * m)] - z[t] @ v) * v
+    z = z.astype(np.float32)
+    for n in (1, 2, 3, 4, 5, 40):
+        expected = halfspace_contexts(np, z[:n], normals, offsets, m)
+        got = cpu_gating.cpu_halfspace_contexts(z[:n], normals, offsets, m)
+        assert got.dtype == np.int32 and np.array_equal(got, expected), n
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info  # noqa: PLC0415
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_blas_is_held_to_one_thread_only_while_a_split_call_runs():
+    before = _blas_threads()
+    if not before:
+        pytest.skip("threadpoolctl finds no BLAS to limit")
+    blas = cpu_gating._SingleThreadedBlas()
+    first, second = blas.held(), blas.held()
+    first.__enter__()
+    second.__enter__()  # calls overlap: the limit lasts until the last one leaves
+    first.__exit__(None, None, None)
+    assert set(_blas_threads()) == {1}
+    second.__exit__(None, None, None)
+    assert _blas_threads() == before
+
+
+def test_a_failing_block_raises_and_gives_blas_its_threads_back(monkeypatch):
+    before = _blas_threads()
+    monkeypatch.setattr(cpu_gating, "SPLIT_MIN_WORK", 0)
+    monkeypatch.setattr(cpu_gating, "SPLIT_PARTS", 3)
+    calls = []
+
+    def failing(xp, z, normals, *args, **kwargs):
+        calls.append(normals.shape[0])
+        if len(calls) == 2:
+            raise RuntimeError("block failed")
+        return halfspace_contexts(xp, z, normals, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_gating, "halfspace_contexts", failing)
+    rng = np.random.default_rng(5)
+    normals, offsets = sample_halfspaces(rng, 6 * 2, 8, 1.0)
+    with pytest.raises(RuntimeError, match="block failed"):
+        cpu_gating.cpu_halfspace_contexts(rng.normal(size=(8, 8)).astype(np.float32),
+                                          normals, offsets, 2)
+    assert len(calls) == 3 and _blas_threads() == before
 
 
 def test_windowed_normals_are_uniform_on_a_random_square_inside_the_image():

@@ -326,6 +326,7 @@ def test_results_do_not_depend_on_the_kernel_thread_count(monkeypatch):
     blobs = []
     for threshold in (0, 10**12):  # every call parallel, then every call on one thread
         monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", threshold)
+        monkeypatch.setattr(cpu, "PARALLEL_MIN_ROWS", min(threshold, 16))
         model = small_model()
         model.learn(X, y)
         blobs.append(model.to_bytes())

@@ -1,0 +1,144 @@
+"""Halfspace gating on the CPU: a chunk's contexts on every core, without spinning BLAS threads.
+
+A chunk's contexts come from one float32 product, (n x d) rows by (d x P) hyperplanes
+(``gln.gating.halfspace_bits``). Left to itself, a threaded BLAS runs that product on every
+core and then keeps its threads spinning, waiting for more work; on a machine with few cores
+they take the cores from the Numba layer pass that comes next, which then runs at about half
+speed. So the hyperplanes are split into one block of whole neurons per thread instead; each
+block runs its product on single-threaded BLAS, in a thread of ours (BLAS and the Numba
+re-check release the GIL), together with the rest of its decisions: the float64 re-checks and
+the folding into context indices. Idle threads of ours wait without spinning.
+
+Every bit is decided exactly whatever the split (the re-checks settle each close margin in
+float64), so the contexts, and everything learned from them, are the same bytes.
+
+While a split call runs, BLAS is limited to one thread process-wide (threadpoolctl): other
+threads' matrix products then run on one core too, for that long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
+
+import numba
+import numpy as np
+
+from gln.gating import halfspace_contexts, split_by_layer
+from gln.kernels.cpu import cpu_exact_dots
+
+# Rows per call from which the hyperplanes are split over the threads. Fewer rows make a
+# product that streams the whole normals matrix from memory for little arithmetic: there one
+# matrix-vector product per row on the threaded BLAS is faster (its idle threads spin, but the
+# layer pass of so few rows runs on one thread and does not miss them).
+SPLIT_MIN_ROWS = 4
+# Multiply-adds per call (rows x hyperplanes x features) below which one thread decides every
+# context: a thread hop costs tens of microseconds. One MNIST example (10,280 planes of 784
+# inputs) is about eight million.
+SPLIT_MIN_WORK = 1_000_000
+# Blocks per split call; None: Numba's thread count (``numba.set_num_threads``).
+SPLIT_PARTS: int | None = None
+
+
+def row_products(z: np.ndarray, normals: np.ndarray) -> np.ndarray:
+    """``z @ normals.T`` as one matrix-vector product per row.
+
+    For a few rows, BLAS's matrix-matrix product packs the whole normals matrix for almost no
+    arithmetic; a matrix-vector product per row reads it as it is.
+    """
+    out = np.empty((z.shape[0], normals.shape[0]), dtype=np.float32)
+    for t in range(z.shape[0]):
+        np.matmul(normals, z[t], out=out[t])
+    return out
+
+
+class _SingleThreadedBlas:
+    """BLAS held to one thread while any caller is inside; callers may overlap and nest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._controller: Any = None
+        self._limiter: Any = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                if self._controller is None:
+                    import threadpoolctl  # noqa: PLC0415 - scans the loaded libraries once
+
+                    self._controller = threadpoolctl.ThreadpoolController()
+                self._limiter = self._controller.limit(limits=1, user_api="blas")
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._limiter.restore_original_limits()
+                    self._limiter = None
+
+
+_BLAS = _SingleThreadedBlas()
+_POOL_LOCK = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _POOL_LOCK:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max(numba.config.NUMBA_NUM_THREADS - 1, 1),
+                                       thread_name_prefix="gln-gating")
+        return _pool
+
+
+def cpu_halfspace_contexts(
+    z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int
+) -> np.ndarray:
+    """``gln.gating.halfspace_contexts``: for enough rows, the neurons split into
+    ``SPLIT_PARTS`` blocks, each on single-threaded BLAS, the first in the calling thread;
+    for a few rows, row by row."""
+    n, d = z.shape
+    neurons = normals.shape[0] // context_dim
+    work = n * normals.shape[0] * d
+    if n < SPLIT_MIN_ROWS:
+        return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots,
+                                  products=row_products)
+    threads = SPLIT_PARTS or numba.get_num_threads()
+    parts = min(threads, neurons) if work >= SPLIT_MIN_WORK else 1
+    if parts <= 1:
+        return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
+    bounds = np.linspace(0, neurons, parts + 1).astype(np.int64)
+    contexts = np.empty((n, neurons), dtype=np.int32)
+
+    def decide(first: int, last: int) -> None:
+        planes = slice(first * context_dim, last * context_dim)
+        contexts[:, first:last] = halfspace_contexts(
+            np, z, normals[planes], offsets[planes], context_dim, dots=cpu_exact_dots
+        )
+
+    blocks = list(zip(bounds[:-1], bounds[1:], strict=True))
+    with _BLAS.held():
+        others = [_executor().submit(decide, a, b) for a, b in blocks[1:]]
+        try:
+            decide(*blocks[0])
+        finally:
+            wait(others)
+        for block in others:
+            block.result()
+    return contexts
+
+
+def cpu_layer_contexts(
+    z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int, num_glns: int,
+    layer_sizes: Sequence[int],
+) -> list[np.ndarray]:
+    """``gln.gating.layer_contexts``, decided by :func:`cpu_halfspace_contexts`."""
+    indices = cpu_halfspace_contexts(z, normals, offsets, context_dim)
+    return split_by_layer(np, indices, num_glns, layer_sizes)
