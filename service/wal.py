@@ -372,6 +372,23 @@ def _check_ttl(idempotency_ttl_s: float) -> float:
     return float(idempotency_ttl_s)
 
 
+class _KeyLookups:
+    """``seen_key`` and ``seen_keys`` of a log, read off its ``logged_requests``."""
+
+    def logged_requests(
+        self, name: str, keys: Sequence[str | None]
+    ) -> list[LoggedRequest | None]:
+        raise NotImplementedError
+
+    def seen_key(self, name: str, key: str) -> str | None:
+        """The id of the entry logged with idempotency ``key`` within the TTL, else None."""
+        return self.seen_keys(name, [key])[0]
+
+    def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
+        """The entry ids of :meth:`logged_requests`."""
+        return [None if r is None else r.entry_id for r in self.logged_requests(name, keys)]
+
+
 # -- Redis --------------------------------------------------------------------------------------
 
 
@@ -424,7 +441,7 @@ return false
 """
 
 
-class RedisWriteAheadLog(_RedisClient):
+class RedisWriteAheadLog(_KeyLookups, _RedisClient):
     """The log as one Redis Stream per model, plus one short-lived key per idempotency key.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name)::
@@ -643,14 +660,6 @@ class RedisWriteAheadLog(_RedisClient):
             return None
         return found.decode()
 
-    def seen_key(self, name: str, key: str) -> str | None:
-        """GET ``p:wal:n:key:K``: the entry id, or None once the key expired."""
-        return self.seen_keys(name, [key])[0]
-
-    def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
-        """The entry ids of :meth:`logged_requests`."""
-        return [None if r is None else r.entry_id for r in self.logged_requests(name, keys)]
-
     def logged_requests(
         self, name: str, keys: Sequence[str | None]
     ) -> list[LoggedRequest | None]:
@@ -748,7 +757,7 @@ class _FileState:
     keys: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
 
 
-class FileWriteAheadLog(_ClosingMixin):
+class FileWriteAheadLog(_KeyLookups, _ClosingMixin):
     """The log as one append-only file per model: ``{directory}/{name}/wal.log``.
 
     Each record is ``[u32 length][u32 CRC-32][payload]`` (little-endian); the payload is a
@@ -962,7 +971,7 @@ class FileWriteAheadLog(_ClosingMixin):
             kept = [r for r in state.records if r.id > cut]
             now = time.time()
             live = {
-                key: list(found)
+                key: found
                 for key, found in state.keys.items()
                 if self._key_live(state, key, now) is not None
             }
@@ -995,20 +1004,12 @@ class FileWriteAheadLog(_ClosingMixin):
             state.records = [_Record(r.id, r.offset + shift, r.size) for r in kept]
             state.end += shift
             state.trimmed_through = trimmed_through
-            state.keys = {key: (found[0], found[1], found[2]) for key, found in live.items()}
+            state.keys = live
 
     def last_id(self, name: str) -> str | None:
         """The newest id appended (kept across trims by the base record), None if none."""
         with self._state(name) as (state, _):
             return str(state.last_id) if state.last_id else None
-
-    def seen_key(self, name: str, key: str) -> str | None:
-        """The entry id ``key`` was logged with, if within the TTL."""
-        return self.seen_keys(name, [key])[0]
-
-    def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
-        """The entry ids of :meth:`logged_requests`."""
-        return [None if r is None else r.entry_id for r in self.logged_requests(name, keys)]
 
     def logged_requests(
         self, name: str, keys: Sequence[str | None]

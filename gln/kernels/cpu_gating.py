@@ -105,13 +105,12 @@ def cpu_halfspace_contexts(
     ``SPLIT_PARTS`` blocks, each on single-threaded BLAS, the first in the calling thread;
     for a few rows, row by row."""
     n, d = z.shape
-    neurons = normals.shape[0] // context_dim
-    work = n * normals.shape[0] * d
     if n < SPLIT_MIN_ROWS:
         return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots,
                                   products=row_products)
+    neurons = normals.shape[0] // context_dim
     threads = SPLIT_PARTS or numba.get_num_threads()
-    parts = min(threads, neurons) if work >= SPLIT_MIN_WORK else 1
+    parts = min(threads, neurons) if n * normals.shape[0] * d >= SPLIT_MIN_WORK else 1
     if parts <= 1:
         return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
     bounds = np.linspace(0, neurons, parts + 1).astype(np.int64)
