@@ -1,15 +1,21 @@
-"""CPU learn and predict time per call size: gating on threads of our own against threaded BLAS.
+"""CPU learn and predict time per call size: the default gating against its two peers.
 
     python benchmarks/cpu_threads.py                    # the MNIST network, call sizes 1..256
 
-``gln.kernels.cpu_gating`` splits a call's halfspace products over threads of its own, each on
-single-threaded BLAS, and ``gln.kernels.cpu`` keeps calls of few rows on one thread. The peer
-("threaded_blas") is the way it was before: one product on the threaded BLAS (whose idle
-threads spin for a while afterwards) and the layer pass on every thread from 2M multiply-adds
-on. Both learn the same stream from the same weights, in alternating rounds, so the machine's
-load falls on both; between the two a pause lets the BLAS threads go idle. Prints one JSON line
+Three ways to decide a call's contexts, each with the layer pass as it is:
+
+* ``default``: calls of at most ``INT16_MAX_ROWS`` rows multiply with a 16-bit copy of the
+  normals on the kernel threads (``gln.kernels.cpu_int16_gating``); longer calls split their
+  float32 product over threads of their own, each on single-threaded BLAS
+  (``gln.kernels.cpu_gating``);
+* ``float32_split``: every call split that way (``INT16_MAX_ROWS = 0``);
+* ``threaded_blas``: one product on the threaded BLAS, whose idle threads spin for a while
+  afterwards.
+
+All learn the same stream from the same weights, in alternating rounds, so the machine's load
+falls on each; between two modes a pause lets spinning threads go idle. Prints one JSON line
 per mode with the median milliseconds per learn call for each call size, learn examples/s at
-the largest size, predict rows/s, and the bytes' agreement.
+the largest size, predict rows/s, and whether it learned the default's bytes.
 """
 
 from __future__ import annotations
@@ -32,25 +38,26 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gln.kernels.cpu as cpu_kernels  # noqa: E402
+import gln.kernels.cpu_gating as cpu_gating  # noqa: E402
 from gln import GLN  # noqa: E402
 from gln.gating import layer_contexts  # noqa: E402
 
-MODES = ("own_threads", "threaded_blas")
+MODES = ("default", "float32_split", "threaded_blas")
 
 
 @contextlib.contextmanager
 def mode_of(model: GLN, mode: str) -> Iterator[None]:
     """Run ``model`` as ``mode`` inside the block."""
-    if mode == "own_threads":
-        yield
-        return
-    saved_contexts, saved_rows = model._layer_contexts, cpu_kernels.PARALLEL_MIN_ROWS
-    model._layer_contexts = functools.partial(layer_contexts, np, dots=cpu_kernels.cpu_exact_dots)
-    cpu_kernels.PARALLEL_MIN_ROWS = 0
+    saved_contexts, saved_rows = model._layer_contexts, cpu_gating.INT16_MAX_ROWS
+    if mode == "float32_split":
+        cpu_gating.INT16_MAX_ROWS = 0
+    elif mode == "threaded_blas":
+        model._layer_contexts = functools.partial(layer_contexts, np,
+                                                  dots=cpu_kernels.cpu_exact_dots)
     try:
         yield
     finally:
-        model._layer_contexts, cpu_kernels.PARALLEL_MIN_ROWS = saved_contexts, saved_rows
+        model._layer_contexts, cpu_gating.INT16_MAX_ROWS = saved_contexts, saved_rows
 
 
 def time_mode(start: bytes, mode: str, X: np.ndarray, y: np.ndarray, sizes: list[int],
@@ -100,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in tqdm(range(args.rounds), desc="rounds", file=sys.stderr):
         for mode in MODES:
-            time.sleep(0.5)  # spinning BLAS threads of the mode before go idle
+            time.sleep(0.5)  # spinning threads of the mode before go idle
             runs[mode].append(time_mode(start, mode, X, y, sizes, args.calls, args.predict_rows))
 
     results = []
@@ -113,9 +120,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "learn_examples_per_second_at_largest": sizes[-1] / ms[sizes[-1]] * 1e3,
             "predict_rows_per_second": float(np.median(
                 [r["predict_rows_per_second"] for r in runs[mode]])),
-            "same_bytes_as_own_threads": all(
+            "same_bytes_as_default": all(
                 a["sha256"] == b["sha256"]
-                for a, b in zip(runs[mode], runs["own_threads"], strict=True)),
+                for a, b in zip(runs[mode], runs["default"], strict=True)),
             "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         })
     for result in results:

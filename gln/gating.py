@@ -83,19 +83,21 @@ def exact_dots(xp: ModuleType, z: Any, normals: Any, rows: Any, planes: Any) -> 
 
 def halfspace_bits(
     xp: ModuleType, z: Any, normals: Any, offsets: Any, dots: Callable[..., Any] | None = None,
-    products: Callable[..., Any] | None = None,
+    products: Callable[..., Any] | None = None, tolerances: Callable[..., Any] | None = None,
 ) -> Any:
     """``[z_t . v_p >= b_p]`` for every row t and hyperplane p, decided exactly: (n, P) bool.
 
     ``dots(z, normals, rows, planes)`` computes the float64 re-checks (default: ``exact_dots``);
-    ``products(z, normals)`` the float32 ``z @ normals.T`` (a new array; default: that product).
+    ``products(z, normals)`` the float32 ``z @ normals.T`` (a new array; default: that product);
+    ``tolerances(z)`` the margins, broadcastable to (n, P), within which the products' signs
+    are re-checked (default: ``rounding_tolerances``, which holds for any float32 product).
     """
     margin = products(z, normals) if products else z @ normals.T
     margin -= offsets
     bits = margin >= 0
-    tolerance = rounding_tolerances(xp, z)
+    tolerance = tolerances(z) if tolerances else rounding_tolerances(xp, z)[:, None]
     xp.abs(margin, out=margin)
-    rows, planes = xp.nonzero(margin <= tolerance[:, None])
+    rows, planes = xp.nonzero(margin <= tolerance)
     if rows.size:
         exact = dots(z, normals, rows, planes) if dots else exact_dots(xp, z, normals, rows, planes)
         bits[rows, planes] = exact >= offsets[planes].astype(xp.float64)
@@ -105,9 +107,10 @@ def halfspace_bits(
 def halfspace_contexts(
     xp: ModuleType, z: Any, normals: Any, offsets: Any, context_dim: int,
     dots: Callable[..., Any] | None = None, products: Callable[..., Any] | None = None,
+    tolerances: Callable[..., Any] | None = None,
 ) -> Any:
     """Every neuron's context index for every row: (n, P / m) int32."""
-    bits = halfspace_bits(xp, z, normals, offsets, dots, products)
+    bits = halfspace_bits(xp, z, normals, offsets, dots, products, tolerances)
     return context_indices(xp, bits, context_dim)
 
 

@@ -246,11 +246,14 @@ class GLN:
 
     @staticmethod
     def estimate_nbytes(config: dict[str, Any]) -> int:
-        """Bytes a model with this configuration will hold, computed without building it.
+        """Bytes a model with this configuration may hold, computed without building it.
 
         Lets a host refuse a configuration before allocating it. Needs ``num_features`` and
         optionally ``num_classes``, ``layer_sizes`` and ``context_dim`` (constructor defaults
         otherwise); raises the constructor's ``ValueError`` for any of them it would refuse.
+        Counts the 16-bit copy of the normals that a CPU model makes on its first call of a
+        few rows (``gln.kernels.cpu_int16_gating``): ``nbytes`` reaches this then, and stays
+        below it on a GPU.
         """
         features = _positive_int("num_features", config.get("num_features"))
         classes = _positive_int("num_classes", config.get("num_classes", 2))
@@ -260,14 +263,17 @@ class GLN:
         inputs = [1 + k for k in (features, *sizes[:-1])]
         weights = sum(glns * k * contexts * i for k, i in zip(sizes, inputs, strict=True))
         planes = glns * sum(sizes) * (contexts.bit_length() - 1)
-        return 4 * (weights + planes * features + planes) + 16 * features
+        int16_copy = 2 * planes * features + 20 * planes
+        return 4 * (weights + planes * features + planes) + 16 * features + int16_copy
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the model's arrays (weights, hyperplanes, statistics)."""
+        """Bytes held by the model's arrays (weights, hyperplanes, statistics, and on the CPU
+        the 16-bit copy of the normals once a short call has made it)."""
         arrays = [*self.weights, self.normals, self.offsets, self.moments.total,
                   self.moments.total_sq]
-        return int(sum(a.nbytes for a in arrays))
+        copies = getattr(self._layer_contexts, "nbytes", 0)  # CpuLayerContexts has one
+        return int(sum(a.nbytes for a in arrays)) + copies
 
     # ------------------------------------------------------------------ input checks
     def check_input(self, X: Any, y: Any = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -11,6 +11,7 @@ model's series when the model is deleted, so label values stay bounded by the li
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -148,12 +149,13 @@ class ServiceMetrics:
             self.labels_learned, self.labels_expired, self.labels_pending,
         )
 
-    def add_model(self, name: str, nbytes: int) -> None:
-        """Start a model's series at zero so dashboards show it before its first example."""
+    def add_model(self, name: str, nbytes: Callable[[], int]) -> None:
+        """Start a model's series at zero so dashboards show it before its first example;
+        its bytes are read at each scrape (a CPU model grows on its first short call)."""
         for metric in (self.examples_learned, self.log_loss, self.correct,
                        self.examples_predicted, self.labels_learned, self.labels_expired):
             metric.labels(model=name)
-        self.model_bytes.labels(model=name).set(nbytes)
+        self.model_bytes.labels(model=name).set_function(nbytes)
         self.labels_pending.labels(model=name).set(0)
 
     def _model_counters(self, name: str) -> _ModelCounters:

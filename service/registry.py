@@ -108,7 +108,7 @@ class ModelRegistry:
     def _add(self, entry: ModelEntry) -> None:
         self._models[entry.name] = entry
         entry.start()
-        self.metrics.add_model(entry.name, int(entry.model.nbytes))
+        self.metrics.add_model(entry.name, lambda: int(entry.model.nbytes))
         self.metrics.models_loaded.set(len(self._models))
 
     # -- readiness --
@@ -215,7 +215,10 @@ class ModelRegistry:
                 f"the server holds {len(self._models)} models, GLN_MAX_MODELS={limit}; "
                 "delete one first"
             )
-        held = sum(int(entry.model.nbytes) for entry in self._models.values())
+        # What each model may come to hold (a CPU model grows by a copy of its normals on
+        # its first short call), so a model admitted now never pushes the total past later.
+        held = sum(GLN.estimate_nbytes(entry.model.config_for_estimate())
+                   for entry in self._models.values())
         budget = self.settings.max_total_model_bytes
         if held + needed > budget:
             raise LimitExceeded(

@@ -79,7 +79,8 @@ class Settings(BaseSettings):
     )
     max_models: int = Field(1000, gt=0, description="Most models one server holds.")
     max_total_model_bytes: int = Field(
-        8192 * MIB, gt=0, description="Most bytes all models together may hold (GLN.nbytes)."
+        8192 * MIB, gt=0,
+        description="Most bytes all models together may hold (GLN.estimate_nbytes).",
     )
     api_token: SecretStr | None = Field(
         None, description="When set, POST and DELETE routes need 'Authorization: Bearer <token>'."

@@ -33,11 +33,12 @@ def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
 
 def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
     """``f(z, normals, offsets, context_dim, num_glns, layer_sizes)``: each layer's (n, G, K_l)
-    int32 context indices (``gln.gating.layer_contexts``) for ``xp``."""
+    int32 context indices (``gln.gating.layer_contexts``) for ``xp``. Call it once per model:
+    on the CPU it is a ``CpuLayerContexts``, which keeps a copy of that model's normals."""
     if use_kernels and xp is np:
-        from gln.kernels.cpu_gating import cpu_layer_contexts  # noqa: PLC0415
+        from gln.kernels.cpu_gating import CpuLayerContexts  # noqa: PLC0415
 
-        return cpu_layer_contexts
+        return CpuLayerContexts()
     if use_kernels and xp.__name__ == "cupy":
         from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415 - needs CuPy
 

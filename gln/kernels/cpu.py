@@ -26,13 +26,11 @@ import numpy as np
 
 _LOCK = threading.Lock()
 
-# Multiply-adds per call (examples x neurons x inputs) below which one thread does the work;
-# one MNIST-sized example (10 x 128 x 785) is about a million.
-PARALLEL_MIN_WORK = 2_000_000
-# Examples per call below which one thread does the work, however wide the layer: with few
-# examples a neuron's weights are not reused from the cache, the pass streams them from memory,
-# and a second thread adds contention, not speed.
-PARALLEL_MIN_ROWS = 16
+# Multiply-adds per call (examples x neurons x inputs) below which one thread does the work:
+# waking the pool's other threads costs more than they would take over, and more on a busy
+# machine, where they wait for a core. One MNIST-sized example is about a million in its first
+# layer (10 x 128 x 785) and 165,000 in its second.
+PARALLEL_MIN_WORK = 100_000
 
 
 @numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
@@ -63,11 +61,12 @@ def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_cli
 
 
 @contextlib.contextmanager
-def _threads_for(work: int, rows: int) -> Iterator[None]:
-    """Hold the kernel lock; use one thread when ``work`` or ``rows`` is too small to share."""
+def threads_for(work: int) -> Iterator[None]:
+    """Hold the kernel lock around a parallel Numba kernel; use one thread when ``work``
+    (multiply-adds) is too small to share."""
     with _LOCK:
         threads = numba.get_num_threads()
-        if work < PARALLEL_MIN_WORK or rows < PARALLEL_MIN_ROWS:
+        if work < PARALLEL_MIN_WORK:
             numba.set_num_threads(1)
         try:
             yield
@@ -78,7 +77,7 @@ def _threads_for(work: int, rows: int) -> Iterator[None]:
 def cpu_layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs):
     """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
     work = contexts.shape[0] * weights.shape[0] * weights.shape[1] * weights.shape[3]
-    with _threads_for(work, contexts.shape[0]):
+    with threads_for(work):
         _layer_pass(
             weights, contexts, inputs, targets, rates,
             np.float32(pred_clip), np.float32(weight_clip), bool(learn), probs,

@@ -14,12 +14,16 @@ float64), so the contexts, and everything learned from them, are the same bytes.
 
 While a split call runs, BLAS is limited to one thread process-wide (threadpoolctl): other
 threads' matrix products then run on one core too, for that long.
+
+Calls of a few rows, whose product is bound by reading the normals, not by arithmetic, take
+their products from a 16-bit copy of the normals instead (``gln.kernels.cpu_int16_gating``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
@@ -29,30 +33,18 @@ import numpy as np
 
 from gln.gating import halfspace_contexts, split_by_layer
 from gln.kernels.cpu import cpu_exact_dots
+from gln.kernels.cpu_int16_gating import Int16Normals, int16_halfspace_contexts, int16_normals
 
-# Rows per call from which the hyperplanes are split over the threads. Fewer rows make a
-# product that streams the whole normals matrix from memory for little arithmetic: there one
-# matrix-vector product per row on the threaded BLAS is faster (its idle threads spin, but the
-# layer pass of so few rows runs on one thread and does not miss them).
-SPLIT_MIN_ROWS = 4
+# Rows per call up to which the products come from the 16-bit normals on the kernel threads
+# (``gln.kernels.cpu_int16_gating``). A call of a few rows is bound by reading the normals;
+# from about 48 rows (MNIST's network, two cores) BLAS's product is faster.
+INT16_MAX_ROWS = 32
 # Multiply-adds per call (rows x hyperplanes x features) below which one thread decides every
 # context: a thread hop costs tens of microseconds. One MNIST example (10,280 planes of 784
 # inputs) is about eight million.
 SPLIT_MIN_WORK = 1_000_000
 # Blocks per split call; None: Numba's thread count (``numba.set_num_threads``).
 SPLIT_PARTS: int | None = None
-
-
-def row_products(z: np.ndarray, normals: np.ndarray) -> np.ndarray:
-    """``z @ normals.T`` as one matrix-vector product per row.
-
-    For a few rows, BLAS's matrix-matrix product packs the whole normals matrix for almost no
-    arithmetic; a matrix-vector product per row reads it as it is.
-    """
-    out = np.empty((z.shape[0], normals.shape[0]), dtype=np.float32)
-    for t in range(z.shape[0]):
-        np.matmul(normals, z[t], out=out[t])
-    return out
 
 
 class _SingleThreadedBlas:
@@ -101,13 +93,9 @@ def _executor() -> ThreadPoolExecutor:
 def cpu_halfspace_contexts(
     z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int
 ) -> np.ndarray:
-    """``gln.gating.halfspace_contexts``: for enough rows, the neurons split into
-    ``SPLIT_PARTS`` blocks, each on single-threaded BLAS, the first in the calling thread;
-    for a few rows, row by row."""
+    """``gln.gating.halfspace_contexts`` with the neurons split into ``SPLIT_PARTS`` blocks,
+    each on single-threaded BLAS, the first in the calling thread."""
     n, d = z.shape
-    if n < SPLIT_MIN_ROWS:
-        return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots,
-                                  products=row_products)
     neurons = normals.shape[0] // context_dim
     threads = SPLIT_PARTS or numba.get_num_threads()
     parts = min(threads, neurons) if n * normals.shape[0] * d >= SPLIT_MIN_WORK else 1
@@ -134,10 +122,38 @@ def cpu_halfspace_contexts(
     return contexts
 
 
-def cpu_layer_contexts(
-    z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int, num_glns: int,
-    layer_sizes: Sequence[int],
-) -> list[np.ndarray]:
-    """``gln.gating.layer_contexts``, decided by :func:`cpu_halfspace_contexts`."""
-    indices = cpu_halfspace_contexts(z, normals, offsets, context_dim)
-    return split_by_layer(np, indices, num_glns, layer_sizes)
+class CpuLayerContexts:
+    """``gln.gating.layer_contexts`` on the CPU, for one model.
+
+    Calls of at most ``INT16_MAX_ROWS`` rows read a 16-bit copy of the normals, made on the
+    first such call and again whenever the model's normals are another array (a restore);
+    longer calls split the float32 product over the threads. Both decide every bit exactly.
+    """
+
+    def __init__(self) -> None:
+        # (a weak reference to the normals it copies, the copy): replaced in one assignment,
+        # so threads that call at once see one pair or the other.
+        self._copy: tuple[weakref.ref, Int16Normals] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the 16-bit copy of the normals (0 until a short call makes it)."""
+        return self._copy[1].nbytes if self._copy else 0
+
+    def __call__(
+        self, z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int,
+        num_glns: int, layer_sizes: Sequence[int],
+    ) -> list[np.ndarray]:
+        if 0 < z.shape[0] <= INT16_MAX_ROWS:
+            indices = int16_halfspace_contexts(z, normals, offsets, context_dim,
+                                               self._normals16(normals))
+        else:
+            indices = cpu_halfspace_contexts(z, normals, offsets, context_dim)
+        return split_by_layer(np, indices, num_glns, layer_sizes)
+
+    def _normals16(self, normals: np.ndarray) -> Int16Normals:
+        copy = self._copy
+        if copy is None or copy[0]() is not normals:
+            copy = (weakref.ref(normals), int16_normals(normals))
+            self._copy = copy
+        return copy[1]

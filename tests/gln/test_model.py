@@ -326,7 +326,6 @@ def test_results_do_not_depend_on_the_kernel_thread_count(monkeypatch):
     blobs = []
     for threshold in (0, 10**12):  # every call parallel, then every call on one thread
         monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", threshold)
-        monkeypatch.setattr(cpu, "PARALLEL_MIN_ROWS", min(threshold, 16))
         model = small_model()
         model.learn(X, y)
         blobs.append(model.to_bytes())
@@ -346,6 +345,10 @@ def test_size_is_known_before_building_and_absurd_sizes_fail_cleanly():
     for config in [dict(num_features=6, num_classes=3, layer_sizes=(8, 4, 1), context_dim=3),
                    dict(num_features=30), dict(num_features=784, num_classes=10,
                                                 layer_sizes=(128, 128, 1), context_dim=4)]:
-        assert GLN.estimate_nbytes(config) == GLN(**config).nbytes
+        model = GLN(**config)
+        int16_copy = 2 * model.normals.size + 20 * model.normals.shape[0]
+        assert GLN.estimate_nbytes(config) == model.nbytes + int16_copy
+        model.predict_proba(np.ones((1, config["num_features"])))  # makes the 16-bit copy
+        assert GLN.estimate_nbytes(config) == model.nbytes
     with pytest.raises(ValueError, match="bytes"):
         GLN(num_features=10**13, num_classes=2, layer_sizes=(1,))

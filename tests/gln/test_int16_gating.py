@@ -1,0 +1,99 @@
+"""Short calls' gating from the 16-bit normals decides every bit as the float32 normals do."""
+
+import numpy as np
+import pytest
+
+from gln.gating import dot_rounding_bound, halfspace_contexts, sample_halfspaces
+from gln.kernels import contexts_for
+from gln.kernels.cpu_int16_gating import int16_normals, int16_products
+
+
+def _contexts(layer_contexts, z, normals, offsets, m):
+    """A CpuLayerContexts call for one GLN of one layer, as (n, P / m)."""
+    neurons = normals.shape[0] // m
+    (indices,) = layer_contexts(z, normals, offsets, m, 1, [neurons])
+    return indices[:, 0, :]
+
+
+def test_the_copy_is_16_bit_values_times_a_power_of_two_within_its_residual_bound():
+    rng = np.random.default_rng(0)
+    normals, _ = sample_halfspaces(rng, 300, 50, 1.0)
+    copy = int16_normals(normals)
+    assert copy.values.dtype == np.int16 and copy.scales.dtype == np.float32
+    mantissa, _ = np.frexp(copy.scales)
+    assert np.all(mantissa == 0.5)  # powers of two: values * scale is exact in float32
+    largest = np.abs(copy.values.astype(np.int64)).max(axis=1)
+    assert np.all(largest <= 32767) and np.all(largest >= 16384)  # the range is used
+    rebuilt = copy.values.astype(np.float64) * copy.scales[:, None]
+    residuals = np.linalg.norm(normals.astype(np.float64) - rebuilt, axis=1)
+    assert np.all(copy.residual_norms >= residuals)
+    assert np.all(copy.residual_norms <= residuals * 1.001)
+    assert np.all(copy.norms >= np.linalg.norm(rebuilt, axis=1))
+    assert np.all(residuals > 0)  # the copy is not the normals
+
+
+@pytest.mark.parametrize("d", [20, 300])
+def test_short_calls_decide_as_the_reference_on_and_off_the_hyperplanes(d):
+    rng = np.random.default_rng(1)
+    m, neurons = 4, 25
+    normals, offsets = sample_halfspaces(rng, neurons * m, d, 1.0)
+    z = rng.normal(size=(40, d))
+    for t in range(0, 40, 2):  # every other row on a hyperplane
+        v = normals[t % (neurons * m)].astype(np.float64)
+        z[t] += (offsets[t % (neurons * m)] - z[t] @ v) * v
+    z = z.astype(np.float32)
+    layer_contexts = contexts_for(np)
+    for n in (1, 2, 3, 4, 5, 8, 31, 32, 33, 40):  # the 16-bit path up to 32 rows, then split
+        expected = halfspace_contexts(np, z[:n], normals, offsets, m)
+        got = _contexts(layer_contexts, z[:n], normals, offsets, m)
+        assert got.dtype == np.int32 and np.array_equal(got, expected), n
+    assert layer_contexts.nbytes == int16_normals(normals).nbytes
+
+
+def test_margins_the_16_bit_rounding_gets_wrong_are_rechecked():
+    """Rows placed so that the 16-bit product has the wrong sign, far beyond float32's own
+    rounding bound: only the residual's share of the tolerance sends them to the re-check."""
+    rng = np.random.default_rng(2)
+    d, m = 20, 4
+    normals, offsets = sample_halfspaces(rng, 8 * m, d, 1.0)
+    copy = int16_normals(normals)
+    rows, planes = [], []
+    for p in range(normals.shape[0]):
+        v = normals[p].astype(np.float64)
+        r = v - copy.values[p].astype(np.float64) * copy.scales[p]
+        across = r - (r @ v) / (v @ v) * v  # the residual's part orthogonal to the normal
+        u = across / np.linalg.norm(across)
+        for eps in (3e-4, -3e-4):
+            along = (offsets[p] + eps) / (v @ v)  # z . v = b + eps
+            # The 16-bit margin z . (v - r) - b = eps - along (v . r) - s (u . r) = -eps.
+            s = (2 * eps - along * (v @ r)) / (u @ r)
+            rows.append(along * v + s * u)
+            planes.append(p)
+    z = np.array(rows, dtype=np.float32)
+    planes = np.array(planes)
+    exact = (z.astype(np.float64) * normals[planes].astype(np.float64)).sum(axis=1)
+    exact -= offsets[planes]
+    approximate = int16_products(z, copy)[np.arange(len(z)), planes] - offsets[planes]
+    wrong = np.sign(approximate) != np.sign(exact)
+    assert wrong.mean() > 0.9  # the 16-bit products get these signs wrong ...
+    float32_bound = 2 * dot_rounding_bound(d) * np.linalg.norm(z.astype(np.float64), axis=1)
+    assert np.all(np.abs(approximate) > 2 * float32_bound)  # ... beyond float32's bound
+    expected = halfspace_contexts(np, z, normals, offsets, m)
+    for n in (1, 4, len(z)):  # ... yet every call decides them as the reference does
+        got = np.concatenate([_contexts(contexts_for(np), z[t:t + n], normals, offsets, m)
+                              for t in range(0, len(z), n)])
+        assert np.array_equal(got, expected), n
+
+
+def test_new_normals_get_a_new_copy():
+    """A restore replaces the model's normals: the next short call must not use the old copy."""
+    rng = np.random.default_rng(3)
+    d, m = 30, 2
+    first, offsets = sample_halfspaces(rng, 10 * m, d, 1.0)
+    second, _ = sample_halfspaces(rng, 10 * m, d, 1.0)
+    z = rng.normal(size=(3, d)).astype(np.float32)
+    layer_contexts = contexts_for(np)
+    _contexts(layer_contexts, z, first, offsets, m)
+    for normals in (second, first.copy()):
+        got = _contexts(layer_contexts, z, normals, offsets, m)
+        assert np.array_equal(got, halfspace_contexts(np, z, normals, offsets, m))
