@@ -57,18 +57,41 @@ class Int16Normals(NamedTuple):
 
 def int16_normals(normals: np.ndarray) -> Int16Normals:
     """The 16-bit copy of float32 ``normals`` (P, d): each row's largest entry near 2^15."""
-    v = normals.astype(np.float64)
-    largest = np.abs(v).max(axis=1)
-    # The smallest power of two that keeps every |v / scale| <= 32767 (1 for a zero normal).
-    exponents = np.where(largest > 0, np.ceil(np.log2(np.where(largest > 0, largest, 1.0)
-                                                      / _INT16_MAX)), 0.0)
-    scales = np.exp2(exponents).astype(np.float32)
-    values = np.rint(v / scales[:, None].astype(np.float64)).astype(np.int16)
-    rebuilt = values.astype(np.float64) * scales[:, None]  # exact: 16 bits times 2^e
-    slack = 1.0 + 1e-12  # the float64 norms' own rounding, far below this
-    residual_norms = np.sqrt(((v - rebuilt) ** 2).sum(axis=1)) * slack
-    norms = np.sqrt((rebuilt * rebuilt).sum(axis=1)) * slack
-    return Int16Normals(values, scales, residual_norms, norms)
+    count, dim = normals.shape
+    copy = Int16Normals(np.empty((count, dim), dtype=np.int16), np.empty(count, np.float32),
+                        np.empty(count, np.float64), np.empty(count, np.float64))
+    # The float64 sums of squares are each within d ulps; this covers them and the square root.
+    slack = 1.0 + 4.0 * (dim + 2) * 2.0**-53
+    with threads_for(count * dim):
+        _quantize(np.ascontiguousarray(normals, dtype=np.float32), slack, *copy)
+    return copy
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _quantize(normals, slack, values, scales, residual_norms, norms):
+    for p in numba.prange(normals.shape[0]):
+        row = normals[p]
+        largest = 0.0
+        for v in row:
+            largest = max(largest, abs(np.float64(v)))
+        # The smallest power of two that keeps every |v / scale| <= 32767 (1 for a zero row).
+        scale = 1.0
+        if largest > 0.0:
+            scale = 2.0 ** np.ceil(np.log2(largest / _INT16_MAX))
+            while largest / scale > _INT16_MAX:  # log2's rounding, at an exact power
+                scale *= 2.0
+        residual = 0.0
+        norm = 0.0
+        for i in range(row.shape[0]):
+            v = np.float64(row[i])
+            q = np.rint(v / scale)  # v / scale is exact: a power of two
+            values[p, i] = np.int16(q)
+            rebuilt = q * scale  # exact: 16 bits times a power of two
+            residual += (v - rebuilt) * (v - rebuilt)  # v - rebuilt is exact in float64
+            norm += rebuilt * rebuilt
+        scales[p] = np.float32(scale)
+        residual_norms[p] = np.sqrt(residual) * slack
+        norms[p] = np.sqrt(norm) * slack
 
 
 @numba.njit(parallel=True, nogil=True, cache=True,
