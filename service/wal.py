@@ -746,6 +746,7 @@ class _Record:
 class _FileState:
     """What a FileWriteAheadLog knows about one model's file; guarded by ``lock``."""
 
+    path: Path  # the file, its name checked once
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: bool = False
     fd: int | None = None  # append handle, opened on first append
@@ -800,19 +801,23 @@ class FileWriteAheadLog(_KeyLookups, _ClosingMixin):
 
     # -- per-model state ------------------------------------------------------------------
 
-    def _log_path(self, name: str) -> Path:
-        return _model_dir_in(self.path, name) / _LOG_NAME
+    def _state_of(self, name: str) -> _FileState:
+        """The model's state, made on first use (checking its name then, not on every call)."""
+        with self._guard:
+            state = self._states.get(name)
+            if state is None:
+                state = _FileState(_model_dir_in(self.path, name) / _LOG_NAME)
+                self._states[name] = state
+            return state
 
     @contextlib.contextmanager
     def _state(self, name: str) -> Iterator[tuple[_FileState, Path]]:
         """Hold the model's lock, with its file scanned (once per process)."""
-        path = self._log_path(name)
-        with self._guard:
-            state = self._states.setdefault(name, _FileState())
+        state = self._state_of(name)
         with state.lock:
             if not state.loaded:
-                self._scan(path, state)
-            yield state, path
+                self._scan(state.path, state)
+            yield state, state.path
 
     def _scan(self, path: Path, state: _FileState) -> None:
         """Read every record once: rebuild ids, offsets and keys; find a torn tail."""
@@ -1023,9 +1028,8 @@ class FileWriteAheadLog(_KeyLookups, _ClosingMixin):
 
     def delete(self, name: str) -> None:
         """Remove ``wal.log`` (and leftover temp files); the model directory if now empty."""
-        path = self._log_path(name)
-        with self._guard:
-            state = self._states.setdefault(name, _FileState())
+        state = self._state_of(name)
+        path = state.path
         with state.lock:
             if state.fd is not None:
                 os.close(state.fd)
