@@ -227,7 +227,9 @@ class ModelRegistry:
             )
 
     def _build(self, config: dict[str, Any]) -> GLN:
-        return GLN(**config, device=self.settings.device)
+        model = GLN(**config, device=self.settings.device)
+        model.warm_up()  # so that the first request does not pay for it
+        return model
 
     async def delete(self, name: str) -> None:
         """Finish the model's queued learning, forget it, and remove its snapshots.
@@ -459,6 +461,7 @@ class ModelRegistry:
                     return  # deleted by someone else since names()
                 blob, info = loaded
                 model = await self._run(GLN.from_bytes, blob, self.settings.device)
+                await self._run(model.warm_up)
                 entry = self._entry(name, model, info)
                 t0 = time.perf_counter()
                 replayed = await self._run(entry.replay_log)

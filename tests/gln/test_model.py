@@ -296,6 +296,18 @@ def test_digits_one_vs_all_learns_ten_classes():
     assert (model.predict(X[1400:]) == y[1400:]).mean() >= 0.85
 
 
+def test_warm_up_learns_nothing_and_makes_what_a_short_call_needs():
+    X, y = stream(200)
+    model = small_model()
+    model.learn(X, y)  # long calls only: no 16-bit copy of the normals yet
+    blob, held = model.to_bytes(), model.nbytes
+    model.warm_up()
+    assert model.to_bytes() == blob
+    assert held < model.nbytes == GLN.estimate_nbytes(model.config_for_estimate())
+    np.testing.assert_array_equal(model.learn(X[:3], y[:3]),
+                                  GLN.from_bytes(blob).learn(X[:3], y[:3]))
+
+
 def test_nbytes_counts_the_weights():
     model = small_model()
     weight_bytes = sum(w.nbytes for w in model.weights)

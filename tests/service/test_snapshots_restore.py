@@ -46,6 +46,7 @@ async def test_restore_gives_the_same_model_on_a_new_app(
         assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["fraud", "other"]
         info = (await client.get("/v1/models/fraud")).json()
         assert info["examples_seen"] == 60
+        assert info["nbytes"] == GLN.estimate_nbytes(info["config"])  # warmed up as restored
         assert info["snapshot"]["version"] == 2
         assert info["snapshot"]["sha256"] == snap["sha256"]
         after = (await client.post("/v1/models/fraud/predict", json={"features": probe})).json()
