@@ -613,6 +613,7 @@ def test_cuda_bad_input_and_prediction_change_nothing(cp):
         model.learn(X[20:], np.full(20, 3))
     model.predict_proba(X)
     model.saliency(X[:3])
+    model.warm_up()
     assert model.to_bytes() == blob and model.examples_seen == 20
 
 
