@@ -25,6 +25,8 @@ from gln.gating import dot_rounding_bound, halfspace_contexts
 from gln.kernels.cpu import cpu_exact_dots, threads_for
 
 _INT16_MAX = 32767
+# Below float32's largest value (3.4e38), whatever the rounding of the partial sums.
+_NO_OVERFLOW = 1e38
 
 
 class Int16Normals(NamedTuple):
@@ -144,7 +146,14 @@ def int16_halfspace_contexts(
     normals16: Int16Normals,
 ) -> np.ndarray:
     """``gln.gating.halfspace_contexts`` with the products from ``normals16``, the 16-bit copy
-    of ``normals``; the re-checks read ``normals`` themselves."""
+    of ``normals``; the re-checks read ``normals`` themselves.
+
+    The kernel may multiply a row by the int16 values before their scale (the order of the
+    factors is free under its fast-math flags), so rows large enough for that to overflow
+    float32 take the float32 normals instead.
+    """
+    if z.size and float(np.abs(z).max()) * _INT16_MAX * z.shape[1] >= _NO_OVERFLOW:
+        return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
     return halfspace_contexts(
         np, z, normals, offsets, context_dim, dots=cpu_exact_dots,
         products=lambda rows, _: int16_products(rows, normals16),

@@ -97,3 +97,16 @@ def test_new_normals_get_a_new_copy():
     for normals in (second, first.copy()):
         got = _contexts(layer_contexts, z, normals, offsets, m)
         assert np.array_equal(got, halfspace_contexts(np, z, normals, offsets, m))
+
+
+def test_rows_too_large_for_16_bit_products_take_the_float32_normals():
+    """A row near float32's range could overflow ``z * values`` before the scale brings it
+    back (where the compiler moves the scale); such calls are decided from the float32
+    normals, still as the reference does."""
+    rng = np.random.default_rng(4)
+    d, m = 40, 2
+    normals, offsets = sample_halfspaces(rng, 6 * m, d, 1.0)
+    z = (rng.normal(size=(3, d)) * 1e30).astype(np.float32)
+    for rows in (z, z * 1e6):  # the 16-bit path, then the float32 one
+        got = _contexts(contexts_for(np), rows, normals, offsets, m)
+        assert np.array_equal(got, halfspace_contexts(np, rows, normals, offsets, m))
