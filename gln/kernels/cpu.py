@@ -18,19 +18,11 @@ results do not depend on it.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 
-# Numba's OpenMP threads wait for the next parallel region by spinning, unless told otherwise
-# before the OpenMP runtime starts (at the first parallel call, after this import). Spinning,
-# they take the cores from the threads that decide the next call's contexts (and from a
-# server's event loop): calls of 48 to 256 MNIST rows took 5-25% longer. A process that set
-# the variable keeps its own choice.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
+import numba
+import numpy as np
 
 _LOCK = threading.Lock()
 
