@@ -636,6 +636,12 @@ class GLN:
 
         return model_from_bytes(cls, blob, device)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies (``copy.deepcopy``) and pickles go through ``to_bytes``: the same state on the
+        same device, with the same ``use_kernels``; a copy learns without touching the original.
+        """
+        return (_copied, (self.to_bytes(), self.use_kernels))
+
     def __repr__(self) -> str:
         return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
                 f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
@@ -697,3 +703,10 @@ def _float_in(name: str, value: Any, low: float, high: float, closed: bool = Fal
         interval = f"[{low}, {high}]" if closed else f"({low}, {high})"
         raise ValueError(f"{name} must be in {interval}, got {value}")
     return value
+
+
+def _copied(blob: bytes, use_kernels: bool) -> GLN:
+    """The model ``GLN.__reduce__`` describes."""
+    from gln.serialize import model_from_bytes  # noqa: PLC0415
+
+    return model_from_bytes(GLN, blob, None, use_kernels)

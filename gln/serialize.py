@@ -90,13 +90,15 @@ def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
     return header, payload
 
 
-def model_from_bytes(cls: type[GLN], blob: bytes, device: str | None = None) -> GLN:
+def model_from_bytes(
+    cls: type[GLN], blob: bytes, device: str | None = None, use_kernels: bool = True
+) -> GLN:
     """Rebuild a model; ``device`` overrides the device it was saved on."""
     header, payload = read_header(blob)
     config = dict(header["config"])
     if device is not None:
         config["device"] = device
-    model = cls(**config)
+    model = cls(**config, use_kernels=use_kernels)
     expected = {name: to_numpy(a) for name, a in _state_arrays(model)}
     xp, offset, loaded = model._xp, 0, {}
     for entry in header["arrays"]:

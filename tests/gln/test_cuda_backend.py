@@ -9,6 +9,7 @@ on the CPU; skipped without g++). On a GPU machine:
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import numpy as np
@@ -409,6 +410,8 @@ def test_snapshots_move_between_gpu_and_cpu(cp):
                                atol=1e-5)
     back = GLN.from_bytes(on_cpu.to_bytes(), device="cuda")
     assert isinstance(back.weights[0], cp.ndarray)
+    copied = copy.deepcopy(gpu)  # a copy stays on the GPU
+    assert isinstance(copied.weights[0], cp.ndarray) and copied.to_bytes() == blob
     np.testing.assert_array_equal(back.predict_proba(X_test), gpu.predict_proba(X_test))
     # A model that started on the CPU carries on learning on the GPU.
     cpu = GLN(**CONFIG, device="cpu")

@@ -1,6 +1,8 @@
 """The public GLN API: exact sequential learning, validation, saliency, bytes, accuracy."""
 
+import copy
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -294,6 +296,23 @@ def test_digits_one_vs_all_learns_ten_classes():
                 input_scaling="unit", seed=0)
     model.learn(X[:1400], y[:1400])
     assert (model.predict(X[1400:]) == y[1400:]).mean() >= 0.85
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_a_copy_or_a_pickle_is_the_same_model_and_learns_on_its_own(use_kernels):
+    X, y = stream(60)
+    model = small_model(use_kernels=use_kernels)
+    model.learn(X[:40], y[:40])
+    blob = model.to_bytes()
+    reference = small_model(use_kernels=use_kernels)
+    reference.learn(X[:40], y[:40])
+    expected = reference.learn(X[40:], y[40:])
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), copy.copy(model)):
+        assert copied.to_bytes() == blob and copied.use_kernels == use_kernels
+        np.testing.assert_array_equal(copied.learn(X[40:], y[40:]), expected)
+        assert model.to_bytes() == blob  # the original did not learn with its copy
+    with pytest.raises(ValueError, match="callable"):
+        copy.deepcopy(small_model(learning_rate=lambda t: 0.01))
 
 
 def test_warm_up_learns_nothing_and_makes_what_a_short_call_needs():
