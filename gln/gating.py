@@ -66,9 +66,13 @@ def rounding_tolerances(xp: ModuleType, z: Any) -> Any:
     ``|error| <= gamma_d * sum_i |z_i v_i| <= gamma_d * ||z||_2`` for unit normals; doubled to
     cover the subtraction of the offset and the float64 re-check. Returns (n,) float32.
     """
+    return (2.0 * dot_rounding_bound(z.shape[1]) * row_norms(xp, z) + 1e-30).astype(xp.float32)
+
+
+def row_norms(xp: ModuleType, z: Any) -> Any:
+    """Each row's 2-norm, summed in float64: (n,) float64."""
     z64 = z.astype(xp.float64)
-    return (2.0 * dot_rounding_bound(z.shape[1]) * xp.sqrt((z64 * z64).sum(axis=1))
-            + 1e-30).astype(xp.float32)
+    return xp.sqrt((z64 * z64).sum(axis=1))
 
 
 def dot_rounding_bound(dim: int) -> float:

@@ -263,7 +263,9 @@ class GLN:
         inputs = [1 + k for k in (features, *sizes[:-1])]
         weights = sum(glns * k * contexts * i for k, i in zip(sizes, inputs, strict=True))
         planes = glns * sum(sizes) * (contexts.bit_length() - 1)
-        int16_copy = 2 * planes * features + 20 * planes
+        # gln.kernels.cpu_int16_gating.Int16Normals: int16 values; per plane a float32 scale
+        # and two float64 norms (the module is not imported here: it loads Numba).
+        int16_copy = 2 * planes * features + (4 + 8 + 8) * planes
         return 4 * (weights + planes * features + planes) + 16 * features + int16_copy
 
     @property

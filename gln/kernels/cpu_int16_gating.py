@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from gln.gating import dot_rounding_bound, halfspace_contexts
+from gln.gating import dot_rounding_bound, halfspace_contexts, row_norms
 from gln.kernels.cpu import cpu_exact_dots, threads_for
 
 _INT16_MAX = 32767
@@ -51,10 +51,8 @@ class Int16Normals(NamedTuple):
         doubled, as ``gln.gating.rounding_tolerances`` is, to cover the subtraction of the
         offset and the float64 re-check.
         """
-        z64 = z.astype(np.float64)
-        row_norms = np.sqrt((z64 * z64).sum(axis=1))
         per_norm = dot_rounding_bound(z.shape[1]) * self.norms + self.residual_norms
-        return 2.0 * row_norms[:, None] * per_norm[None, :] + 1e-30
+        return 2.0 * row_norms(np, z)[:, None] * per_norm[None, :] + 1e-30
 
 
 def int16_normals(normals: np.ndarray) -> Int16Normals:

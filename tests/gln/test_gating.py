@@ -83,7 +83,7 @@ def test_cpu_kernel_contexts_match_the_reference_on_and_off_the_hyperplanes():
 
 @pytest.mark.parametrize("parts", [None, 2, 3, 7])
 def test_cpu_contexts_are_the_same_however_the_neurons_are_split(monkeypatch, parts):
-    """Every split, and the row-by-row products of a few rows, decides as the reference does."""
+    """Every split, of calls of any length, decides as the reference does."""
     monkeypatch.setattr(cpu_gating, "SPLIT_MIN_WORK", 0)
     monkeypatch.setattr(cpu_gating, "SPLIT_PARTS", parts)
     rng = np.random.default_rng(4)
