@@ -13,6 +13,12 @@ them and none after, never half of one; serialisation takes the model lock, whic
 holds while it serves a batch. All model and store calls run on the app's thread pool, so the
 event loop only moves bytes. With a write-ahead log, each learn run is logged before it is
 applied and answered (docs/durability.md).
+
+Rows waiting for delayed labels (:mod:`service.pending`) change only here too: a run of
+predictions with ids is logged as one wait entry and then put to wait, and a learn of waiting
+rows names their ids in its entry and removes them once applied; a snapshot carries the rows
+waiting at its point (after the model's bytes, see :func:`split_snapshot`). So the log's order
+is the order of every change, and a restore gets the same rows back.
 """
 
 from __future__ import annotations
@@ -36,13 +42,15 @@ from gln import GLN
 from service.errors import IdempotencyKeyReused, ModelNotFound, RegistryError, Unavailable
 from service.metrics import ServiceMetrics
 from service.online_stats import OnlineStats
-from service.pending import PendingPredictions
+from service.pending import PendingPredictions, PendingRow, decode_rows, encode_rows
 from service.settings import Settings
 from service.store import SnapshotInfo, SnapshotStore
 from service.wal import LogEntry, WriteAheadLog, request_digest
 
 # Snapshot metadata key: id of the last log entry the snapshot's weights include.
 WAL_ID = "wal_id"
+# Snapshot metadata key: where the rows waiting for labels start in the blob (absent: none).
+WAITING_ROWS_AT = "waiting_rows_at"
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,21 @@ def _score(probs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Log loss (nats) and argmax hit of each row's prediction ``probs`` for label ``y``."""
     p_true = probs[np.arange(len(y)), y]
     return -np.log(np.clip(p_true, _MIN_PROB, 1.0)), probs.argmax(axis=1) == y
+
+
+def split_snapshot(
+    blob: bytes, metadata: dict[str, str]
+) -> tuple[bytes | memoryview, list[PendingRow]]:
+    """A snapshot blob's model bytes (for ``GLN.from_bytes``) and its rows waiting for labels.
+
+    ValueError if the waiting rows are unreadable (the store has checked the blob's SHA-256,
+    so that means a writer bug, not a torn write).
+    """
+    at = metadata.get(WAITING_ROWS_AT)
+    if at is None:
+        return blob, []
+    view = memoryview(blob)
+    return view[:int(at)], decode_rows(view[int(at):])
 
 
 def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
@@ -85,6 +108,9 @@ class LearnResult:
     rows: int
     duplicate: bool = False
     log_id: str | None = None  # the write-ahead log entry holding the rows
+    # Delayed labels: ids whose rows had stopped waiting (learned by another request, expired
+    # or replaced) by the time the writer came to learn them; not learned here.
+    stale_ids: tuple[str, ...] = ()
 
     @property
     def mean_loss(self) -> float | None:
@@ -129,6 +155,7 @@ class _AnswerCache:
 class _Verb(enum.Enum):
     LEARN = "learn"
     PREDICT = "predict"
+    PREDICT_FOR_LABELS = "predict for labels"  # predict, then the rows wait for labels
     EXPLAIN = "explain"
 
 
@@ -141,6 +168,14 @@ class _Job:
     key: str | None = None  # LEARN: idempotency key
     scored: np.ndarray | None = None  # LEARN: predictions to score instead of prequential ones
     digest: str | None = None  # LEARN with a key: request_digest(X, y), set by the worker
+    # LEARN of waiting rows (one per row of X), which stop waiting once learned;
+    # PREDICT_FOR_LABELS: the rows' ids.
+    label_rows: list[PendingRow] | None = None
+    ids: list[str] | None = None
+    queued_rows: int = 0  # rows when queued (X may lose stale waiting rows later)
+
+    def __post_init__(self) -> None:
+        self.queued_rows = len(self.X)
 
 
 @dataclass
@@ -201,7 +236,7 @@ class ModelEntry:
         # `snapshot_lock` orders store writes of this model: a save never lands after delete.
         self.snapshot_lock = threading.Lock()
         self.deleted = False
-        self._updates = 0  # learn calls applied; compared with the snapshotted count
+        self._updates = 0  # learn calls and waiting-row puts; compared with the snapshotted count
         self._snapshotted_updates = 0
         self._executor = executor
         self._metrics = metrics
@@ -228,7 +263,7 @@ class ModelEntry:
 
     @property
     def changed_since_snapshot(self) -> bool:
-        """True when learning happened after the latest snapshot was taken."""
+        """True when learning (or rows put to wait) happened after the latest snapshot."""
         return self._updates != self._snapshotted_updates
 
     @property
@@ -242,36 +277,44 @@ class ModelEntry:
     # -- the queue --
     async def learn(
         self, X: np.ndarray, y: np.ndarray, key: str | None = None,
-        scored: np.ndarray | None = None,
+        scored: np.ndarray | None = None, label_rows: list[PendingRow] | None = None,
     ) -> LearnResult:
         """Learn validated rows in queue order; their prequential outputs and sequence.
 
         ``key`` (an idempotency key): if the log already holds a request with this key, the
         rows are not learned again and the answer is marked ``duplicate``. ``scored``: the
         predictions the online metrics score (delayed labels: those made at predict time);
-        by default the prequential ones.
+        by default the prequential ones. ``label_rows``: the waiting rows that ``X`` holds,
+        one per row (delayed labels); those still waiting when the writer comes to them are
+        learned and stop waiting, the others are left out (the answer's ``stale_ids``).
         """
         self._pending_learn_rows += len(y)
-        return await self._submit(_Verb.LEARN, X, y, key, scored)
+        return await self._submit(_Verb.LEARN, X, y, key=key, scored=scored,
+                                  label_rows=label_rows)
 
-    async def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """Class probabilities, after every learn request queued before this one."""
-        return await self._submit(_Verb.PREDICT, X, None)
+    async def predict_proba(self, X: np.ndarray, ids: list[str] | None = None) -> np.ndarray:
+        """Class probabilities, after every learn request queued before this one.
+
+        With ``ids`` (one per row), the rows and their predictions then wait for labels
+        (:mod:`service.pending`), logged first: a prediction answered is a row that waits.
+        """
+        if ids is None:
+            return await self._submit(_Verb.PREDICT, X, None)
+        return await self._submit(_Verb.PREDICT_FOR_LABELS, X, None, ids=ids)
 
     async def saliency(self, X: np.ndarray) -> np.ndarray:
         """Per-class saliency (n, num_classes, num_features), in queue order like predict."""
         return await self._submit(_Verb.EXPLAIN, X, None)
 
     async def _submit(
-        self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, key: str | None = None,
-        scored: np.ndarray | None = None,
+        self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, **fields: Any
     ) -> Any:
         if self._closing:
             if y is not None:
                 self._pending_learn_rows -= len(y)
             raise ModelNotFound(self.name)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(verb, X, y, future, key, scored))
+        self._pending.append(_Job(verb, X, y, future, **fields))
         self._wake.set()
         # Once queued, a request is carried out even if its client goes away: shield the
         # future so a cancelled handler does not cancel it (its answer is simply dropped).
@@ -325,10 +368,27 @@ class ModelEntry:
             self._learn_group(group)
             return
         X = jobs[0].X if len(jobs) == 1 else np.concatenate([job.X for job in jobs])
-        if verb is _Verb.PREDICT:
-            group.output = self.model.predict_proba(X)
-        else:
+        if verb is _Verb.EXPLAIN:
             group.output = self.model.saliency(X)
+            return
+        if verb is _Verb.PREDICT_FOR_LABELS and self.wal is not None and self._log_in_doubt:
+            self._catch_up_or_refuse()
+        group.output = self.model.predict_proba(X)
+        if verb is _Verb.PREDICT_FOR_LABELS:
+            self._put_to_wait(jobs, X, group.output)
+
+    def _put_to_wait(self, jobs: list[_Job], X: np.ndarray, probs: np.ndarray) -> None:
+        """(model lock) Log the predicted rows as one wait entry, then let them wait."""
+        ids = [row_id for job in jobs for row_id in job.ids or ()]
+        expires_at = time.time() + self.pending.ttl_s
+        probs = np.asarray(probs, dtype=np.float64)
+        wal = self.wal
+        if wal is not None:
+            self.applied_id = self._logged(
+                lambda: wal.append_waiting(self.name, ids, X, probs, expires_at)
+            )
+        self.pending.put(ids, X, probs, expires_at)
+        self._updates += 1
 
     def _learn_group(self, group: _GroupResult) -> None:
         """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
@@ -337,14 +397,17 @@ class ModelEntry:
         copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
         if self.wal is not None and self._log_in_doubt:
             self._catch_up_or_refuse()
+        stale = self._drop_stale_label_rows(jobs, learned)
         fresh = self._sort_out_duplicates(jobs, learned, copies)
         if fresh:
             run = [jobs[i] for i in fresh]
             X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
             y = run[0].y if len(run) == 1 else np.concatenate([job.y for job in run])
             assert y is not None
-            entry_id = None if self.wal is None else self._append(run, X, y)
+            label_rows = [row for job in run for row in job.label_rows or ()]
+            entry_id = None if self.wal is None else self._append(run, X, y, label_rows)
             start, probs, losses, correct = self._apply(X, y, entry_id)
+            self.pending.remove_rows(label_rows)
             if any(job.scored is not None for job in run):
                 losses, correct = _score(_scored_predictions(run, probs), y)
             offset = 0
@@ -352,7 +415,7 @@ class ModelEntry:
                 n = len(job.X)
                 result = LearnResult(
                     start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
-                    log_id=entry_id,
+                    log_id=entry_id, stale_ids=stale.get(i, ()),
                 )
                 learned[i] = result
                 if job.key is not None:
@@ -377,6 +440,34 @@ class ModelEntry:
             self.applied_id = entry_id
         return start, probs, *_score(probs, y)
 
+    def _drop_stale_label_rows(
+        self, jobs: list[_Job], learned: list[LearnResult | RegistryError | None]
+    ) -> dict[int, tuple[str, ...]]:
+        """(model lock) Leave out the waiting rows that stopped waiting since they were looked
+        up (another request learned them, they were dropped as expired, a new prediction
+        replaced them), and those an earlier request of the run learns.
+
+        Returns the left-out ids per job; a job left with no rows is answered here.
+        """
+        stale: dict[int, tuple[str, ...]] = {}
+        taken: set[str] = set()
+        for i, job in enumerate(jobs):
+            if job.label_rows is None:
+                continue
+            keep = [row.id not in taken and self.pending.is_waiting(row)
+                    for row in job.label_rows]
+            taken.update(row.id for row in job.label_rows)
+            if all(keep):
+                continue
+            stale[i] = tuple(row.id for row, k in zip(job.label_rows, keep, strict=True) if not k)
+            kept = np.flatnonzero(keep)
+            job.label_rows = [job.label_rows[k] for k in kept]
+            job.X, job.y = job.X[kept], None if job.y is None else job.y[kept]
+            job.scored = None if job.scored is None else job.scored[kept]
+            if not len(kept):
+                learned[i] = LearnResult(None, None, None, 0, stale_ids=stale[i])
+        return stale
+
     def _sort_out_duplicates(
         self, jobs: list[_Job], learned: list[LearnResult | RegistryError | None],
         copies: list[tuple[int, int]],
@@ -391,7 +482,7 @@ class ModelEntry:
         """
         keyed = [i for i, job in enumerate(jobs) if job.key is not None]
         if not keyed:
-            return list(range(len(jobs)))
+            return [i for i in range(len(jobs)) if learned[i] is None]
         for i in keyed:
             jobs[i].digest = request_digest(jobs[i].X, jobs[i].y)
         known: dict[int, LearnResult | RegistryError] = {}
@@ -413,6 +504,8 @@ class ModelEntry:
         fresh = []
         for i, job in enumerate(jobs):
             key = job.key
+            if learned[i] is not None:  # waiting rows that all stopped waiting
+                continue
             if key is None:
                 fresh.append(i)
             elif i in known:
@@ -426,8 +519,8 @@ class ModelEntry:
             else:
                 first_with[key] = i
                 fresh.append(i)
-        refused = sum(isinstance(answer, RegistryError) for answer in learned)
-        self._metrics.learn_duplicates.inc(len(jobs) - len(fresh) - refused)
+        retries = sum(isinstance(answer, LearnResult) and answer.duplicate for answer in learned)
+        self._metrics.learn_duplicates.inc(retries + len(copies))
         return fresh
 
     def _answer_to_retry(
@@ -445,20 +538,27 @@ class ModelEntry:
             return dataclasses.replace(cached[0], duplicate=True)
         return LearnResult(None, None, None, len(job.X), duplicate=True, log_id=log_id)
 
-    def _append(self, jobs: list[_Job], X: np.ndarray, y: np.ndarray) -> str:
-        """(model lock) Log the run as one entry; 503 (Unavailable) if the log fails.
+    def _append(
+        self, jobs: list[_Job], X: np.ndarray, y: np.ndarray, label_rows: list[PendingRow]
+    ) -> str:
+        """(model lock) Log the run as one entry (naming the waiting rows it learns)."""
+        wal = self.wal
+        assert wal is not None
+        return self._logged(lambda: wal.append(
+            self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
+            [job.digest for job in jobs], [row.id for row in label_rows],
+        ))
+
+    def _logged(self, append: Callable[[], str]) -> str:
+        """(model lock) The id of the entry ``append`` logs; 503 (Unavailable) if it fails.
 
         After a failure the entry may or may not be in the log (the write may have landed and
         only its answer been lost); the model is put in doubt and catches up at once if it
-        can, else before its next learn, so it never skips or repeats a logged entry.
+        can, else before it next logs, so it never skips or repeats a logged entry.
         """
-        assert self.wal is not None
         t0 = time.perf_counter()
         try:
-            entry_id = self.wal.append(
-                self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
-                [job.digest for job in jobs],
-            )
+            entry_id = append()
         except Exception as exc:
             self._metrics.wal_append_errors.inc()
             self._log_in_doubt = True
@@ -469,7 +569,8 @@ class ModelEntry:
                 log.warning("catching %r up with its log failed too: %s", self.name, again)
             raise Unavailable(
                 f"write-ahead log did not confirm the append ({type(exc).__name__}: {exc}); "
-                "the request is not acknowledged: retry it with the same Idempotency-Key"
+                "the request is not acknowledged: retry it with the same Idempotency-Key "
+                "(a prediction with ids: with the same ids)"
             ) from exc
         self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
         return entry_id
@@ -504,8 +605,21 @@ class ModelEntry:
         return count
 
     def _apply_logged(self, entry: LogEntry) -> None:
-        """(model lock) Learn one log entry, and remember its keyed requests' answers."""
+        """(model lock) Learn one log entry, and remember its keyed requests' answers.
+
+        A wait entry puts its rows to wait for labels instead; a learn entry's waiting rows
+        stop waiting, as they did when it was logged.
+        """
+        if entry.waiting:
+            assert entry.predictions is not None
+            self.pending.put(entry.label_ids, entry.features, entry.predictions,
+                             entry.expires_at)
+            self.applied_id = entry.id
+            self._updates += 1
+            self._metrics.wal_replayed_entries.inc()
+            return
         start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
+        self.pending.remove_ids(entry.label_ids)
         self._metrics.wal_replayed_entries.inc()
         self._metrics.wal_replayed_examples.inc(len(entry.labels))
         if len(entry.request_rows) != len(entry.idempotency_keys):
@@ -533,7 +647,7 @@ class ModelEntry:
         for group in groups:
             is_learn = group.jobs[0].verb is _Verb.LEARN
             if is_learn:
-                self._pending_learn_rows -= sum(len(job.X) for job in group.jobs)
+                self._pending_learn_rows -= sum(job.queued_rows for job in group.jobs)
             if group.error is not None:
                 for job in group.jobs:
                     if not job.future.done():
@@ -571,9 +685,10 @@ class ModelEntry:
     def _save_snapshot_sync(self, store: SnapshotStore, force: bool) -> SnapshotInfo | None:
         """(thread) Serialise under the model lock, store outside it (learning continues).
 
-        The snapshot records the newest log entry its weights include; once it is the
-        current snapshot, the log is trimmed through that entry (a failed trim only leaves
-        a longer log, which replays to the same model).
+        The snapshot records the newest log entry its weights include, and after the
+        model's bytes the rows waiting for labels at that point; once it is the current
+        snapshot, the log is trimmed through that entry (a failed trim only leaves a longer
+        log, which replays to the same model).
         """
         with self.snapshot_lock:
             if self.deleted:
@@ -585,8 +700,12 @@ class ModelEntry:
                     return None
                 applied_id = self.applied_id
                 blob = self.model.to_bytes()
-            metadata = None if applied_id is None else {WAL_ID: applied_id}
-            info = store.save(self.name, blob, metadata=metadata)
+                waiting = self.pending.rows()
+            metadata = {} if applied_id is None else {WAL_ID: applied_id}
+            if waiting:
+                metadata[WAITING_ROWS_AT] = str(len(blob))
+                blob = b"".join((blob, encode_rows(waiting)))
+            info = store.save(self.name, blob, metadata=metadata or None)
             self._snapshotted_updates = updates
             self.snapshot = info
             self._metrics.observe_snapshot(

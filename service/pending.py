@@ -6,44 +6,54 @@ rows with ids; the service then keeps each row's features and the prediction it 
 later ``POST /v1/models/{name}/labels`` learns those rows from their ids. The online metrics
 score the prediction made at predict time, which is what the user acted on.
 
-Rows wait at most ``ttl_s`` seconds and at most ``max_rows`` of them per model (the oldest
-make room first). Rows that leave without a label are *expired*: counted, then dropped, or
-learned with a default label if the server has one. They live in memory only: a restart
-forgets them, and their labels then get "unknown id".
+Rows wait at most ``ttl_s`` seconds and at most ``max_rows`` of them per model (beyond that
+the oldest are *due* at once). Due rows are *expired*: counted, then dropped, or learned with
+a default label if the server has one. Waiting rows survive restarts: the model's writer logs
+every row it puts here (a ``wait`` entry of the write-ahead log) and every row it learns from
+here (the learn entry names their ids), and each snapshot carries the rows waiting at its
+point (:func:`encode_rows`), so a restore rebuilds exactly this store.
 
-Only the event loop touches a :class:`PendingPredictions`, so it needs no lock.
+Rows are put and learned only by the model's writer, under the model lock, in the order of
+its log; request handlers look rows up and drop expired ones from the event loop. A lock of
+the store's own keeps those apart.
 
 >>> import numpy as np
 >>> pending = PendingPredictions(ttl_s=60.0, max_rows=2)
->>> pending.put(["a", "b"], np.zeros((2, 3), np.float32), np.full((2, 2), 0.5), now=0.0)
-[]
->>> [row.id for row in pending.put(["c"], np.ones((1, 3), np.float32), np.full((1, 2), 0.5),
-...                                now=1.0)]
+>>> pending.put(["a", "b"], np.zeros((2, 3), np.float32), np.full((2, 2), 0.5), 60.0)
+>>> pending.put(["c"], np.ones((1, 3), np.float32), np.full((1, 2), 0.5), 61.0)
+>>> [row.id for row in pending.due(now=2.0)]  # one row too many: the oldest is due
 ['a']
->>> found, missing = pending.claim(["b", "zz"], now=2.0)
+>>> found, missing = pending.waiting(["b", "zz"], now=2.0)
 >>> [row.id for row in found], missing
 (['b'], ['zz'])
->>> [row.id for row in pending.pop_expired(now=61.5)]
-['c']
+>>> pending.remove_rows(found)
+1
+>>> [row.id for row in pending.due(now=61.5)]
+['a', 'c']
 """
 
 from __future__ import annotations
 
+import json
+import struct
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["PendingPredictions", "PendingRow", "decode_rows", "encode_rows"]
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class PendingRow:
-    """One predicted row waiting for its label."""
+    """One predicted row waiting for its label (compared by identity: one put, one row)."""
 
     id: str
     features: np.ndarray  # (num_features,)
     prediction: np.ndarray  # (num_classes,) probabilities given at predict time
-    expires_at: float
+    expires_at: float  # wall-clock time (time.time()) when its wait ends
 
 
 class PendingPredictions:
@@ -53,56 +63,135 @@ class PendingPredictions:
         self.ttl_s = ttl_s
         self.max_rows = max_rows
         self._rows: OrderedDict[str, PendingRow] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def put(
-        self, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray, now: float
-    ) -> list[PendingRow]:
-        """Keep rows under their ids (an id already waiting is replaced by the new row).
+        self, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
+        expires_at: float,
+    ) -> None:
+        """Keep rows under their ids; an id already waiting is replaced by the new row.
 
-        Returns the oldest rows pushed out to stay within ``max_rows``: they expire early.
+        More than ``max_rows`` rows may wait for a moment: the oldest are then :meth:`due`.
         """
-        expires_at = now + self.ttl_s
-        for i, row_id in enumerate(ids):
-            self._rows.pop(row_id, None)
-            self._rows[row_id] = PendingRow(row_id, features[i], predictions[i], expires_at)
-        pushed_out = []
-        while len(self._rows) > self.max_rows:
-            pushed_out.append(self._rows.popitem(last=False)[1])
-        return pushed_out
+        with self._lock:
+            for i, row_id in enumerate(ids):
+                self._rows.pop(row_id, None)
+                self._rows[row_id] = PendingRow(row_id, features[i], predictions[i], expires_at)
 
-    def claim(self, ids: Sequence[str], now: float) -> tuple[list[PendingRow], list[str]]:
-        """Take the rows of ``ids`` still waiting; also the ids that are not (unknown/expired).
+    def put_rows(self, rows: Iterable[PendingRow]) -> None:
+        """Keep rows as they are (a restore), after those already waiting."""
+        with self._lock:
+            for row in rows:
+                self._rows.pop(row.id, None)
+                self._rows[row.id] = row
 
-        Claimed rows leave the store; :meth:`give_back` returns them if learning fails.
+    def waiting(self, ids: Sequence[str], now: float) -> tuple[list[PendingRow], list[str]]:
+        """The rows of ``ids`` still waiting at ``now``, and the ids that are not.
+
+        Nothing leaves the store: the writer learns the rows and then :meth:`remove_rows`
+        them, so a row is only gone once its learning is logged.
         """
         found, missing = [], []
-        for row_id in ids:
-            row = self._rows.get(row_id)
-            if row is None or row.expires_at <= now:
-                missing.append(row_id)
-            else:
-                found.append(self._rows.pop(row_id))
+        with self._lock:
+            for row_id in ids:
+                row = self._rows.get(row_id)
+                if row is None or row.expires_at <= now:
+                    missing.append(row_id)
+                else:
+                    found.append(row)
         return found, missing
 
-    def give_back(self, rows: Sequence[PendingRow]) -> None:
-        """Put claimed rows back (their learning failed), unless newer rows took their ids."""
-        for row in rows:
-            self._rows.setdefault(row.id, row)
+    def is_waiting(self, row: PendingRow) -> bool:
+        """True while ``row`` itself (not a newer row under its id) waits."""
+        return self._rows.get(row.id) is row
 
-    def pop_expired(self, now: float) -> list[PendingRow]:
-        """Remove and return the rows whose time is up, oldest first.
+    def remove_rows(self, rows: Iterable[PendingRow]) -> int:
+        """Remove these very rows (a newer row under the same id stays); how many left."""
+        removed = 0
+        with self._lock:
+            for row in rows:
+                if self._rows.get(row.id) is row:
+                    del self._rows[row.id]
+                    removed += 1
+        return removed
 
-        Rows are kept in order of arrival, and all wait the same ``ttl_s``, so this stops at
-        the first row still waiting (a row given back after a failed learn may expire a
-        little late; :meth:`claim` refuses it on time all the same).
+    def remove_ids(self, ids: Iterable[str]) -> None:
+        """Remove whatever waits under ``ids`` (replaying a logged learn of them)."""
+        with self._lock:
+            for row_id in ids:
+                self._rows.pop(row_id, None)
+
+    def due(self, now: float) -> list[PendingRow]:
+        """The rows to expire now, oldest first: those whose wait ended, then any beyond
+        ``max_rows``. They stay until removed.
+
+        Rows are kept in order of arrival and wait ``ttl_s`` each, so the ended waits are a
+        prefix (a restart under a longer TTL may leave a later row due behind an earlier one
+        that is not; it expires a little late, while :meth:`waiting` refuses it on time).
         """
-        expired = []
-        while self._rows:
-            row = next(iter(self._rows.values()))
-            if row.expires_at > now:
-                break
-            expired.append(self._rows.popitem(last=False)[1])
-        return expired
+        with self._lock:
+            excess = len(self._rows) - self.max_rows
+            rows = []
+            for row in self._rows.values():
+                if len(rows) >= excess and row.expires_at > now:
+                    break
+                rows.append(row)
+            return rows
+
+    def rows(self) -> list[PendingRow]:
+        """Every waiting row, oldest first (for a snapshot)."""
+        with self._lock:
+            return list(self._rows.values())
+
+
+# -- the rows in a snapshot -------------------------------------------------------------------
+
+_MAGIC = b"GLNWAIT1"
+_HEADER_LENGTH = struct.Struct("<I")
+
+
+def encode_rows(rows: Sequence[PendingRow]) -> bytes:
+    """Waiting rows as bytes: a JSON header (ids, dtypes, shapes), then the raw arrays."""
+    features = np.stack([row.features for row in rows]).astype("<f4", copy=False)
+    predictions = np.stack([row.prediction for row in rows]).astype("<f8", copy=False)
+    expires_at = np.array([row.expires_at for row in rows], dtype="<f8")
+    header = json.dumps({
+        "ids": [row.id for row in rows],
+        "features": list(features.shape),
+        "predictions": list(predictions.shape),
+    }).encode()
+    return b"".join((
+        _MAGIC, _HEADER_LENGTH.pack(len(header)), header,
+        features.tobytes(), predictions.tobytes(), expires_at.tobytes(),
+    ))
+
+
+def decode_rows(blob: bytes | memoryview) -> list[PendingRow]:
+    """The rows :func:`encode_rows` wrote; ValueError if the bytes do not fit together."""
+    view = memoryview(blob)
+    if bytes(view[:len(_MAGIC)]) != _MAGIC:
+        raise ValueError("waiting rows: not a block of waiting rows")
+    start = len(_MAGIC) + _HEADER_LENGTH.size
+    (length,) = _HEADER_LENGTH.unpack_from(view, len(_MAGIC))
+    header = json.loads(bytes(view[start:start + length]))
+    ids = [str(i) for i in header["ids"]]
+    f_shape, p_shape = tuple(header["features"]), tuple(header["predictions"])
+    n = len(ids)
+    if f_shape[0] != n or p_shape[0] != n:
+        raise ValueError(f"waiting rows: {n} ids, shapes {f_shape} and {p_shape}")
+    offset = start + length
+    arrays = []
+    for dtype, shape in (("<f4", f_shape), ("<f8", p_shape), ("<f8", (n,))):
+        size = np.dtype(dtype).itemsize * int(np.prod(shape))
+        if offset + size > len(view):
+            raise ValueError("waiting rows: truncated")
+        arrays.append(np.frombuffer(view[offset:offset + size], dtype=dtype).reshape(shape))
+        offset += size
+    if offset != len(view):
+        raise ValueError("waiting rows: bytes left over")
+    features, predictions, expires_at = (a.astype(a.dtype.newbyteorder("=")) for a in arrays)
+    return [PendingRow(ids[i], features[i], predictions[i], float(expires_at[i]))
+            for i in range(n)]

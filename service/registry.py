@@ -31,7 +31,7 @@ from service.errors import (
     Unavailable,
 )
 from service.metrics import ServiceMetrics
-from service.model_entry import WAL_ID, LearnResult, ModelEntry
+from service.model_entry import WAL_ID, LearnResult, ModelEntry, split_snapshot
 from service.pending import PendingRow
 from service.settings import Settings
 from service.store import SnapshotInfo, SnapshotStore
@@ -300,11 +300,10 @@ class ModelRegistry:
         if ids is not None:
             _check_ids(ids, len(features), "features")
         X, _ = await self._check(entry, features)
-        probs = await entry.predict_proba(X)
+        probs = await entry.predict_proba(X, None if ids is None else list(ids))
         self.metrics.observe_predicted(name, len(X))
         if ids is not None:
-            pushed_out = entry.pending.put(ids, X, probs, time.time())
-            await self._expire(entry, pushed_out)
+            await self._expire(entry)  # the oldest rows make room
         return probs
 
     async def labels(
@@ -313,16 +312,16 @@ class ModelRegistry:
         """Learn the waiting rows of ``ids`` with ``labels``; also the ids not waiting.
 
         Rows are learned in the order given, scored in the online metrics by the prediction
-        made at predict time. Ids that are unknown or expired are returned, not learned. If
-        learning fails the claimed rows wait again and the error is raised.
+        made at predict time. Ids that are unknown or expired are returned, not learned. A
+        row stops waiting only once its learning is logged: if learning fails the rows still
+        wait and the error is raised.
         """
         entry = await self.get(name)
         limit = self.settings.max_rows_per_request
         if len(ids) > limit:
             raise InvalidRequest(f"ids: {len(ids)} ids, more than GLN_MAX_ROWS_PER_REQUEST={limit}")
         _check_ids(ids, len(labels), "labels")
-        await self._expire(entry, entry.pending.pop_expired(time.time()))
-        rows, missing = entry.pending.claim(ids, time.time())
+        rows, missing = entry.pending.waiting(ids, time.time())
         if not rows:
             return None, missing
         wanted = dict(zip(ids, labels, strict=True))
@@ -331,46 +330,57 @@ class ModelRegistry:
                 np.stack([row.features for row in rows]), [wanted[row.id] for row in rows]
             )
         except (ValueError, TypeError) as exc:
-            entry.pending.give_back(rows)
             raise InvalidRequest(str(exc)) from exc
         assert y is not None
         try:
-            result = await entry.learn(X, y, scored=np.stack([row.prediction for row in rows]))
-        except BaseException:
-            entry.pending.give_back(rows)
-            raise
+            result = await entry.learn(
+                X, y, scored=np.stack([row.prediction for row in rows]), label_rows=rows
+            )
         finally:
             self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
-        self.metrics.labels_learned.labels(model=name).inc(len(rows))
-        return result, missing
+        self.metrics.labels_learned.labels(model=name).inc(result.rows)
+        return result, [*missing, *result.stale_ids]
 
-    async def _expire(self, entry: ModelEntry, rows: list[PendingRow]) -> None:
-        """Rows whose label did not come: count them, and learn them with the default label."""
+    async def _expire(self, entry: ModelEntry) -> None:
+        """Expire the rows that are due: learn them with the default label, else drop them.
+
+        Learned rows go through the log like any learn (and stop waiting only once logged);
+        dropped rows are not logged, so after a crash they come back from the log, still
+        due, and are dropped again.
+        """
+        rows = entry.pending.due(time.time())
+        if rows:
+            default = self.settings.label_default
+            if default is None:
+                expired = entry.pending.remove_rows(rows)
+            else:
+                expired = await self._learn_default(entry, rows, default)
+            self.metrics.labels_expired.labels(model=entry.name).inc(expired)
         self.metrics.labels_pending.labels(model=entry.name).set(len(entry.pending))
-        if not rows:
-            return
-        self.metrics.labels_expired.labels(model=entry.name).inc(len(rows))
-        default = self.settings.label_default
-        if default is None:
-            return
+
+    async def _learn_default(self, entry: ModelEntry, rows: list[PendingRow], label: int) -> int:
+        """Learn expired rows with the default label; how many were learned (0 on failure)."""
         try:
             X, y = entry.model.check_input(
-                np.stack([row.features for row in rows]), [default] * len(rows)
+                np.stack([row.features for row in rows]), [label] * len(rows)
             )
             assert y is not None
-            await entry.learn(X, y, scored=np.stack([row.prediction for row in rows]))
+            result = await entry.learn(
+                X, y, scored=np.stack([row.prediction for row in rows]), label_rows=rows
+            )
         except Exception:
             log.exception("learning %d expired rows of %r with the default label failed",
                           len(rows), entry.name)
+            return 0
+        return result.rows
 
     async def expire_labels_periodically(self, interval_s: float) -> None:
         """Every ``interval_s`` seconds, expire the rows that waited too long for a label."""
         await self.wait_restored()
         while True:
             await asyncio.sleep(interval_s)
-            now = time.time()
             for entry in list(self._models.values()):
-                await self._expire(entry, entry.pending.pop_expired(now))
+                await self._expire(entry)
 
     async def learn(
         self, name: str, features: Sequence[Sequence[float]], labels: Sequence[int],
@@ -460,9 +470,11 @@ class ModelRegistry:
                 if loaded is None:
                     return  # deleted by someone else since names()
                 blob, info = loaded
-                model = await self._run(GLN.from_bytes, blob, self.settings.device)
+                model_blob, waiting = split_snapshot(blob, info.metadata)
+                model = await self._run(GLN.from_bytes, model_blob, self.settings.device)
                 await self._run(model.warm_up)
                 entry = self._entry(name, model, info)
+                entry.pending.put_rows(waiting)
                 t0 = time.perf_counter()
                 replayed = await self._run(entry.replay_log)
             except Exception as exc:
@@ -479,6 +491,7 @@ class ModelRegistry:
                 name, info.version, replayed, time.perf_counter() - t0,
             )
             self._add(entry)
+            self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
             return
 
     async def close(self) -> bool:

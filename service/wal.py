@@ -94,6 +94,11 @@ _DURABILITIES = ("everysec", "always", "waitaof")
 _FORMAT = 1
 """Version of the entry encoding (JSON header + raw array bytes); bumped on any change."""
 
+_FORMAT_DELAYED_LABELS = 2
+"""Entries about delayed labels (wait entries, learn entries naming ids) are written with this
+version, so a server that predates them refuses them instead of learning a wait entry's
+predictions as labels; plain learn entries keep version 1."""
+
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,200}")
 _DIGEST_RE = re.compile(r"[0-9a-f]{1,128}")
 _REDIS_ID_RE = re.compile(r"(\d+)-(\d+)")
@@ -136,6 +141,16 @@ class LogEntry:
     created_at: float = 0.0
     request_rows: tuple[int, ...] = ()  # rows of each request in the chunk, if logged
     request_digests: tuple[str | None, ...] = ()  # each request's request_digest, if logged
+    # Delayed labels (service/pending.py). A learn entry: the ids of the waiting rows it
+    # learned, which stop waiting. A wait entry: the id of each of its rows.
+    label_ids: tuple[str, ...] = ()
+    predictions: np.ndarray | None = None  # wait entry: (n, num_classes), as predicted
+    expires_at: float = 0.0  # wait entry: when its rows' wait ends (time.time())
+
+    @property
+    def waiting(self) -> bool:
+        """True for a wait entry: rows put to wait for labels, nothing learned (no labels)."""
+        return self.predictions is not None
 
 
 class LoggedRequest(NamedTuple):
@@ -160,6 +175,7 @@ class WriteAheadLog(Protocol):
         idempotency_keys: Sequence[str | None] | None = None,
         request_rows: Sequence[int] | None = None,
         request_digests: Sequence[str | None] | None = None,
+        label_ids: Sequence[str] = (),
     ) -> str:
         """Log one chunk (``features`` (n, d) floats, ``labels`` (n,) ints) durably; its id.
 
@@ -170,7 +186,15 @@ class WriteAheadLog(Protocol):
         chunk splits into requests, so that a replay can give each request its own answer.
         ``request_digests`` (optional, one per request, like the keys) is remembered with
         each key, so that :meth:`logged_requests` can tell a retry from a reused key.
+        ``label_ids`` names the waiting rows (delayed labels) the chunk learns.
         """
+        ...
+
+    def append_waiting(
+        self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
+        expires_at: float,
+    ) -> str:
+        """Log rows put to wait for their labels (a wait entry) durably; its id."""
         ...
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
@@ -293,6 +317,7 @@ def _encode_entry(
     created_at: float,
     request_rows: Sequence[int] | None = None,
     digests: Sequence[str | None] = (),
+    label_ids: Sequence[str] = (),
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """Check the arrays; return the entry's JSON-able header and the two raw byte strings."""
     if not isinstance(features, np.ndarray) or features.ndim != 2 or features.dtype.kind != "f":
@@ -322,7 +347,44 @@ def _encode_entry(
         header["rows"] = rows
     if any(digest is not None for digest in digests):
         header["digests"] = list(digests)
+    if label_ids:
+        header["v"] = _FORMAT_DELAYED_LABELS
+        header["label_ids"] = _check_label_ids(label_ids)
     return header, x.tobytes(), y.tobytes()
+
+
+def _check_label_ids(ids: Sequence[str]) -> list[str]:
+    if isinstance(ids, str | bytes) or not all(isinstance(i, str) for i in ids):
+        raise TypeError(f"label ids must be a list of str, got {ids!r}")
+    return list(ids)
+
+
+def _encode_waiting(
+    ids: Sequence[str], features: np.ndarray, predictions: np.ndarray, expires_at: float,
+    created_at: float,
+) -> tuple[dict[str, Any], bytes, bytes]:
+    """A wait entry: the rows as features, their predictions where labels would be."""
+    if not isinstance(predictions, np.ndarray) or predictions.ndim != 2 or (
+        predictions.dtype.kind != "f"
+    ):
+        raise ValueError(
+            "predictions must be a 2-D float ndarray (n, num_classes), got "
+            f"{getattr(predictions, 'dtype', type(predictions).__name__)} "
+            f"shape {getattr(predictions, 'shape', None)}"
+        )
+    ids = _check_label_ids(ids)
+    if not len(ids) == len(predictions) == len(features):
+        raise ValueError(
+            f"{len(ids)} ids, {len(features)} feature rows and {len(predictions)} predictions"
+        )
+    header, x, _ = _encode_entry(features, np.zeros(len(ids), np.int64), [], created_at)
+    p = _little_endian(predictions)
+    header.update({
+        "v": _FORMAT_DELAYED_LABELS,
+        "y": {"dtype": p.dtype.str, "shape": list(p.shape)},
+        "wait": {"ids": ids, "expires_at": float(expires_at)},
+    })
+    return header, x, p.tobytes()
 
 
 def _decode_array(spec: object, raw: bytes | memoryview, what: str) -> np.ndarray:
@@ -343,17 +405,22 @@ def _decode_entry(
 ) -> LogEntry:
     """Rebuild a LogEntry; WalCorruptError if the header and the bytes do not fit together."""
     try:
-        if header.get("v") != _FORMAT:
+        if header.get("v") not in (_FORMAT, _FORMAT_DELAYED_LABELS):
             raise WalCorruptError(f"entry {entry_id}: unknown format {header.get('v')!r}")
         features = _decode_array(header.get("x"), x_raw, f"entry {entry_id} features")
-        labels = _decode_array(header.get("y"), y_raw, f"entry {entry_id} labels")
+        second = _decode_array(header.get("y"), y_raw, f"entry {entry_id} labels")
         keys = tuple(header.get("keys") or ())
         created_at = float(header.get("t", 0.0))
         rows = tuple(int(r) for r in header.get("rows") or ())
         digests = tuple(None if d is None else str(d) for d in header.get("digests") or ())
+        wait = header.get("wait")
+        if wait is not None:
+            return _waiting_entry(entry_id, features, second, wait, created_at)
+        label_ids = tuple(str(i) for i in header.get("label_ids") or ())
+        labels = second
     except WalCorruptError:
         raise
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, KeyError) as exc:
         raise WalCorruptError(f"entry {entry_id}: unreadable header {header!r}: {exc}") from exc
     if features.ndim != 2 or labels.ndim != 1 or len(features) != len(labels):
         raise WalCorruptError(f"entry {entry_id}: shapes {features.shape} and {labels.shape}")
@@ -361,7 +428,23 @@ def _decode_entry(
         raise WalCorruptError(f"entry {entry_id}: request rows {rows} for {len(labels)} labels")
     if digests and len(digests) != len(keys):
         raise WalCorruptError(f"entry {entry_id}: {len(digests)} digests for {len(keys)} keys")
-    return LogEntry(entry_id, features, labels, keys, created_at, rows, digests)
+    return LogEntry(entry_id, features, labels, keys, created_at, rows, digests, label_ids)
+
+
+def _waiting_entry(
+    entry_id: str, features: np.ndarray, predictions: np.ndarray, wait: dict[str, Any],
+    created_at: float,
+) -> LogEntry:
+    ids = tuple(str(i) for i in wait["ids"])
+    if features.ndim != 2 or predictions.ndim != 2 or predictions.dtype.kind != "f" or not (
+        len(ids) == len(features) == len(predictions)
+    ):
+        raise WalCorruptError(
+            f"entry {entry_id}: {len(ids)} ids, shapes {features.shape} and {predictions.shape}"
+        )
+    return LogEntry(entry_id, features, np.zeros(0, np.int64), (), created_at,
+                    label_ids=ids, predictions=predictions,
+                    expires_at=float(wait["expires_at"]))
 
 
 def _check_ttl(idempotency_ttl_s: float) -> float:
@@ -370,6 +453,45 @@ def _check_ttl(idempotency_ttl_s: float) -> float:
     ):
         raise ValueError(f"idempotency_ttl_s must be a positive number, got {idempotency_ttl_s!r}")
     return float(idempotency_ttl_s)
+
+
+class _Entries:
+    """``append`` and ``append_waiting`` of a log: checked and encoded here, written by the
+    log's own ``_write``."""
+
+    def _write(
+        self, name: str, header: dict[str, Any], x: bytes, y: bytes,
+        keys: list[str | None], digests: list[str | None], now: float,
+    ) -> str:
+        raise NotImplementedError
+
+    def append(
+        self,
+        name: str,
+        features: np.ndarray,
+        labels: np.ndarray,
+        idempotency_keys: Sequence[str | None] | None = None,
+        request_rows: Sequence[int] | None = None,
+        request_digests: Sequence[str | None] | None = None,
+        label_ids: Sequence[str] = (),
+    ) -> str:
+        """Log one chunk durably; its id (see :meth:`WriteAheadLog.append`)."""
+        keys = _check_keys(idempotency_keys)
+        digests = _check_digests(request_digests, keys)
+        now = time.time()
+        header, x, y = _encode_entry(
+            features, labels, keys, now, request_rows, digests, label_ids
+        )
+        return self._write(name, header, x, y, keys, digests, now)
+
+    def append_waiting(
+        self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
+        expires_at: float,
+    ) -> str:
+        """Log rows put to wait for their labels durably; its id."""
+        now = time.time()
+        header, x, y = _encode_waiting(ids, features, predictions, expires_at, now)
+        return self._write(name, header, x, y, [], [], now)
 
 
 class _KeyLookups:
@@ -441,7 +563,7 @@ return false
 """
 
 
-class RedisWriteAheadLog(_KeyLookups, _RedisClient):
+class RedisWriteAheadLog(_Entries, _KeyLookups, _RedisClient):
     """The log as one Redis Stream per model, plus one short-lived key per idempotency key.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name)::
@@ -548,16 +670,11 @@ class RedisWriteAheadLog(_KeyLookups, _RedisClient):
 
     # -- the interface --------------------------------------------------------------------
 
-    def append(
-        self,
-        name: str,
-        features: np.ndarray,
-        labels: np.ndarray,
-        idempotency_keys: Sequence[str | None] | None = None,
-        request_rows: Sequence[int] | None = None,
-        request_digests: Sequence[str | None] | None = None,
+    def _write(
+        self, name: str, header: dict[str, Any], x: bytes, y: bytes,
+        keys: list[str | None], digests: list[str | None], now: float,
     ) -> str:
-        """XADD the chunk and SET its idempotency keys in one atomic script; the entry id.
+        """XADD the entry and SET its idempotency keys in one atomic script; the entry id.
 
         With ``durability="waitaof"`` a ``WAITAOF`` follows in the same pipeline (same
         connection, one round trip) and waits for the AOF fsync; if that does not
@@ -565,9 +682,6 @@ class RedisWriteAheadLog(_KeyLookups, _RedisClient):
         replayed, so report the request as failed and let its idempotency key catch a retry).
         """
         stream = self._stream_key(name)
-        keys = _check_keys(idempotency_keys)
-        digests = _check_digests(request_digests, keys)
-        header, x, y = _encode_entry(features, labels, keys, time.time(), request_rows, digests)
         if not self._checked:
             with self._check_lock:
                 if not self._checked:
@@ -758,7 +872,7 @@ class _FileState:
     keys: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
 
 
-class FileWriteAheadLog(_KeyLookups, _ClosingMixin):
+class FileWriteAheadLog(_Entries, _KeyLookups, _ClosingMixin):
     """The log as one append-only file per model: ``{directory}/{name}/wal.log``.
 
     Each record is ``[u32 length][u32 CRC-32][payload]`` (little-endian); the payload is a
@@ -895,20 +1009,11 @@ class FileWriteAheadLog(_KeyLookups, _ClosingMixin):
 
     # -- the interface --------------------------------------------------------------------
 
-    def append(
-        self,
-        name: str,
-        features: np.ndarray,
-        labels: np.ndarray,
-        idempotency_keys: Sequence[str | None] | None = None,
-        request_rows: Sequence[int] | None = None,
-        request_digests: Sequence[str | None] | None = None,
+    def _write(
+        self, name: str, header: dict[str, Any], x: bytes, y: bytes,
+        keys: list[str | None], digests: list[str | None], now: float,
     ) -> str:
         """Write one record (after cutting off any torn tail), fsync it, return its id."""
-        keys = _check_keys(idempotency_keys)
-        digests = _check_digests(request_digests, keys)
-        now = time.time()
-        header, x, y = _encode_entry(features, labels, keys, now, request_rows, digests)
         with self._state(name) as (state, path):
             entry_id = state.last_id + 1
             record = _frame({"kind": "entry", "id": entry_id, **header}, x, y)

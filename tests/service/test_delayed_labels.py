@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from gln import GLN
 from service.app import create_app
 from service.settings import Settings
+from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
 def _metric(text: str, name: str, model: str = "m") -> float:
@@ -150,3 +152,143 @@ async def test_the_oldest_rows_make_room_when_too_many_wait(
         metrics = (await client.get("/metrics")).text
     assert [x["status"] for x in r.json()["results"]] == [404, 200, 200]
     assert _metric(metrics, "gln_delayed_labels_expired_total") == 1
+
+
+# -- waiting rows survive restarts and crashes --------------------------------------------------
+
+
+def _loss_total(info: dict) -> float:
+    total = info["metrics"]["total"]
+    return 0.0 if total["examples"] == 0 else total["log_loss"] * total["examples"]
+
+
+async def test_waiting_rows_survive_a_crash_whether_snapshotted_or_only_logged(
+    store_settings, serve, small_config, create_model, make_data
+):
+    """Rows put to wait before the snapshot come back from it, later ones from the log; a row
+    learned before the crash (its learn entry names it) stays learned, once."""
+    other_X, other_y = make_data(10, seed=1)
+    X, y = make_data(5, seed=2)
+    ids = ["a", "b", "c", "d", "e"]
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/learn", json={"features": other_X, "labels": other_y})
+        first = await client.post("/v1/models/m/predict", json={"features": X[:3], "ids": ids[:3]})
+        assert (await client.post("/v1/models/m/snapshot")).status_code == 200
+        second = await client.post("/v1/models/m/predict", json={"features": X[3:], "ids": ids[3:]})
+        learned_b = await client.post("/v1/models/m/labels", json={"ids": ["b"], "labels": [y[1]]})
+        assert learned_b.json()["learned"] == 1
+        skip_shutdown_snapshots(app)
+    made = first.json()["probabilities"] + second.json()["probabilities"]
+
+    restarted = create_app(store_settings)
+    async with serve(restarted) as client:
+        metrics = (await client.get("/metrics")).text
+        before = (await client.get("/v1/models/m")).json()
+        order = [4, 0, 1, 2, 3]  # e, a, b (learned already), c, d
+        r = await client.post("/v1/models/m/labels", json={
+            "ids": [ids[i] for i in order], "labels": [y[i] for i in order]})
+        after = (await client.get("/v1/models/m")).json()
+        restored = await model_bytes(restarted, "m")
+
+    assert _metric(metrics, "gln_delayed_labels_pending") == 4
+    assert before["examples_seen"] == 11
+    assert [(res["id"], res["status"]) for res in r.json()["results"]] == [
+        ("e", 200), ("a", 200), ("b", 404), ("c", 200), ("d", 200)]
+    assert r.json()["learned"] == 4 and after["examples_seen"] == 15
+    # Scored by the predictions made before the crash.
+    expected = sum(-math.log(made[i][y[i]]) for i in [4, 0, 2, 3])
+    assert _loss_total(after) - _loss_total(before) == pytest.approx(expected, rel=1e-9)
+    reference = GLN(**small_config)
+    reference.learn(np.asarray(other_X, np.float32), np.asarray(other_y))
+    for i in [1, 4, 0, 2, 3]:
+        reference.learn(np.asarray(X[i:i + 1], np.float32), np.asarray(y[i:i + 1]))
+    assert restored == reference.to_bytes()
+
+
+async def test_waiting_rows_survive_a_restart_without_the_log(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """Without a log the shutdown snapshot carries them (a prediction with ids changes the
+    model's state, so the shutdown saves it)."""
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, wal_enabled=False)
+    X, y = make_data(2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/snapshot")
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+    async with serve(create_app(settings)) as client:
+        r = await client.post("/v1/models/m/labels", json={"ids": ["b", "a"], "labels": y[::-1]})
+    assert r.json()["learned"] == 2
+
+
+async def test_rows_learned_with_the_default_label_are_not_learned_again_after_a_crash(
+    store_settings, serve, small_config, create_model, make_data
+):
+    settings = store_settings.model_copy(update={"label_ttl_s": 0.2, "label_default": 1})
+    X, _ = make_data(2)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if (await client.get("/v1/models/m")).json()["examples_seen"] == 2:
+                break
+        skip_shutdown_snapshots(app)
+    async with serve(create_app(settings)) as client:
+        await asyncio.sleep(0.3)  # an expiry round after the restart
+        info = (await client.get("/v1/models/m")).json()
+        metrics = (await client.get("/metrics")).text
+    assert info["examples_seen"] == 2
+    assert _metric(metrics, "gln_delayed_labels_pending") == 0
+    assert _metric(metrics, "gln_delayed_labels_expired_total") == 0
+
+
+async def test_two_label_requests_for_one_row_at_once_learn_it_once(
+    client, create_model, make_data
+):
+    await create_model(client, "m")
+    X, y = make_data(1)
+    await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a"]})
+    body = {"ids": ["a"], "labels": y}
+    answers = await asyncio.gather(*(client.post("/v1/models/m/labels", json=body)
+                                     for _ in range(3)))
+    statuses = sorted(a.json()["results"][0]["status"] for a in answers)
+    assert statuses == [200, 404, 404]
+    assert (await client.get("/v1/models/m")).json()["examples_seen"] == 1
+
+
+async def test_a_prediction_whose_rows_cannot_be_logged_is_refused_and_nothing_waits(
+    app, client, create_model, make_data, monkeypatch
+):
+    await create_model(client, "m")
+    entry = await app.state.registry.get("m")
+    X, _ = make_data(2)
+
+    def log_down(*args, **kwargs):
+        raise ConnectionError("log down")
+
+    monkeypatch.setattr(entry.wal, "append_waiting", log_down)
+    refused = await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+    plain = await client.post("/v1/models/m/predict", json={"features": X})
+    assert refused.status_code == 503 and "with the same ids" in refused.json()["detail"]
+    assert plain.status_code == 200
+    assert len(entry.pending) == 0
+
+
+async def test_a_wait_entry_logged_behind_a_failed_append_is_applied_before_new_learning(
+    app, client, create_model, make_data
+):
+    """Its append raised but it landed: the model catches up and the rows wait after all."""
+    await create_model(client, "m")
+    entry = await app.state.registry.get("m")
+    X, y = make_data(3)
+    entry.wal.append_waiting("m", ["a"], np.asarray(X[:1], np.float32), np.full((1, 3), 1 / 3),
+                             time.time() + 60)
+    entry._log_in_doubt = True
+    learned = await client.post("/v1/models/m/learn", json={"features": X[1:], "labels": y[1:]})
+    labelled = await client.post("/v1/models/m/labels", json={"ids": ["a"], "labels": y[:1]})
+    assert learned.json()["sequence"] == 0
+    assert labelled.json()["learned"] == 1 and labelled.json()["sequence"] == 2

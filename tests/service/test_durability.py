@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
 
 from gln import GLN
 from service.app import create_app
@@ -21,6 +20,7 @@ from service.registry import WAL_ID
 from service.settings import Settings
 from service.store import open_store
 from service.wal import open_wal
+from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
 def _store(settings: Settings):
@@ -31,18 +31,6 @@ def _store(settings: Settings):
 
 def _wal(settings: Settings):
     return open_wal(settings.redis_url, settings.snapshot_dir, key_prefix=settings.redis_key_prefix)
-
-
-def _skip_shutdown_snapshots(app: FastAPI) -> None:
-    """Make the coming shutdown behave like a crash: no model looks changed, none is saved."""
-    for entry in app.state.registry.models():
-        entry._snapshotted_updates = entry._updates
-
-
-async def _model_bytes(app: FastAPI, name: str) -> bytes:
-    entry = await app.state.registry.get(name)
-    with entry.lock:
-        return entry.model.to_bytes()
 
 
 def _learned_in_order(config: dict[str, Any], answers: list[tuple[dict, list, list]]) -> bytes:
@@ -71,8 +59,8 @@ async def test_restart_replays_the_log_after_the_latest_snapshot(
         assert (await client.post("/v1/models/m/snapshot")).status_code == 200
         for X, y in requests[4:]:
             await learn(X, y)
-        crashed_bytes = await _model_bytes(app, "m")
-        _skip_shutdown_snapshots(app)
+        crashed_bytes = await model_bytes(app, "m")
+        skip_shutdown_snapshots(app)
 
     with _store(store_settings) as store:
         _, info = store.load("m")
@@ -84,7 +72,7 @@ async def test_restart_replays_the_log_after_the_latest_snapshot(
     async with serve(restarted) as client:
         assert (await client.get("/readyz")).status_code == 200
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 29
-        assert await _model_bytes(restarted, "m") == crashed_bytes
+        assert await model_bytes(restarted, "m") == crashed_bytes
     assert crashed_bytes == _learned_in_order(small_config, answers)
 
 
@@ -156,7 +144,7 @@ async def test_a_duplicate_after_a_restart_gets_the_original_answer_from_the_log
     async with serve(app) as client:
         await create_model(client, "m", small_config)
         original = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
-        _skip_shutdown_snapshots(app)
+        skip_shutdown_snapshots(app)
     async with serve(create_app(store_settings)) as client:
         retried = (await client.post("/v1/models/m/learn", json=body, headers=key)).json()
         # Once a snapshot has trimmed the entry away, the key is still known but the answer
@@ -213,7 +201,7 @@ async def test_a_used_key_with_other_data_is_refused_after_a_restart(
         await create_model(client, "m", small_config)
         await client.post("/v1/models/m/learn", json={"features": X, "labels": y}, headers=key)
         await client.post("/v1/models/m/snapshot")  # trims the entry; the key stays
-        _skip_shutdown_snapshots(app)
+        skip_shutdown_snapshots(app)
     async with serve(create_app(store_settings)) as client:
         other = await client.post("/v1/models/m/learn",
                                   json={"features": X[::-1], "labels": y[::-1]}, headers=key)
@@ -280,7 +268,7 @@ async def test_an_entry_logged_behind_a_failed_append_is_applied_before_new_lear
             "/v1/models/m/learn", json={"features": landed_X, "labels": landed_y},
             headers={"Idempotency-Key": "lost-answer"},
         )
-        crashed = await _model_bytes(app, "m")
+        crashed = await model_bytes(app, "m")
     assert r.json()["sequence"] == 3
     assert retry.json()["duplicate"] is True and retry.json()["sequence"] == 0
     reference = GLN(**small_config)
@@ -301,7 +289,7 @@ async def test_delete_removes_the_log_and_a_new_model_of_the_name_starts_empty(
         with _wal(store_settings) as wal:
             assert list(wal.read_after("m", None)) == []
         await create_model(client, "m", small_config)
-        _skip_shutdown_snapshots(app)
+        skip_shutdown_snapshots(app)
     async with serve(create_app(store_settings)) as client:
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
 
@@ -394,11 +382,11 @@ async def test_learn_answers_503_while_the_log_is_down_and_loses_nothing_acknowl
                 answers.append((await learn(i)).json())
             again = await learn(4)
             metrics = (await client.get("/metrics")).text
-            _skip_shutdown_snapshots(app)
+            skip_shutdown_snapshots(app)
         restarted = create_app(settings)
         async with serve(restarted) as client:
             restored = (await client.get("/v1/models/m")).json()["examples_seen"]
-            restored_bytes = await _model_bytes(restarted, "m")
+            restored_bytes = await model_bytes(restarted, "m")
 
     assert down.status_code == 503 and "retry it with the same Idempotency-Key" in down.json()[
         "detail"]

@@ -133,6 +133,56 @@ def test_round_trip_is_exact(wal: WriteAheadLog) -> None:
     assert wal.last_id("m") == entry_id
 
 
+def test_wait_entries_and_learned_label_ids_round_trip_in_order(wal: WriteAheadLog) -> None:
+    X, _ = chunk(3)
+    predictions = np.array([[0.25, 0.75], [0.5, 0.5], [1 / 3, 2 / 3]])
+    waited = wal.append_waiting("m", ["a", "b", "c"], X, predictions, 1234.5)
+    plain = wal.append("m", *tagged(1))
+    learned = wal.append("m", X[:2], np.array([1, 0]), label_ids=["b", "a"])
+    first, second, third = wal.read_after("m", None)
+    assert [first.id, second.id, third.id] == [waited, plain, learned]
+    assert first.waiting and first.label_ids == ("a", "b", "c") and first.expires_at == 1234.5
+    assert first.features.tobytes() == X.tobytes() and len(first.labels) == 0
+    assert first.predictions is not None
+    assert first.predictions.tobytes() == predictions.tobytes()  # float64, bit-exact
+    assert not second.waiting and second.label_ids == () and tags([second]) == [1]
+    assert not third.waiting and third.label_ids == ("b", "a")
+    assert_same(third, X[:2], np.array([1, 0]))
+
+
+def test_wait_entries_refuse_mismatched_arguments(wal: WriteAheadLog) -> None:
+    X, _ = chunk(2)
+    with pytest.raises(ValueError, match="2 ids, 2 feature rows and 3 predictions"):
+        wal.append_waiting("m", ["a", "b"], X, np.zeros((3, 2)), 1.0)
+    with pytest.raises(ValueError, match="predictions must be a 2-D float"):
+        wal.append_waiting("m", ["a", "b"], X, np.zeros((2, 2), np.int64), 1.0)
+    with pytest.raises(TypeError, match="label ids"):
+        wal.append("m", X, np.array([0, 1]), label_ids="ab")
+    assert list(wal.read_after("m", None)) == []
+
+
+def test_plain_learn_entries_keep_the_first_format(
+    wal: WriteAheadLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log without delayed labels stays readable by a server that predates them; entries
+    about delayed labels are marked so that such a server refuses them."""
+    import service.wal as wal_module
+
+    X, y = chunk(1)
+    wal.append("m", X, y)
+    wal.append("m", X, y, label_ids=["a"])
+    wal.append_waiting("m", ["a"], X, np.ones((1, 2)), 1.0)
+    original, versions = wal_module._decode_entry, []
+
+    def spy(entry_id: str, header: dict, *raw: bytes) -> LogEntry:
+        versions.append(header["v"])
+        return original(entry_id, header, *raw)
+
+    monkeypatch.setattr(wal_module, "_decode_entry", spy)
+    assert len(list(wal.read_after("m", None))) == 3
+    assert versions == [1, 2, 2]
+
+
 def test_other_dtypes_and_byte_orders_are_kept(wal: WriteAheadLog) -> None:
     X64 = np.arange(6, dtype=np.float64).reshape(3, 2) / 3
     y32 = np.array([1, 2, 3], dtype=np.int32)

@@ -1,0 +1,23 @@
+"""Crashes staged in process: an app whose shutdown writes no snapshot, as if it had died.
+
+Shared by the service tests that restart an app on the same store and log
+(test_durability.py, test_delayed_labels.py); the real ``kill -9`` of a server process is in
+test_crash_recovery.py.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+
+def skip_shutdown_snapshots(app: FastAPI) -> None:
+    """Make the coming shutdown behave like a crash: no model looks changed, none is saved."""
+    for entry in app.state.registry.models():
+        entry._snapshotted_updates = entry._updates
+
+
+async def model_bytes(app: FastAPI, name: str) -> bytes:
+    """The bytes of the model ``name`` as the app holds it now."""
+    entry = await app.state.registry.get(name)
+    with entry.lock:
+        return entry.model.to_bytes()

@@ -1,0 +1,75 @@
+"""The store of rows waiting for labels, and their encoding in snapshots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.pending import PendingPredictions, decode_rows, encode_rows
+
+
+def _rows(n: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.ones(3), n)
+    return [f"id-{seed}-{i}" for i in range(n)], rng.standard_normal((n, 4), np.float32), probs
+
+
+def test_rows_due_are_those_whose_wait_ended_then_those_beyond_the_limit() -> None:
+    pending = PendingPredictions(ttl_s=10.0, max_rows=3)
+    for t in range(5):
+        ids, X, p = _rows(1, seed=t)
+        pending.put(ids, X, p, expires_at=10.0 + t)
+    assert [row.id for row in pending.due(now=0.0)] == ["id-0-0", "id-1-0"]  # 5 > 3
+    assert [row.id for row in pending.due(now=12.0)] == ["id-0-0", "id-1-0", "id-2-0"]
+    assert len(pending) == 5  # due rows stay until removed
+    pending.remove_rows(pending.due(now=0.0))
+    assert pending.due(now=0.0) == []
+
+
+def test_a_row_is_removed_only_while_it_is_the_one_waiting_under_its_id() -> None:
+    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    ids, X, p = _rows(2)
+    pending.put(ids, X, p, expires_at=10.0)
+    (old,), _ = pending.waiting([ids[0]], now=0.0)
+    pending.put(ids[:1], X[1:], p[1:], expires_at=11.0)  # predicted again under the same id
+    assert not pending.is_waiting(old)
+    assert pending.remove_rows([old]) == 0
+    found, missing = pending.waiting(ids, now=0.0)
+    assert found[0].features.tobytes() == X[1].tobytes() and missing == []
+    pending.remove_ids([ids[0]])
+    assert [row.id for row in pending.rows()] == [ids[1]]
+
+
+def test_rows_whose_wait_ended_are_not_found() -> None:
+    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    ids, X, p = _rows(2)
+    pending.put(ids, X, p, expires_at=10.0)
+    assert pending.waiting(ids, now=10.0) == ([], ids)
+
+
+def test_rows_round_trip_through_their_encoding_in_order() -> None:
+    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    for seed in range(3):
+        ids, X, p = _rows(2 + seed, seed)
+        pending.put(ids, X, p, expires_at=100.0 + seed / 3)
+    rows = pending.rows()
+    back = decode_rows(encode_rows(rows))
+    assert [row.id for row in back] == [row.id for row in rows]
+    for a, b in zip(rows, back, strict=True):
+        assert b.features.dtype == np.float32 and b.features.tobytes() == a.features.tobytes()
+        assert b.prediction.tobytes() == np.asarray(a.prediction, np.float64).tobytes()
+        assert b.expires_at == a.expires_at
+    restored = PendingPredictions(ttl_s=10.0, max_rows=10)
+    restored.put_rows(back)
+    assert [row.id for row in restored.due(now=100.5)] == [row.id for row in rows[:5]]
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncated", "extra"])
+def test_damaged_encodings_are_refused(damage: str) -> None:
+    ids, X, p = _rows(2)
+    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    pending.put(ids, X, p, expires_at=1.0)
+    blob = encode_rows(pending.rows())
+    damaged = {"magic": b"X" + blob[1:], "truncated": blob[:-1], "extra": blob + b"\0"}[damage]
+    with pytest.raises(ValueError, match="waiting rows"):
+        decode_rows(damaged)
