@@ -1,8 +1,9 @@
 """Load test of the HTTP service: requests/s and latency of learn and predict.
 
 Scenarios: two models (a small one, 20 features and layers [32, 32, 1]; the MNIST-sized one,
-784 features, 10 classes, [128, 128, 1], context_dim 4) x two verbs (learn, predict) x two
-batch sizes (1 and 100 rows per request). Each scenario runs ``--connections`` concurrent
+784 features, 10 classes, [128, 128, 1], context_dim 4) x three verbs (learn, predict, and
+predict-ids: predict with ids, so the rows wait for labels, which logs them) x two batch sizes
+(1 and 100 rows per request). Each scenario runs ``--connections`` concurrent
 keep-alive connections for ``--duration`` seconds (after ``--warmup``), and prints one JSON
 line: requests/s, examples/s, p50/p99/mean latency in ms, errors.
 
@@ -51,7 +52,8 @@ MODELS = {
               "context_dim": 4, "learning_rate": {"schedule": "inverse_time", "scale": 100.0,
                                                   "cap": 0.01}},
 }
-VERBS = ("learn", "predict")
+VERBS = ("learn", "predict", "predict-ids")
+ROUTES = {"learn": "learn", "predict": "predict", "predict-ids": "predict"}
 BATCHES = (1, 100)
 DISTINCT_BODIES = 64  # requests cycle through this many pre-encoded bodies
 
@@ -72,11 +74,13 @@ def encode_bodies(config: dict, verb: str, batch: int, seed: int) -> list[bytes]
     rng = np.random.default_rng(seed)
     d, k = config["num_features"], config["num_classes"]
     bodies = []
-    for _ in range(DISTINCT_BODIES):
+    for b in range(DISTINCT_BODIES):
         X = np.round(rng.normal(size=(batch, d)), 4).tolist()
         body = {"features": X}
         if verb == "learn":
             body["labels"] = rng.integers(0, k, size=batch).tolist()
+        if verb == "predict-ids":  # a body sent again replaces its rows: a bounded wait
+            body["ids"] = [f"row-{b}-{i}" for i in range(batch)]
         bodies.append(json.dumps(body, separators=(",", ":")).encode())
     return bodies
 
@@ -248,12 +252,12 @@ def run_scenario(url: str, scenario: Scenario, args: argparse.Namespace) -> dict
         client.delete(f"/v1/models/{name}")
         r = client.post("/v1/models", json={"name": name, "config": config})
         r.raise_for_status()
-        if scenario.verb == "predict":  # predict a model that has learned something
+        if scenario.verb != "learn":  # predict a model that has learned something
             for body in encode_bodies(config, "learn", 100, seed=1)[:5]:
                 client.post(f"/v1/models/{name}/learn", content=body,
                             headers={"content-type": "application/json"}).raise_for_status()
     bodies = encode_bodies(config, scenario.verb, scenario.batch, seed=2)
-    path = f"/v1/models/{name}/{scenario.verb}"
+    path = f"/v1/models/{name}/{ROUTES[scenario.verb]}"
     runner = run_raw if args.client == "raw" else run_httpx
     latencies, errors = asyncio.run(runner(url, path, bodies, args.connections, args.warmup,
                                            args.duration, args.token))
