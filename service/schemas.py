@@ -68,7 +68,8 @@ class PredictRequest(FeaturesRequest):
         None, examples=[["txn-1"]],
         description="Optional, one unique id per row (1-200 visible ASCII characters): the "
         "row and its prediction wait GLN_LABEL_TTL_S seconds for a label "
-        "(POST /v1/models/{name}/labels).",
+        "(POST /v1/models/{name}/labels), logged before the answer, so they survive "
+        "restarts.",
     )
 
 
