@@ -6,7 +6,8 @@ Idempotency-Key, retrying on any error with the same key. After some hundreds of
 acknowledged requests the server is SIGKILLed and restarted on the same port; the learners
 retry what they held and go on. At the end the acknowledged requests' sequences must tile the
 model's stream exactly, and the model's bytes must equal a fresh model that learned exactly
-the acknowledged rows in that order.
+the acknowledged rows in that order. A second test kills a server holding rows that wait for
+delayed labels: after the restart they wait still, and are learned once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from gln import GLN
@@ -127,3 +129,43 @@ def test_kill_9_mid_load_then_restart_is_exactly_once(
     model = GLN.from_bytes(blob)
     assert model.examples_seen == examples_seen
     assert model.to_bytes() == reference_bytes(small_config, result.order)
+
+
+def test_kill_9_keeps_the_rows_waiting_for_labels(
+    log_settings: dict[str, str], tmp_path: Path, small_config: dict[str, Any]
+) -> None:
+    """Rows predicted with ids wait through a real crash: those snapshotted and those only
+    logged; a row learned before the crash is not learned again."""
+    server = ServerProcess({**log_settings, "GLN_SNAPSHOT_INTERVAL_S": "3600"},
+                           tmp_path / "server.log")
+    rows = [[0.1 * i - 0.3 * j for j in range(small_config["num_features"])] for i in range(4)]
+    with server, httpx.Client(timeout=30) as client:
+        server.start()
+        url = server.url
+        client.post(f"{url}/v1/models", json={"name": "m", "config": small_config})
+        made = client.post(f"{url}/v1/models/m/predict",
+                           json={"features": rows[:2], "ids": ["a", "b"]}).json()
+        assert client.post(f"{url}/v1/models/m/snapshot").status_code == 200
+        made_later = client.post(f"{url}/v1/models/m/predict",
+                                 json={"features": rows[2:], "ids": ["c", "d"]}).json()
+        first = client.post(f"{url}/v1/models/m/labels", json={"ids": ["c"], "labels": [1]})
+        assert first.json()["learned"] == 1
+        server.kill()
+        server.start()
+        after = client.post(f"{url}/v1/models/m/labels",
+                            json={"ids": ["d", "c", "a", "b"], "labels": [0, 1, 2, 0]})
+        info = client.get(f"{url}/v1/models/m").json()
+        assert client.post(f"{url}/v1/models/m/snapshot").status_code == 200
+    assert [(r["id"], r["status"]) for r in after.json()["results"]] == [
+        ("d", 200), ("c", 404), ("a", 200), ("b", 200)]
+    assert info["examples_seen"] == 4
+    probs = made["probabilities"] + made_later["probabilities"]
+    expected = -(np.log(probs[3][0]) + np.log(probs[0][2]) + np.log(probs[1][0])) / 3
+    assert info["metrics"]["total"]["log_loss"] == pytest.approx(expected, rel=1e-9)
+    reference = GLN(**small_config)
+    for i, label in [(2, 1), (3, 0), (0, 2), (1, 0)]:
+        reference.learn(np.asarray(rows[i:i + 1], np.float32), np.array([label]))
+    store, wal = _store_and_log(log_settings)
+    with store, wal:
+        blob, _ = store.load("m")
+    assert GLN.from_bytes(blob).to_bytes() == reference.to_bytes()
