@@ -747,6 +747,7 @@ class ModelEntry:
             "config": self.model.config,
             "examples_seen": int(self.model.examples_seen),
             "pending_examples": self._pending_learn_rows,
+            "waiting_for_labels": len(self.pending),
             "nbytes": int(self.model.nbytes),
             "metrics": self.stats.summary(),
             "snapshot": None if snap is None else {

@@ -166,6 +166,9 @@ class ModelInfo(BaseModel):
     config: dict[str, Any]
     examples_seen: int = Field(description="Examples learned since creation (across restarts).")
     pending_examples: int = Field(description="Examples queued and not learned yet.")
+    waiting_for_labels: int = Field(
+        description="Rows predicted with ids and waiting for their labels (delayed labels)."
+    )
     nbytes: int = Field(description="Bytes held by the model's arrays.")
     metrics: OnlineMetrics
     snapshot: SnapshotOut | None = Field(description="The latest snapshot, if any.")

@@ -193,10 +193,11 @@ async def test_waiting_rows_survive_a_crash_whether_snapshotted_or_only_logged(
         restored = await model_bytes(restarted, "m")
 
     assert _metric(metrics, "gln_delayed_labels_pending") == 4
-    assert before["examples_seen"] == 11
+    assert before["examples_seen"] == 11 and before["waiting_for_labels"] == 4
     assert [(res["id"], res["status"]) for res in r.json()["results"]] == [
         ("e", 200), ("a", 200), ("b", 404), ("c", 200), ("d", 200)]
     assert r.json()["learned"] == 4 and after["examples_seen"] == 15
+    assert after["waiting_for_labels"] == 0
     # Scored by the predictions made before the crash.
     expected = sum(-math.log(made[i][y[i]]) for i in [4, 0, 2, 3])
     assert _loss_total(after) - _loss_total(before) == pytest.approx(expected, rel=1e-9)
