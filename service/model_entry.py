@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -383,12 +383,20 @@ class ModelEntry:
         expires_at = time.time() + self.pending.ttl_s
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
-        if wal is not None:
-            self.applied_id = self._logged(
-                lambda: wal.append_waiting(self.name, ids, X, probs, expires_at)
-            )
+        entry_id = None if wal is None else self._logged(
+            lambda: wal.append_waiting(self.name, ids, X, probs, expires_at)
+        )
+        self._wait(ids, X, probs, expires_at, entry_id)
+
+    def _wait(
+        self, ids: Sequence[str], X: np.ndarray, probs: np.ndarray, expires_at: float,
+        entry_id: str | None,
+    ) -> None:
+        """(model lock) Let rows wait for labels (live or replayed), as :meth:`_apply` learns."""
         self.pending.put(ids, X, probs, expires_at)
         self._updates += 1
+        if entry_id is not None:
+            self.applied_id = entry_id
 
     def _learn_group(self, group: _GroupResult) -> None:
         """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
@@ -612,10 +620,8 @@ class ModelEntry:
         """
         if entry.waiting:
             assert entry.predictions is not None
-            self.pending.put(entry.label_ids, entry.features, entry.predictions,
-                             entry.expires_at)
-            self.applied_id = entry.id
-            self._updates += 1
+            self._wait(entry.label_ids, entry.features, entry.predictions, entry.expires_at,
+                       entry.id)
             self._metrics.wal_replayed_entries.inc()
             return
         start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)

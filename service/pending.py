@@ -76,13 +76,12 @@ class PendingPredictions:
 
         More than ``max_rows`` rows may wait for a moment: the oldest are then :meth:`due`.
         """
-        with self._lock:
-            for i, row_id in enumerate(ids):
-                self._rows.pop(row_id, None)
-                self._rows[row_id] = PendingRow(row_id, features[i], predictions[i], expires_at)
+        self.put_rows(PendingRow(row_id, features[i], predictions[i], expires_at)
+                      for i, row_id in enumerate(ids))
 
     def put_rows(self, rows: Iterable[PendingRow]) -> None:
-        """Keep rows as they are (a restore), after those already waiting."""
+        """Keep rows as they are (a restore), after those already waiting; a row replaces
+        the one waiting under its id."""
         with self._lock:
             for row in rows:
                 self._rows.pop(row.id, None)
@@ -113,7 +112,7 @@ class PendingPredictions:
         removed = 0
         with self._lock:
             for row in rows:
-                if self._rows.get(row.id) is row:
+                if self.is_waiting(row):
                     del self._rows[row.id]
                     removed += 1
         return removed

@@ -326,16 +326,7 @@ class ModelRegistry:
             return None, missing
         wanted = dict(zip(ids, labels, strict=True))
         try:
-            X, y = entry.model.check_input(
-                np.stack([row.features for row in rows]), [wanted[row.id] for row in rows]
-            )
-        except (ValueError, TypeError) as exc:
-            raise InvalidRequest(str(exc)) from exc
-        assert y is not None
-        try:
-            result = await entry.learn(
-                X, y, scored=np.stack([row.prediction for row in rows]), label_rows=rows
-            )
+            result = await self._learn_waiting(entry, rows, [wanted[row.id] for row in rows])
         finally:
             self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
         self.metrics.labels_learned.labels(model=name).inc(result.rows)
@@ -358,16 +349,24 @@ class ModelRegistry:
             self.metrics.labels_expired.labels(model=entry.name).inc(expired)
         self.metrics.labels_pending.labels(model=entry.name).set(len(entry.pending))
 
+    async def _learn_waiting(
+        self, entry: ModelEntry, rows: list[PendingRow], labels: list[int]
+    ) -> LearnResult:
+        """Learn waiting rows with ``labels``, scored by the predictions made at predict time;
+        422 (InvalidRequest) for a label out of range, and nothing learned."""
+        try:
+            X, y = entry.model.check_input(np.stack([row.features for row in rows]), labels)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(str(exc)) from exc
+        assert y is not None
+        return await entry.learn(
+            X, y, scored=np.stack([row.prediction for row in rows]), label_rows=rows
+        )
+
     async def _learn_default(self, entry: ModelEntry, rows: list[PendingRow], label: int) -> int:
         """Learn expired rows with the default label; how many were learned (0 on failure)."""
         try:
-            X, y = entry.model.check_input(
-                np.stack([row.features for row in rows]), [label] * len(rows)
-            )
-            assert y is not None
-            result = await entry.learn(
-                X, y, scored=np.stack([row.prediction for row in rows]), label_rows=rows
-            )
+            result = await self._learn_waiting(entry, rows, [label] * len(rows))
         except Exception:
             log.exception("learning %d expired rows of %r with the default label failed",
                           len(rows), entry.name)

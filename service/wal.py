@@ -320,18 +320,8 @@ def _encode_entry(
     label_ids: Sequence[str] = (),
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """Check the arrays; return the entry's JSON-able header and the two raw byte strings."""
-    if not isinstance(features, np.ndarray) or features.ndim != 2 or features.dtype.kind != "f":
-        raise ValueError(
-            "features must be a 2-D float ndarray (n, num_features), got "
-            f"{getattr(features, 'dtype', type(features).__name__)} "
-            f"shape {getattr(features, 'shape', None)}"
-        )
-    if not isinstance(labels, np.ndarray) or labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise ValueError(
-            "labels must be a 1-D integer ndarray (n,), got "
-            f"{getattr(labels, 'dtype', type(labels).__name__)} "
-            f"shape {getattr(labels, 'shape', None)}"
-        )
+    _check_array(features, 2, "f", "features must be a 2-D float ndarray (n, num_features)")
+    _check_array(labels, 1, "iu", "labels must be a 1-D integer ndarray (n,)")
     if len(features) != len(labels):
         raise ValueError(f"features have {len(features)} rows but labels {len(labels)}")
     x, y = _little_endian(features), _little_endian(labels)
@@ -353,6 +343,16 @@ def _encode_entry(
     return header, x.tobytes(), y.tobytes()
 
 
+def _check_array(a: object, ndim: int, kinds: str, requirement: str) -> None:
+    """ValueError saying ``requirement`` unless ``a`` is an ndarray of ``ndim`` and a dtype kind
+    in ``kinds``."""
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or a.dtype.kind not in kinds:
+        raise ValueError(
+            f"{requirement}, got {getattr(a, 'dtype', type(a).__name__)} "
+            f"shape {getattr(a, 'shape', None)}"
+        )
+
+
 def _check_label_ids(ids: Sequence[str]) -> list[str]:
     if isinstance(ids, str | bytes) or not all(isinstance(i, str) for i in ids):
         raise TypeError(f"label ids must be a list of str, got {ids!r}")
@@ -364,14 +364,7 @@ def _encode_waiting(
     created_at: float,
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """A wait entry: the rows as features, their predictions where labels would be."""
-    if not isinstance(predictions, np.ndarray) or predictions.ndim != 2 or (
-        predictions.dtype.kind != "f"
-    ):
-        raise ValueError(
-            "predictions must be a 2-D float ndarray (n, num_classes), got "
-            f"{getattr(predictions, 'dtype', type(predictions).__name__)} "
-            f"shape {getattr(predictions, 'shape', None)}"
-        )
+    _check_array(predictions, 2, "f", "predictions must be a 2-D float ndarray (n, num_classes)")
     ids = _check_label_ids(ids)
     if not len(ids) == len(predictions) == len(features):
         raise ValueError(
