@@ -15,10 +15,12 @@ event loop only moves bytes. With a write-ahead log, each learn run is logged be
 applied and answered (docs/durability.md).
 
 Rows waiting for delayed labels (:mod:`service.pending`) change only here too: a run of
-predictions with ids is logged as one wait entry and then put to wait, and a learn of waiting
-rows names their ids in its entry and removes them once applied; a snapshot carries the rows
-waiting at its point (after the model's bytes, see :func:`split_snapshot`). So the log's order
-is the order of every change, and a restore gets the same rows back.
+predictions with ids is logged as one wait entry and then put to wait, naming the rows that
+expire with it (their wait ended, or too many wait); a learn of waiting rows names their ids
+in its entry and removes them once applied; rows whose wait ended without a put are dropped
+through the queue as well (:meth:`ModelEntry.expire`, a wait entry of no rows). A snapshot
+carries the rows waiting at its point (after the model's bytes, see :func:`split_snapshot`).
+So the log's order is the order of every change, and a restore gets the same rows back.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ class _Verb(enum.Enum):
     PREDICT = "predict"
     PREDICT_FOR_LABELS = "predict for labels"  # predict, then the rows wait for labels
     EXPLAIN = "explain"
+    EXPIRE = "expire waiting rows"  # drop rows whose label never came (label_rows; X empty)
 
 
 @dataclass
@@ -168,8 +171,8 @@ class _Job:
     key: str | None = None  # LEARN: idempotency key
     scored: np.ndarray | None = None  # LEARN: predictions to score instead of prequential ones
     digest: str | None = None  # LEARN with a key: request_digest(X, y), set by the worker
-    # LEARN of waiting rows (one per row of X), which stop waiting once learned;
-    # PREDICT_FOR_LABELS: the rows' ids.
+    # LEARN of waiting rows (one per row of X), which stop waiting once learned; EXPIRE:
+    # the rows to drop. PREDICT_FOR_LABELS: the rows' ids.
     label_rows: list[PendingRow] | None = None
     ids: list[str] | None = None
     queued_rows: int = 0  # rows when queued (X may lose stale waiting rows later)
@@ -184,6 +187,7 @@ class _GroupResult:
 
     jobs: list[_Job]
     output: np.ndarray | None = None  # PREDICT/EXPLAIN: rows in job order
+    expired: int = 0  # EXPIRE: rows dropped
     error: Exception | None = None
     learned: list[LearnResult | RegistryError] | None = None  # LEARN: one per job
     losses: np.ndarray | None = None  # LEARN: prequential log loss per newly learned row
@@ -229,6 +233,9 @@ class ModelEntry:
         self._log_in_doubt = False
         self._answers = _AnswerCache(settings.idempotency_cache_rows)
         self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
+        # Without a default label the writer drops the rows that expire as it puts new ones
+        # (with one, the registry learns them with it instead).
+        self._drop_expiring = settings.label_default is None
         self.stats = OnlineStats(settings.recent_window)
         # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
         # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
@@ -306,6 +313,14 @@ class ModelEntry:
         """Per-class saliency (n, num_classes, num_features), in queue order like predict."""
         return await self._submit(_Verb.EXPLAIN, X, None)
 
+    async def expire(self, rows: list[PendingRow]) -> int:
+        """Drop waiting rows whose label never came (logged first); how many were dropped.
+
+        Rows that stopped waiting meanwhile (learned, replaced, dropped) are left alone.
+        """
+        none = np.empty((0, self.model.num_features), np.float32)
+        return await self._submit(_Verb.EXPIRE, none, None, label_rows=rows)
+
     async def _submit(
         self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, **fields: Any
     ) -> Any:
@@ -367,6 +382,9 @@ class ModelEntry:
         if verb is _Verb.LEARN:
             self._learn_group(group)
             return
+        if verb is _Verb.EXPIRE:
+            group.expired = self._expire_group(jobs)
+            return
         X = jobs[0].X if len(jobs) == 1 else np.concatenate([job.X for job in jobs])
         if verb is _Verb.EXPLAIN:
             group.output = self.model.saliency(X)
@@ -378,25 +396,54 @@ class ModelEntry:
             self._put_to_wait(jobs, X, group.output)
 
     def _put_to_wait(self, jobs: list[_Job], X: np.ndarray, probs: np.ndarray) -> None:
-        """(model lock) Log the predicted rows as one wait entry, then let them wait."""
+        """(model lock) Log the predicted rows as one wait entry, with the rows that expire as
+        they come (without a default label), then let them wait and drop those."""
         ids = [row_id for job in jobs for row_id in job.ids or ()]
-        expires_at = time.time() + self.pending.ttl_s
+        now = time.time()
+        expires_at = now + self.pending.ttl_s
+        expired = self.pending.expiring_with(ids, now) if self._drop_expiring else []
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
         entry_id = None if wal is None else self._logged(
-            lambda: wal.append_waiting(self.name, ids, X, probs, expires_at)
+            lambda: wal.append_waiting(self.name, ids, X, probs, expires_at, expired)
         )
-        self._wait(ids, X, probs, expires_at, entry_id)
+        self._wait(ids, X, probs, expires_at, expired, entry_id)
+        self._count_expired(len(expired))
+
+    def _expire_group(self, jobs: list[_Job]) -> int:
+        """(model lock) Log, then drop, the rows of a run of expire jobs still waiting."""
+        if self.wal is not None and self._log_in_doubt:
+            self._catch_up_or_refuse()
+        ids = list(dict.fromkeys(row.id for job in jobs for row in job.label_rows or ()
+                                 if self.pending.is_waiting(row)))
+        if not ids:
+            return 0
+        none = np.empty((0, self.model.num_features), np.float32)
+        no_predictions = np.empty((0, self.model.num_classes), np.float64)
+        wal = self.wal
+        entry_id = None if wal is None else self._logged(
+            lambda: wal.append_waiting(self.name, [], none, no_predictions, 0.0, ids)
+        )
+        self._wait([], none, no_predictions, 0.0, ids, entry_id)
+        self._count_expired(len(ids))
+        return len(ids)
 
     def _wait(
         self, ids: Sequence[str], X: np.ndarray, probs: np.ndarray, expires_at: float,
-        entry_id: str | None,
+        expired_ids: Sequence[str], entry_id: str | None,
     ) -> None:
-        """(model lock) Let rows wait for labels (live or replayed), as :meth:`_apply` learns."""
+        """(model lock) Let rows wait for labels and drop the expired ones (live or replayed),
+        as :meth:`_apply` learns."""
         self.pending.put(ids, X, probs, expires_at)
+        self.pending.remove_ids(expired_ids)
         self._updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
+
+    def _count_expired(self, rows: int) -> None:
+        """Count rows dropped live (a replay drops them again without counting)."""
+        if rows:
+            self._metrics.labels_expired.labels(model=self.name).inc(rows)
 
     def _learn_group(self, group: _GroupResult) -> None:
         """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
@@ -621,7 +668,7 @@ class ModelEntry:
         if entry.waiting:
             assert entry.predictions is not None
             self._wait(entry.label_ids, entry.features, entry.predictions, entry.expires_at,
-                       entry.id)
+                       entry.expired_ids, entry.id)
             self._metrics.wal_replayed_entries.inc()
             return
         start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
@@ -674,6 +721,11 @@ class ModelEntry:
                         job.future.set_exception(result)
                     else:
                         job.future.set_result(result)
+                continue
+            if group.jobs[0].verb is _Verb.EXPIRE:
+                for job in group.jobs:
+                    if not job.future.done():
+                        job.future.set_result(group.expired)
                 continue
             assert group.output is not None
             offset = 0

@@ -9,13 +9,14 @@ score the prediction made at predict time, which is what the user acted on.
 Rows wait at most ``ttl_s`` seconds and at most ``max_rows`` of them per model (beyond that
 the oldest are *due* at once). Due rows are *expired*: counted, then dropped, or learned with
 a default label if the server has one. Waiting rows survive restarts: the model's writer logs
-every row it puts here (a ``wait`` entry of the write-ahead log) and every row it learns from
-here (the learn entry names their ids), and each snapshot carries the rows waiting at its
-point (:func:`encode_rows`), so a restore rebuilds exactly this store.
+every row it puts here (a ``wait`` entry of the write-ahead log, which also names the rows
+that expire as it comes, :meth:`PendingPredictions.expiring_with`), every row it learns from
+here (the learn entry names their ids) and every row it drops, and each snapshot carries the
+rows waiting at its point (:func:`encode_rows`), so a restore rebuilds exactly this store.
 
-Rows are put and learned only by the model's writer, under the model lock, in the order of
-its log; request handlers look rows up and drop expired ones from the event loop. A lock of
-the store's own keeps those apart.
+Rows are put, learned and dropped only by the model's writer, under the model lock, in the
+order of its log; request handlers look rows up (and find the due ones) from the event loop.
+A lock of the store's own keeps those apart.
 
 >>> import numpy as np
 >>> pending = PendingPredictions(ttl_s=60.0, max_rows=2)
@@ -139,6 +140,26 @@ class PendingPredictions:
                     break
                 rows.append(row)
             return rows
+
+    def expiring_with(self, ids: Sequence[str], now: float) -> list[str]:
+        """The ids to expire at ``now`` once rows under ``ids`` are put: those whose wait
+        ended, then the oldest beyond ``max_rows``, counting the new rows (which come last,
+        in put order, and replace any row under their ids).
+
+        The writer logs them with the put, so that a replay expires them too.
+        """
+        order = list(dict.fromkeys(reversed(ids)))[::-1]  # an id put twice: where it ends up
+        new = set(order)
+        with self._lock:
+            replaced = sum(row_id in self._rows for row_id in new)
+            excess = len(self._rows) - replaced + len(new) - self.max_rows
+            expiring = []
+            for row in self._rows.values():
+                if len(expiring) >= excess and row.expires_at > now:
+                    break
+                if row.id not in new:
+                    expiring.append(row.id)
+        return expiring + order[:max(0, excess - len(expiring))]
 
     def rows(self) -> list[PendingRow]:
         """Every waiting row, oldest first (for a snapshot)."""

@@ -335,18 +335,22 @@ class ModelRegistry:
     async def _expire(self, entry: ModelEntry) -> None:
         """Expire the rows that are due: learn them with the default label, else drop them.
 
-        Learned rows go through the log like any learn (and stop waiting only once logged);
-        dropped rows are not logged, so after a crash they come back from the log, still
-        due, and are dropped again.
+        Either goes through the model's queue and log (the model counts the dropped rows),
+        so a row stops waiting only once that is logged, and a restart does not bring it
+        back. A failure is logged, not raised: the rows stay due and the next pass retries.
         """
         rows = entry.pending.due(time.time())
         if rows:
             default = self.settings.label_default
             if default is None:
-                expired = entry.pending.remove_rows(rows)
+                try:
+                    await entry.expire(rows)
+                except Exception as exc:
+                    log.warning("dropping %d expired rows of %r failed (they stay due): %s",
+                                len(rows), entry.name, exc)
             else:
-                expired = await self._learn_default(entry, rows, default)
-            self.metrics.labels_expired.labels(model=entry.name).inc(expired)
+                learned = await self._learn_default(entry, rows, default)
+                self.metrics.labels_expired.labels(model=entry.name).inc(learned)
         self.metrics.labels_pending.labels(model=entry.name).set(len(entry.pending))
 
     async def _learn_waiting(

@@ -146,6 +146,8 @@ class LogEntry:
     label_ids: tuple[str, ...] = ()
     predictions: np.ndarray | None = None  # wait entry: (n, num_classes), as predicted
     expires_at: float = 0.0  # wait entry: when its rows' wait ends (time.time())
+    # Wait entry: ids that expired (dropped, their label never came) once its rows were put.
+    expired_ids: tuple[str, ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -192,9 +194,13 @@ class WriteAheadLog(Protocol):
 
     def append_waiting(
         self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
-        expires_at: float,
+        expires_at: float, expired_ids: Sequence[str] = (),
     ) -> str:
-        """Log rows put to wait for their labels (a wait entry) durably; its id."""
+        """Log rows put to wait for their labels (a wait entry) durably; its id.
+
+        ``expired_ids`` names the waiting rows dropped once these are put (their wait ended,
+        or too many wait); an entry of no rows logs a drop alone.
+        """
         ...
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
@@ -361,21 +367,25 @@ def _check_label_ids(ids: Sequence[str]) -> list[str]:
 
 def _encode_waiting(
     ids: Sequence[str], features: np.ndarray, predictions: np.ndarray, expires_at: float,
-    created_at: float,
+    created_at: float, expired_ids: Sequence[str] = (),
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """A wait entry: the rows as features, their predictions where labels would be."""
     _check_array(predictions, 2, "f", "predictions must be a 2-D float ndarray (n, num_classes)")
     ids = _check_label_ids(ids)
+    expired = _check_label_ids(expired_ids)
     if not len(ids) == len(predictions) == len(features):
         raise ValueError(
             f"{len(ids)} ids, {len(features)} feature rows and {len(predictions)} predictions"
         )
     header, x, _ = _encode_entry(features, np.zeros(len(ids), np.int64), [], created_at)
     p = _little_endian(predictions)
+    wait: dict[str, Any] = {"ids": ids, "expires_at": float(expires_at)}
+    if expired:
+        wait["expired"] = expired
     header.update({
         "v": _FORMAT_DELAYED_LABELS,
         "y": {"dtype": p.dtype.str, "shape": list(p.shape)},
-        "wait": {"ids": ids, "expires_at": float(expires_at)},
+        "wait": wait,
     })
     return header, x, p.tobytes()
 
@@ -437,7 +447,8 @@ def _waiting_entry(
         )
     return LogEntry(entry_id, features, np.zeros(0, np.int64), (), created_at,
                     label_ids=ids, predictions=predictions,
-                    expires_at=float(wait["expires_at"]))
+                    expires_at=float(wait["expires_at"]),
+                    expired_ids=tuple(str(i) for i in wait.get("expired") or ()))
 
 
 def _check_ttl(idempotency_ttl_s: float) -> float:
@@ -479,11 +490,12 @@ class _Entries:
 
     def append_waiting(
         self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
-        expires_at: float,
+        expires_at: float, expired_ids: Sequence[str] = (),
     ) -> str:
-        """Log rows put to wait for their labels durably; its id."""
+        """Log rows put to wait for their labels durably; its id (see
+        :meth:`WriteAheadLog.append_waiting`)."""
         now = time.time()
-        header, x, y = _encode_waiting(ids, features, predictions, expires_at, now)
+        header, x, y = _encode_waiting(ids, features, predictions, expires_at, now, expired_ids)
         return self._write(name, header, x, y, [], [], now)
 
 

@@ -247,6 +247,80 @@ async def test_rows_learned_with_the_default_label_are_not_learned_again_after_a
     assert _metric(metrics, "gln_delayed_labels_expired_total") == 0
 
 
+async def test_rows_pushed_out_by_newer_ones_stay_out_after_a_crash(
+    store_settings, serve, create_model, make_data
+):
+    """The wait entry that pushed a row out names it, so a replay does not bring it back."""
+    settings = store_settings.model_copy(update={"max_pending_label_rows": 2})
+    X, y = make_data(3)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m")
+        for i in range(3):
+            await client.post("/v1/models/m/predict", json={"features": [X[i]], "ids": [str(i)]})
+        skip_shutdown_snapshots(app)
+    async with serve(create_app(settings)) as client:
+        waiting = (await client.get("/v1/models/m")).json()["waiting_for_labels"]
+        r = await client.post("/v1/models/m/labels", json={"ids": ["0", "1", "2"], "labels": y})
+    assert waiting == 2
+    assert [x["status"] for x in r.json()["results"]] == [404, 200, 200]
+
+
+async def test_rows_whose_wait_ended_stay_dropped_and_counted_once_after_a_crash(
+    store_settings, serve, create_model, make_data
+):
+    settings = store_settings.model_copy(update={"label_ttl_s": 0.2})
+    X, _ = make_data(2)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m")
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if (await client.get("/v1/models/m")).json()["waiting_for_labels"] == 0:
+                break
+        expired_before = _metric((await client.get("/metrics")).text,
+                                 "gln_delayed_labels_expired_total")
+        skip_shutdown_snapshots(app)
+    async with serve(create_app(settings)) as client:
+        waiting = (await client.get("/v1/models/m")).json()["waiting_for_labels"]
+        await asyncio.sleep(0.3)  # an expiry round after the restart
+        metrics = (await client.get("/metrics")).text
+    assert expired_before == 2
+    assert waiting == 0
+    assert _metric(metrics, "gln_delayed_labels_expired_total") == 0
+
+
+async def test_rows_that_cannot_be_dropped_stay_due_and_go_once_the_log_is_back(
+    tmp_path, serve, create_model, make_data, monkeypatch
+):
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, label_ttl_s=0.2)
+    X, _ = make_data(1)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m")
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a"]})
+        entry = await app.state.registry.get("m")
+        working = entry.wal.append_waiting
+
+        def log_down(*args, **kwargs):
+            raise ConnectionError("log down")
+
+        monkeypatch.setattr(entry.wal, "append_waiting", log_down)
+        await asyncio.sleep(0.5)
+        while_down = (await client.get("/v1/models/m")).json()["waiting_for_labels"]
+        predicted = await client.post("/v1/models/m/predict", json={"features": X})
+        monkeypatch.setattr(entry.wal, "append_waiting", working)
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if (await client.get("/v1/models/m")).json()["waiting_for_labels"] == 0:
+                break
+        metrics = (await client.get("/metrics")).text
+    assert while_down == 1 and predicted.status_code == 200
+    assert _metric(metrics, "gln_delayed_labels_expired_total") == 1
+    assert _metric(metrics, "gln_delayed_labels_pending") == 0
+
+
 async def test_two_label_requests_for_one_row_at_once_learn_it_once(
     client, create_model, make_data
 ):

@@ -40,6 +40,25 @@ def test_a_row_is_removed_only_while_it_is_the_one_waiting_under_its_id() -> Non
     assert [row.id for row in pending.rows()] == [ids[1]]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_ids_expiring_with_a_put_are_those_due_right_after_it(seed: int) -> None:
+    """What the writer logs with a put (before putting) is what :meth:`due` finds after it:
+    ended waits first, then the oldest beyond the limit; replaced ids are not expired."""
+    rng = np.random.default_rng(seed)
+    max_rows = int(rng.integers(1, 6))
+    pending = PendingPredictions(ttl_s=10.0, max_rows=max_rows)
+    for t in range(int(rng.integers(0, 8))):
+        row_id = f"id-{rng.integers(0, 6)}"
+        pending.put([row_id], np.zeros((1, 4), np.float32), np.full((1, 3), 1 / 3), 10.0 + t)
+    ids = [f"id-{i}" for i in rng.integers(0, 9, size=int(rng.integers(0, 7)))]  # repeats too
+    now = float(rng.uniform(5.0, 20.0))
+
+    expiring = pending.expiring_with(ids, now)
+    pending.put(ids, np.zeros((len(ids), 4), np.float32), np.full((len(ids), 3), 1 / 3),
+                now + 10.0)
+    assert expiring == [row.id for row in pending.due(now)]
+
+
 def test_rows_whose_wait_ended_are_not_found() -> None:
     pending = PendingPredictions(ttl_s=10.0, max_rows=10)
     ids, X, p = _rows(2)

@@ -150,6 +150,17 @@ def test_wait_entries_and_learned_label_ids_round_trip_in_order(wal: WriteAheadL
     assert_same(third, X[:2], np.array([1, 0]))
 
 
+def test_wait_entries_name_the_rows_that_expired_with_them(wal: WriteAheadLog) -> None:
+    """A put that pushes rows out names them; a drop alone is a wait entry of no rows."""
+    X, _ = chunk(1)
+    wal.append_waiting("m", ["c"], X, np.ones((1, 2)), 10.0, expired_ids=["a", "b"])
+    wal.append_waiting("m", [], X[:0], np.ones((0, 2)), 0.0, expired_ids=["c"])
+    put, dropped = wal.read_after("m", None)
+    assert put.label_ids == ("c",) and put.expired_ids == ("a", "b")
+    assert dropped.waiting and dropped.label_ids == () and dropped.expired_ids == ("c",)
+    assert dropped.features.shape == (0, X.shape[1]) and dropped.predictions.shape == (0, 2)
+
+
 def test_wait_entries_refuse_mismatched_arguments(wal: WriteAheadLog) -> None:
     X, _ = chunk(2)
     with pytest.raises(ValueError, match="2 ids, 2 feature rows and 3 predictions"):
@@ -158,6 +169,8 @@ def test_wait_entries_refuse_mismatched_arguments(wal: WriteAheadLog) -> None:
         wal.append_waiting("m", ["a", "b"], X, np.zeros((2, 2), np.int64), 1.0)
     with pytest.raises(TypeError, match="label ids"):
         wal.append("m", X, np.array([0, 1]), label_ids="ab")
+    with pytest.raises(TypeError, match="label ids"):
+        wal.append_waiting("m", ["a", "b"], X, np.zeros((2, 2)), 1.0, expired_ids=[1])
     assert list(wal.read_after("m", None)) == []
 
 
