@@ -236,6 +236,9 @@ class ModelEntry:
         # Without a default label the writer drops the rows that expire as it puts new ones
         # (with one, the registry learns them with it instead).
         self._drop_expiring = settings.label_default is None
+        # Set once the server has counted room for this model's waiting rows in its memory
+        # budget (the registry, at its first prediction with ids or a restore of waiting rows).
+        self.waiting_room_reserved = False
         self.stats = OnlineStats(settings.recent_window)
         # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
         # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
@@ -272,6 +275,19 @@ class ModelEntry:
     def changed_since_snapshot(self) -> bool:
         """True when learning (or rows put to wait) happened after the latest snapshot."""
         return self._updates != self._snapshotted_updates
+
+    @property
+    def waiting_capacity_nbytes(self) -> int:
+        """Memory the rows waiting for labels may come to hold (``GLN_MAX_PENDING_LABEL_ROWS``
+        rows of this model's sizes)."""
+        return self.pending.capacity_nbytes(self.model.num_features, self.model.num_classes)
+
+    @property
+    def reserved_nbytes(self) -> int:
+        """What the server counts for this model in its memory budget: what the model may come
+        to hold, and its waiting rows' capacity once reserved."""
+        model = GLN.estimate_nbytes(self.model.config_for_estimate())
+        return model + (self.waiting_capacity_nbytes if self.waiting_room_reserved else 0)
 
     @property
     def pending_examples(self) -> int:

@@ -47,14 +47,23 @@ import numpy as np
 __all__ = ["PendingPredictions", "PendingRow", "decode_rows", "encode_rows"]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class PendingRow:
-    """One predicted row waiting for its label (compared by identity: one put, one row)."""
+    """One predicted row waiting for its label (compared by identity: one put, one row).
+
+    Its arrays are its own, not views of the request's: a row that waits long must not keep
+    its whole request's rows in memory after the others were learned.
+    """
 
     id: str
     features: np.ndarray  # (num_features,)
     prediction: np.ndarray  # (num_classes,) probabilities given at predict time
     expires_at: float  # wall-clock time (time.time()) when its wait ends
+
+
+# Bytes of Python objects around one waiting row's arrays (the row, its two arrays, its id of
+# up to 200 characters, its place in the store); measured, rounded up.
+_ROW_OVERHEAD_NBYTES = 600
 
 
 class PendingPredictions:
@@ -69,6 +78,11 @@ class PendingPredictions:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def capacity_nbytes(self, num_features: int, num_classes: int) -> int:
+        """Memory ``max_rows`` rows of a model of these sizes may hold (an upper bound), so
+        that a host can count it before the rows come."""
+        return self.max_rows * (4 * num_features + 8 * num_classes + _ROW_OVERHEAD_NBYTES)
+
     def put(
         self, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
         expires_at: float,
@@ -77,7 +91,7 @@ class PendingPredictions:
 
         More than ``max_rows`` rows may wait for a moment: the oldest are then :meth:`due`.
         """
-        self.put_rows(PendingRow(row_id, features[i], predictions[i], expires_at)
+        self.put_rows(_own_row(row_id, features[i], predictions[i], expires_at)
                       for i, row_id in enumerate(ids))
 
     def put_rows(self, rows: Iterable[PendingRow]) -> None:
@@ -212,6 +226,13 @@ def decode_rows(blob: bytes | memoryview) -> list[PendingRow]:
         offset += size
     if offset != len(view):
         raise ValueError("waiting rows: bytes left over")
-    features, predictions, expires_at = (a.astype(a.dtype.newbyteorder("=")) for a in arrays)
-    return [PendingRow(ids[i], features[i], predictions[i], float(expires_at[i]))
+    features, predictions, expires_at = arrays
+    return [_own_row(ids[i], features[i], predictions[i], float(expires_at[i]))
             for i in range(n)]
+
+
+def _own_row(row_id: str, features: np.ndarray, prediction: np.ndarray,
+             expires_at: float) -> PendingRow:
+    """A row holding copies of its arrays, in the native byte order."""
+    return PendingRow(row_id, np.array(features, dtype=np.float32),
+                      np.array(prediction, dtype=np.float64), expires_at)

@@ -215,16 +215,41 @@ class ModelRegistry:
                 f"the server holds {len(self._models)} models, GLN_MAX_MODELS={limit}; "
                 "delete one first"
             )
-        # What each model may come to hold (a CPU model grows by a copy of its normals on
-        # its first short call), so a model admitted now never pushes the total past later.
-        held = sum(GLN.estimate_nbytes(entry.model.config_for_estimate())
-                   for entry in self._models.values())
+        self._check_bytes(needed, f"the model would hold {needed} bytes")
+
+    def _check_bytes(self, needed: int, what: str, advice: str = "") -> None:
+        """409 (saying ``what`` needs ``needed`` bytes, then ``advice``) if the server's memory
+        budget lacks room for it.
+
+        Counts what each model may come to hold (a CPU model grows by a copy of its normals
+        on its first short call; waiting rows up to their limit once reserved), so what is
+        admitted now never pushes the total past the budget later.
+        """
+        held = sum(entry.reserved_nbytes for entry in self._models.values())
         budget = self.settings.max_total_model_bytes
         if held + needed > budget:
             raise LimitExceeded(
-                f"the model would hold {needed} bytes and the server's models hold {held}; "
-                f"together more than GLN_MAX_TOTAL_MODEL_BYTES={budget}"
+                f"{what} and the server's models hold {held}; together more than "
+                f"GLN_MAX_TOTAL_MODEL_BYTES={budget}{advice}"
             )
+
+    async def _reserve_waiting_room(self, entry: ModelEntry) -> None:
+        """Count room for the model's rows waiting for labels in the server's memory budget,
+        at its first prediction with ids; 409 (and nothing predicted) if there is none."""
+        if entry.waiting_room_reserved:
+            return
+        async with self._names_lock:
+            if entry.waiting_room_reserved:
+                return
+            needed = entry.waiting_capacity_nbytes
+            self._check_bytes(
+                needed,
+                f"rows predicted with ids wait for labels in memory: up to "
+                f"GLN_MAX_PENDING_LABEL_ROWS={self.settings.max_pending_label_rows} rows of "
+                f"model {entry.name!r} may hold {needed} bytes",
+                "; predict without ids, lower GLN_MAX_PENDING_LABEL_ROWS, or delete a model",
+            )
+            entry.waiting_room_reserved = True
 
     def _build(self, config: dict[str, Any]) -> GLN:
         model = GLN(**config, device=self.settings.device)
@@ -300,6 +325,8 @@ class ModelRegistry:
         if ids is not None:
             _check_ids(ids, len(features), "features")
         X, _ = await self._check(entry, features)
+        if ids is not None:
+            await self._reserve_waiting_room(entry)
         probs = await entry.predict_proba(X, None if ids is None else list(ids))
         self.metrics.observe_predicted(name, len(X))
         if ids is not None:
@@ -480,6 +507,8 @@ class ModelRegistry:
                 entry.pending.put_rows(waiting)
                 t0 = time.perf_counter()
                 replayed = await self._run(entry.replay_log)
+                # Restored rows are counted, never refused (the budget may be overrun).
+                entry.waiting_room_reserved = len(entry.pending) > 0
             except Exception as exc:
                 if not await self.store_reachable():
                     log.warning("store unreachable restoring %r; retrying in %.0f s", name, delay)

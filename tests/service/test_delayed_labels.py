@@ -12,6 +12,7 @@ import pytest
 
 from gln import GLN
 from service.app import create_app
+from service.pending import PendingPredictions
 from service.settings import Settings
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
@@ -152,6 +153,59 @@ async def test_the_oldest_rows_make_room_when_too_many_wait(
         metrics = (await client.get("/metrics")).text
     assert [x["status"] for x in r.json()["results"]] == [404, 200, 200]
     assert _metric(metrics, "gln_delayed_labels_expired_total") == 1
+
+
+# -- waiting rows count in the server's memory budget ----------------------------------------------
+
+
+def _budget_for_two_models_and_one_waiting(small_config: dict, max_rows: int) -> int:
+    one = GLN.estimate_nbytes(small_config)
+    waiting = PendingPredictions(1.0, max_rows).capacity_nbytes(
+        small_config["num_features"], small_config["num_classes"])
+    return 2 * one + waiting + waiting // 2
+
+
+async def test_rows_wait_for_labels_only_where_the_memory_budget_has_room_for_them(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    settings = Settings(
+        snapshot_dir=str(tmp_path), snapshot_interval_s=3600, max_pending_label_rows=100,
+        max_total_model_bytes=_budget_for_two_models_and_one_waiting(small_config, 100))
+    X, _ = make_data(1)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "a", small_config)
+        await create_model(client, "b", small_config)
+        first = await client.post("/v1/models/a/predict", json={"features": X, "ids": ["1"]})
+        refused = await client.post("/v1/models/b/predict", json={"features": X, "ids": ["1"]})
+        b_waiting = (await client.get("/v1/models/b")).json()["waiting_for_labels"]
+        plain = await client.post("/v1/models/b/predict", json={"features": X})
+        again = await client.post("/v1/models/a/predict", json={"features": X, "ids": ["2"]})
+        assert (await client.delete("/v1/models/a")).status_code == 204
+        after_delete = await client.post("/v1/models/b/predict",
+                                         json={"features": X, "ids": ["1"]})
+    assert first.status_code == 200 and again.status_code == 200
+    assert refused.status_code == 409
+    assert "GLN_MAX_PENDING_LABEL_ROWS=100" in refused.json()["detail"]
+    assert "GLN_MAX_TOTAL_MODEL_BYTES" in refused.json()["detail"]
+    assert b_waiting == 0 and plain.status_code == 200
+    assert after_delete.status_code == 200
+
+
+async def test_restored_waiting_rows_keep_their_room_in_the_memory_budget(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    settings = Settings(
+        snapshot_dir=str(tmp_path), snapshot_interval_s=3600, max_pending_label_rows=100,
+        max_total_model_bytes=_budget_for_two_models_and_one_waiting(small_config, 100))
+    X, _ = make_data(1)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "a", small_config)
+        await create_model(client, "b", small_config)
+        await client.post("/v1/models/a/predict", json={"features": X, "ids": ["1"]})
+    async with serve(create_app(settings)) as client:
+        refused = await client.post("/v1/models/b/predict", json={"features": X, "ids": ["1"]})
+        waited = await client.post("/v1/models/a/predict", json={"features": X, "ids": ["2"]})
+    assert refused.status_code == 409 and waited.status_code == 200
 
 
 # -- waiting rows survive restarts and crashes --------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,38 @@ def test_the_ids_expiring_with_a_put_are_those_due_right_after_it(seed: int) -> 
     pending.put(ids, np.zeros((len(ids), 4), np.float32), np.full((len(ids), 3), 1 / 3),
                 now + 10.0)
     assert expiring == [row.id for row in pending.due(now)]
+
+
+def test_waiting_rows_hold_no_more_memory_than_their_capacity_counts() -> None:
+    """The bound the server reserves in its budget holds for the longest ids."""
+    pending = PendingPredictions(ttl_s=10.0, max_rows=2000)
+    ids = [f"{i:0200d}" for i in range(2000)]
+    X = np.ones((2000, 50), np.float32)
+    probs = np.full((2000, 10), 0.1)
+    tracemalloc.start()
+    try:
+        pending.put(ids, X, probs, expires_at=10.0)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(pending) == 2000
+    assert 2000 * (4 * 50 + 8 * 10) < held <= pending.capacity_nbytes(50, 10)
+
+
+def test_a_waiting_row_does_not_keep_its_requests_other_rows_in_memory() -> None:
+    pending = PendingPredictions(ttl_s=10.0, max_rows=2000)
+    ids = [str(i) for i in range(1000)]
+    tracemalloc.start()
+    try:
+        X = np.ones((1000, 1000), np.float32)  # 4 MB
+        pending.put(ids, X, np.full((1000, 2), 0.5), expires_at=10.0)
+        pending.remove_ids(ids[1:])  # all but one learned
+        del X
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [row.id for row in pending.rows()] == ["0"]
+    assert held < 100_000
 
 
 def test_rows_whose_wait_ended_are_not_found() -> None:
