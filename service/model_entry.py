@@ -233,9 +233,16 @@ class ModelEntry:
         self._log_in_doubt = False
         self._answers = _AnswerCache(settings.idempotency_cache_rows)
         self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
-        # Without a default label the writer drops the rows that expire as it puts new ones
-        # (with one, the registry learns them with it instead).
-        self._drop_expiring = settings.label_default is None
+        # The label learned for rows whose label never came (GLN_LABEL_DEFAULT), where it is
+        # one of this model's classes; else None, and such rows are dropped: the writer drops
+        # those that expire as it puts new ones (with a default, the registry learns them).
+        default = settings.label_default
+        fits = default is not None and default < model.num_classes
+        self.label_default = default if fits else None
+        if default is not None and not fits:
+            log.warning("model %r has %d classes: GLN_LABEL_DEFAULT=%d is none of them, so its "
+                        "rows whose label never comes are dropped", name, model.num_classes,
+                        default)
         # Set once the server has counted room for this model's waiting rows in its memory
         # budget (the registry, at its first prediction with ids or a restore of waiting rows).
         self.waiting_room_reserved = False
@@ -417,7 +424,7 @@ class ModelEntry:
         ids = [row_id for job in jobs for row_id in job.ids or ()]
         now = time.time()
         expires_at = now + self.pending.ttl_s
-        expired = self.pending.expiring_with(ids, now) if self._drop_expiring else []
+        expired = self.pending.expiring_with(ids, now) if self.label_default is None else []
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
         entry_id = None if wal is None else self._logged(

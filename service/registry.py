@@ -64,7 +64,7 @@ _INLINE_CHECK_VALUES = 20_000
 def _check_ids(ids: Sequence[str], rows: int, against: str) -> None:
     """422 unless there is one id per row and no id twice."""
     if len(ids) != rows:
-        raise InvalidRequest(f"ids: {len(ids)} ids for {rows} {against}; give one id per row")
+        raise InvalidRequest(f"ids: {len(ids)} ids for {rows} {against}; give one per row")
     if len(set(ids)) != len(ids):
         raise InvalidRequest("ids: an id appears twice; give each row its own id")
 
@@ -323,7 +323,7 @@ class ModelRegistry:
         """
         entry = await self.get(name)
         if ids is not None:
-            _check_ids(ids, len(features), "features")
+            _check_ids(ids, len(features), "feature rows")
         X, _ = await self._check(entry, features)
         if ids is not None:
             await self._reserve_waiting_room(entry)
@@ -368,7 +368,7 @@ class ModelRegistry:
         """
         rows = entry.pending.due(time.time())
         if rows:
-            default = self.settings.label_default
+            default = entry.label_default
             if default is None:
                 try:
                     await entry.expire(rows)

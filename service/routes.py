@@ -216,11 +216,13 @@ async def learn(name: str, request: Request) -> Response:
     })
 
 
-@_data_route("/v1/models/{name}/predict", PredictResponse, PredictRequest)
+@_data_route("/v1/models/{name}/predict", PredictResponse, PredictRequest, errors=(409, 503))
 async def predict(name: str, request: Request) -> Response:
     """Class probabilities of each row; the model does not learn.
 
-    Rows given ids wait for their labels (``POST /v1/models/{name}/labels``).
+    Rows given ids wait for their labels (``POST /v1/models/{name}/labels``): 409 if the
+    server's memory budget has no room for the model's waiting rows, 503 if the rows could not
+    be logged (nothing waits then).
     """
     registry = registry_of(request)
     body = await parse_body(request, PredictRequest)

@@ -73,7 +73,7 @@ async def test_unknown_and_already_learned_ids_get_404_entries(client, create_mo
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"features": [[0.0] * 6] * 2, "ids": ["a"]}, "1 ids for 2 features"),
+    ({"features": [[0.0] * 6] * 2, "ids": ["a"]}, "1 ids for 2 feature rows"),
     ({"features": [[0.0] * 6] * 2, "ids": ["a", "a"]}, "appears twice"),
     ({"features": [[0.0] * 6], "ids": ["has space"]}, "ids"),
 ])
@@ -137,6 +137,27 @@ async def test_expired_rows_learn_the_default_label_when_one_is_set(
     reference.learn(np.asarray(X, np.float32), np.array([2, 2, 2]))
     assert info["examples_seen"] == 3
     assert learned == reference.to_bytes()
+
+
+async def test_a_default_label_that_is_no_class_of_the_model_drops_its_rows(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """GLN_LABEL_DEFAULT is server-wide; a model with fewer classes drops its rows instead of
+    failing to learn them again and again."""
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, label_ttl_s=0.2,
+                        label_default=small_config["num_classes"])
+    X, _ = make_data(2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            info = (await client.get("/v1/models/m")).json()
+            if info["waiting_for_labels"] == 0:
+                break
+        metrics = (await client.get("/metrics")).text
+    assert info["waiting_for_labels"] == 0 and info["examples_seen"] == 0
+    assert _metric(metrics, "gln_delayed_labels_expired_total") == 2
 
 
 async def test_the_oldest_rows_make_room_when_too_many_wait(
