@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gln import GLN
+from gln.backend import resolve_device
 from service.errors import (
     InvalidRequest,
     LimitExceeded,
@@ -171,10 +172,7 @@ class ModelRegistry:
         store cannot take the snapshot (then nothing is created).
         """
         await self._wait_restored()
-        if "device" in config:
-            raise InvalidRequest(
-                "config: 'device' is chosen by the server (GLN_DEVICE), leave it out"
-            )
+        config = self._without_device(config)
         unknown = sorted(set(config) - CONFIG_KEYS)
         if unknown:
             raise InvalidRequest(
@@ -206,6 +204,23 @@ class ModelRegistry:
                 raise Unavailable(f"snapshot store unavailable: {exc}") from exc
             self._add(entry)
             return entry
+
+    def _without_device(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` without its ``device``, which the server chooses (GLN_DEVICE); 422 for
+        any other device than the server's (a model's info shows it, and that config sent back
+        is accepted)."""
+        if "device" not in config:
+            return config
+        try:
+            device = resolve_device(self.settings.device)
+        except ValueError:  # the server cannot build any model: let _build say why
+            device = self.settings.device
+        if config["device"] != device:
+            raise InvalidRequest(
+                f"config: 'device' is chosen by the server (GLN_DEVICE={self.settings.device}, "
+                f"here {device!r}); leave it out"
+            )
+        return {key: value for key, value in config.items() if key != "device"}
 
     def _check_room(self, needed: int) -> None:
         """409 if one more model of ``needed`` bytes passes the server's limits."""

@@ -44,6 +44,15 @@ async def test_create_returns_201_with_info_and_a_first_snapshot(
     assert info["nbytes"] > 0
 
 
+async def test_the_config_a_model_shows_creates_the_same_model(
+    client: httpx.AsyncClient, create_model
+):
+    shown = (await create_model(client, "a"))["config"]
+    r = await client.post("/v1/models", json={"name": "b", "config": shown})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"] == shown
+
+
 async def test_create_existing_name_is_409_and_keeps_the_first(
     client: httpx.AsyncClient, small_config, create_model, make_data
 ):
