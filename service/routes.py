@@ -325,6 +325,8 @@ async def readyz(registry: Registry) -> Any:
     problem = None
     if not registry.restored:
         problem = "restoring models from snapshots"
+        if not await registry.store_reachable():
+            problem += " (the snapshot store is unreachable; retrying)"
     elif registry.failed:
         failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
         problem = f"could not restore stored model(s) ({failed}); fix or DELETE them"
