@@ -16,8 +16,15 @@ class RegistryError(Exception):
 class ModelNotFound(RegistryError):
     status_code = 404
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"model {name!r} not found")
+    def __init__(self, name: str, why: str | None = None) -> None:
+        """``why``: for a stored model that could not be restored, the reason."""
+        if why is None:
+            super().__init__(f"model {name!r} not found")
+        else:
+            super().__init__(
+                f"model {name!r} is stored but could not be restored ({why}); "
+                f"DELETE /v1/models/{name} removes it"
+            )
 
 
 class ModelExists(RegistryError):

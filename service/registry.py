@@ -156,7 +156,7 @@ class ModelRegistry:
             await self._wait_restored()  # it may be a stored model not loaded yet
             entry = self._models.get(name)
         if entry is None:
-            raise ModelNotFound(name)
+            raise ModelNotFound(name, self._failed.get(name))
         return entry
 
     def models(self) -> list[ModelEntry]:

@@ -10,7 +10,6 @@ import pytest
 
 from gln import GLN
 from service.app import create_app
-from service.settings import Settings
 
 JSON = {"content-type": "application/json"}
 
@@ -325,14 +324,6 @@ async def test_healthz_readyz_openapi(client: httpx.AsyncClient):
     ]:
         assert path in spec["paths"], path
     assert (await client.get("/docs")).status_code == 200
-
-
-async def test_readyz_says_when_the_store_it_restores_from_is_unreachable(tmp_path, serve):
-    settings = Settings(redis_url="redis://127.0.0.1:1/0", snapshot_dir=str(tmp_path))
-    async with serve(create_app(settings), wait_restored=False) as client:
-        r = await client.get("/readyz")
-    assert r.status_code == 503
-    assert "snapshot store is unreachable" in r.json()["detail"]
 
 
 async def test_openapi_lists_every_status_a_prediction_can_get(client: httpx.AsyncClient):

@@ -196,7 +196,10 @@ async def test_unreadable_snapshot_keeps_readyz_503_until_deleted(
         assert r.status_code == 503
         assert "broken" in r.json()["detail"]
         assert (await client.get("/v1/models/good")).status_code == 200  # the others serve
-        assert (await client.get("/v1/models/broken")).status_code == 404
+        broken = await client.get("/v1/models/broken")
+        assert broken.status_code == 404
+        assert "could not be restored" in broken.json()["detail"]
+        assert "DELETE /v1/models/broken" in broken.json()["detail"]
         # Its name stays taken until the operator deletes the bad snapshot.
         r = await client.post("/v1/models", json={"name": "broken", "config": {"num_features": 2}})
         assert r.status_code == 409
@@ -216,6 +219,7 @@ async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
         assert (await client.get("/healthz")).status_code == 200
         r = await client.get("/readyz")
         assert r.status_code == 503
+        assert "snapshot store is unreachable" in r.json()["detail"]
 
 
 async def test_store_failure_after_start(
