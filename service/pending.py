@@ -73,6 +73,9 @@ class PendingPredictions:
         self.ttl_s = ttl_s
         self.max_rows = max_rows
         self._rows: OrderedDict[str, PendingRow] = OrderedDict()
+        # True while the rows' deadlines grow in arrival order (one TTL throughout): then the
+        # ended waits are a prefix and finding them stops at the first row still waiting.
+        self._in_deadline_order = True
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -100,6 +103,8 @@ class PendingPredictions:
         with self._lock:
             for row in rows:
                 self._rows.pop(row.id, None)
+                if self._rows and row.expires_at < next(reversed(self._rows.values())).expires_at:
+                    self._in_deadline_order = False  # e.g. a restart under a shorter TTL
                 self._rows[row.id] = row
 
     def waiting(self, ids: Sequence[str], now: float) -> tuple[list[PendingRow], list[str]]:
@@ -137,23 +142,25 @@ class PendingPredictions:
         with self._lock:
             for row_id in ids:
                 self._rows.pop(row_id, None)
+            self._in_deadline_order |= not self._rows
 
     def due(self, now: float) -> list[PendingRow]:
-        """The rows to expire now, oldest first: those whose wait ended, then any beyond
-        ``max_rows``. They stay until removed.
-
-        Rows are kept in order of arrival and wait ``ttl_s`` each, so the ended waits are a
-        prefix (a restart under a longer TTL may leave a later row due behind an earlier one
-        that is not; it expires a little late, while :meth:`waiting` refuses it on time).
+        """The rows to expire now, oldest first: the oldest beyond ``max_rows`` and every row
+        whose wait ended. They stay until removed.
         """
         with self._lock:
-            excess = len(self._rows) - self.max_rows
-            rows = []
-            for row in self._rows.values():
-                if len(rows) >= excess and row.expires_at > now:
-                    break
-                rows.append(row)
-            return rows
+            return self._due_among(self._rows.values(), len(self._rows) - self.max_rows, now)
+
+    def _due_among(self, rows: Iterable[PendingRow], excess: int, now: float) -> list[PendingRow]:
+        """(lock held) Those of ``rows`` (oldest first) among the first ``excess`` or whose
+        wait ended at ``now``; stops at the first other while deadlines are in arrival order."""
+        due = []
+        for i, row in enumerate(rows):
+            if i < excess or row.expires_at <= now:
+                due.append(row)
+            elif self._in_deadline_order:
+                break
+        return due
 
     def expiring_with(self, ids: Sequence[str], now: float) -> list[str]:
         """The ids to expire at ``now`` once rows under ``ids`` are put: those whose wait
@@ -165,15 +172,12 @@ class PendingPredictions:
         order = list(dict.fromkeys(reversed(ids)))[::-1]  # an id put twice: where it ends up
         new = set(order)
         with self._lock:
-            replaced = sum(row_id in self._rows for row_id in new)
-            excess = len(self._rows) - replaced + len(new) - self.max_rows
-            expiring = []
-            for row in self._rows.values():
-                if len(expiring) >= excess and row.expires_at > now:
-                    break
-                if row.id not in new:
-                    expiring.append(row.id)
-        return expiring + order[:max(0, excess - len(expiring))]
+            staying = len(self._rows) - sum(row_id in self._rows for row_id in new)
+            excess = staying + len(new) - self.max_rows
+            # A replaced row is not expired: its id moves to the end with the new row.
+            old = self._due_among(
+                (row for row in self._rows.values() if row.id not in new), excess, now)
+        return [row.id for row in old] + order[:max(0, excess - staying)]
 
     def rows(self) -> list[PendingRow]:
         """Every waiting row, oldest first (for a snapshot)."""

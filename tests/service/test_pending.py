@@ -42,16 +42,30 @@ def test_a_row_is_removed_only_while_it_is_the_one_waiting_under_its_id() -> Non
     assert [row.id for row in pending.rows()] == [ids[1]]
 
 
+def test_rows_whose_wait_ended_are_due_behind_rows_that_still_wait() -> None:
+    """A restart under a shorter TTL puts rows with earlier deadlines after later ones."""
+    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    for i, deadline in enumerate([100.0, 5.0, 200.0, 6.0]):
+        ids, X, p = _rows(1, seed=i)
+        pending.put(ids, X, p, expires_at=deadline)
+    assert [row.id for row in pending.due(now=10.0)] == ["id-1-0", "id-3-0"]
+    assert [row.id for row in pending.due(now=150.0)] == ["id-0-0", "id-1-0", "id-3-0"]
+
+
+@pytest.mark.parametrize("deadlines", ["in order", "shuffled"])
 @pytest.mark.parametrize("seed", range(20))
-def test_the_ids_expiring_with_a_put_are_those_due_right_after_it(seed: int) -> None:
+def test_the_ids_expiring_with_a_put_are_those_due_right_after_it(
+    seed: int, deadlines: str
+) -> None:
     """What the writer logs with a put (before putting) is what :meth:`due` finds after it:
-    ended waits first, then the oldest beyond the limit; replaced ids are not expired."""
+    the oldest beyond the limit and the ended waits; replaced ids are not expired."""
     rng = np.random.default_rng(seed)
     max_rows = int(rng.integers(1, 6))
     pending = PendingPredictions(ttl_s=10.0, max_rows=max_rows)
     for t in range(int(rng.integers(0, 8))):
         row_id = f"id-{rng.integers(0, 6)}"
-        pending.put([row_id], np.zeros((1, 4), np.float32), np.full((1, 3), 1 / 3), 10.0 + t)
+        deadline = 10.0 + (t if deadlines == "in order" else rng.uniform(0, 8))
+        pending.put([row_id], np.zeros((1, 4), np.float32), np.full((1, 3), 1 / 3), deadline)
     ids = [f"id-{i}" for i in rng.integers(0, 9, size=int(rng.integers(0, 7)))]  # repeats too
     now = float(rng.uniform(5.0, 20.0))
 
