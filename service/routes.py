@@ -337,6 +337,12 @@ async def readyz(registry: Registry) -> Any:
     return {"status": "ready"}
 
 
+# Load balancers often probe with HEAD: the same answers, without a body (and without a second
+# OpenAPI operation).
+for _probe in (healthz, readyz):
+    router.add_api_route(f"/{_probe.__name__}", _probe, methods=["HEAD"], include_in_schema=False)
+
+
 @router.get("/metrics", tags=["operations"], response_class=Response)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition of every gln_* metric."""

@@ -38,8 +38,9 @@ class CreateModelRequest(_Body):
     config: dict[str, Any] = Field(
         examples=[{"num_features": 30, "num_classes": 2, "layer_sizes": [32, 32, 1],
                    "context_dim": 4, "learning_rate": 0.01}],
-        description="GLN constructor arguments (num_features and num_classes at least); the "
-        "device is the server's (GLN_DEVICE).",
+        description="GLN constructor arguments: num_features is required, the others have "
+        "defaults (num_classes 2, layer_sizes [32, 32, 1], context_dim 4); the device is the "
+        "server's (GLN_DEVICE).",
     )
 
     @field_validator("name")

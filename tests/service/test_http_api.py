@@ -310,6 +310,9 @@ async def test_healthz_readyz_openapi(client: httpx.AsyncClient):
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json() == {"status": "ready"}
+    for probe in ("/healthz", "/readyz"):  # load balancers often probe with HEAD
+        head = await client.head(probe)
+        assert head.status_code == 200 and head.content == b""
     spec = (await client.get("/openapi.json")).json()
     for path in [
         "/v1/models",
