@@ -638,6 +638,18 @@ class GLN:
 
         return model_from_bytes(cls, blob, device)
 
+    @staticmethod
+    def config_of_bytes(blob: bytes) -> dict[str, Any]:
+        """The configuration a ``to_bytes`` blob was saved with, read from its header alone.
+
+        Cheap (the arrays are neither read nor checked; ``from_bytes`` does that), so a host
+        given a blob can size the model it would build with ``estimate_nbytes`` first.
+        Raises ``SnapshotFormatError`` if the blob is not a GLN snapshot.
+        """
+        from gln.serialize import snapshot_config  # noqa: PLC0415
+
+        return snapshot_config(blob)
+
     def __reduce__(self) -> tuple[Any, ...]:
         """Copies (``copy.deepcopy``) and pickles go through ``to_bytes``: the same state on the
         same device, with the same ``use_kernels``; a copy learns without touching the original.

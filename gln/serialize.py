@@ -64,9 +64,8 @@ def model_to_bytes(model: GLN) -> bytes:
     return MAGIC + _LENGTH.pack(len(encoded)) + encoded + payload
 
 
-def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
-    """The validated header and the payload of a snapshot."""
-    view = memoryview(blob)
+def _parse_header(view: memoryview) -> tuple[dict[str, Any], int]:
+    """A snapshot's header (magic, format and version checked) and where its payload starts."""
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise SnapshotFormatError("not a GLN snapshot (bad magic bytes)")
     start = len(MAGIC) + _LENGTH.size
@@ -75,7 +74,7 @@ def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
     (length,) = _LENGTH.unpack(view[len(MAGIC):start])
     try:
         header = json.loads(bytes(view[start:start + length]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise SnapshotFormatError(f"corrupt GLN snapshot header: {error}") from None
     if not isinstance(header, dict) or header.get("format") != "gln-snapshot":
         raise SnapshotFormatError("not a GLN snapshot header")
@@ -84,10 +83,48 @@ def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
             f"unsupported GLN snapshot version {header.get('version')!r} "
             f"(this library reads version {FORMAT_VERSION})"
         )
-    payload = view[start + length:]
+    return header, start + length
+
+
+def _config_of(header: dict[str, Any]) -> dict[str, Any]:
+    config = header.get("config")
+    if not isinstance(config, dict):
+        raise SnapshotFormatError("GLN snapshot header holds no configuration")
+    return dict(config)
+
+
+def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
+    """The validated header and the payload of a snapshot."""
+    view = memoryview(blob)
+    header, start = _parse_header(view)
+    payload = view[start:]
     if hashlib.sha256(payload).hexdigest() != header.get("payload_sha256"):
         raise SnapshotFormatError("GLN snapshot checksum mismatch (corrupt or truncated)")
     return header, payload
+
+
+def snapshot_config(blob: bytes) -> dict[str, Any]:
+    """The configuration a snapshot was saved with, from its header alone.
+
+    Cheap (the payload is neither hashed nor read), so a host can size the model a blob would
+    build (``GLN.estimate_nbytes``) before it builds it; ``model_from_bytes`` checks the rest.
+    """
+    header, _ = _parse_header(memoryview(blob))
+    return _config_of(header)
+
+
+def _layout(header: dict[str, Any]) -> tuple[list[tuple[str, np.dtype, tuple[int, ...]]], int, int]:
+    """The arrays (name, dtype, shape) in payload order and the two counters, as the header
+    gives them; SnapshotFormatError if it lacks or mangles any (a blob's checksum covers the
+    payload only, so a header may be anything)."""
+    try:
+        arrays = [
+            (str(entry["name"]), np.dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"]))
+            for entry in header["arrays"]
+        ]
+        return arrays, int(header["moments_count"]), int(header["examples_seen"])
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
+        raise SnapshotFormatError(f"malformed GLN snapshot header: {error!r}") from None
 
 
 def model_from_bytes(
@@ -95,14 +132,14 @@ def model_from_bytes(
 ) -> GLN:
     """Rebuild a model; ``device`` overrides the device it was saved on."""
     header, payload = read_header(blob)
-    config = dict(header["config"])
+    config = _config_of(header)
+    arrays, moments_count, examples_seen = _layout(header)
     if device is not None:
         config["device"] = device
     model = cls(**config, use_kernels=use_kernels)
     expected = {name: to_numpy(a) for name, a in _state_arrays(model)}
     xp, offset, loaded = model._xp, 0, {}
-    for entry in header["arrays"]:
-        name, dtype, shape = entry["name"], np.dtype(entry["dtype"]), tuple(entry["shape"])
+    for name, dtype, shape in arrays:
         reference = expected.get(name)
         if reference is None or reference.shape != shape or reference.dtype != dtype:
             raise SnapshotFormatError(f"snapshot array {name!r} does not fit the configuration")
@@ -116,8 +153,8 @@ def model_from_bytes(
         raise SnapshotFormatError("GLN snapshot arrays do not match the configuration")
     model.normals, model.offsets = loaded["normals"], loaded["offsets"]
     model.moments = RunningMoments(
-        int(header["moments_count"]), loaded["moments_total"], loaded["moments_total_sq"]
+        moments_count, loaded["moments_total"], loaded["moments_total_sq"]
     )
     model.weights = [loaded[f"weights_{i}"] for i in range(len(model.weights))]
-    model.examples_seen = int(header["examples_seen"])
+    model.examples_seen = examples_seen
     return model

@@ -1,8 +1,10 @@
 """The public GLN API: exact sequential learning, validation, saliency, bytes, accuracy."""
 
 import copy
+import json
 import math
 import pickle
+import struct
 
 import numpy as np
 import pytest
@@ -273,6 +275,48 @@ def test_corrupt_or_foreign_bytes_are_rejected():
     future = blob.replace(b'"version":1', b'"version":9', 1)
     with pytest.raises(SnapshotFormatError, match="version"):
         GLN.from_bytes(future)
+
+
+def _with_header(blob: bytes, edit) -> bytes:
+    """``blob`` with its JSON header replaced by ``edit(header)`` (the payload's checksum
+    still matches: it covers the payload only)."""
+    (length,) = struct.unpack("<I", blob[8:12])
+    header = json.loads(blob[12:12 + length])
+    encoded = edit(header).encode() if callable(edit) else edit
+    return blob[:8] + struct.pack("<I", len(encoded)) + encoded + blob[12 + length:]
+
+
+def test_config_of_bytes_reads_the_header_alone():
+    model = small_model(learning_rate={"schedule": "inverse_time", "scale": 10, "cap": 0.05})
+    blob = model.to_bytes()
+    assert GLN.config_of_bytes(blob) == model.config
+    assert GLN.estimate_nbytes(GLN.config_of_bytes(blob)) == GLN.estimate_nbytes(model.config)
+    # The payload is not read: a corrupt one still gives the config (from_bytes refuses it).
+    assert GLN.config_of_bytes(blob[:-8]) == model.config
+    with pytest.raises(SnapshotFormatError, match="magic"):
+        GLN.config_of_bytes(b"not a snapshot")
+    with pytest.raises(SnapshotFormatError, match="no configuration"):
+        GLN.config_of_bytes(_with_header(blob, lambda h: json.dumps({**h, "config": [1]})))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda h: json.dumps({k: v for k, v in h.items() if k != "arrays"}),
+    lambda h: json.dumps({**h, "arrays": [{"name": "normals"}]}),
+    lambda h: json.dumps({**h, "arrays": 7}),
+    lambda h: json.dumps({**h, "arrays": [{**h["arrays"][0], "dtype": "no such dtype"}]}),
+    lambda h: json.dumps({**h, "moments_count": "many"}),
+    lambda h: json.dumps({**h, "examples_seen": None}),
+    lambda h: json.dumps({**h, "examples_seen": 1e400}),  # inf: int() overflows
+    lambda h: json.dumps({**h, "config": "num_features=6"}),
+    lambda h: json.dumps(h)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+], ids=["no-arrays", "array-fields", "arrays-not-a-list", "dtype", "moments", "examples",
+        "examples-inf", "config", "nested-too-deep"])
+def test_a_mangled_header_is_a_format_error(edit):
+    """A header is not covered by the checksum: whatever it holds, loading says the blob is
+    malformed (never a KeyError, OverflowError or RecursionError)."""
+    blob = _with_header(small_model().to_bytes(), edit)
+    with pytest.raises(SnapshotFormatError):
+        GLN.from_bytes(blob)
 
 
 def test_breast_cancer_single_pass_reaches_93_percent():
