@@ -4,13 +4,13 @@ import copy
 import json
 import math
 import pickle
-import struct
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_digits
 
 from gln import GLN, SnapshotFormatError
+from tests.gln.snapshot_bytes import with_header
 
 
 def small_model(**overrides):
@@ -277,15 +277,6 @@ def test_corrupt_or_foreign_bytes_are_rejected():
         GLN.from_bytes(future)
 
 
-def _with_header(blob: bytes, edit) -> bytes:
-    """``blob`` with its JSON header replaced by ``edit(header)`` (the payload's checksum
-    still matches: it covers the payload only)."""
-    (length,) = struct.unpack("<I", blob[8:12])
-    header = json.loads(blob[12:12 + length])
-    encoded = edit(header).encode() if callable(edit) else edit
-    return blob[:8] + struct.pack("<I", len(encoded)) + encoded + blob[12 + length:]
-
-
 def test_config_of_bytes_reads_the_header_alone():
     model = small_model(learning_rate={"schedule": "inverse_time", "scale": 10, "cap": 0.05})
     blob = model.to_bytes()
@@ -296,7 +287,7 @@ def test_config_of_bytes_reads_the_header_alone():
     with pytest.raises(SnapshotFormatError, match="magic"):
         GLN.config_of_bytes(b"not a snapshot")
     with pytest.raises(SnapshotFormatError, match="no configuration"):
-        GLN.config_of_bytes(_with_header(blob, lambda h: json.dumps({**h, "config": [1]})))
+        GLN.config_of_bytes(with_header(blob, lambda h: json.dumps({**h, "config": [1]})))
 
 
 @pytest.mark.parametrize("edit", [
@@ -314,7 +305,7 @@ def test_config_of_bytes_reads_the_header_alone():
 def test_a_mangled_header_is_a_format_error(edit):
     """A header is not covered by the checksum: whatever it holds, loading says the blob is
     malformed (never a KeyError, OverflowError or RecursionError)."""
-    blob = _with_header(small_model().to_bytes(), edit)
+    blob = with_header(small_model().to_bytes(), edit)
     with pytest.raises(SnapshotFormatError):
         GLN.from_bytes(blob)
 
