@@ -77,7 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Exception, _internal_error)
     # The last added is the outermost: metrics see every answer, including the guards' 401
     # and 413; the token is checked before a byte of the body is read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       import_max_bytes=settings.import_max_bytes)
     app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
                        protect_reads=settings.token_for_reads)
     app.add_middleware(
@@ -95,8 +96,8 @@ def _openapi_with_bearer(app: FastAPI) -> dict[str, Any]:
         schemes["bearerAuth"] = {
             "type": "http",
             "scheme": "bearer",
-            "description": "Needed on POST and DELETE routes when the server sets "
-            "GLN_API_TOKEN.",
+            "description": "Needed on POST and DELETE routes, and to export a model, when "
+            "the server sets GLN_API_TOKEN.",
         }
     return app.openapi_schema
 
@@ -249,7 +250,8 @@ class BearerAuthMiddleware:
     One rule for every mutating route, so a new route cannot forget it. Reads stay open unless
     ``protect_reads``: then the API's GET routes (``/v1/...``) need the token too, while the
     probes (``/healthz``, ``/readyz``), ``/metrics`` and the OpenAPI pages stay open for
-    orchestrators, Prometheus and people.
+    orchestrators, Prometheus and people. A model's export always needs it: its bytes answer
+    every prediction, which POST predict keeps behind the token.
     """
 
     MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -262,7 +264,7 @@ class BearerAuthMiddleware:
     def _needs_token(self, scope: Scope) -> bool:
         if self.expected is None or scope["type"] != "http":
             return False
-        if scope["method"] in self.MUTATING:
+        if scope["method"] in self.MUTATING or _is_model_action(scope["path"], "export"):
             return True
         return self.protect_reads and scope["path"].startswith("/v1/")
 
@@ -288,6 +290,12 @@ class BearerAuthMiddleware:
         )
 
 
+def _is_model_action(path: str, action: str) -> bool:
+    """Whether ``path`` is ``/v1/models/<name>/<action>`` (the middlewares run before routing)."""
+    name, slash, rest = path.removeprefix("/v1/models/").partition("/")
+    return path.startswith("/v1/models/") and bool(name) and slash == "/" and rest == action
+
+
 def _route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
     """``/v1/models/{name}/learn``, never the concrete path (bounded label values)."""
     route = scope.get("route")
@@ -308,24 +316,33 @@ class BodyLimitMiddleware:
     is read here, counting bytes as they stream in (a chunked upload or a lying
     Content-Length cannot get past), and handed to the app whole. Our handlers buffer the
     body anyway, so this costs no extra memory in practice.
+
+    A model's import is the one body that is raw bytes rather than JSON: its limit is
+    ``import_max_bytes`` (the blob of the largest model the server admits), so a model too
+    big for ``max_bytes`` can still be moved between servers.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.import_max_bytes = import_max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if _is_model_action(scope["path"], "import"):
+            limit, setting = self.import_max_bytes, "GLN_MAX_MODEL_BYTES"
+        else:
+            limit, setting = self.max_bytes, "GLN_MAX_BODY_BYTES"
         for key, value in scope["headers"]:
             if key == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = 0  # malformed; the server or the stream count will catch it
-                if declared > self.max_bytes:
-                    await self._refuse(send)
+                if declared > limit:
+                    await _refuse_body(send, limit, setting)
                     return
                 break
         chunks: list[bytes] = []
@@ -337,8 +354,8 @@ class BodyLimitMiddleware:
                 return
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_bytes:
-                await self._refuse(send)
+            if size > limit:
+                await _refuse_body(send, limit, setting)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -346,12 +363,14 @@ class BodyLimitMiddleware:
         whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
-    async def _refuse(self, send: Send) -> None:
-        await _send_json(
-            send, 413, f"request body larger than {self.max_bytes} bytes (GLN_MAX_BODY_BYTES)",
-            # The rest of the body was not read: do not reuse this connection.
-            [(b"connection", b"close")],
-        )
+
+
+async def _refuse_body(send: Send, limit: int, setting: str) -> None:
+    await _send_json(
+        send, 413, f"request body larger than {limit} bytes ({setting})",
+        # The rest of the body was not read: do not reuse this connection.
+        [(b"connection", b"close")],
+    )
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -759,6 +759,14 @@ class ModelEntry:
                 offset += n
 
     # -- snapshots --
+    async def model_bytes(self) -> bytes:
+        """``GLN.to_bytes()`` between learn runs: every learn request answered so far is in it."""
+        return await self._run(self._model_bytes_sync)
+
+    def _model_bytes_sync(self) -> bytes:
+        with self.lock:
+            return self.model.to_bytes()
+
     async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
         """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
         return await self._run(self._save_snapshot_sync, store, force)

@@ -12,6 +12,7 @@ subclasses that carry their status code; routes never translate exceptions thems
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -163,7 +164,7 @@ class ModelRegistry:
         """Every loaded model, by name."""
         return [self._models[name] for name in sorted(self._models)]
 
-    # -- create / delete --
+    # -- create / import / export / delete --
     async def create(self, name: str, config: dict[str, Any]) -> ModelEntry:
         """Build a model from ``config``, store its first snapshot, and start serving it.
 
@@ -179,6 +180,30 @@ class ModelRegistry:
                 f"config: unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
                 f"{', '.join(sorted(CONFIG_KEYS))}"
             )
+        return await self._admit(name, config, functools.partial(self._build, config),
+                                 "invalid config")
+
+    async def import_model(self, name: str, blob: bytes) -> ModelEntry:
+        """Serve the model of a ``GLN.to_bytes`` blob (an export) as ``name``, on this server's
+        device, from its first snapshot on, as :meth:`create` does.
+
+        The model keeps its weights, input statistics and ``examples_seen``; its online
+        metrics start afresh. 422 for bytes that are not a valid GLN snapshot, and the same
+        409 and 503 as :meth:`create`.
+        """
+        await self._wait_restored()
+        try:
+            config = GLN.config_of_bytes(blob)
+        except ValueError as exc:
+            raise InvalidRequest(f"invalid model bytes: {exc}") from exc
+        return await self._admit(name, config, functools.partial(self._load, blob),
+                                 "invalid model bytes")
+
+    async def _admit(
+        self, name: str, config: dict[str, Any], build: Callable[[], GLN], invalid: str
+    ) -> ModelEntry:
+        """Check ``name`` and the room for a model of ``config``, ``build`` it, store its
+        first snapshot and start serving it; ``invalid`` prefixes the 422 of a refused one."""
         async with self._names_lock:
             if name in self._models or name in self._failed:
                 raise ModelExists(f"model {name!r} already exists")
@@ -187,13 +212,13 @@ class ModelRegistry:
                 needed = GLN.estimate_nbytes(config)
                 if needed > self.settings.max_model_bytes:
                     raise InvalidRequest(
-                        f"invalid config: the model would hold {needed} bytes, more than "
+                        f"{invalid}: the model would hold {needed} bytes, more than "
                         f"GLN_MAX_MODEL_BYTES={self.settings.max_model_bytes}"
                     )
                 self._check_room(needed)
-                model = await self._run(self._build, config)
+                model = await self._run(build)
             except (ValueError, TypeError) as exc:
-                raise InvalidRequest(f"invalid config: {exc}") from exc
+                raise InvalidRequest(f"{invalid}: {exc}") from exc
             entry = self._entry(name, model, None)
             try:
                 if self.wal is not None:  # a log left by a crash during an earlier delete
@@ -204,6 +229,11 @@ class ModelRegistry:
                 raise Unavailable(f"snapshot store unavailable: {exc}") from exc
             self._add(entry)
             return entry
+
+    async def export(self, name: str) -> bytes:
+        """``GLN.to_bytes()`` of ``name``: every learn request answered before it, included."""
+        entry = await self.get(name)
+        return await entry.model_bytes()
 
     def _without_device(self, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` without its ``device``, which the server chooses (GLN_DEVICE); 422 for
@@ -269,6 +299,11 @@ class ModelRegistry:
     def _build(self, config: dict[str, Any]) -> GLN:
         model = GLN(**config, device=self.settings.device)
         model.warm_up()  # so that the first request does not pay for it
+        return model
+
+    def _load(self, blob: bytes) -> GLN:
+        model = GLN.from_bytes(blob, self.settings.device)
+        model.warm_up()
         return model
 
     async def delete(self, name: str) -> None:
@@ -516,8 +551,7 @@ class ModelRegistry:
                     return  # deleted by someone else since names()
                 blob, info = loaded
                 model_blob, waiting = split_snapshot(blob, info.metadata)
-                model = await self._run(GLN.from_bytes, model_blob, self.settings.device)
-                await self._run(model.warm_up)
+                model = await self._run(self._load, model_blob)
                 entry = self._entry(name, model, info)
                 entry.pending.put_rows(waiting)
                 t0 = time.perf_counter()

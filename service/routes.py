@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
-from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from service.registry import ModelRegistry
 from service.schemas import (
+    NAME_DESCRIPTION,
     CreateModelRequest,
     Detail,
     ExplainResponse,
@@ -30,6 +31,7 @@ from service.schemas import (
     LearnRequest,
     LearnResponse,
     ModelInfo,
+    ModelName,
     PredictRequest,
     PredictResponse,
     SnapshotOut,
@@ -274,6 +276,9 @@ async def snapshot(name: str, registry: Registry) -> dict[str, Any]:
 
 
 # -- models -------------------------------------------------------------------------------------
+MODEL_BYTES = {"type": "string", "format": "binary"}  # a GLN.to_bytes() blob
+
+
 @router.post(
     "/v1/models", status_code=status.HTTP_201_CREATED, response_model=ModelInfo,
     openapi_extra=_json_body(CreateModelRequest), responses=_errors(401, 409, 413, 422, 503),
@@ -283,6 +288,52 @@ async def create_model(request: Request, registry: Registry) -> dict[str, Any]:
     """Create a model from a GLN config; it is snapshotted at once (version 1)."""
     body = await parse_body(request, CreateModelRequest)
     entry = await registry.create(body.name, body.config)
+    return entry.describe()
+
+
+@router.get(
+    "/v1/models/{name}/export", response_class=Response, openapi_extra=BEARER,
+    responses={
+        200: {"description": "The model's bytes (GLN.to_bytes): weights, hyperplanes, input "
+              "statistics and examples_seen.",
+              "content": {"application/octet-stream": {"schema": MODEL_BYTES}}},
+        **_errors(401, 404),
+    },
+    tags=["models"],
+)
+async def export_model(name: str, registry: Registry) -> Response:
+    """The model as bytes, with every learn request answered before this one.
+
+    Load it with ``GLN.from_bytes`` (CPU or GPU), or serve it on any server with
+    ``POST /v1/models/{name}/import``. Rows waiting for labels are not part of it. Needs the
+    token when GLN_API_TOKEN is set, as predict does: the bytes answer any prediction.
+    """
+    blob = await registry.export(name)
+    return Response(blob, media_type="application/octet-stream",
+                    headers={"content-disposition": f'attachment; filename="{name}.gln"'})
+
+
+@router.post(
+    "/v1/models/{name}/import", status_code=status.HTTP_201_CREATED, response_model=ModelInfo,
+    openapi_extra={**BEARER, "requestBody": {
+        "required": True, "content": {"application/octet-stream": {"schema": MODEL_BYTES}},
+    }},
+    responses=_errors(401, 409, 413, 422, 503), tags=["models"],
+)
+async def import_model(
+    name: Annotated[ModelName, Path(description=NAME_DESCRIPTION)],
+    request: Request,
+    registry: Registry,
+) -> dict[str, Any]:
+    """Serve a model from bytes (an export, or ``GLN.to_bytes()`` of a model trained with the
+    library) under a new name; it is snapshotted at once (version 1).
+
+    The model keeps its weights, input statistics and examples_seen, and learns on from
+    there; its online metrics start afresh. The body may be as large as the model limit
+    (GLN_MAX_MODEL_BYTES), beyond GLN_MAX_BODY_BYTES. 422 for bytes that are not a GLN
+    model, 409 for a name in use.
+    """
+    entry = await registry.import_model(name, await request.body())
     return entry.describe()
 
 

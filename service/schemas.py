@@ -11,19 +11,33 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StrictFloat,
     StrictInt,
     StringConstraints,
-    field_validator,
 )
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 ID_PATTERN = r"^[\x21-\x7e]{1,200}$"  # visible ASCII, as idempotency keys
 
 Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
+
+
+def _not_a_path_step(name: str) -> str:
+    # '.' and '..' fit the alphabet but mean something else in URLs and directories.
+    if name in {".", ".."}:
+        raise ValueError("'.' and '..' are not model names")
+    return name
+
+
+NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -"
+# The name of a new model (create's body, import's path).
+ModelName = Annotated[
+    str, StringConstraints(pattern=NAME_PATTERN), AfterValidator(_not_a_path_step)
+]
 
 
 class _Body(BaseModel):
@@ -33,8 +47,7 @@ class _Body(BaseModel):
 class CreateModelRequest(_Body):
     """A new model: its name and the GLN constructor arguments."""
 
-    name: str = Field(pattern=NAME_PATTERN, examples=["fraud"],
-                      description="1-64 characters from A-Z a-z 0-9 _ . -")
+    name: ModelName = Field(examples=["fraud"], description=NAME_DESCRIPTION)
     config: dict[str, Any] = Field(
         examples=[{"num_features": 30, "num_classes": 2, "layer_sizes": [32, 32, 1],
                    "context_dim": 4, "learning_rate": 0.01}],
@@ -42,14 +55,6 @@ class CreateModelRequest(_Body):
         "defaults (num_classes 2, layer_sizes [32, 32, 1], context_dim 4); the device is the "
         "server's (GLN_DEVICE).",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _not_a_path_step(cls, name: str) -> str:
-        # '.' and '..' fit the alphabet but mean something else in URLs and directories.
-        if name in {".", ".."}:
-            raise ValueError("'.' and '..' are not model names")
-        return name
 
 
 class FeaturesRequest(_Body):

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1024 * 1024
+IMPORT_HEADER_BYTES = MIB  # room for a model blob's JSON header (a few KiB in practice)
 
 
 class Settings(BaseSettings):
@@ -83,7 +84,9 @@ class Settings(BaseSettings):
         description="Most bytes all models together may hold (GLN.estimate_nbytes).",
     )
     api_token: SecretStr | None = Field(
-        None, description="When set, POST and DELETE routes need 'Authorization: Bearer <token>'."
+        None,
+        description="When set, POST and DELETE routes, and a model's export, need "
+        "'Authorization: Bearer <token>'.",
     )
     token_for_reads: bool = Field(
         False,
@@ -100,7 +103,8 @@ class Settings(BaseSettings):
         description="Most rows the learn worker coalesces into one model.learn call.",
     )
     max_model_bytes: int = Field(
-        1024 * MIB, gt=0, description="Largest model (GLN.nbytes) a client may create."
+        1024 * MIB, gt=0,
+        description="Largest model (GLN.estimate_nbytes) a client may create or import.",
     )
     recent_window: int = Field(
         1000, gt=0, description="Examples in the 'recent' window of a model's online metrics."
@@ -119,3 +123,13 @@ class Settings(BaseSettings):
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(False, description="Log every request (metrics already count them).")
+
+    @property
+    def import_max_bytes(self) -> int:
+        """Largest body a model import accepts: the blob of a model of ``max_model_bytes``.
+
+        A blob's arrays are the model's, less the copy of the normals that ``estimate_nbytes``
+        counts on top, so they fit in ``max_model_bytes``; its header (the config and the
+        arrays' names and shapes) gets ``IMPORT_HEADER_BYTES`` more.
+        """
+        return max(self.max_body_bytes, self.max_model_bytes + IMPORT_HEADER_BYTES)

@@ -68,3 +68,40 @@ async def test_models_learn_on_the_device_and_move_to_a_cpu_server_and_back(
     async with serve(create_app(settings_on("cuda", tmp_path))) as client:
         info = (await client.get("/v1/models/fraud")).json()
         assert info["examples_seen"] == 55  # the CPU server's learning came back too
+
+
+async def test_an_export_from_the_device_imports_on_a_cpu_server_and_back(
+    device, tmp_path, serve, small_config, create_model, make_data
+):
+    X, y = make_data(40)
+    probe, _ = make_data(7, seed=3)
+    octets = {"content-type": "application/octet-stream"}
+    async with serve(create_app(settings_on("cuda", tmp_path / "gpu"))) as client:
+        await create_model(client, "fraud")
+        await client.post("/v1/models/fraud/learn", json={"features": X[:20], "labels": y[:20]})
+        from_device = (await client.get("/v1/models/fraud/export")).content
+        on_device = (await client.post("/v1/models/fraud/predict",
+                                       json={"features": probe})).json()["probabilities"]
+
+    async with serve(create_app(settings_on("cpu", tmp_path / "cpu"))) as client:
+        r = await client.post("/v1/models/moved/import", content=from_device, headers=octets)
+        assert r.status_code == 201, r.text
+        assert r.json()["config"]["device"] == "cpu"
+        on_cpu = (await client.post("/v1/models/moved/predict",
+                                    json={"features": probe})).json()["probabilities"]
+        np.testing.assert_allclose(on_cpu, on_device, atol=1e-5)
+        await client.post("/v1/models/moved/learn", json={"features": X[20:], "labels": y[20:]})
+        from_cpu = (await client.get("/v1/models/moved/export")).content
+
+    app = create_app(settings_on("cuda", tmp_path / "gpu"))
+    async with serve(app) as client:
+        r = await client.post("/v1/models/back/import", content=from_cpu, headers=octets)
+        assert r.status_code == 201, r.text
+        assert r.json()["examples_seen"] == 40
+        entry = await app.state.registry.get("back")
+        assert isinstance(entry.model.weights[0], device.ndarray)  # in device memory
+        np.testing.assert_allclose(
+            (await client.post("/v1/models/back/predict", json={"features": probe})).json()[
+                "probabilities"],
+            GLN.from_bytes(from_cpu, "cpu").predict_proba(np.array(probe)), atol=1e-5,
+        )

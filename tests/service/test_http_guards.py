@@ -12,8 +12,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from gln import GLN
 from service.app import create_app
-from service.settings import Settings
+from service.settings import IMPORT_HEADER_BYTES, Settings
 
 TOKEN = "s3cret-token"
 
@@ -27,6 +28,11 @@ async def token_client(settings: Settings, serve) -> AsyncIterator[httpx.AsyncCl
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def _body(body: dict | bytes | None) -> dict:
+    """httpx arguments sending ``body``: JSON, or raw bytes (a model import)."""
+    return {"content": body} if isinstance(body, bytes) else {"json": body}
 
 
 # -- auth -----------------------------------------------------------------------------------------
@@ -58,10 +64,12 @@ async def test_mutating_routes_need_the_token(
         ("POST", "/v1/models/m/explain", {"features": X}),
         ("POST", "/v1/models/m/labels", {"ids": ["a"], "labels": [0]}),
         ("POST", "/v1/models/m/snapshot", None),
+        ("POST", "/v1/models/other/import", GLN(**small_config).to_bytes()),
+        ("GET", "/v1/models/m/export", None),  # its bytes answer any prediction
         ("DELETE", "/v1/models/m", None),
     ]
     for method, path, body in attempts:
-        r = await token_client.request(method, path, json=body, headers=headers)
+        r = await token_client.request(method, path, headers=headers, **_body(body))
         assert r.status_code == 401, (method, path, r.text)
         assert r.headers["www-authenticate"] == "Bearer"
         assert "bearer token" in r.json()["detail"]
@@ -84,10 +92,12 @@ async def test_the_right_token_opens_every_route(
         ("POST", "/v1/models/m/explain", {"features": X}, 200),
         ("POST", "/v1/models/m/labels", {"ids": ["a"], "labels": [0]}, 200),
         ("POST", "/v1/models/m/snapshot", None, 200),
+        ("POST", "/v1/models/copy/import", GLN(**small_config).to_bytes(), 201),
+        ("GET", "/v1/models/m/export", None, 200),
         ("DELETE", "/v1/models/m", None, 204),
     ]
     for method, path, body, expected in calls:
-        r = await token_client.request(method, path, json=body, headers=good)
+        r = await token_client.request(method, path, headers=good, **_body(body))
         assert r.status_code == expected, (method, path, r.text)
 
 
@@ -119,6 +129,8 @@ async def test_openapi_documents_the_bearer_scheme(token_client: httpx.AsyncClie
     assert paths["/v1/models/{name}/learn"]["post"]["security"] == [{"bearerAuth": []}]
     assert paths["/v1/models/{name}"]["delete"]["security"] == [{"bearerAuth": []}]
     assert "security" not in paths["/v1/models/{name}"]["get"]
+    assert paths["/v1/models/{name}/export"]["get"]["security"] == [{"bearerAuth": []}]
+    assert paths["/v1/models/{name}/import"]["post"]["security"] == [{"bearerAuth": []}]
 
 
 async def test_without_a_configured_token_no_header_is_needed(
@@ -161,6 +173,30 @@ async def test_body_at_the_limit_passes(small_body_app, serve, create_model):
         )
         assert r.status_code == 200, r.text
         assert r.json()["examples"] == 4
+
+
+async def test_an_import_may_exceed_the_body_limit_up_to_the_model_limit(
+    settings: Settings, serve
+):
+    """A model's bytes are not JSON: their limit is the largest model the server admits
+    (GLN_MAX_MODEL_BYTES, plus room for the header), not GLN_MAX_BODY_BYTES."""
+    model = GLN(num_features=6, num_classes=3, layer_sizes=[8, 8, 1], context_dim=3)
+    blob = model.to_bytes()
+    small = settings.model_copy(update={"max_body_bytes": 1000})
+    assert len(blob) > 10 * small.max_body_bytes
+    async with serve(create_app(small)) as client:
+        r = await client.post("/v1/models/m/import", content=blob)
+        assert r.status_code == 201, r.text
+    tiny = small.model_copy(update={"max_model_bytes": 1000})
+    assert len(blob) > tiny.import_max_bytes - IMPORT_HEADER_BYTES
+    padded = blob + b"\0" * (tiny.import_max_bytes + 1 - len(blob))
+    async with serve(create_app(tiny)) as client:
+        r = await client.post("/v1/models/other/import", content=padded)
+        assert r.status_code == 413
+        assert r.json()["detail"] == (
+            f"request body larger than {tiny.import_max_bytes} bytes (GLN_MAX_MODEL_BYTES)"
+        )
+        assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["m"]
 
 
 async def learn_in_pieces(client, body: bytes, piece: int):

@@ -23,14 +23,16 @@ bugs live, since random data almost never gets past validation:
   feature, two classes): arbitrary float32 values, now and then a wrong width, row count,
   label or out-of-range float;
 * about three in four create bodies are GLN-shaped configs: small valid values, now and then
-  an invalid, huge or wrong-typed one.
+  an invalid, huge or wrong-typed one;
+* about three in four import bodies are the bytes of a model of MODEL_CONFIG, now and then
+  truncated, with a bit flipped, or with a header that claims another or a huge model.
 
 Creates and deletes are undone after each request, so every request meets the same app state
 (Hypothesis replays a failing request while shrinking; it must get the same answer).
 
 Three targets: no token configured; ``GLN_API_TOKEN`` set and the right token sent (negative
 cases may still mangle it: a 401 then); ``GLN_API_TOKEN`` set and no or a generated (wrong)
-token, where every POST and DELETE must be answered 401.
+token, where every POST and DELETE, and every export, must be answered 401.
 
 Generation is deterministic (fixed seed, ``derandomize``, no example database), so CI sends the
 same requests on every run. The schema is loaded at import (``schema.parametrize()``) rather than
@@ -40,6 +42,7 @@ from a fixture: ``schemathesis.pytest.from_fixture`` fails on pytest 9.2 (it set
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -50,9 +53,11 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.python import asgi
 
+from gln import GLN
 from service.app import create_app
 from service.schemas import NAME_PATTERN
 from service.settings import Settings
+from tests.gln.snapshot_bytes import with_header
 
 MODEL = "m"
 # Tiny on purpose: one feature, two classes, so generated rows reach the model itself.
@@ -156,6 +161,15 @@ _CREATE = st.fixed_dictionaries({
     "config": _CONFIG,
 })
 
+_BLOB = GLN(**MODEL_CONFIG).to_bytes()
+_IMPORT = _mostly(st.just(_BLOB), st.sampled_from([
+    _BLOB[:-1],
+    _BLOB[:-1] + bytes([_BLOB[-1] ^ 1]),
+    with_header(_BLOB, lambda h: json.dumps({**h, "config": {**h["config"], "num_classes": 3}})),
+    with_header(_BLOB, lambda h: json.dumps({**h, "config": {**h["config"],
+                                                             "num_features": 10**13}})),
+]))
+
 
 def _shape_body(ctx: Any, body: Any) -> Any:
     """``flatmap_body``: mostly a body shaped to get past validation, else the generated one.
@@ -170,6 +184,8 @@ def _shape_body(ctx: Any, body: Any) -> Any:
         shaped = _rows_body(with_labels=False)
     elif path.endswith("/learn"):
         shaped = _rows_body(with_labels=True)
+    elif path.endswith("/import"):
+        shaped = _IMPORT
     else:
         return st.just(body)
     return _one_in(4).flatmap(lambda keep: st.just(body) if keep else shaped)
@@ -225,8 +241,9 @@ def fuzz_target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[dict[
     def restore_state(case: schemathesis.Case, status: int) -> None:
         """Undo a create or delete, so every request meets the same app (Hypothesis replays
         failing requests, and a model created meanwhile would turn their answer into a 409)."""
-        if case.method == "POST" and case.path == "/v1/models" and status == 201:
-            r = client.delete(f"/v1/models/{case.body['name']}")
+        if case.method == "POST" and status == 201:  # a create or an import
+            name = case.body["name"] if case.path == "/v1/models" else case.path_parameters["name"]
+            r = client.delete(f"/v1/models/{name}")
             assert r.status_code == 204, r.text
         ensure_model()
 
@@ -260,7 +277,9 @@ def test_fuzz_no_5xx_no_hang_as_documented(case: schemathesis.Case, fuzz_target)
     try:
         case.validate_response(response, checks=CHECKS, headers=headers)
         assert elapsed < CALL_TIMEOUT_S, f"{elapsed:.1f} s for {case.as_curl_command()}"
-        if fuzz_target["mode"] == "wrong-token" and case.method in ("POST", "DELETE"):
+        if fuzz_target["mode"] == "wrong-token" and (
+            case.method in ("POST", "DELETE") or case.path.endswith("/export")
+        ):
             assert response.status_code == 401, case.as_curl_command()
     finally:
         if response.status_code in (201, 204):
