@@ -361,6 +361,7 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        chunks.clear()  # else the body is held twice while the app runs (an import: a model)
         await self.app(scope, _replay([whole], receive), send)
 
 
