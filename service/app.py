@@ -365,7 +365,6 @@ class BodyLimitMiddleware:
         await self.app(scope, _replay([whole], receive), send)
 
 
-
 async def _refuse_body(send: Send, limit: int, setting: str) -> None:
     await _send_json(
         send, 413, f"request body larger than {limit} bytes ({setting})",
