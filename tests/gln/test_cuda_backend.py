@@ -456,6 +456,23 @@ def test_a_single_example_costs_a_handful_of_device_operations(options, most):
     assert sum(predicted.values()) <= most, predicted
 
 
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_progress_bar_on_the_device_changes_nothing_learned(monkeypatch, capsys):
+    """``learn(progress=True)`` learns in pieces of a few chunks (here 128, 128 and 5 rows, the
+    last a short call, which takes the captured-graph path): the same outputs and bytes as one
+    call."""
+    import gln.model
+
+    monkeypatch.setattr(gln.model, "CHUNK_ROWS_GPU", 16)  # pieces of 128 rows
+    X, y = stream_for({}, 261)
+    with emulated_cupy_installed():
+        plain, shown = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda")
+        expected = plain.learn(X, y)
+        assert np.array_equal(shown.learn(X, y, progress=True), expected)
+        assert shown.to_bytes() == plain.to_bytes()
+    assert "261/261" in capsys.readouterr().err
+
+
 def uncaptured(model):
     """The model with its short calls run launch by launch, never replayed."""
     model._replays = None

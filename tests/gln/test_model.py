@@ -54,6 +54,20 @@ def test_chunks_larger_than_the_kernel_chunk_are_exact(monkeypatch):
     assert a.to_bytes() == b.to_bytes()
 
 
+def test_a_progress_bar_shows_the_rows_and_changes_nothing_learned(monkeypatch, capsys):
+    import gln.model
+
+    monkeypatch.setattr(gln.model, "CHUNK_ROWS", 8)  # pieces of 64 rows: several bars' steps
+    X, y = stream(150)
+    plain, shown = small_model(), small_model()
+    expected = plain.learn(X, y)
+    assert np.array_equal(shown.learn(X, y, progress=True), expected)
+    assert shown.to_bytes() == plain.to_bytes()
+    bar = capsys.readouterr().err
+    assert "learn" in bar and "150/150" in bar
+    assert shown.learn(X[:0], y[:0], progress=True).shape == (0, 3)
+
+
 def test_same_seed_same_bytes_other_seed_other_hyperplanes():
     X, y = stream()
     a, b, c = small_model(), small_model(), small_model(seed=8)
