@@ -13,6 +13,11 @@ and start it again. Measured from the new process's start:
 * ``snapshot_load_s``: ready - listening - replay (reading and decoding the snapshot),
   approximately (the restore starts at about the time the server starts listening).
 
+Then, on the restored server, the same model moved over HTTP: ``export_s`` for
+``GET /v1/models/m/export`` (the bytes, received) and ``import_s`` for posting them back as a
+new model (upload, load, warm-up and its first snapshot in the store), whose predictions must
+equal the original's.
+
 Prints one JSON line.
 
     python benchmarks/recovery_time.py
@@ -28,6 +33,7 @@ import platform
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -75,6 +81,8 @@ def measure(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> dic
         server.start(ready_timeout_s=600)
         info = httpx.get(f"{server.url}/v1/models/m", timeout=60).json()
         found = RESTORED.findall(server.log_text())
+        with httpx.Client(base_url=server.url, timeout=600) as client:
+            moved = move(client, rng)
         server.kill()  # a graceful stop would write another 100 MB snapshot; not measured
     if info["examples_seen"] != args.warm + args.tail:
         raise AssertionError(f"restored {info['examples_seen']} examples, "
@@ -92,7 +100,25 @@ def measure(env: dict[str, str], workdir: Path, args: argparse.Namespace) -> dic
         "seconds_to_ready": round(server.ready_s, 3),
         "replay_s": float(replay_s),
         "snapshot_load_s": round(max(0.0, restore_s - float(replay_s)), 3),
+        **moved,
     }
+
+
+def move(client: httpx.Client, rng: np.random.Generator) -> dict:
+    """Export model m and import its bytes as model "moved": the seconds each took."""
+    start = time.perf_counter()
+    blob = client.get("/v1/models/m/export").raise_for_status().content
+    exported = time.perf_counter()
+    client.post("/v1/models/moved/import", content=blob,
+                headers={"content-type": "application/octet-stream"}).raise_for_status()
+    imported = time.perf_counter()
+    probe = {"features": np.round(rng.random((4, CONFIG["num_features"])), 3).tolist()}
+    answers = [client.post(f"/v1/models/{name}/predict", json=probe).json()
+               for name in ("m", "moved")]
+    if answers[0] != answers[1]:
+        raise AssertionError("the imported model predicts otherwise than the exported one")
+    return {"export_bytes": len(blob), "export_s": round(exported - start, 3),
+            "import_s": round(imported - exported, 3)}
 
 
 def main() -> int:
