@@ -101,8 +101,8 @@ async def test_an_imported_copy_learns_on_its_own_and_survives_a_restart(
         assert r.json()["sequence"] == 20
         a_before = await predict(client, "a", probe)
         b_before = await predict(client, "b", probe)
-        assert a_before == (await predict(client, "a", probe))
         assert a_before != b_before
+        # What b learned left a as it was exported.
         assert (await client.get("/v1/models/a")).json()["examples_seen"] == 20
         np.testing.assert_array_equal(GLN.from_bytes(blob).predict_proba(np.array(probe)),
                                       a_before)
