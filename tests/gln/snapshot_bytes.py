@@ -11,3 +11,8 @@ def with_header(blob: bytes, edit) -> bytes:
     header = json.loads(blob[12:12 + length])
     encoded = edit(header).encode() if callable(edit) else edit
     return blob[:8] + struct.pack("<I", len(encoded)) + encoded + blob[12 + length:]
+
+
+def with_config(blob: bytes, **changes) -> bytes:
+    """``blob`` with ``changes`` made to the configuration in its header (payload untouched)."""
+    return with_header(blob, lambda h: json.dumps({**h, "config": {**h["config"], **changes}}))

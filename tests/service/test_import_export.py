@@ -16,7 +16,7 @@ import pytest
 from gln import GLN
 from service.app import create_app
 from service.settings import Settings
-from tests.gln.snapshot_bytes import with_header
+from tests.gln.snapshot_bytes import with_config
 
 OCTETS = {"content-type": "application/octet-stream"}
 
@@ -114,10 +114,6 @@ async def test_an_imported_copy_learns_on_its_own_and_survives_a_restart(
         assert await predict(client, "b", probe) == b_before
 
 
-def _with_config(blob: bytes, **changes) -> bytes:
-    return with_header(blob, lambda h: json.dumps({**h, "config": {**h["config"], **changes}}))
-
-
 async def test_bytes_that_are_not_a_model_are_refused_and_create_nothing(
     client, create_model, small_config
 ):
@@ -128,9 +124,9 @@ async def test_bytes_that_are_not_a_model_are_refused_and_create_nothing(
         "json": (json.dumps({"config": small_config}).encode(), "not a GLN snapshot"),
         "truncated": (blob[:-1], "checksum"),
         "flipped-bit": (blob[:-1] + bytes([blob[-1] ^ 1]), "checksum"),
-        "arrays-of-another-shape": (_with_config(blob, num_classes=4), "does not fit"),
-        "unknown-argument": (_with_config(blob, colour="red"), "colour"),
-        "invalid-argument": (_with_config(blob, pred_clip=0.9), "pred_clip"),
+        "arrays-of-another-shape": (with_config(blob, num_classes=4), "does not fit"),
+        "unknown-argument": (with_config(blob, colour="red"), "colour"),
+        "invalid-argument": (with_config(blob, pred_clip=0.9), "pred_clip"),
     }
     for case, (body, message) in refused.items():
         r = await import_blob(client, "new", body)
@@ -164,7 +160,7 @@ async def test_an_import_past_the_servers_limits_is_refused_before_it_is_built(
     async with serve(create_app(limited)) as client:
         # The header claims a model of terabytes around a payload of kilobytes: sized from the
         # header alone, it is refused without allocating anything.
-        r = await import_blob(client, "huge", _with_config(blob, num_features=10**12))
+        r = await import_blob(client, "huge", with_config(blob, num_features=10**12))
         assert r.status_code == 422, r.text
         assert "GLN_MAX_MODEL_BYTES" in r.json()["detail"]
         assert (await import_blob(client, "first", blob)).status_code == 201
