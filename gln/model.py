@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,6 +112,45 @@ class GLN:
         device: str = "cpu",
         use_kernels: bool = True,
     ) -> None:
+        self._configure(**{name: value for name, value in locals().items() if name != "self"})
+        with self._memory_as_value_error():
+            self._init_state()
+
+    @classmethod
+    def _configured(cls, config: dict[str, Any], use_kernels: bool) -> GLN:
+        """A model of ``config``, checked as the constructor checks it, that holds no state yet:
+        for a loader that sets the state it reads, which would otherwise be sampled and then
+        overwritten (half the time of loading an MNIST-sized model). A key the constructor
+        does not take is a ``TypeError``, as it is for the constructor."""
+        arguments = inspect.signature(cls).bind(**config, use_kernels=use_kernels)
+        arguments.apply_defaults()
+        model = cls.__new__(cls)
+        model._configure(**arguments.arguments)
+        return model
+
+    def _configure(
+        self,
+        *,
+        num_features: int,
+        num_classes: int,
+        layer_sizes: Sequence[int],
+        context_dim: int,
+        learning_rate: Any,
+        pred_clip: float,
+        weight_clip: float,
+        bias: float,
+        offset_scale: float,
+        input_scaling: str,
+        min_std: float,
+        side_info: str,
+        side_info_blur: float,
+        image_shape: Sequence[int] | None,
+        gating_window: int,
+        seed: int,
+        device: str,
+        use_kernels: bool,
+    ) -> None:
+        """Check the constructor's arguments, keep them, and set up the device's code paths."""
         self.num_features = _positive_int("num_features", num_features)
         self.num_classes = _positive_int("num_classes", num_classes)
         if self.num_classes < 2:
@@ -181,8 +221,12 @@ class GLN:
                 self._xp.asarray(gaussian_blur_matrix(k, self.side_info_blur))
                 for k in self.image_shape
             )
+    @contextlib.contextmanager
+    def _memory_as_value_error(self) -> Iterator[None]:
+        """Allocating the model's state: running out of memory is a ``ValueError`` that says
+        how much the model needs, as for any configuration the host cannot hold."""
         try:
-            self._init_state()
+            yield
         except MemoryError:
             raise ValueError(
                 f"the model needs about {self.estimate_nbytes(self.config_for_estimate())} bytes, "
@@ -195,27 +239,46 @@ class GLN:
         """One GLN for a binary problem, one per class otherwise."""
         return 1 if self.num_classes == 2 else self.num_classes
 
-    def _layer_input_sizes(self) -> list[int]:
-        return [1 + k for k in (self.num_features, *self.layer_sizes[:-1])]
-
     def _init_state(self) -> None:
-        xp, g, m = self._xp, self.num_glns, self.context_dim
+        """The paper's initial state: sampled hyperplanes, every weight 1/K, no statistics."""
+        xp = self._xp
+        layout = self._state_layout()
         rng = np.random.default_rng(self.seed)
-        planes = g * sum(self.layer_sizes) * m
+        planes = layout["normals"][0][0]
         normals, offsets = sample_halfspaces(rng, planes, self.num_features, self.offset_scale)
         if self.gating_window:
             normals = restrict_to_windows(rng, normals, self.image_shape, self.gating_window)
-        self.normals = xp.asarray(normals)
-        self.offsets = xp.asarray(offsets)
-        # Paper: w_ikc = 1 / K_{i-1}, the geometric average of the layer's inputs.
-        self.weights = [
-            xp.full((g, k, 2**m, inputs), 1.0 / inputs, dtype=xp.float32)
-            for k, inputs in zip(self.layer_sizes, self._layer_input_sizes(), strict=True)
-        ]
+        arrays = {"normals": xp.asarray(normals), "offsets": xp.asarray(offsets)}
+        for name, (shape, dtype) in layout.items():
+            if name.startswith("weights_"):  # paper: w_ikc = 1 / K_{i-1}, a geometric average
+                arrays[name] = xp.full(shape, 1.0 / shape[-1], dtype=dtype)
+            elif name.startswith("moments_"):
+                arrays[name] = xp.zeros(shape, dtype=dtype)
+        self._set_state(arrays, moments_count=0, examples_seen=0)
+
+    def _state_layout(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of every array of the model's state, by name, in snapshot order."""
+        return _state_layout(self.num_features, self.num_glns, self.layer_sizes, self.context_dim)
+
+    def _state_arrays(self) -> dict[str, Any]:
+        """Every array of the model's state, named and ordered as ``_state_layout``."""
+        return {
+            "normals": self.normals,
+            "offsets": self.offsets,
+            "moments_total": self.moments.total,
+            "moments_total_sq": self.moments.total_sq,
+            **{f"weights_{i}": w for i, w in enumerate(self.weights)},
+        }
+
+    def _set_state(self, arrays: dict[str, Any], moments_count: int, examples_seen: int) -> None:
+        """Take ``arrays`` (laid out as ``_state_layout`` says, on the model's device) and the
+        two counters as the model's state: the inverse of ``_state_arrays``."""
+        self.normals, self.offsets = arrays["normals"], arrays["offsets"]
         self.moments = RunningMoments(
-            0, xp.zeros(self.num_features, xp.float64), xp.zeros(self.num_features, xp.float64)
+            moments_count, arrays["moments_total"], arrays["moments_total_sq"]
         )
-        self.examples_seen = 0
+        self.weights = [arrays[f"weights_{i}"] for i in range(len(self.layer_sizes))]
+        self.examples_seen = examples_seen
 
     @property
     def config(self) -> dict[str, Any]:
@@ -262,15 +325,14 @@ class GLN:
         features = _positive_int("num_features", config.get("num_features"))
         classes = _positive_int("num_classes", config.get("num_classes", 2))
         sizes = _checked_layer_sizes(config.get("layer_sizes", (32, 32, 1)))
-        contexts = 2 ** _checked_context_dim(config.get("context_dim", 4))
-        glns = 1 if classes == 2 else classes
-        inputs = [1 + k for k in (features, *sizes[:-1])]
-        weights = sum(glns * k * contexts * i for k, i in zip(sizes, inputs, strict=True))
-        planes = glns * sum(sizes) * (contexts.bit_length() - 1)
+        context_dim = _checked_context_dim(config.get("context_dim", 4))
+        layout = _state_layout(features, 1 if classes == 2 else classes, sizes, context_dim)
+        state = sum(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
+        planes = layout["normals"][0][0]
         # gln.kernels.cpu_int16_gating.Int16Normals: int16 values; per plane a float32 scale
         # and two float64 norms (the module is not imported here: it loads Numba).
         int16_copy = 2 * planes * features + (4 + 8 + 8) * planes
-        return 4 * (weights + planes * features + planes) + 16 * features + int16_copy
+        return state + int16_copy
 
     @property
     def nbytes(self) -> int:
@@ -677,6 +739,25 @@ class GLN:
         return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
                 f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
                 f"device={self._device!r}, examples_seen={self.examples_seen})")
+
+
+def _state_layout(
+    num_features: int, num_glns: int, layer_sizes: Sequence[int], context_dim: int
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every array of a model's state, by name, in snapshot order: the
+    hyperplanes (``context_dim`` per neuron, GLN by GLN, layer by layer), the running input
+    statistics, and each layer's weights (G, K, 2^m, inputs with the bias)."""
+    planes = num_glns * sum(layer_sizes) * context_dim
+    inputs = [1 + k for k in (num_features, *layer_sizes[:-1])]
+    float32, float64 = np.dtype(np.float32), np.dtype(np.float64)
+    return {
+        "normals": ((planes, num_features), float32),
+        "offsets": ((planes,), float32),
+        "moments_total": ((num_features,), float64),
+        "moments_total_sq": ((num_features,), float64),
+        **{f"weights_{i}": ((num_glns, k, 2**context_dim, n), float32)
+           for i, (k, n) in enumerate(zip(layer_sizes, inputs, strict=True))},
+    }
 
 
 def _raise_first_bad_feature(X64: np.ndarray) -> None:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gln.backend import to_numpy
-from gln.scaling import RunningMoments
 
 if TYPE_CHECKING:
     from gln.model import GLN
@@ -34,19 +33,11 @@ class SnapshotFormatError(ValueError):
     """The bytes are not a valid GLN snapshot (wrong magic, version, checksum or shapes)."""
 
 
-def _state_arrays(model: GLN) -> list[tuple[str, Any]]:
-    return [
-        ("normals", model.normals),
-        ("offsets", model.offsets),
-        ("moments_total", model.moments.total),
-        ("moments_total_sq", model.moments.total_sq),
-        *((f"weights_{i}", w) for i, w in enumerate(model.weights)),
-    ]
-
-
 def model_to_bytes(model: GLN) -> bytes:
     """Serialise a model's configuration and state."""
-    arrays = [(name, np.ascontiguousarray(to_numpy(a))) for name, a in _state_arrays(model)]
+    arrays = [
+        (name, np.ascontiguousarray(to_numpy(a))) for name, a in model._state_arrays().items()
+    ]
     payload = b"".join(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for _, a in arrays)
     header = {
         "format": "gln-snapshot",
@@ -136,25 +127,25 @@ def model_from_bytes(
     arrays, moments_count, examples_seen = _layout(header)
     if device is not None:
         config["device"] = device
-    model = cls(**config, use_kernels=use_kernels)
-    expected = {name: to_numpy(a) for name, a in _state_arrays(model)}
+    # Configured without sampling a state that the payload would overwrite.
+    model = cls._configured(config, use_kernels)
+    expected = model._state_layout()
     xp, offset, loaded = model._xp, 0, {}
-    for name, dtype, shape in arrays:
-        reference = expected.get(name)
-        if reference is None or reference.shape != shape or reference.dtype != dtype:
-            raise SnapshotFormatError(f"snapshot array {name!r} does not fit the configuration")
-        size = dtype.itemsize * int(np.prod(shape))
-        if offset + size > len(payload):
-            raise SnapshotFormatError("truncated GLN snapshot payload")
-        array = np.frombuffer(payload[offset:offset + size], dtype=dtype).reshape(shape)
-        loaded[name] = xp.asarray(array.astype(dtype.newbyteorder("="), copy=True))
-        offset += size
+    with model._memory_as_value_error():
+        for name, dtype, shape in arrays:
+            if expected.get(name) != (shape, dtype):
+                raise SnapshotFormatError(
+                    f"snapshot array {name!r} does not fit the configuration"
+                )
+            size = dtype.itemsize * int(np.prod(shape))
+            if offset + size > len(payload):
+                raise SnapshotFormatError("truncated GLN snapshot payload")
+            host = np.frombuffer(payload[offset:offset + size], dtype=dtype).reshape(shape)
+            # A CPU model owns a writable copy; CuPy copies to the device anyway.
+            native = host.astype(dtype.newbyteorder("="), copy=xp is np)
+            loaded[name] = xp.asarray(native)
+            offset += size
     if set(loaded) != set(expected) or offset != len(payload):
         raise SnapshotFormatError("GLN snapshot arrays do not match the configuration")
-    model.normals, model.offsets = loaded["normals"], loaded["offsets"]
-    model.moments = RunningMoments(
-        moments_count, loaded["moments_total"], loaded["moments_total_sq"]
-    )
-    model.weights = [loaded[f"weights_{i}"] for i in range(len(model.weights))]
-    model.examples_seen = examples_seen
+    model._set_state(loaded, moments_count, examples_seen)
     return model

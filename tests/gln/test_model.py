@@ -278,6 +278,29 @@ def test_round_trip_through_bytes_preserves_everything():
     assert clone.to_bytes() == model.to_bytes()
 
 
+def test_loading_samples_nothing_and_owns_its_arrays(monkeypatch):
+    """``from_bytes`` takes the state it reads: it samples no hyperplanes (which the payload
+    would overwrite: half the time of loading an MNIST-sized model), and each array it loads
+    is the model's own, writable copy, not a view of the blob."""
+    X, y = stream()
+    model = small_model()
+    model.learn(X[:100], y[:100])
+    blob = model.to_bytes()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading sampled hyperplanes")
+
+    monkeypatch.setattr("gln.model.sample_halfspaces", refuse)
+    clone = GLN.from_bytes(blob)
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    for name, array in clone._state_arrays().items():
+        assert array.flags.writeable and not np.shares_memory(array, raw), name
+    np.testing.assert_array_equal(clone.learn(X[100:], y[100:]), model.learn(X[100:], y[100:]))
+    assert clone.to_bytes() == model.to_bytes()
+    with pytest.raises(AssertionError, match="sampled"):
+        small_model()  # the constructor does sample
+
+
 def test_corrupt_or_foreign_bytes_are_rejected():
     blob = small_model().to_bytes()
     with pytest.raises(SnapshotFormatError, match="magic"):
