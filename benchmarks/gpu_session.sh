@@ -8,7 +8,7 @@
 # Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
 # (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
 # tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl,
-# constants.json. docs/gpu.md says how to carry .peers there.
+# constants.json, snapshot_bytes.jsonl. docs/gpu.md says how to carry .peers there.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -53,3 +53,10 @@ cat "$OUT/gpu_gating_tf32.jsonl"
 
 # The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
 "$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$OUT/constants.json"
+
+# A GPU model's bytes both ways (a snapshot or export, a restore or import). Last: the least
+# needed, so that a run cut off at the call's limit loses only this.
+timeout 20 "$PYTHON" benchmarks/snapshot_bytes.py --device cuda --runs 5 \
+    > "$OUT/snapshot_bytes.jsonl" 2>&1
+echo "snapshot_bytes: exit $?"
+cat "$OUT/snapshot_bytes.jsonl"
