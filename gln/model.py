@@ -221,6 +221,7 @@ class GLN:
                 self._xp.asarray(gaussian_blur_matrix(k, self.side_info_blur))
                 for k in self.image_shape
             )
+
     @contextlib.contextmanager
     def _memory_as_value_error(self) -> Iterator[None]:
         """Allocating the model's state: running out of memory is a ``ValueError`` that says
