@@ -153,13 +153,19 @@ def cpu_layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_
 
 
 # No fastmath here: the float64 sums must run in a fixed order.
+@numba.njit(nogil=True, cache=True, inline="always")
+def exact_dot(row, normal):
+    """``row . normal`` summed in float64 in index order: the re-check of a close decision."""
+    total = 0.0
+    for i in range(row.shape[0]):
+        total += np.float64(row[i]) * np.float64(normal[i])
+    return total
+
+
 @numba.njit(nogil=True, cache=True)
 def _exact_dots(z, normals, rows, planes, out):
     for k in range(rows.shape[0]):
-        total = 0.0
-        for i in range(z.shape[1]):
-            total += np.float64(z[rows[k], i]) * np.float64(normals[planes[k], i])
-        out[k] = total
+        out[k] = exact_dot(z[rows[k]], normals[planes[k]])
 
 
 def cpu_exact_dots(z, normals, rows, planes):

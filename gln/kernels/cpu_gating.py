@@ -31,8 +31,8 @@ from typing import Any
 import numba
 import numpy as np
 
-from gln.gating import halfspace_contexts, split_by_layer
-from gln.kernels.cpu import cpu_exact_dots
+from gln.gating import rounding_tolerances, split_by_layer
+from gln.kernels.cpu import exact_dot
 from gln.kernels.cpu_int16_gating import Int16Normals, int16_halfspace_contexts, int16_normals
 
 # Rows per call up to which the products come from the 16-bit normals on the kernel threads
@@ -100,14 +100,14 @@ def cpu_halfspace_contexts(
     threads = SPLIT_PARTS or numba.get_num_threads()
     parts = min(threads, neurons) if n * normals.shape[0] * d >= SPLIT_MIN_WORK else 1
     if parts <= 1:
-        return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
+        return decided_contexts(z, normals, offsets, context_dim)
     bounds = np.linspace(0, neurons, parts + 1).astype(np.int64)
     contexts = np.empty((n, neurons), dtype=np.int32)
 
     def decide(first: int, last: int) -> None:
         planes = slice(first * context_dim, last * context_dim)
-        contexts[:, first:last] = halfspace_contexts(
-            np, z, normals[planes], offsets[planes], context_dim, dots=cpu_exact_dots
+        contexts[:, first:last] = decided_contexts(
+            z, normals[planes], offsets[planes], context_dim
         )
 
     blocks = list(zip(bounds[:-1], bounds[1:], strict=True))
@@ -120,6 +120,45 @@ def cpu_halfspace_contexts(
         for block in others:
             block.result()
     return contexts
+
+
+def decided_contexts(
+    z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int
+) -> np.ndarray:
+    """``gln.gating.halfspace_contexts`` on one thread: the float32 product on BLAS, then every
+    decision, re-check and context index in one pass over the margins.
+
+    The array version makes five passes over the (n, P) margins after the product (subtract
+    the offsets, sign, absolute value, compare with the tolerance, gather the close ones) and
+    folds the bits in four more: for 256 MNIST rows and half the network's hyperplanes, 6.4 ms
+    besides the product's 21, against 3 for this pass (1.2 of them the float64 re-checks).
+    """
+    z = np.ascontiguousarray(z, dtype=np.float32)
+    contexts = np.empty((z.shape[0], normals.shape[0] // context_dim), dtype=np.int32)
+    _decide(z @ normals.T, offsets, rounding_tolerances(np, z), z, normals, context_dim,
+            contexts)
+    return contexts
+
+
+# No fastmath: each margin is float32 ``product - offset`` and compared as the array code does.
+@numba.njit(nogil=True, cache=True)
+def _decide(products, offsets, tolerances, z, normals, context_dim, contexts):
+    for t in range(products.shape[0]):
+        margins, tolerance = products[t], tolerances[t]
+        for neuron in range(contexts.shape[1]):
+            first = neuron * context_dim
+            index, close = 0, False
+            for j in range(context_dim):  # branch-free: the common case runs straight through
+                margin = margins[first + j] - offsets[first + j]
+                index |= np.int32(margin >= 0) << j
+                close |= abs(margin) <= tolerance
+            if close:  # float32 may have rounded a sign: those bits are decided in float64
+                for j in range(context_dim):
+                    p = first + j
+                    if abs(margins[p] - offsets[p]) <= tolerance:
+                        above = exact_dot(z[t], normals[p]) >= np.float64(offsets[p])
+                        index = (index & ~(1 << j)) | (np.int32(above) << j)
+            contexts[t, neuron] = index
 
 
 class CpuLayerContexts:

@@ -126,13 +126,15 @@ def test_a_failing_block_raises_and_gives_blas_its_threads_back(monkeypatch):
     monkeypatch.setattr(cpu_gating, "SPLIT_PARTS", 3)
     calls = []
 
-    def failing(xp, z, normals, *args, **kwargs):
+    decided = cpu_gating.decided_contexts
+
+    def failing(z, normals, *args):
         calls.append(normals.shape[0])
         if len(calls) == 2:
             raise RuntimeError("block failed")
-        return halfspace_contexts(xp, z, normals, *args, **kwargs)
+        return decided(z, normals, *args)
 
-    monkeypatch.setattr(cpu_gating, "halfspace_contexts", failing)
+    monkeypatch.setattr(cpu_gating, "decided_contexts", failing)
     rng = np.random.default_rng(5)
     normals, offsets = sample_halfspaces(rng, 6 * 2, 8, 1.0)
     with pytest.raises(RuntimeError, match="block failed"):
