@@ -3,9 +3,10 @@
 Shaped for the cache: each thread owns whole neurons, four of a GLN at a time (they share each
 read of an example's inputs), and runs them through every example of the chunk, so a neuron's
 weights (2^m rows of I floats; 50 KB for 785 inputs and m = 4) stay in the core's cache for
-the whole chunk instead of streaming ~4 MB of active weights per example through memory. Neurons of a layer are independent given the layer's inputs, so the threads
-need no synchronisation, and the result does not depend on the number of threads or on how a
-stream is cut into chunks.
+the whole chunk instead of streaming ~4 MB of active weights per example through memory.
+Neurons of a layer are independent given the layer's inputs, so the threads need no
+synchronisation, and the result does not depend on the number of threads or on how a stream is
+cut into chunks.
 
 The kernel releases the GIL, so a server keeps answering while a model learns. Numba's
 default threading layer must not be entered from two Python threads at once, so calls are
