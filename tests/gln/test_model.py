@@ -422,17 +422,29 @@ def test_the_cpu_path_never_imports_cupy():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_results_do_not_depend_on_the_kernel_thread_count(monkeypatch):
+@pytest.mark.parametrize("overrides", [
+    {},
+    # Rows of 41 and 14 inputs: vectorised loops with remainders, and a layer of 13 neurons
+    # (three blocks of four and one neuron alone).
+    {"layer_sizes": (13, 7, 1), "num_features": 40},
+])
+def test_results_do_not_depend_on_the_kernel_thread_count(monkeypatch, overrides):
+    """Every kernel call on all threads, then every call on one: the bytes learned (in a long
+    call and in single rows) and the predictions are the same."""
     import gln.kernels.cpu as cpu
 
+    d = overrides.get("num_features", 6)
     X, y = stream(200)
-    blobs = []
-    for threshold in (0, 10**12):  # every call parallel, then every call on one thread
+    X = np.tile(X, (1, -(-d // 6)))[:, :d] + np.arange(d) * 0.01
+    results = []
+    for threshold in (0, 10**12):
         monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", threshold)
-        model = small_model()
-        model.learn(X, y)
-        blobs.append(model.to_bytes())
-    assert blobs[0] == blobs[1]
+        model = small_model(**overrides)
+        model.learn(X[:150], y[:150])
+        for t in range(150, 160):
+            model.learn(X[t:t + 1], y[t:t + 1])
+        results.append((model.to_bytes(), model.predict_proba(X[160:]).tobytes()))
+    assert results[0] == results[1]
 
 
 @pytest.mark.parametrize("name", ["pred_clip", "weight_clip", "bias", "offset_scale", "min_std",
