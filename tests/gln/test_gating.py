@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gln.gating import (
     context_indices,
@@ -98,6 +100,28 @@ def test_cpu_contexts_are_the_same_however_the_neurons_are_split(monkeypatch, pa
         expected = halfspace_contexts(np, z[:n], normals, offsets, m)
         got = cpu_gating.cpu_halfspace_contexts(z[:n], normals, offsets, m)
         assert got.dtype == np.int32 and np.array_equal(got, expected), n
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(1, 60), m=st.integers(1, 5), neurons=st.integers(1, 12),
+       n=st.integers(0, 20), on_planes=st.floats(0, 1), seed=st.integers(0, 2**32 - 1))
+def test_one_pass_decisions_match_the_reference(d, m, neurons, n, on_planes, seed):
+    """``decided_contexts`` (bits, float64 re-checks and folding in one pass) against the
+    array code, with a share of the rows moved onto a hyperplane so that their decision is a
+    re-check."""
+    rng = np.random.default_rng(seed)
+    normals, offsets = sample_halfspaces(rng, neurons * m, d, 1.0)
+    z = rng.normal(size=(n, d))
+    for t in range(n):
+        if rng.random() < on_planes:  # onto plane p, up to float32 rounding
+            p = rng.integers(neurons * m)
+            v = normals[p].astype(np.float64)
+            z[t] += (offsets[p] - z[t] @ v) * v
+    z = z.astype(np.float32)
+    expected = halfspace_contexts(np, z, normals, offsets, m)
+    got = cpu_gating.decided_contexts(z, normals, offsets, m)
+    assert got.dtype == np.int32 and got.shape == (n, neurons)
+    assert np.array_equal(got, expected)
 
 
 def _blas_threads() -> list[int]:

@@ -107,6 +107,27 @@ def test_cpu_kernel_matches_reference(shared, learn):
     assert learn == (not np.array_equal(w_ref, w))
 
 
+@settings(max_examples=60, deadline=None)
+@given(glns=st.integers(1, 3), neurons=st.integers(1, 10), inputs=st.integers(1, 40),
+       n=st.integers(1, 12), shared=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_cpu_kernel_matches_reference_for_any_layer_shape(glns, neurons, inputs, n, shared,
+                                                          seed):
+    """Every layer width (whole blocks of four neurons, and remainders of one to three), any
+    row width and chunk length: the CPU kernel learns what the reference does."""
+    rng = np.random.default_rng(seed)
+    w, ctx, x, targets, rates = random_layer(rng, glns, neurons, 4, inputs, n, shared)
+    results = []
+    for kernel in (False, True):
+        weights = w.copy()
+        probs = np.empty((n, glns, neurons), np.float32)
+        layer_pass_for(np, use_kernels=kernel)(
+            weights, ctx, x, targets, rates, 0.01, 1.5, True, probs)
+        results.append((weights, probs))
+    (w_ref, p_ref), (w_fast, p_fast) = results
+    np.testing.assert_allclose(p_fast, p_ref, atol=2e-5)
+    np.testing.assert_allclose(w_fast, w_ref, atol=2e-5)
+
+
 def test_reference_pass_updates_only_active_rows():
     rng = np.random.default_rng(2)
     w, ctx, x, targets, rates = random_layer(rng, 2, 3, 4, 5, 1, True)
