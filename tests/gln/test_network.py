@@ -93,16 +93,7 @@ def test_weights_are_projected_onto_the_hypercube(kernel):
 def test_cpu_kernel_matches_reference(shared, learn):
     rng = np.random.default_rng(1)
     w, ctx, x, targets, rates = random_layer(rng, 3, 7, 4, 33, 50, shared)
-    results = []
-    for kernel in (False, True):
-        weights = w.copy()
-        probs = np.empty((50, 3, 7), np.float32)
-        layer_pass_for(np, use_kernels=kernel)(
-            weights, ctx, x, targets, rates, 0.01, 1.5, learn, probs)
-        results.append((weights, probs))
-    (w_ref, p_ref), (w_fast, p_fast) = results
-    np.testing.assert_allclose(p_fast, p_ref, atol=2e-5)
-    np.testing.assert_allclose(w_fast, w_ref, atol=2e-5)
+    w_ref, w_fast = assert_kernel_matches_reference(w, ctx, x, targets, rates, learn)
     assert learn or np.array_equal(w_fast, w)  # no learning leaves weights alone
     assert learn == (not np.array_equal(w_ref, w))
 
@@ -115,17 +106,24 @@ def test_cpu_kernel_matches_reference_for_any_layer_shape(glns, neurons, inputs,
     """Every layer width (whole blocks of four neurons, and remainders of one to three), any
     row width and chunk length: the CPU kernel learns what the reference does."""
     rng = np.random.default_rng(seed)
-    w, ctx, x, targets, rates = random_layer(rng, glns, neurons, 4, inputs, n, shared)
+    assert_kernel_matches_reference(
+        *random_layer(rng, glns, neurons, 4, inputs, n, shared), learn=True)
+
+
+def assert_kernel_matches_reference(w, ctx, x, targets, rates, learn):
+    """Run the reference pass and the CPU kernel on copies of ``w``; their outputs and
+    weights agree to 2e-5. Returns the weights after each: (reference, kernel)."""
     results = []
     for kernel in (False, True):
         weights = w.copy()
-        probs = np.empty((n, glns, neurons), np.float32)
+        probs = np.empty(ctx.shape, np.float32)
         layer_pass_for(np, use_kernels=kernel)(
-            weights, ctx, x, targets, rates, 0.01, 1.5, True, probs)
+            weights, ctx, x, targets, rates, 0.01, 1.5, learn, probs)
         results.append((weights, probs))
     (w_ref, p_ref), (w_fast, p_fast) = results
     np.testing.assert_allclose(p_fast, p_ref, atol=2e-5)
     np.testing.assert_allclose(w_fast, w_ref, atol=2e-5)
+    return w_ref, w_fast
 
 
 def test_reference_pass_updates_only_active_rows():
