@@ -173,6 +173,10 @@ class ServiceMetrics:
     def forget_model(self, name: str) -> None:
         """Remove every series labelled with this model (it was deleted)."""
         self._counters.pop(name, None)
+        # The bytes callback holds the model, and prometheus_client keeps it in a reference
+        # cycle that outlives ``remove``: only a full collection (rare, see __main__) would
+        # free the deleted model's memory. Dropping the callback frees it at once.
+        self.model_bytes.labels(model=name).set_function(lambda: 0)
         for metric in self._per_model():
             with contextlib.suppress(KeyError):
                 metric.remove(name)
@@ -191,6 +195,11 @@ class ServiceMetrics:
     def observe_snapshot(self, name: str, seconds: float, nbytes: int, at: float) -> None:
         """Record one successful snapshot of a model, taken at unix time ``at``."""
         self.snapshot_duration.observe(seconds)
+        self.show_snapshot(name, nbytes, at)
+
+    def show_snapshot(self, name: str, nbytes: int, at: float) -> None:
+        """Export the size and time of a model's latest snapshot, also one restored at start-up
+        (without it a restarted model has no snapshot age, and the stale alert cannot fire)."""
         self.snapshot_bytes.labels(model=name).set(nbytes)
         self.snapshot_last_success.labels(model=name).set(at)
 

@@ -573,6 +573,7 @@ class ModelRegistry:
             )
             self._add(entry)
             self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
+            self.metrics.show_snapshot(name, info.nbytes, info.created_at)
             return
 
     async def close(self) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import httpx
 import numpy as np
 import pytest
@@ -129,3 +132,25 @@ async def test_each_app_has_its_own_registry(settings, tmp_path, serve, create_m
     assert value(sa, "gln_models_loaded") == 1
     assert value(sb, "gln_models_loaded") == 0
     assert series_with(sb, model="only-in-a") == []
+
+
+
+async def test_a_deleted_model_is_freed_without_waiting_for_the_garbage_collector(
+    settings, serve, create_model, make_data
+):
+    """The service freezes and rarely runs full collections, so a deleted model's memory must
+    not wait for one: nothing (the metrics' bytes callback included) may keep it in a cycle."""
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "gone")
+        X, y = make_data(3)
+        await client.post("/v1/models/gone/learn", json={"features": X, "labels": y})
+        assert value(await scrape(client), "gln_model_bytes", model="gone") > 0
+        model = weakref.ref((await app.state.registry.get("gone")).model)
+        gc.collect()
+        gc.disable()
+        try:
+            assert (await client.delete("/v1/models/gone")).status_code == 204
+            assert model() is None
+        finally:
+            gc.enable()

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import service.app
 from gln import GLN
@@ -49,6 +50,17 @@ async def test_restore_gives_the_same_model_on_a_new_app(
         assert info["nbytes"] == GLN.estimate_nbytes(info["config"])  # warmed up as restored
         assert info["snapshot"]["version"] == 2
         assert info["snapshot"]["sha256"] == snap["sha256"]
+        # The restored snapshot's age and size are exported at once (the stale-snapshot alert
+        # and the dashboard need them before the model's next snapshot).
+        samples = {
+            (s.name, s.labels.get("model")): s.value
+            for family in text_string_to_metric_families((await client.get("/metrics")).text)
+            for s in family.samples
+        }
+        assert samples[("gln_snapshot_last_success_timestamp_seconds", "fraud")] == (
+            pytest.approx(snap["created_at"])
+        )
+        assert samples[("gln_snapshot_bytes", "fraud")] == snap["nbytes"]
         after = (await client.post("/v1/models/fraud/predict", json={"features": probe})).json()
         assert after == before
         # The stream continues where it stopped.
