@@ -22,7 +22,9 @@ IMPORT_HEADER_BYTES = MIB  # room for a model blob's JSON header (a few KiB in p
 class Settings(BaseSettings):
     """Configuration of one service process; each field is ``GLN_<FIELD>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="GLN_", extra="ignore")
+    # An empty variable means unset: compose passes ``GLN_API_TOKEN=${GLN_API_TOKEN:-}``, and an
+    # empty token must not turn auth half on (requests without a token pass, any token fails).
+    model_config = SettingsConfigDict(env_prefix="GLN_", extra="ignore", env_ignore_empty=True)
 
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")

@@ -127,6 +127,15 @@ def test_settings_read_gln_environment(monkeypatch: pytest.MonkeyPatch):
         Settings()
 
 
+def test_empty_variables_mean_unset(monkeypatch: pytest.MonkeyPatch):
+    """docker-compose passes ``GLN_API_TOKEN=`` when the shell has none: that is no token (no
+    auth), not an empty token, and an empty Redis URL is the directory store."""
+    for key in ("GLN_API_TOKEN", "GLN_REDIS_URL", "GLN_PORT"):
+        monkeypatch.setenv(key, "")
+    s = Settings()
+    assert (s.api_token, s.redis_url, s.port) == (None, None, 8000)
+
+
 def test_a_durability_redis_cannot_give_stops_the_server_at_start_up(
     tmp_path: Path, redis_url: str, redis_key_prefix: str
 ):
