@@ -331,7 +331,9 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _is_model_action(scope["path"], "import"):
+        # Only a POST is an import: any other method on that path (which no one need be
+        # authorised for) keeps the small limit, else it could make the server buffer a GiB.
+        if scope["method"] == "POST" and _is_model_action(scope["path"], "import"):
             limit, setting = self.import_max_bytes, "GLN_MAX_MODEL_BYTES"
         else:
             limit, setting = self.max_bytes, "GLN_MAX_BODY_BYTES"

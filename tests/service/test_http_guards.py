@@ -197,6 +197,11 @@ async def test_an_import_may_exceed_the_body_limit_up_to_the_model_limit(
             f"request body larger than {tiny.import_max_bytes} bytes (GLN_MAX_MODEL_BYTES)"
         )
         assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["m"]
+        # Only a POST is an import: other methods on its path keep GLN_MAX_BODY_BYTES.
+        for method in ("GET", "PUT", "PATCH"):
+            r = await client.request(method, "/v1/models/m/import", content=blob)
+            assert r.status_code == 413, method
+            assert "GLN_MAX_BODY_BYTES" in r.json()["detail"]
 
 
 async def learn_in_pieces(client, body: bytes, piece: int):
