@@ -185,6 +185,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 # -- middlewares ----------------------------------------------------------------------------------
+HTTP_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
+)
+
+
 class RequestMetricsMiddleware:
     """Counts and times every HTTP request by route template, method and status."""
 
@@ -217,6 +222,8 @@ class RequestMetricsMiddleware:
             elapsed = time.perf_counter() - start
             route = _route_template(scope, self.routes)
             method = scope["method"]
+            if method not in HTTP_METHODS:
+                method = "other"  # a client's made-up method must not become a label value
             counter = self._counters.get((route, method, status_code))
             if counter is None:
                 counter = self.metrics.http_requests.labels(route, method, str(status_code))

@@ -87,6 +87,8 @@ async def test_http_metrics_use_route_templates(settings, serve, create_model, m
         big, big_y = make_data(60)
         await client.post("/v1/models/m/learn", json={"features": big, "labels": big_y})
         await client.get("/no/such/path")
+        for made_up in ("BREW", "X-1", "X-2"):
+            await client.request(made_up, "/v1/models")
 
         s = await scrape(client)
     learn = "/v1/models/{name}/learn"
@@ -98,6 +100,8 @@ async def test_http_metrics_use_route_templates(settings, serve, create_model, m
     assert value(s, total, route="/v1/models", method="POST", status="201") == 1
     assert value(s, total, route="unmatched", method="GET", status="404") == 1
     assert value(s, "gln_http_request_duration_seconds_count", route=learn, method="POST") == 6
+    # Made-up methods share one label value (an HTTP parser may pass any token through).
+    assert value(s, total, route="/v1/models", method="other", status="405") == 3
     # No concrete path ever becomes a label value.
     assert not [lbls for _, lbls in s if ("route", "/v1/models/m/learn") in lbls]
     buckets = sorted(
