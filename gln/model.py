@@ -354,21 +354,27 @@ class GLN:
         X32 = self._checked_features(to_numpy(X) if hasattr(X, "get") else X)
         if y is None:
             return X32, None
+        return X32, self.check_labels(y, X32.shape[0])
+
+    def check_labels(self, y: Any, num_rows: int | None = None) -> np.ndarray:
+        """Validate labels on their own (int64 (n,)); ``num_rows``: how many there must be.
+
+        Raises ``ValueError`` naming the first label (by its index in ``y``) that is not a
+        class index of this model.
+        """
         try:
             labels = np.asarray(to_numpy(y) if hasattr(y, "get") else y)
         except (TypeError, ValueError) as error:
             raise ValueError(f"labels must be a 1-D array of class indices: {error}") from None
-        if labels.ndim != 1 or labels.shape[0] != X32.shape[0]:
-            raise ValueError(
-                f"labels must be 1-D with one label per row ({X32.shape[0]}), got shape "
-                f"{labels.shape}"
-            )
+        if labels.ndim != 1 or (num_rows is not None and labels.shape[0] != num_rows):
+            one_per_row = "" if num_rows is None else f" with one label per row ({num_rows})"
+            raise ValueError(f"labels must be 1-D{one_per_row}, got shape {labels.shape}")
         if labels.dtype.kind not in "biuf":
             raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
         if labels.dtype.kind in "iu" and (
             labels.size == 0 or (labels.min() >= 0 and labels.max() < self.num_classes)
         ):
-            return X32, labels.astype(np.int64, copy=False)  # the common case, checked cheaply
+            return labels.astype(np.int64, copy=False)  # the common case, checked cheaply
         as_float = labels.astype(np.float64)
         valid = np.isfinite(as_float) & (as_float == np.round(as_float))
         valid &= (as_float >= 0) & (as_float < self.num_classes)
@@ -378,7 +384,7 @@ class GLN:
                 f"labels must be class indices in [0, {self.num_classes}); "
                 f"label {index} is {labels[index].item()!r}"
             )
-        return X32, as_float.astype(np.int64)
+        return as_float.astype(np.int64)
 
     def _checked_features(self, X: Any) -> np.ndarray:
         """Features as C-contiguous float32 (n, d), or ``ValueError`` naming the first bad value.
@@ -391,7 +397,10 @@ class GLN:
             values = (X if isinstance(X, np.ndarray) and X.dtype == np.float32
                       else np.asarray(X, dtype=np.float64))
         except (TypeError, ValueError) as error:
-            raise ValueError(f"features must be a 2-D array of numbers: {error}") from None
+            raise ValueError(
+                _ragged_row_message(X, self.num_features)
+                or f"features must be a 2-D array of numbers: {error}"
+            ) from None
         if values.ndim != 2:
             raise ValueError(
                 f"features must be 2-D (rows, {self.num_features}), got {values.ndim}-D"
@@ -764,6 +773,17 @@ def _state_layout(
         **{f"weights_{i}": ((num_glns, k, 2**context_dim, n), float32)
            for i, (k, n) in enumerate(zip(layer_sizes, inputs, strict=True))},
     }
+
+
+def _ragged_row_message(X: Any, num_features: int) -> str | None:
+    """Name the first row of a list of rows that is not ``num_features`` long, if there is one
+    (NumPy's own error for ragged rows names neither the row nor its length)."""
+    if not isinstance(X, (list, tuple)):
+        return None
+    for index, row in enumerate(X):
+        if isinstance(row, (list, tuple)) and len(row) != num_features:
+            return f"each row must have {num_features} features, row {index} has {len(row)}"
+    return None
 
 
 def _raise_first_bad_feature(X64: np.ndarray) -> None:

@@ -398,6 +398,10 @@ class ModelRegistry:
         if len(ids) > limit:
             raise InvalidRequest(f"ids: {len(ids)} ids, more than GLN_MAX_ROWS_PER_REQUEST={limit}")
         _check_ids(ids, len(labels), "labels")
+        try:  # every label, also those of ids no longer waiting, and named by request index
+            entry.model.check_labels(labels)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(str(exc)) from exc
         rows, missing = entry.pending.waiting(ids, time.time())
         if not rows:
             return None, missing

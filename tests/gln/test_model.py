@@ -157,6 +157,7 @@ BAD_FEATURES = [
     ([[0, 0, 0, 0, 0, float("inf")]], [0], "finite"),
     ([[0, 0, 0, 0, 0, 1e300]], [0], "fit in float32"),
     ([["a"] * 6], [0], "numbers"),
+    ([[0.0] * 6, [0.0] * 6, [0.0] * 7], [0, 1, 2], "row 2 has 7"),  # ragged
 ]
 BAD_LABELS = [
     (np.zeros((2, 6)), [0, 3], r"\[0, 3\)"),

@@ -99,6 +99,23 @@ async def test_bad_labels_leave_the_rows_waiting(client, create_model, make_data
     assert fixed.json()["learned"] == 2
 
 
+async def test_every_label_is_checked_and_named_by_its_place_in_the_request(
+    client, create_model, make_data
+):
+    """A bad label is refused even where its id no longer waits (else a client's bug would
+    pass unseen), and the error names its index in the request, not among the waiting rows."""
+    await create_model(client, "m")
+    X, y = make_data(1)
+    await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a"]})
+    for labels, index in (([9, y[0]], 0), ([y[0], 9], 1)):
+        r = await client.post("/v1/models/m/labels", json={"ids": ["zz", "a"], "labels": labels})
+        assert r.status_code == 422
+        assert f"label {index} is 9" in r.json()["detail"]
+    assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+    r = await client.post("/v1/models/m/labels", json={"ids": ["zz", "a"], "labels": [0, y[0]]})
+    assert r.json()["learned"] == 1
+
+
 async def test_rows_whose_label_does_not_come_in_time_expire(
     tmp_path, serve, create_model, make_data
 ):

@@ -230,7 +230,7 @@ async def test_snapshot_route_writes_a_new_version(client: httpx.AsyncClient, cr
 BAD_LEARN_BODIES = [
     ({"features": [[0.0] * 5], "labels": [0]}, "6 features"),  # wrong width
     ({"features": [[0.0] * 7], "labels": [0]}, "6 features"),
-    ({"features": [[0.0] * 6, [0.0] * 5], "labels": [0, 1]}, "features"),  # ragged
+    ({"features": [[0.0] * 6, [0.0] * 5], "labels": [0, 1]}, "row 1 has 5"),  # ragged
     ({"features": [[0.0] * 6], "labels": [3]}, "labels"),  # out of range
     ({"features": [[0.0] * 6], "labels": [-1]}, "labels"),
     ({"features": [[0.0] * 6, [0.0] * 6], "labels": [0]}, "labels"),  # count mismatch
