@@ -339,9 +339,10 @@ class ModelRegistry:
     # -- data --
     async def _check(
         self, entry: ModelEntry, features: Sequence[Sequence[float]],
-        labels: Sequence[int] | None = None,
+        labels: Sequence[int] | None = None, *, values_per_row: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Validate a request's rows against the model (width, finiteness, label range).
+        """Validate a request's rows against the model (width, finiteness, label range) and
+        the size of its answer (``values_per_row``: num_classes unless given).
 
         Runs before a request joins the queue, so a bad request never touches the model.
         Converting a big request to arrays takes a while: that happens in a thread.
@@ -350,6 +351,15 @@ class ModelRegistry:
         if len(features) > limit:
             raise InvalidRequest(
                 f"features: {len(features)} rows, more than GLN_MAX_ROWS_PER_REQUEST={limit}"
+            )
+        per_row = values_per_row or entry.model.num_classes
+        values_limit = self.settings.max_response_values
+        if len(features) * per_row > values_limit:
+            raise InvalidRequest(
+                f"features: the answer to {len(features)} rows would hold "
+                f"{len(features) * per_row} numbers ({per_row} a row), more than "
+                f"GLN_MAX_RESPONSE_VALUES={values_limit}; send at most "
+                f"{values_limit // per_row} rows a request"
             )
         if labels is not None and len(labels) != len(features):
             raise InvalidRequest(
@@ -483,7 +493,10 @@ class ModelRegistry:
     async def explain(self, name: str, features: Sequence[Sequence[float]]) -> np.ndarray:
         """Per-class saliency of each row: (n, num_classes, num_features)."""
         entry = await self.get(name)
-        X, _ = await self._check(entry, features)
+        model = entry.model
+        X, _ = await self._check(
+            entry, features, values_per_row=model.num_classes * model.num_features
+        )
         return await entry.saliency(X)
 
     # -- snapshots --

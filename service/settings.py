@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     max_rows_per_request: int = Field(
         10_000, gt=0, description="Largest number of rows in one predict/learn/explain request."
     )
+    max_response_values: int = Field(
+        4 * MIB, gt=0,
+        description="Most numbers one predict/learn/explain answer may hold (rows x classes, "
+        "x features for explain): the answer is built in memory, so the row limit alone "
+        "would let a small request of a many-class model ask for gigabytes.",
+    )
     max_chunk_rows: int = Field(
         10_000,
         gt=0,

@@ -293,6 +293,27 @@ async def test_too_many_rows_is_422(settings, serve, create_model, make_data):
         assert (await c.get("/v1/models/m")).json()["examples_seen"] == 0
 
 
+async def test_an_answer_of_too_many_numbers_is_422(settings, serve, create_model, make_data):
+    """Answers are built in memory: their size is bounded, not only their rows (SMALL_CONFIG:
+    3 classes, 6 features, so a learn or predict row answers 3 numbers and explain 18)."""
+    limited = settings.model_copy(update={"max_response_values": 36})
+    async with serve(create_app(limited)) as c:
+        await create_model(c)
+        X, y = make_data(13)
+        r = await c.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        assert r.status_code == 422
+        assert r.json()["detail"] == (
+            "features: the answer to 13 rows would hold 39 numbers (3 a row), more than "
+            "GLN_MAX_RESPONSE_VALUES=36; send at most 12 rows a request"
+        )
+        assert (await c.get("/v1/models/m")).json()["examples_seen"] == 0
+        assert (await c.post("/v1/models/m/predict", json={"features": X})).status_code == 422
+        assert (await c.post("/v1/models/m/predict", json={"features": X[:12]})).status_code == 200
+        r = await c.post("/v1/models/m/explain", json={"features": X[:3]})
+        assert r.status_code == 422 and "(18 a row)" in r.json()["detail"]
+        assert (await c.post("/v1/models/m/explain", json={"features": X[:2]})).status_code == 200
+
+
 async def test_bad_request_between_good_ones_leaves_no_gap(
     client: httpx.AsyncClient, create_model, make_data
 ):
