@@ -175,19 +175,7 @@ class GLN:
             raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
         self.side_info = side_info
         self.side_info_blur = _float_in("side_info_blur", side_info_blur, 0.0, 100.0, closed=True)
-        if image_shape is None:
-            self.image_shape = None
-        else:
-            if isinstance(image_shape, str | bytes) or not isinstance(image_shape, Sequence):
-                raise ValueError(f"image_shape must be (height, width), got {image_shape!r}")
-            self.image_shape = tuple(
-                _positive_int(f"image_shape[{i}]", k) for i, k in enumerate(image_shape)
-            )
-            if len(self.image_shape) != 2 or math.prod(self.image_shape) != self.num_features:
-                raise ValueError(
-                    f"image_shape must be (height, width) with height * width = "
-                    f"{self.num_features}, got {image_shape!r}"
-                )
+        self.image_shape = _checked_image_shape(image_shape, self.num_features)
         if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
             raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
         self.gating_window = _int("gating_window", gating_window)
@@ -310,15 +298,18 @@ class GLN:
     def config_for_estimate(self) -> dict[str, Any]:
         """The size-determining arguments, as ``estimate_nbytes`` takes them."""
         return {"num_features": self.num_features, "num_classes": self.num_classes,
-                "layer_sizes": self.layer_sizes, "context_dim": self.context_dim}
+                "layer_sizes": self.layer_sizes, "context_dim": self.context_dim,
+                "side_info_blur": self.side_info_blur,
+                "image_shape": None if self.image_shape is None else list(self.image_shape)}
 
     @staticmethod
     def estimate_nbytes(config: dict[str, Any]) -> int:
         """Bytes a model with this configuration may hold, computed without building it.
 
         Lets a host refuse a configuration before allocating it. Needs ``num_features`` and
-        optionally ``num_classes``, ``layer_sizes`` and ``context_dim`` (constructor defaults
-        otherwise); raises the constructor's ``ValueError`` for any of them it would refuse.
+        optionally ``num_classes``, ``layer_sizes``, ``context_dim``, ``side_info_blur`` and
+        ``image_shape`` (constructor defaults otherwise); raises the constructor's
+        ``ValueError`` for any of them it would refuse.
         Counts the 16-bit copy of the normals that a CPU model makes on its first call of a
         few rows (``gln.kernels.cpu_int16_gating``): ``nbytes`` reaches this then, and stays
         below it on a GPU.
@@ -333,7 +324,10 @@ class GLN:
         # gln.kernels.cpu_int16_gating.Int16Normals: int16 values; per plane a float32 scale
         # and two float64 norms (the module is not imported here: it loads Numba).
         int16_copy = 2 * planes * features + (4 + 8 + 8) * planes
-        return state + int16_copy
+        blur = _float_in("side_info_blur", config.get("side_info_blur", 0.0), 0.0, 100.0,
+                         closed=True)
+        image_shape = _checked_image_shape(config.get("image_shape"), features)
+        return state + int16_copy + _blur_matrices_nbytes(image_shape, blur)
 
     @property
     def nbytes(self) -> int:
@@ -341,6 +335,7 @@ class GLN:
         the 16-bit copy of the normals once a short call has made it)."""
         arrays = [*self.weights, self.normals, self.offsets, self.moments.total,
                   self.moments.total_sq]
+        arrays += self._blur or ()
         copies = getattr(self._layer_contexts, "nbytes", 0)  # CpuLayerContexts has one
         return int(sum(a.nbytes for a in arrays)) + copies
 
@@ -827,6 +822,29 @@ def _checked_context_dim(context_dim: Any) -> int:
     if m > 16:
         raise ValueError(f"context_dim must be <= 16 (2^m weight rows), got {context_dim}")
     return m
+
+
+def _checked_image_shape(image_shape: Any, num_features: int) -> tuple[int, int] | None:
+    """``image_shape`` as (height, width) with height * width = num_features, or None."""
+    if image_shape is None:
+        return None
+    if isinstance(image_shape, str | bytes) or not isinstance(image_shape, Sequence):
+        raise ValueError(f"image_shape must be (height, width), got {image_shape!r}")
+    shape = tuple(_positive_int(f"image_shape[{i}]", k) for i, k in enumerate(image_shape))
+    if len(shape) != 2 or math.prod(shape) != num_features:
+        raise ValueError(
+            f"image_shape must be (height, width) with height * width = {num_features}, "
+            f"got {image_shape!r}"
+        )
+    return shape  # type: ignore[return-value]
+
+
+def _blur_matrices_nbytes(image_shape: tuple[int, int] | None, side_info_blur: float) -> int:
+    """Bytes of the two float64 blur matrices (height^2 and width^2) a blurring model holds:
+    small for images, but a long thin "image" (1 x 60,000) would need 29 GB."""
+    if image_shape is None or side_info_blur <= 0:
+        return 0
+    return 8 * sum(k * k for k in image_shape)
 
 
 def _float_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:

@@ -168,9 +168,12 @@ def gaussian_blur_matrix(size: int, sigma: float) -> Any:
     radius = int(4.0 * sigma + 0.5)
     taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
     taps /= taps.sum()
-    offsets = np.arange(size)[None, :] - np.arange(size)[:, None]
-    inside = np.abs(offsets) <= radius
-    return np.where(inside, taps[np.clip(offsets + radius, 0, 2 * radius)], 0.0)
+    # Filled one diagonal at a time: no temporaries of the matrix's size.
+    matrix = np.zeros((size, size))
+    for offset in range(-min(radius, size - 1), min(radius, size - 1) + 1):
+        rows = np.arange(max(0, -offset), min(size, size - offset))
+        matrix[rows, rows + offset] = taps[offset + radius]
+    return matrix
 
 
 def per_row_side_info(xp: ModuleType, x64: Any, blur: tuple[Any, Any] | None) -> Any:

@@ -468,3 +468,21 @@ def test_size_is_known_before_building_and_absurd_sizes_fail_cleanly():
         assert GLN.estimate_nbytes(config) == model.nbytes
     with pytest.raises(ValueError, match="bytes"):
         GLN(num_features=10**13, num_classes=2, layer_sizes=(1,))
+
+
+def test_the_size_counts_the_blur_matrices_of_image_side_info():
+    """Blurred side information holds a (height, height) and a (width, width) matrix: tiny for
+    images, but a host must see them before it builds a long thin 'image'."""
+    config = dict(num_features=12, num_classes=2, layer_sizes=(4, 1), side_info="per_row",
+                  image_shape=(3, 4), side_info_blur=1.0)
+    model = GLN(**config)
+    model.warm_up()
+    assert model.nbytes == GLN.estimate_nbytes(config) == GLN.estimate_nbytes(
+        model.config_for_estimate()
+    )
+    unblurred = GLN.estimate_nbytes({**config, "side_info_blur": 0.0})
+    assert GLN.estimate_nbytes(config) - unblurred == 8 * (3 * 3 + 4 * 4)
+    thin = dict(config, num_features=60_000, image_shape=(1, 60_000))
+    assert GLN.estimate_nbytes(thin) > 8 * 60_000**2  # sized, not allocated
+    with pytest.raises(ValueError, match="image_shape"):
+        GLN.estimate_nbytes(dict(config, image_shape=(3, 5)))
