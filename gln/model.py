@@ -56,6 +56,11 @@ PREDICT_CHUNK_ROWS_GPU = 2048
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
 # their rates and targets; longer ones as float32 (see GLN._staged).
 HOST_WIDENED_ROWS = 64
+# The neurons compute in float32: below 2**-24, 1 - pred_clip rounds to 1 and a saturated
+# prediction's logit is infinite (then NaN). A weight bound of 1e6 (and learning rates of at
+# most gln.schedules.MAX_RATE) keeps every mixed logit and update far inside float32.
+MIN_PRED_CLIP = 2.0**-24
+MAX_WEIGHT_CLIP = 1e6
 
 
 class GLN:
@@ -70,8 +75,8 @@ class GLN:
     context_dim: m, hyperplanes per neuron; each neuron has 2^m weight vectors.
     learning_rate: a number, ``{"schedule": "inverse_time", "scale": s, "cap": c}`` for
         ``min(s / t, c)`` (the paper's MNIST run used scale 100, cap 0.01), or a callable of t.
-    pred_clip: eps; every prediction is clipped to [eps, 1 - eps].
-    weight_clip: b; weights are projected onto [-b, b] after each update.
+    pred_clip: eps; every prediction is clipped to [eps, 1 - eps]; at least 2**-24 (float32).
+    weight_clip: b; weights are projected onto [-b, b] after each update; below 1e6.
     bias: beta, the constant bias input of every layer, in [eps, 1 - eps] and not 0.5;
         the default sigmoid(1) makes its logit exactly 1.
     offset_scale: standard deviation of the hyperplane offsets (the paper: 1).
@@ -160,7 +165,13 @@ class GLN:
         self.schedule = make_schedule(learning_rate)
         self.learning_rate = learning_rate
         self.pred_clip = _float_in("pred_clip", pred_clip, 0.0, 0.5)
-        self.weight_clip = _float_in("weight_clip", weight_clip, 0.0, math.inf)
+        if self.pred_clip < MIN_PRED_CLIP:
+            raise ValueError(
+                f"pred_clip must be >= 2**-24 (about 6e-8), got {pred_clip}: below it 1 - eps "
+                "rounds to 1 in float32, and a saturated neuron's logit is infinite"
+            )
+        self.weight_clip = _float_in("weight_clip", weight_clip, 0.0, MAX_WEIGHT_CLIP,
+                                     closed=False)
         self.bias = _float_in("bias", bias, self.pred_clip, 1.0 - self.pred_clip, closed=True)
         if self.bias == 0.5:
             raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")

@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 
+# The largest constant rate or cap: the neurons compute in float32, where a larger step times
+# a logit could overflow (and an infinite step times a zero logit is NaN).
+MAX_RATE = 1e6
+
 
 @dataclass(frozen=True)
 class Constant:
@@ -73,8 +77,8 @@ def make_schedule(spec: Any) -> Schedule:
             rate = float(spec)
         except OverflowError:
             rate = math.inf
-        if not math.isfinite(rate) or rate <= 0:
-            raise ValueError(f"learning_rate must be a positive finite number, got {spec!r}")
+        if not 0 < rate <= MAX_RATE:
+            raise ValueError(f"learning_rate must be a number in (0, {MAX_RATE:g}], got {spec!r}")
         return Constant(rate)
     if isinstance(spec, dict):
         kind = spec.get("schedule")
@@ -87,9 +91,12 @@ def make_schedule(spec: Any) -> Schedule:
                 if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                     raise ValueError(f"learning_rate.{key} must be a positive number")
             try:
-                return InverseTime(float(scale), float(cap))
+                schedule = InverseTime(float(scale), float(cap))
             except OverflowError:
                 raise ValueError("learning_rate.scale and cap must fit a float") from None
+            if schedule.cap > MAX_RATE:
+                raise ValueError(f"learning_rate.cap must be <= {MAX_RATE:g}, got {cap!r}")
+            return schedule
         raise ValueError(
             "learning_rate dict must be {'schedule': 'inverse_time', 'scale': s, 'cap': c}, "
             f"got {spec!r}"

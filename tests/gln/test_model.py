@@ -214,11 +214,28 @@ def test_constant_features_never_produce_nan():
      ({"input_scaling": "minmax"}, "input_scaling"), ({"device": "tpu"}, "device"),
      ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"layer_sizes": ()}, "layer_sizes"),
      ({"layer_sizes": (4, 0, 1)}, r"layer_sizes\[1\]"), ({"context_dim": 17}, "context_dim"),
-     ({"image_shape": (2, -3)}, r"image_shape\[1\]")],
+     ({"image_shape": (2, -3)}, r"image_shape\[1\]"),
+     # Beyond what float32 neurons can compute without an infinite logit or NaN:
+     ({"pred_clip": 1e-8}, "pred_clip"), ({"weight_clip": 1e7}, "weight_clip"),
+     ({"learning_rate": 1e7}, "learning_rate"),
+     ({"learning_rate": {"schedule": "inverse_time", "scale": 1.0, "cap": 1e7}}, "cap")],
 )
 def test_invalid_configuration_names_the_argument(overrides, name):
     with pytest.raises(ValueError, match=name):
         small_model(**overrides)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # sigmoid(-huge) is 0
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_the_extreme_settings_allowed_stay_finite(use_kernels):
+    """The smallest pred_clip and largest weight bound and step allowed: predictions saturate
+    (a neuron's output rounds to 1 - eps) but never become NaN or infinite."""
+    X, y = stream(300)
+    model = small_model(pred_clip=2.0**-24, weight_clip=9.9e5, learning_rate=1e6,
+                        use_kernels=use_kernels)
+    P = model.learn(np.vstack([X, 50 * X]), np.concatenate([y, y]))
+    assert np.isfinite(P).all() and np.isfinite(model.predict_proba(100 * X)).all()
+    assert all(np.isfinite(w).all() for w in model.weights)
 
 
 @pytest.mark.parametrize(
