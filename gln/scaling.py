@@ -12,7 +12,10 @@ Two modes (``input_scaling``):
     side information ``z = (x - mean) / max(std, min_std)`` per feature, so that unit-normal
     hyperplanes with N(0, 1) offsets cut through the data; base predictions are
     ``clip(sigmoid(z), eps, 1 - eps)``, whose logit is ``clip(z, -logit(1-eps), logit(1-eps))``.
-    A constant feature gives z = 0 (never NaN).
+    A constant feature gives z = 0 (never NaN). The statistics are all-time: one extreme
+    outlier (1e6 in a feature of spread 1) widens that feature's spread for good, and its later
+    values then scale to about 0. Clean or clip such inputs before they reach the model; z is
+    bounded (``Z_LIMIT``) only so that an outlier never makes a NaN.
 
 ``"unit"`` (inputs already probabilities in [0, 1], e.g. pixel intensities)
     base predictions are the inputs themselves, ``clip(x, eps, 1 - eps)``; side information is
@@ -39,6 +42,11 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 INPUT_SCALINGS = ("standardize", "unit")
+# Side information is bounded to +-Z_LIMIT before it becomes float32: an outlier far beyond the
+# running statistics (a float32-sized value over a small spread) would otherwise be infinite,
+# and its halfspace margins NaN. Far inside float32, so a unit normal's dot product with a
+# whole row of bounded values stays finite; no value the data can reasonably reach is changed.
+Z_LIMIT = 1e30
 SIDE_INFOS = ("scaled", "per_row")
 
 
@@ -127,25 +135,28 @@ def standardized(
     xp: ModuleType, x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float,
     logit_cap: float,
 ) -> tuple[Any, Any]:
-    """``z = (x - mean) / max(std, min_std)`` and its logits clipped to +-logit_cap, float32."""
+    """``z = (x - mean) / max(std, min_std)`` (bounded to +-Z_LIMIT) and its logits clipped to
+    +-logit_cap, float32."""
     mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
     z = (x64 - mean) / xp.maximum(xp.sqrt(variance), min_std)
-    return z.astype(xp.float32), xp.clip(z, -logit_cap, logit_cap).astype(xp.float32)
+    return (xp.clip(z, -Z_LIMIT, Z_LIMIT).astype(xp.float32),
+            xp.clip(z, -logit_cap, logit_cap).astype(xp.float32))
 
 
 def unit_scaled(
     xp: ModuleType, x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float,
     pred_clip: float, want_z: bool = True,
 ) -> tuple[Any, Any]:
-    """Mode ``"unit"``: ``z = (x - mean) / max(pooled std, min_std)`` (None unless ``want_z``)
-    and the logits of ``clip(x, eps, 1 - eps)``, float64."""
+    """Mode ``"unit"``: ``z = (x - mean) / max(pooled std, min_std)`` bounded to +-Z_LIMIT
+    (None unless ``want_z``) and the logits of ``clip(x, eps, 1 - eps)``, float64."""
     p0 = xp.clip(x64, pred_clip, 1.0 - pred_clip)
     base_logits = xp.log(p0 / (1.0 - p0))
     if not want_z:
         return None, base_logits
     mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
     pooled = xp.sqrt(variance.mean(axis=1, keepdims=True))
-    return (x64 - mean) / xp.maximum(pooled, min_std), base_logits
+    z = (x64 - mean) / xp.maximum(pooled, min_std)
+    return xp.clip(z, -Z_LIMIT, Z_LIMIT), base_logits
 
 
 def _mean_and_variance(xp: ModuleType, counts: Any, sums: Any, sums_sq: Any) -> tuple[Any, Any]:

@@ -38,7 +38,7 @@ import numpy as np
 from gln.backend import import_cupy as _cupy
 from gln.gating import dot_rounding_bound
 from gln.network import reference_layer_pass
-from gln.scaling import RunningMoments
+from gln.scaling import Z_LIMIT, RunningMoments
 
 WARP = 32
 STREAM_WARPS = 4  # neurons (warps) per block of the streaming kernel: GLN_STREAM_WARPS
@@ -84,7 +84,8 @@ SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row ker
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
-COMPILE_OPTIONS = ("--fmad=false",)
+# scaling.cu takes the bound of the side information from gln.scaling.
+COMPILE_OPTIONS = ("--fmad=false", f"-DGLN_Z_LIMIT={Z_LIMIT!r}")
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
 SHARED = "gln_layer_predict_shared"

@@ -10,10 +10,22 @@
 // NumPy's bit for bit:
 //   mean     = count > 0 ? sum / max(count, 1) : 0
 //   variance = count > 0 ? max(sum_sq / max(count, 1) - mean * mean, 0) : 1
-//   z        = (x - mean) / max(sqrt(variance), min_std)
+//   z        = clip((x - mean) / max(sqrt(variance), min_std), -GLN_Z_LIMIT, GLN_Z_LIMIT)
 //   logit    = clip(z, -logit_cap, logit_cap)
 // both rounded to float32. The statistics are those before each row (stats_rows = n, learning)
 // or one frozen set for every row (stats_rows = 1, prediction).
+
+// GLN_Z_LIMIT (gln.scaling.Z_LIMIT, passed by gln.kernels.cuda) bounds z before it becomes
+// float32, where an outlier would otherwise be infinite.
+#ifndef GLN_Z_LIMIT
+#error "compile with -DGLN_Z_LIMIT=<gln.scaling.Z_LIMIT>"
+#endif
+
+__device__ __forceinline__ float gln_bounded_z(double value) {
+    const double bounded = value < -GLN_Z_LIMIT ? -GLN_Z_LIMIT
+                         : (value > GLN_Z_LIMIT ? GLN_Z_LIMIT : value);
+    return __double2float_rn(bounded);
+}
 
 // The row kernels (unit scaling, per-row side information) give one warp a row: lanes take every
 // 32nd element, then this fixed butterfly, so a row's sums never depend on its chunk.
@@ -56,14 +68,15 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ counts,
     const double scale = root >= min_std ? root : min_std;
     const double value = __ddiv_rn(__dsub_rn(x[at], mean), scale);
     const double logit = value < -logit_cap ? -logit_cap : (value > logit_cap ? logit_cap : value);
-    z[at] = __double2float_rn(value);
+    z[at] = gln_bounded_z(value);
     base_logits[at] = __double2float_rn(logit);
 }
 
 // Mode "unit" in one launch (inputs already probabilities, such as pixels): in CuPy about twenty
 // elementwise launches per chunk. One warp owns one row, since z divides by one pooled standard
 // deviation per row, the root mean of the per-feature variances:
-//   z     = (x - mean) / max(sqrt(sum_j variance_j / d), min_std)      (only when want_z)
+//   z     = (x - mean) / max(sqrt(sum_j variance_j / d), min_std), bounded as above
+//           (only when want_z)
 //   logit = log(p) - log1p(-p) = log(p / (1 - p)),  p = clip(x, pred_clip, 1 - pred_clip)
 // mean and variance as in gln_standardize. The sum over features has a fixed order (lanes take
 // every 32nd feature, then a butterfly), so a row's bits never depend on its chunk; they equal
@@ -101,7 +114,7 @@ gln_unit_scaling(const double* __restrict__ x, const double* __restrict__ counts
     for (int i = lane; i < d; i += GLN_ROW_LANES) {
         double mean, variance;
         gln_mean_and_variance(count, sums[stats + i], sums_sq[stats + i], &mean, &variance);
-        z[t * d + i] = __double2float_rn(__ddiv_rn(__dsub_rn(row[i], mean), scale));
+        z[t * d + i] = gln_bounded_z(__ddiv_rn(__dsub_rn(row[i], mean), scale));
     }
 }
 

@@ -25,7 +25,13 @@ from gln.gating import (
     sample_halfspaces,
 )
 from gln.network import reference_layer_pass, with_bias
-from gln.scaling import RunningMoments, gaussian_blur_matrix, per_row_side_info, standardized
+from gln.scaling import (
+    Z_LIMIT,
+    RunningMoments,
+    gaussian_blur_matrix,
+    per_row_side_info,
+    standardized,
+)
 from gln.scaling import moments_before_each_row as numpy_moments
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 from tests.gln.layer_data import random_layer
@@ -240,11 +246,13 @@ def test_cuda_standardize_equals_numpy_bit_for_bit(cp, n, frozen):
                                                  x)
     if n:
         x[n // 2, 9] = 1e4  # far beyond the logit cap, whichever statistics scale it
+        x[n // 2, 11] = -3e38  # beyond float32 once scaled: bounded to -Z_LIMIT
     if frozen:
         counts, sums, sums_sq = (np.full((1, 1), float(after.count)), after.total[None],
                                  after.total_sq[None])
     expected = standardized(np, x, counts, sums, sums_sq, 0.3, 8.1)
     assert not n or (np.abs(expected[1]) == np.float32(8.1)).any()
+    assert not n or frozen or expected[0][n // 2, 11] == np.float32(-Z_LIMIT)
     got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1)
     np.testing.assert_array_equal(got[0].get(), expected[0])
     np.testing.assert_array_equal(got[1].get(), expected[1])
@@ -263,6 +271,7 @@ def test_cuda_unit_scaling_matches_numpy_whatever_the_chunk(cp, n, frozen, want_
     d = 784
     x = rng.random((n, d))
     x[:, :30] = 0.0  # a blank border: clipped to eps, variance 0
+    x[n // 2:, 40] = 3e38  # not a probability: its z is bounded to Z_LIMIT
     counts, sums, sums_sq, after = numpy_moments(np, RunningMoments(0, np.zeros(d), np.zeros(d)),
                                                  x)
     if frozen:

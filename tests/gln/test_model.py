@@ -4,6 +4,7 @@ import copy
 import json
 import math
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -223,6 +224,22 @@ def test_constant_features_never_produce_nan():
 def test_invalid_configuration_names_the_argument(overrides, name):
     with pytest.raises(ValueError, match=name):
         small_model(**overrides)
+
+
+@pytest.mark.parametrize("input_scaling", ["standardize", "unit"])
+def test_an_outlier_far_beyond_the_running_statistics_never_makes_nan(input_scaling):
+    """A float32-sized value over a small running spread scales to more than float32 holds:
+    its side information is bounded, so no margin is NaN and no warning is raised."""
+    X, y = stream(300)
+    model = small_model(input_scaling=input_scaling)
+    model.learn(X[:200], y[:200])
+    outlier = X[200:201].copy()
+    outlier[0, 2] = -3e38
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        P = model.learn(np.vstack([outlier, X[201:]]), y[200:])
+        assert np.isfinite(P).all() and np.isfinite(model.predict_proba(outlier)).all()
+    assert all(np.isfinite(w).all() for w in model.weights)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # sigmoid(-huge) is 0
