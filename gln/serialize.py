@@ -121,9 +121,16 @@ def _layout(header: dict[str, Any]) -> tuple[list[tuple[str, np.dtype, tuple[int
             (str(entry["name"]), np.dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"]))
             for entry in header["arrays"]
         ]
-        return arrays, int(header["moments_count"]), int(header["examples_seen"])
+        counters = header["moments_count"], header["examples_seen"]
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise SnapshotFormatError(f"malformed GLN snapshot header: {error!r}") from None
+    for key, value in zip(("moments_count", "examples_seen"), counters, strict=True):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise SnapshotFormatError(
+                f"malformed GLN snapshot header: {key} must be a count (an integer >= 0), "
+                f"got {value!r}"
+            )
+    return arrays, *counters
 
 
 def model_from_bytes(

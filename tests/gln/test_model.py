@@ -370,10 +370,16 @@ def test_config_of_bytes_reads_the_header_alone():
     lambda h: json.dumps({**h, "moments_count": "many"}),
     lambda h: json.dumps({**h, "examples_seen": None}),
     lambda h: json.dumps({**h, "examples_seen": 1e400}),  # inf: int() overflows
+    lambda h: json.dumps({**h, "examples_seen": -5}),
+    lambda h: json.dumps({**h, "examples_seen": 2.7}),
+    lambda h: json.dumps({**h, "examples_seen": 10**30}),
+    lambda h: json.dumps({**h, "moments_count": -12}),
+    lambda h: json.dumps({**h, "moments_count": True}),
     lambda h: json.dumps({**h, "config": "num_features=6"}),
     lambda h: json.dumps(h)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
 ], ids=["no-arrays", "array-fields", "arrays-not-a-list", "dtype", "moments", "examples",
-        "examples-inf", "config", "nested-too-deep"])
+        "examples-inf", "examples-negative", "examples-fraction", "examples-huge",
+        "moments-negative", "moments-bool", "config", "nested-too-deep"])
 def test_a_mangled_header_is_a_format_error(edit):
     """A header is not covered by the checksum: whatever it holds, loading says the blob is
     malformed (never a KeyError, OverflowError or RecursionError)."""
