@@ -41,7 +41,7 @@ def test_service_builds_the_cpu_image_and_talks_to_redis(
     assert service["build"]["dockerfile"] == "deploy/Dockerfile"
     assert (repo / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
     assert _env(service)["GLN_REDIS_URL"] == "redis://redis:6379/0"
-    assert "8000:8000" in service["ports"]
+    assert "127.0.0.1:8000:8000" in service["ports"]
     assert service["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
@@ -62,7 +62,7 @@ def test_prometheus_gets_its_config_and_rules(
 ) -> None:
     prometheus = compose["services"]["prometheus"]
     assert prometheus["image"].startswith("prom/prometheus")
-    assert "9090:9090" in prometheus["ports"]
+    assert "127.0.0.1:9090:9090" in prometheus["ports"]
     mounts = _mounts(prometheus)
     config_target = "/etc/prometheus/prometheus.yml"
     assert mounts[config_target] == "./deploy/prometheus.yml"
@@ -78,7 +78,7 @@ def test_grafana_is_provisioned_and_open_to_viewers(
 ) -> None:
     grafana = compose["services"]["grafana"]
     assert grafana["image"].startswith("grafana/grafana")
-    assert "3000:3000" in grafana["ports"]
+    assert "127.0.0.1:3000:3000" in grafana["ports"]
     mounts = _mounts(grafana)
     assert mounts["/etc/grafana/provisioning"] == "./deploy/grafana/provisioning"
     # The file provider reads the folder the dashboards are mounted at.
@@ -126,3 +126,10 @@ def test_gpu_override_builds_the_cuda_image_with_a_gpu(repo: Path) -> None:
     (device,) = service["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia"
     assert "gpu" in device["capabilities"]
+
+
+def test_published_ports_listen_on_loopback_only(compose: dict[str, Any]) -> None:
+    """With no token and Grafana's default password, nothing is open to other machines unless
+    an operator opens it (docs/deploy.md)."""
+    published = [p for s in compose["services"].values() for p in s.get("ports", [])]
+    assert published and all(str(p).startswith("127.0.0.1:") for p in published)

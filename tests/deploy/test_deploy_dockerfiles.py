@@ -117,6 +117,14 @@ def test_starts_the_console_script_on_all_interfaces(dockerfile, pyproject, repo
     assert "8000" in args_of(instructions, "EXPOSE")
 
 
+def test_snapshots_are_on_a_volume(dockerfile) -> None:
+    """Without Redis, snapshots and the file log go to GLN_SNAPSHOT_DIR: a volume there keeps
+    them when the container is removed (``docker run --rm``)."""
+    name, instructions = dockerfile
+    volumes = [path for args in args_of(instructions, "VOLUME") for path in json.loads(args)]
+    assert env_of(instructions)["GLN_SNAPSHOT_DIR"] in volumes, f"{name}: no snapshot volume"
+
+
 def test_runs_as_a_non_root_user(dockerfile) -> None:
     name, instructions = dockerfile
     users = args_of(instructions, "USER")
