@@ -7,6 +7,8 @@ continuation lines joined) and checked against the repository and pyproject.toml
 from __future__ import annotations
 
 import json
+import os
+import posixpath
 import re
 import shlex
 from pathlib import Path
@@ -63,6 +65,74 @@ def copy_sources(instructions: list[tuple[str, str]]) -> list[str]:
     return sources
 
 
+def read_dockerignore(path: Path) -> list[str]:
+    """The patterns of a .dockerignore file, comments and blank lines dropped."""
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+def _pattern(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern as a regex over slash-separated paths relative to the context.
+
+    As Docker's matcher: the pattern is cleaned (a trailing or leading `/` dropped), `*` and `?`
+    stay within one path element, `**` spans any number of them (none included).
+    """
+    pattern = posixpath.normpath(pattern.lstrip("/"))
+    assert "[" not in pattern and "\\" not in pattern, f"unsupported pattern {pattern}"
+    regex, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            regex, i = regex + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            regex, i = regex + ".*", i + 2
+        elif pattern[i] == "*":
+            regex, i = regex + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            regex, i = regex + "[^/]", i + 1
+        else:
+            regex, i = regex + re.escape(pattern[i]), i + 1
+    return re.compile(regex + r"\Z")
+
+
+def is_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether Docker leaves `path` out of the build context: the last pattern that matches the
+    path or one of its parent folders decides, and a `!` pattern takes the path back in."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        regex = _pattern(pattern[1:] if negated else pattern)
+        if any(regex.match(prefix) for prefix in prefixes):
+            ignored = not negated
+    return ignored
+
+
+def context_files(repo: Path) -> list[str]:
+    """Every file of the checkout, relative to it, with .git and .venv not descended into."""
+    found = []
+    for folder, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if d not in {".git", ".venv"}]
+        rel = Path(folder).relative_to(repo).as_posix()
+        found.extend(f if rel == "." else f"{rel}/{f}" for f in files)
+    return found
+
+
+def copied_files(instructions: list[tuple[str, str]], repo: Path) -> list[str]:
+    """The files of the context that the Dockerfile's COPY sources name (bytecode left out)."""
+    files = []
+    for source in copy_sources(instructions):
+        stem = source.rstrip("/")
+        if (repo / stem).is_dir():
+            files.extend(
+                p.relative_to(repo).as_posix() for p in (repo / stem).rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            )
+        else:
+            files.append(stem)
+    return files
+
+
 @pytest.fixture(params=DOCKERFILES)
 def dockerfile(request: pytest.FixtureRequest, repo: Path) -> tuple[str, list[tuple[str, str]]]:
     return request.param, parse(repo / request.param)
@@ -89,18 +159,42 @@ def test_copies_everything_pip_install_needs(dockerfile, pyproject: dict[str, An
 
 
 def test_dockerignore_keeps_the_copied_files(dockerfile, repo: Path) -> None:
-    """BuildKit reads <Dockerfile>.dockerignore; it must not exclude what COPY needs."""
+    """BuildKit reads <Dockerfile>.dockerignore, the classic builder only the root .dockerignore;
+    neither may exclude what COPY needs."""
     name, instructions = dockerfile
-    ignore = repo / f"{name}.dockerignore"
-    if not ignore.exists():
-        pytest.skip(f"no {ignore.name}")
-    lines = [ln.strip() for ln in ignore.read_text(encoding="utf-8").splitlines()]
-    patterns = [ln for ln in lines if ln and not ln.startswith("#")]
-    if "*" in patterns:
-        for source in copy_sources(instructions):
-            stem = source.rstrip("/")
-            kept = f"!{stem}" in patterns or f"!{stem}/" in patterns
-            assert kept, f"{ignore.name} drops {source}"
+    ignores = [repo / f"{name}.dockerignore", repo / ".dockerignore"]
+    assert any(ignore.exists() for ignore in ignores), f"{name}: no .dockerignore"
+    files = copied_files(instructions, repo)
+    assert "pyproject.toml" in files and any(f.startswith("service/") for f in files)
+    for ignore in (i for i in ignores if i.exists()):
+        patterns = read_dockerignore(ignore)
+        dropped = [f for f in files if is_ignored(f, patterns)]
+        assert not dropped, f"{ignore.relative_to(repo)} drops {dropped[:5]}"
+
+
+def test_root_dockerignore_keeps_the_venv_and_the_rest_out(repo: Path) -> None:
+    """Without BuildKit only the root .dockerignore applies: without one, the whole checkout
+    (.venv and .git included) is sent as the build context."""
+    assert (repo / ".dockerignore").is_file(), "no .dockerignore at the build context's root"
+    patterns = read_dockerignore(repo / ".dockerignore")
+    for path in (".venv/bin/python", ".venv", ".git/HEAD", "tests/deploy/conftest.py",
+                 "docs/deploy.md", "snapshots/m.snap", "gln/__pycache__/x.cpython-311.pyc",
+                 "service/sub/__pycache__/y.pyc", "deploy/Dockerfile.cuda"):
+        assert is_ignored(path, patterns), f".dockerignore sends {path}"
+    for path in ("pyproject.toml", "README.md", "gln/__init__.py", "service/app.py"):
+        assert not is_ignored(path, patterns), f".dockerignore drops {path}"
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_root_dockerignore_agrees_with_the_per_dockerfile_one(name: str, repo: Path) -> None:
+    """BuildKit and the classic builder must send the same context for each image."""
+    own = repo / f"{name}.dockerignore"
+    if not own.exists():
+        pytest.skip(f"no {own.name}: BuildKit reads the root .dockerignore too")
+    root, specific = read_dockerignore(repo / ".dockerignore"), read_dockerignore(own)
+    files = context_files(repo) + [".venv/pyvenv.cfg", ".git/config"]
+    differ = [f for f in files if is_ignored(f, root) != is_ignored(f, specific)]
+    assert not differ, f".dockerignore and {own.name} disagree on {differ[:5]}"
 
 
 def test_starts_the_console_script_on_all_interfaces(dockerfile, pyproject, repo: Path) -> None:
