@@ -7,6 +7,7 @@ app in test_deploy_metrics.py.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +130,38 @@ def test_dashboard_identity(dashboard: dict[str, Any]) -> None:
     # docs/deploy.md names the dashboard by title; links use the uid.
     assert dashboard["uid"] == "gln-service"
     assert dashboard["title"] == "GLN service"
+
+
+def test_error_stat_matches_the_alert(
+    panels: list[dict[str, Any]], alert_rules: dict[str, Any]
+) -> None:
+    """The stat that names the GlnHighErrorRate alert counts the same requests as the alert."""
+    (panel,) = [p for p in panels if p["title"] == "Server errors (5xx)"]
+    (rule,) = [r for g in alert_rules["groups"] for r in g["rules"]
+               if r.get("alert") == "GlnHighErrorRate"]
+    assert "GlnHighErrorRate" in panel["description"]
+
+    def routes_left_out(expr: str) -> list[str]:
+        return re.findall(r'route!~"([^"]*)"', expr)
+
+    (expr,) = _exprs(panel)
+    alert_routes = routes_left_out(rule["expr"])
+    assert len(alert_routes) == 2 and len(set(alert_routes)) == 1
+    assert routes_left_out(expr) == alert_routes, expr
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    threshold = float(re.search(r">\s*([\d.]+)\s*$", rule["expr"].strip()).group(1))
+    assert threshold in [step["value"] for step in steps], steps
+
+
+def test_docs_name_the_panels_the_model_selector_filters(
+    panels: list[dict[str, Any]], repo: Path
+) -> None:
+    doc = (repo / "docs" / "deploy.md").read_text(encoding="utf-8")
+    start = doc.index("The **Model** selector")
+    paragraph = doc[start:doc.index("\n\n", start)]
+    # The panels are named in *italics* (the selector itself in **bold**).
+    named = set(re.findall(r"(?<!\*)\*([^*]+)\*(?!\*)", " ".join(paragraph.split())))
+    filtered = {p["title"] for p in panels if any("$model" in e for e in _exprs(p))}
+    assert named == filtered, (
+        f"docs/deploy.md: missing {filtered - named}, not filtered {named - filtered}"
+    )

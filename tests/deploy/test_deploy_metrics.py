@@ -103,6 +103,32 @@ async def scrape_after_one_round(snapshot_dir: Path) -> str:
             return r.text
 
 
+async def probe_routes(snapshot_dir: Path) -> set[str]:
+    """The `route` label values of gln_http_requests_total after a scrape and both probes."""
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(
+        snapshot_dir=str(snapshot_dir), redis_url=None, api_token=None, device="cpu"
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for path in ("/healthz", "/readyz", "/metrics"):
+                # /readyz may answer 503 while the (empty) restore runs: counted all the same.
+                r = await client.get(path)
+                assert r.status_code in (200, 503), f"{path}: {r.status_code} {r.text}"
+            text = (await client.get("/metrics")).text
+    return {
+        sample.labels["route"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "gln_http_requests"
+        for sample in family.samples
+        if "route" in sample.labels
+    }
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     text = asyncio.run(scrape_after_one_round(tmp_path_factory.mktemp("snapshots")))
@@ -179,3 +205,20 @@ def test_every_documented_metric_is_on_the_dashboard_or_allowlisted(
         else:
             used = name in queried
         assert used, f"{name} is in docs/interfaces.md but on no panel (nor in UNUSED_ON_DASHBOARD)"
+
+
+def test_left_out_routes_are_the_labels_scrapes_and_probes_get(
+    alert_exprs: list[str], dashboard_exprs: list[str], tmp_path: Path
+) -> None:
+    """The alerts and panels that leave scrapes and probes out match the route label values the
+    service really gives them (a typo there would silently count them again)."""
+    routes = asyncio.run(probe_routes(tmp_path))
+    assert {"/healthz", "/readyz", "/metrics"} <= routes, routes
+    excluded = {
+        value
+        for expr in alert_exprs + dashboard_exprs
+        for regex in re.findall(r'route!~"([^"]*)"', expr)
+        for value in regex.split("|")
+    }
+    assert excluded, "no query leaves the probe routes out"
+    assert excluded <= routes, f"left out but never exported: {excluded - routes}"
