@@ -5,7 +5,7 @@ See ``gln.model.GLN`` for the public API and ``gln.network`` for the paper's Alg
 
 from gln.model import GLN
 from gln.schedules import Constant, InverseTime
-from gln.serialize import SnapshotFormatError
+from gln.serialize import SnapshotBuffer, SnapshotFormatError
 
-__all__ = ["GLN", "Constant", "InverseTime", "SnapshotFormatError"]
+__all__ = ["GLN", "Constant", "InverseTime", "SnapshotBuffer", "SnapshotFormatError"]
 __version__ = "0.1.0"

@@ -78,3 +78,12 @@ def to_numpy(array: Any) -> np.ndarray:
     if isinstance(array, np.ndarray):
         return array
     return array.get()
+
+
+def copy_to_host(array: Any, out: np.ndarray) -> None:
+    """Copy an array of either module into the host array ``out`` of the same shape, with no
+    host copy in between (byte order converted where ``out``'s differs)."""
+    if isinstance(array, np.ndarray):
+        np.copyto(out, array)
+    else:
+        array.get(out=out)

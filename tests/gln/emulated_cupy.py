@@ -551,9 +551,24 @@ class DeviceArray(NDArrayOperatorsMixin):
     def device(self) -> _Device:
         return _Device(0)
 
-    def get(self) -> np.ndarray:
+    def get(self, out: np.ndarray | None = None) -> np.ndarray:
+        """A host copy, or the copy into ``out`` (``cupy.ndarray.get(out=...)``: a NumPy array
+        of the same dtype and shape, C-contiguous as this one is)."""
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"get(out=) takes a NumPy array, got {type(out).__name__}")
+            if out.dtype != self.host_view.dtype:
+                raise TypeError(f"{out.dtype} array cannot be obtained from "
+                                f"{self.host_view.dtype} array")
+            if out.shape != self.host_view.shape:
+                raise ValueError(f"get(out=) of shape {out.shape} from {self.host_view.shape}")
+            if not (out.flags.c_contiguous and self.host_view.flags.c_contiguous):
+                raise RuntimeError("get(out=) between arrays that are not both C-contiguous")
         _operation("copy device->host")
-        return self.host_view.copy()
+        if out is None:
+            return self.host_view.copy()
+        out[...] = self.host_view
+        return out
 
     def set(self, array: np.ndarray, stream: _Stream | None = None) -> None:
         """Copy a host array of the same dtype and shape in (``cupy.ndarray.set``), on

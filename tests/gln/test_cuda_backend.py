@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from gln import GLN
+from gln import GLN, SnapshotBuffer
 from gln.gating import (
     context_indices,
     dot_rounding_bound,
@@ -421,6 +421,9 @@ def test_snapshots_move_between_gpu_and_cpu(cp):
     assert isinstance(back.weights[0], cp.ndarray)
     copied = copy.deepcopy(gpu)  # a copy stays on the GPU
     assert isinstance(copied.weights[0], cp.ndarray) and copied.to_bytes() == blob
+    buffer = SnapshotBuffer(gpu)  # the state copied from the device straight into a snapshot
+    buffer.capture(gpu)
+    assert bytes(buffer.seal()) == blob
     np.testing.assert_array_equal(back.predict_proba(X_test), gpu.predict_proba(X_test))
     # A model that started on the CPU carries on learning on the GPU.
     cpu = GLN(**CONFIG, device="cpu")

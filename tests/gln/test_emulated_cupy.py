@@ -186,6 +186,22 @@ def test_set_copies_only_a_host_array_of_the_same_dtype_and_shape(cp):
     np.testing.assert_array_equal(device.get(), np.arange(4))
 
 
+def test_get_into_a_host_array_refuses_what_cupy_refuses(cp):
+    """``get(out=...)`` fills a NumPy array of the same dtype and shape, and refuses others."""
+    device = cp.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(TypeError, match="float64"):
+        device.get(out=np.empty((2, 3)))
+    with pytest.raises(ValueError, match="shape"):
+        device.get(out=np.empty((3, 2), dtype=np.float32))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        device.get(out=np.empty((3, 2), dtype=np.float32).T)
+    with pytest.raises(TypeError, match="NumPy"):
+        device.get(out=cp.empty((2, 3), dtype=cp.float32))
+    out = np.zeros((2, 3), dtype=np.float32)
+    assert device.get(out=out) is out
+    np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3))
+
+
 def test_a_copy_on_a_side_stream_runs_when_it_is_waited_for(cp):
     """As a DMA would: until an event after it is waited for, the destination keeps its old
     contents, and the host memory is read only then."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_digits
 
-from gln import GLN, SnapshotFormatError
+from gln import GLN, SnapshotBuffer, SnapshotFormatError
 from tests.gln.snapshot_bytes import with_header
 
 
@@ -334,6 +334,42 @@ def test_loading_samples_nothing_and_owns_its_arrays(monkeypatch):
     assert clone.to_bytes() == model.to_bytes()
     with pytest.raises(AssertionError, match="sampled"):
         small_model()  # the constructor does sample
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"side_info": "per_row", "side_info_blur": 1.0, "image_shape": (2, 3)},
+])
+def test_a_snapshot_buffer_holds_the_bytes_of_its_capture(options):
+    """``SnapshotBuffer``: what ``seal`` returns is ``to_bytes`` at the time of ``capture``,
+    however the model learns after it (the buffer holds a copy, and sealing reads nothing of
+    the model), and a buffer serves capture after capture."""
+    X, y = stream()
+    model = small_model(learning_rate={"schedule": "inverse_time", "scale": 10, "cap": 0.05},
+                        **options)
+    buffer = SnapshotBuffer(model)
+    for start in (0, 100):
+        model.learn(X[start:start + 100], y[start:start + 100])
+        expected, seen = model.to_bytes(), model.examples_seen
+        buffer.capture(model)
+        model.learn(X[200:], y[200:])  # after the capture: not in the snapshot
+        blob = buffer.seal()
+        assert bytes(blob) == expected
+        clone = GLN.from_bytes(blob)
+        assert clone.examples_seen == seen < model.examples_seen
+        np.testing.assert_array_equal(clone.learn(X[200:], y[200:]),
+                                      GLN.from_bytes(expected).learn(X[200:], y[200:]))
+
+
+def test_a_snapshot_buffer_refuses_another_layout_and_sealing_nothing():
+    model = small_model()
+    buffer = SnapshotBuffer(model)
+    with pytest.raises(ValueError, match="capture"):
+        buffer.seal()
+    with pytest.raises(ValueError, match="shape"):
+        buffer.capture(small_model(layer_sizes=(5, 1)))
+    buffer.capture(model)
+    assert bytes(buffer.seal()) == model.to_bytes()
 
 
 def test_corrupt_or_foreign_bytes_are_rejected():
