@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from gln import GLN
+from gln import GLN, SnapshotBuffer
 from service.errors import IdempotencyKeyReused, ModelNotFound, RegistryError, Unavailable
 from service.metrics import ServiceMetrics
 from service.online_stats import OnlineStats
@@ -759,20 +759,24 @@ class ModelEntry:
                 offset += n
 
     # -- snapshots --
-    async def model_bytes(self) -> bytes:
+    async def model_bytes(self) -> memoryview:
         """``GLN.to_bytes()`` between learn runs: every learn request answered so far is in it."""
         return await self._run(self._model_bytes_sync)
 
-    def _model_bytes_sync(self) -> bytes:
+    def _model_bytes_sync(self) -> memoryview:
+        """(thread) The model's bytes, holding the model lock for a copy of its arrays only."""
+        buffer = SnapshotBuffer(self.model)
         with self.lock:
-            return self.model.to_bytes()
+            buffer.capture(self.model)
+        return buffer.seal()
 
     async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
         """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
         return await self._run(self._save_snapshot_sync, store, force)
 
     def _save_snapshot_sync(self, store: SnapshotStore, force: bool) -> SnapshotInfo | None:
-        """(thread) Serialise under the model lock, store outside it (learning continues).
+        """(thread) Copy the model's arrays under the model lock; checksum and store the copy
+        outside it (learning continues).
 
         The snapshot records the newest log entry its weights include, and after the
         model's bytes the rows waiting for labels at that point; once it is the current
@@ -782,14 +786,18 @@ class ModelEntry:
         with self.snapshot_lock:
             if self.deleted:
                 raise ModelNotFound(self.name)
+            if not force and not self.changed_since_snapshot:
+                return None  # before the buffer: most intervals of an idle model end here
             t0 = time.perf_counter()
+            buffer = SnapshotBuffer(self.model)  # allocated while the model learns on
             with self.lock:
                 updates = self._updates
                 if not force and updates == self._snapshotted_updates:
                     return None
                 applied_id = self.applied_id
-                blob = self.model.to_bytes()
+                buffer.capture(self.model)
                 waiting = self.pending.rows()
+            blob = buffer.seal()
             metadata = {} if applied_id is None else {WAL_ID: applied_id}
             if waiting:
                 metadata[WAITING_ROWS_AT] = str(len(blob))

@@ -230,7 +230,7 @@ class ModelRegistry:
             self._add(entry)
             return entry
 
-    async def export(self, name: str) -> bytes:
+    async def export(self, name: str) -> memoryview:
         """``GLN.to_bytes()`` of ``name``: every learn request answered before it, included."""
         entry = await self.get(name)
         return await entry.model_bytes()

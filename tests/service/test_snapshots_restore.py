@@ -6,6 +6,7 @@ The round-trip tests run against both stores: a directory (tmp_path) and a real 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import service.app
-from gln import GLN
+from gln import GLN, SnapshotBuffer
 from service.app import create_app
 from service.settings import Settings
 from service.store import open_store
@@ -109,6 +110,39 @@ async def test_periodic_snapshots_write_only_changed_models(
         assert await app.state.registry.snapshot_changed() is True
         assert (await client.get("/v1/models/a")).json()["snapshot"]["version"] == 2
         assert (await client.get("/v1/models/b")).json()["snapshot"]["version"] == 1
+
+
+async def test_learning_goes_on_while_a_snapshot_is_checksummed_and_stored(
+    store_settings: Settings, serve, small_config, create_model, make_data, monkeypatch
+):
+    """A snapshot stops the model only to copy its arrays: a learn request is answered while
+    the copy is still being checksummed, and the snapshot holds the state of its copy."""
+    X, y = make_data(20)
+    sealing, release = threading.Event(), threading.Event()
+    seal = SnapshotBuffer.seal
+
+    def slow_seal(self):
+        sealing.set()
+        assert release.wait(10), "the learn request did not go on beside the snapshot"
+        return seal(self)
+
+    async with serve(create_app(store_settings)) as client:
+        await create_model(client, "m")
+        await client.post("/v1/models/m/learn", json={"features": X[:10], "labels": y[:10]})
+        monkeypatch.setattr(SnapshotBuffer, "seal", slow_seal)
+        snapshot = asyncio.create_task(client.post("/v1/models/m/snapshot"))
+        assert await asyncio.to_thread(sealing.wait, 10)
+        r = await asyncio.wait_for(
+            client.post("/v1/models/m/learn", json={"features": X[10:], "labels": y[10:]}), 10
+        )
+        assert r.status_code == 200 and not snapshot.done()
+        release.set()
+        snap = (await snapshot).json()
+        monkeypatch.setattr(SnapshotBuffer, "seal", seal)
+    reference = GLN(**small_config)
+    reference.learn(np.array(X[:10]), np.array(y[:10]))
+    assert snap["version"] == 2
+    assert snap["sha256"] == hashlib.sha256(reference.to_bytes()).hexdigest()
 
 
 async def test_delete_removes_snapshots(store_settings: Settings, serve, create_model):
