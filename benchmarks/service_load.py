@@ -5,7 +5,7 @@ Scenarios: two models (a small one, 20 features and layers [32, 32, 1]; the MNIS
 predict-ids: predict with ids, so the rows wait for labels, which logs them) x two batch sizes
 (1 and 100 rows per request). Each scenario runs ``--connections`` concurrent
 keep-alive connections for ``--duration`` seconds (after ``--warmup``), and prints one JSON
-line: requests/s, examples/s, p50/p99/mean latency in ms, errors.
+line: requests/s, examples/s, p50/p99/p99.9/max/mean latency in ms, errors.
 
 By default it starts a server itself (``python -m service`` on a free port, snapshots in a
 temporary directory) and stops it at the end; ``--url`` targets a running one instead.
@@ -279,6 +279,8 @@ def run_scenario(url: str, scenario: Scenario, args: argparse.Namespace) -> dict
         "examples_per_s": round(n * scenario.batch / args.duration, 1),
         "p50_ms": round(percentile_ms(latencies, 0.50), 3),
         "p99_ms": round(percentile_ms(latencies, 0.99), 3),
+        "p999_ms": round(percentile_ms(latencies, 0.999), 3),
+        "max_ms": round(1000 * latencies[-1], 3) if n else None,
         "mean_ms": round(1000 * sum(latencies) / n, 3) if n else None,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

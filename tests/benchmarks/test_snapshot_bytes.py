@@ -14,7 +14,7 @@ SMALL = ["--features", "12", "--classes", "3", "--layer-sizes", "8,1", "--runs",
 def check(result: dict, printed: str) -> None:
     assert json.loads(printed) == result
     assert result["snapshot_bytes"] > 3 * 8 * 16 * 13 * 4  # at least the first layer's weights
-    for way in ("to_bytes", "from_bytes"):
+    for way in ("to_bytes", "from_bytes", "buffer", "capture", "seal"):
         assert 0 < result[way]["min_ms"] <= result[way]["median_ms"]
 
 
