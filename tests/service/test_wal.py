@@ -28,11 +28,11 @@ from service.wal import (
     WalDurabilityError,
     WalGapError,
     WriteAheadLog,
-    _frame,
-    _next_redis_id,
     open_wal,
     request_digest,
 )
+from service.wal.file_log import _frame
+from service.wal.redis_log import _next_redis_id
 from tests.redis_process import RedisProcess, free_port
 
 
@@ -179,19 +179,20 @@ def test_plain_learn_entries_keep_the_first_format(
 ) -> None:
     """A log without delayed labels stays readable by a server that predates them; entries
     about delayed labels are marked so that such a server refuses them."""
-    import service.wal as wal_module
+    from service.wal import entries, file_log, redis_log
 
     X, y = chunk(1)
     wal.append("m", X, y)
     wal.append("m", X, y, label_ids=["a"])
     wal.append_waiting("m", ["a"], X, np.ones((1, 2)), 1.0)
-    original, versions = wal_module._decode_entry, []
+    original, versions = entries.decode_entry, []
 
     def spy(entry_id: str, header: dict, *raw: bytes) -> LogEntry:
         versions.append(header["v"])
         return original(entry_id, header, *raw)
 
-    monkeypatch.setattr(wal_module, "_decode_entry", spy)
+    for log_module in (file_log, redis_log):
+        monkeypatch.setattr(log_module, "decode_entry", spy)
     assert len(list(wal.read_after("m", None))) == 3
     assert versions == [1, 2, 2]
 

@@ -1,0 +1,92 @@
+"""Write-ahead log: every learned chunk is logged before it is applied, so a crash loses nothing.
+
+Snapshots (``service/store.py``) are taken every so often; the log covers the time between
+them. The learn worker appends each coalesced chunk of examples to the model's log with one
+write, then applies it to the model, then answers every request in the chunk. A snapshot
+records the id of the last entry it includes (snapshot metadata); once the snapshot is the
+current one, the log is trimmed through that id. At start-up a model is restored from its
+snapshot and the entries after that id are replayed in order. ``docs/durability.md`` says
+what survives what.
+
+Two implementations share the :class:`WriteAheadLog` interface (``interface.py``):
+
+* :class:`RedisWriteAheadLog` (``redis_log.py``) keeps one Redis Stream per model (``XADD`` /
+  ``XRANGE`` / ``XTRIM MINID``). Its ``durability`` decides when an append counts as done.
+* :class:`FileWriteAheadLog` (``file_log.py``) keeps one append-only file per model, records
+  framed with their length and CRC-32, fsynced on every append.
+
+Entries (``entries.py``) carry raw array bytes plus their dtype and shape, never pickles. An
+append may carry idempotency keys (one per request of the chunk, or None for a request without
+one) and each keyed request's :func:`request_digest`; the log remembers for
+``idempotency_ttl_s`` seconds which entry each key was logged with, and the digest, so a
+retried request can be recognised (:meth:`WriteAheadLog.seen_key`) and not learned twice, and a
+key reused for other data told from a retry (:meth:`WriteAheadLog.logged_requests`).
+
+Entry ids are strings, opaque to callers: Redis stream ids (``"1712345678901-0"``) or, in
+files, decimal counters (``"1"``, ``"2"``, ...). Ids only ever increase for a model, also
+across trims and restarts; :meth:`WriteAheadLog.delete` starts a model's log afresh.
+
+>>> import tempfile
+>>> import numpy as np
+>>> with tempfile.TemporaryDirectory() as tmp:
+...     wal = open_wal(None, tmp)
+...     first = wal.append("spam", np.zeros((2, 3), np.float32), np.array([0, 1]), ["req-1"])
+...     second = wal.append("spam", np.ones((1, 3), np.float32), np.array([2]))
+...     wal.trim_through("spam", first)
+...     replay = [(e.id, e.labels.tolist()) for e in wal.read_after("spam", None)]
+...     (first, second, replay, wal.seen_key("spam", "req-1"), wal.last_id("spam"))
+('1', '2', [('2', [2])], '1', '2')
+"""
+
+from __future__ import annotations
+
+from service.wal.entries import check_idempotency_key, request_digest
+from service.wal.file_log import FileWriteAheadLog
+from service.wal.interface import (
+    DEFAULT_IDEMPOTENCY_TTL_S,
+    Durability,
+    LogEntry,
+    LoggedRequest,
+    WalCorruptError,
+    WalDurabilityError,
+    WalGapError,
+    WriteAheadLog,
+)
+from service.wal.redis_log import RedisWriteAheadLog
+
+__all__ = [
+    "DEFAULT_IDEMPOTENCY_TTL_S",
+    "Durability",
+    "FileWriteAheadLog",
+    "LogEntry",
+    "LoggedRequest",
+    "RedisWriteAheadLog",
+    "WalCorruptError",
+    "WalDurabilityError",
+    "WalGapError",
+    "WriteAheadLog",
+    "check_idempotency_key",
+    "open_wal",
+    "request_digest",
+]
+
+
+def open_wal(
+    redis_url: str | None,
+    wal_dir: str,
+    *,
+    key_prefix: str = "gln",
+    durability: Durability = "everysec",
+    idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S,
+    fsync: bool = True,
+) -> WriteAheadLog:
+    """The Redis log when ``redis_url`` is set (non-empty), else the file log in ``wal_dir``.
+
+    ``durability`` applies to Redis, ``fsync`` to files; ``idempotency_ttl_s`` to both.
+    """
+    if redis_url:
+        return RedisWriteAheadLog(
+            redis_url, key_prefix=key_prefix, durability=durability,
+            idempotency_ttl_s=idempotency_ttl_s,
+        )
+    return FileWriteAheadLog(wal_dir, fsync=fsync, idempotency_ttl_s=idempotency_ttl_s)

@@ -1,0 +1,160 @@
+"""What the service relies on of a write-ahead log: the ``WriteAheadLog`` interface, the entries
+it gives back (``LogEntry``), what it remembers of an idempotency key (``LoggedRequest``), and
+its errors. ``service.wal`` describes the log as a whole."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+DEFAULT_IDEMPOTENCY_TTL_S = 24 * 3600.0
+"""How long a logged idempotency key is remembered: long enough for any sane client retry."""
+
+Durability = Literal["everysec", "always", "waitaof"]
+"""When :class:`RedisWriteAheadLog` counts an append as done (see its docstring)."""
+
+
+class WalCorruptError(ValueError):
+    """A log record is damaged (bad checksum, unreadable header, ids out of order).
+
+    A torn *last* record of a file log (a write cut short by a crash) is not corruption: it
+    was never acknowledged, so it is ignored and overwritten by the next append.
+    """
+
+
+class WalGapError(WalCorruptError):
+    """``read_after(name, id)`` was asked for entries the log has already trimmed away.
+
+    Replaying from there would silently skip examples: typically a snapshot older than the
+    log's trim point (restored from a backup, say).
+    """
+
+
+class WalDurabilityError(RuntimeError):
+    """The Redis server cannot give the durability asked for, or did not confirm it in time."""
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One logged chunk: its id, its examples, and the idempotency keys it was logged with.
+
+    ``features`` and ``labels`` have the dtype and shape they were appended with; they are
+    read-only views of the bytes read back (copy them to modify).
+    """
+
+    id: str
+    features: np.ndarray
+    labels: np.ndarray
+    idempotency_keys: tuple[str | None, ...] = ()
+    created_at: float = 0.0
+    request_rows: tuple[int, ...] = ()  # rows of each request in the chunk, if logged
+    request_digests: tuple[str | None, ...] = ()  # each request's request_digest, if logged
+    # Delayed labels (service/pending.py). A learn entry: the ids of the waiting rows it
+    # learned, which stop waiting. A wait entry: the id of each of its rows.
+    label_ids: tuple[str, ...] = ()
+    predictions: np.ndarray | None = None  # wait entry: (n, num_classes), as predicted
+    expires_at: float = 0.0  # wait entry: when its rows' wait ends (time.time())
+    # Wait entry: ids that expired (dropped, their label never came) once its rows were put.
+    expired_ids: tuple[str, ...] = ()
+
+    @property
+    def waiting(self) -> bool:
+        """True for a wait entry: rows put to wait for labels, nothing learned (no labels)."""
+        return self.predictions is not None
+
+
+class LoggedRequest(NamedTuple):
+    """What the log remembers of an idempotency key: its entry, and its request's digest.
+
+    ``digest`` is None when the append carried none (a log written before digests were kept).
+    """
+
+    entry_id: str
+    digest: str | None
+
+
+@runtime_checkable
+class WriteAheadLog(Protocol):
+    """The interface the service uses; both implementations are synchronous and thread-safe."""
+
+    def append(
+        self,
+        name: str,
+        features: np.ndarray,
+        labels: np.ndarray,
+        idempotency_keys: Sequence[str | None] | None = None,
+        request_rows: Sequence[int] | None = None,
+        request_digests: Sequence[str | None] | None = None,
+        label_ids: Sequence[str] = (),
+    ) -> str:
+        """Log one chunk (``features`` (n, d) floats, ``labels`` (n,) ints) durably; its id.
+
+        ``idempotency_keys`` has one item per request of the chunk (None where a request has
+        no key). A key already remembered keeps its original entry id; callers check
+        :meth:`seen_keys` first so that a retried request is not logged (or learned) again.
+        ``request_rows`` (optional, one count per request, summing to n) records how the
+        chunk splits into requests, so that a replay can give each request its own answer.
+        ``request_digests`` (optional, one per request, like the keys) is remembered with
+        each key, so that :meth:`logged_requests` can tell a retry from a reused key.
+        ``label_ids`` names the waiting rows (delayed labels) the chunk learns.
+        """
+        ...
+
+    def append_waiting(
+        self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
+        expires_at: float, expired_ids: Sequence[str] = (),
+    ) -> str:
+        """Log rows put to wait for their labels (a wait entry) durably; its id.
+
+        ``expired_ids`` names the waiting rows dropped once these are put (their wait ended,
+        or too many wait); an entry of no rows logs a drop alone.
+        """
+        ...
+
+    def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
+        """Entries strictly after ``after_id`` (all of them for None), oldest first.
+
+        Raises :class:`WalGapError` if entries after ``after_id`` were already trimmed.
+        """
+        ...
+
+    def trim_through(self, name: str, entry_id: str) -> None:
+        """Drop every entry up to and including ``entry_id`` (ids keep increasing after)."""
+        ...
+
+    def last_id(self, name: str) -> str | None:
+        """Id of the newest entry ever appended (even if trimmed since), None if none."""
+        ...
+
+    def seen_key(self, name: str, key: str) -> str | None:
+        """The id of the entry logged with idempotency ``key`` within the TTL, else None."""
+        ...
+
+    def seen_keys(self, name: str, keys: Sequence[str | None]) -> list[str | None]:
+        """:meth:`seen_key` for many keys at once (None stays None), in one round trip."""
+        ...
+
+    def logged_requests(
+        self, name: str, keys: Sequence[str | None]
+    ) -> list[LoggedRequest | None]:
+        """Entry and digest of each key logged within the TTL (None otherwise), in one trip."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove the model's log and remembered keys; a no-op for an unknown name."""
+        ...
+
+    def check_durability(self) -> None:
+        """Raise WalDurabilityError if the configured durability cannot be had (start-up)."""
+        ...
+
+    def ping(self) -> bool:
+        """True when the log can be written right now; never raises."""
+        ...
+
+    def close(self) -> None:
+        """Release connections or file handles."""
+        ...
