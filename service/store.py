@@ -41,13 +41,21 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, BinaryIO, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import redis
+
+from service.storage import (
+    ClosingMixin,
+    RedisClient,
+    check_name,
+    is_model_name,
+    model_dir_in,
+    replace_atomically,
+)
 
 try:  # POSIX advisory locks keep two processes from saving the same model at once.
     import fcntl
@@ -74,7 +82,6 @@ _PIPELINE_BYTES = 64 * 1024 * 1024
 _LOAD_ATTEMPTS = 5
 """How often ``load`` starts over when a concurrent save switched the head under it."""
 
-_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class SnapshotCorruptError(ValueError):
@@ -131,29 +138,6 @@ class SnapshotStore(Protocol):
         ...
 
 
-def _check_name(name: str) -> str:
-    """Return ``name`` if it is a safe model name, else raise ValueError.
-
-    The service validates names already; this is defence in depth, because a name becomes a
-    Redis key part and a directory name (``..`` or ``a/b`` must never reach the filesystem).
-    """
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in {".", ".."}:
-        raise ValueError(
-            f"name must be 1-64 characters from [A-Za-z0-9_.-] and not '.' or '..', "
-            f"got {name!r}"
-        )
-    return name
-
-
-def _model_dir_in(root: Path, name: str) -> Path:
-    """``root / name`` for a checked model name, refusing anything that resolves elsewhere."""
-    model_dir = root / _check_name(name)
-    # Defence in depth: the name check already rules this out.
-    if model_dir.resolve().parent != root.resolve():
-        raise ValueError(f"name {name!r} escapes the directory {root}")
-    return model_dir
-
-
 def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     """Copy ``metadata`` into a plain dict, refusing anything but string keys and values."""
     if metadata is None:
@@ -194,59 +178,7 @@ def _parse_metadata(value: object) -> dict[str, str]:
     return value
 
 
-class _ClosingMixin:
-    """``with store:`` closes the store at the end of the block."""
-
-    def close(self) -> None:  # pragma: no cover - overridden
-        """Release resources."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class _RedisClient(_ClosingMixin):
-    """What every Redis-backed class here shares: one client, health by PING, closing."""
-
-    _client: redis.Redis
-
-    def __init__(
-        self, url: str, key_prefix: str, socket_connect_timeout: float,
-        socket_timeout: float | None,
-    ) -> None:
-        """Check the key prefix and make the client (it connects on first use)."""
-        if not isinstance(key_prefix, str) or not key_prefix:
-            raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
-        self.url = url
-        self.key_prefix = key_prefix
-        # Raw bytes in and out: chunks and log entries are binary; text is decoded by hand.
-        self._client = redis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_connect_timeout=socket_connect_timeout,
-            socket_timeout=socket_timeout,
-        )
-
-    def ping(self) -> bool:
-        """True when Redis answers PING; False on any connection or server error."""
-        try:
-            return bool(self._client.ping())
-        except (redis.RedisError, OSError):
-            return False
-
-    def close(self) -> None:
-        """Close the client's connections."""
-        self._client.close()
-
-
-class RedisSnapshotStore(_RedisClient):
+class RedisSnapshotStore(RedisClient):
     """Snapshots in Redis: versioned chunk keys plus one head hash per model.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name, ``V`` a version)::
@@ -311,7 +243,7 @@ class RedisSnapshotStore(_RedisClient):
         returned). The service has one writer per model, so this only matters for two
         processes sharing a store.
         """
-        _check_name(name)
+        check_name(name)
         meta = _check_metadata(metadata)
         view = _as_bytes_view(blob)
         nbytes = view.nbytes
@@ -350,7 +282,7 @@ class RedisSnapshotStore(_RedisClient):
         Returns None when ``name`` has no snapshot. Raises :class:`SnapshotCorruptError` when
         the stored bytes do not match the head (and no concurrent save explains it).
         """
-        _check_name(name)
+        check_name(name)
         head_key = self._model_key(name, "head")
         for _ in range(_LOAD_ATTEMPTS):
             head = self._client.hgetall(head_key)
@@ -374,7 +306,7 @@ class RedisSnapshotStore(_RedisClient):
 
     def delete(self, name: str) -> None:
         """Remove the head, every registered version's chunks, the counter and the set entry."""
-        _check_name(name)
+        check_name(name)
         members = self._client.zrange(self._model_key(name, "versions"), 0, -1)
         self._drop_versions(name, [m.decode() for m in members])
         pipe = self._client.pipeline(transaction=True)
@@ -494,49 +426,12 @@ def _verify(name: str, info: SnapshotInfo, blob: bytes) -> None:
         )
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (POSIX); silently skipped where unsupported."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _replace_atomically(
-    path: Path, write: Callable[[BinaryIO], object], *, tmp_prefix: str = ".tmp-"
-) -> None:
-    """Replace ``path`` with what ``write`` writes, so readers see the old file or the new one.
-
-    Temp file in the same directory, fsync, ``os.replace`` (atomic on POSIX and Windows),
-    then fsync the directory so the rename itself survives a power cut. A failure leaves the
-    old file and removes the temp file.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tmp_prefix, suffix=f"-{path.name}")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 def _write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Replace ``path`` with ``data`` atomically (see ``_replace_atomically``)."""
-    _replace_atomically(path, lambda fh: fh.write(data))
+    """Replace ``path`` with ``data`` atomically (see ``replace_atomically``)."""
+    replace_atomically(path, lambda fh: fh.write(data))
 
 
-class DirectorySnapshotStore(_ClosingMixin):
+class DirectorySnapshotStore(ClosingMixin):
     """Snapshots as files: ``{path}/{name}/v{version}.snap`` plus a ``HEAD`` JSON pointer.
 
     ``HEAD`` holds version, nbytes, sha256, created_at and metadata. A save writes the version
@@ -560,7 +455,7 @@ class DirectorySnapshotStore(_ClosingMixin):
         return f"DirectorySnapshotStore({str(self.path)!r})"
 
     def _model_dir(self, name: str) -> Path:
-        return _model_dir_in(self.path, name)
+        return model_dir_in(self.path, name)
 
     @contextlib.contextmanager
     def _locked(self, model_dir: Path) -> Iterator[None]:
@@ -680,9 +575,8 @@ class DirectorySnapshotStore(_ClosingMixin):
         """Sorted names of the subdirectories that hold a ``HEAD``."""
         out = []
         for entry in self.path.iterdir():
-            if _NAME_RE.fullmatch(entry.name) and entry.name not in {".", ".."}:
-                if (entry / "HEAD").is_file():
-                    out.append(entry.name)
+            if is_model_name(entry.name) and (entry / "HEAD").is_file():
+                out.append(entry.name)
         return sorted(out)
 
     def delete(self, name: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from service.store import _ClosingMixin, _fsync_dir, _model_dir_in, _replace_atomically
+from service.storage import ClosingMixin, fsync_dir, model_dir_in, replace_atomically
 from service.wal.entries import (
     FORMAT,
     EntryWriting,
@@ -100,7 +100,7 @@ class _FileState:
     keys: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
 
 
-class FileWriteAheadLog(EntryWriting, KeyLookups, _ClosingMixin):
+class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
     """The log as one append-only file per model: ``{directory}/{name}/wal.log``.
 
     Each record is ``[u32 length][u32 CRC-32][payload]`` (little-endian); the payload is a
@@ -148,7 +148,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, _ClosingMixin):
         with self._guard:
             state = self._states.get(name)
             if state is None:
-                state = _FileState(_model_dir_in(self.path, name) / _LOG_NAME)
+                state = _FileState(model_dir_in(self.path, name) / _LOG_NAME)
                 self._states[name] = state
             return state
 
@@ -250,8 +250,8 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, _ClosingMixin):
                 path.parent.mkdir(exist_ok=True)
                 state.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 if created:
-                    _fsync_dir(path.parent)
-                    _fsync_dir(self.path)
+                    fsync_dir(path.parent)
+                    fsync_dir(self.path)
             if os.fstat(state.fd).st_size != state.end:
                 os.ftruncate(state.fd, state.end)  # a torn tail, or our own failed write
             _write_all(state.fd, record)
@@ -334,7 +334,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, _ClosingMixin):
                             out.write(block)
                             remaining -= len(block)
 
-            _replace_atomically(path, write_trimmed, tmp_prefix=_TMP_PREFIX)
+            replace_atomically(path, write_trimmed, tmp_prefix=_TMP_PREFIX)
             if state.fd is not None:
                 os.close(state.fd)
                 state.fd = None
@@ -374,7 +374,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, _ClosingMixin):
                             entry.unlink()
                 with contextlib.suppress(OSError):
                     path.parent.rmdir()  # only if empty: snapshots may share the directory
-                _fsync_dir(self.path)
+                fsync_dir(self.path)
 
     def check_durability(self) -> None:
         """Nothing to check: ``fsync`` is ours to do. Present for the interface."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from service.store import _check_name, _RedisClient
+from service.storage import RedisClient, check_name
 from service.wal.entries import (
     EntryWriting,
     KeyLookups,
@@ -83,7 +83,7 @@ return false
 """
 
 
-class RedisWriteAheadLog(EntryWriting, KeyLookups, _RedisClient):
+class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
     """The log as one Redis Stream per model, plus one short-lived key per idempotency key.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name)::
@@ -150,7 +150,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, _RedisClient):
     # -- key names ------------------------------------------------------------------------
 
     def _stream_key(self, name: str) -> str:
-        return f"{self.key_prefix}:wal:{_check_name(name)}"
+        return f"{self.key_prefix}:wal:{check_name(name)}"
 
     def _idem_key(self, name: str, key: str) -> str:
         return f"{self._stream_key(name)}:key:{check_idempotency_key(key)}"
