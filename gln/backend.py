@@ -42,7 +42,8 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cpu"
     raise ValueError(
-        "device='cuda' needs CuPy and a CUDA GPU (pip install 'gln-service[gpu]'); "
+        "device='cuda' needs CuPy and a CUDA GPU (pip install 'gln-service[gpu]', or "
+        "'gln-service[gpu-cuda13]' for CUDA 13); "
         "use device='cpu' or 'auto'"
     )
 
