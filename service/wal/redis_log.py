@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,8 +31,13 @@ from service.wal.interface import (
 )
 
 _DURABILITIES = ("everysec", "always", "waitaof")
+WAITAOF_MIN_HZ = 100
+"""Below this Redis ``hz`` a WAITAOF waits 10 ms or more (measured: about 100, 10 and 2 ms at
+hz 10, 100 and 500), and the log warns at start-up."""
 _REDIS_ID_RE = re.compile(r"(\d+)-(\d+)")
 _U64_MAX = 2**64 - 1
+
+log = logging.getLogger(__name__)
 
 
 def _parse_redis_id(entry_id: str) -> tuple[int, int]:
@@ -172,21 +178,48 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             problems.append(f"WAITAOF needs Redis >= 7.2, the server is {version_text}")
         if self.durability == "always":
             try:
-                found = self._client.config_get("appendfsync")
-                fsync = found.get("appendfsync", found.get(b"appendfsync"))
+                fsync = self._config("appendfsync")
             except redis.ResponseError as exc:  # CONFIG renamed or forbidden (managed Redis)
                 problems.append(f"cannot read 'appendfsync' with CONFIG GET ({exc})")
             else:
-                if fsync not in ("always", b"always"):
-                    shown = fsync.decode() if isinstance(fsync, bytes) else fsync
-                    problems.append(f"'appendfsync' is {shown!r}, not 'always'")
+                if fsync != "always":
+                    problems.append(f"'appendfsync' is {fsync!r}, not 'always'")
         if problems:
             raise WalDurabilityError(
                 f"durability={self.durability!r} is not available: {'; '.join(problems)}. "
                 "Fix the Redis configuration or use durability='everysec' "
                 "(see docs/durability.md)."
             )
+        if self.durability == "waitaof":
+            self._warn_if_waitaof_is_slow()
         self._checked = True
+
+    def _config(self, parameter: str) -> str:
+        """A server setting read with CONFIG GET ('' if unknown); redis.ResponseError where
+        CONFIG is renamed or forbidden."""
+        found = self._client.config_get(parameter)
+        value = found.get(parameter, found.get(parameter.encode(), ""))
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _warn_if_waitaof_is_slow(self) -> None:
+        """Log a warning where the server's ``hz`` makes every WAITAOF wait long.
+
+        Redis runs the AOF fsync that a WAITAOF waits for on its cron ticks, ``hz`` a second:
+        at the default hz 10 each append waits about 100 ms (200 ms under load), and learning
+        falls to about 140 requests/s with 32 clients (docs/durability.md).
+        """
+        try:
+            hz = int(self._config("hz"))
+        except (redis.ResponseError, ValueError):
+            return  # unknown: nothing to say
+        if hz < WAITAOF_MIN_HZ:
+            log.warning(
+                "durability='waitaof' waits for Redis's next AOF fsync, which it runs on its "
+                "cron ticks: at hz=%d every append (every learn request) waits about %d ms. "
+                "Raise it (CONFIG SET hz %d, or 'hz %d' in redis.conf), or run Redis with "
+                "'appendfsync always' and use durability='always' (see docs/durability.md).",
+                hz, 1000 // max(hz, 1), WAITAOF_MIN_HZ, WAITAOF_MIN_HZ,
+            )
 
     # -- the interface --------------------------------------------------------------------
 

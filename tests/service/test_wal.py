@@ -9,6 +9,7 @@ last record is ignored while real corruption is refused.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -675,6 +676,26 @@ def test_redis_waitaof_confirms_the_fsync(aof_redis: tuple[str, tuple[int, ...]]
     entry_id = wal.append("m", *tagged(1), ["k"])
     assert wal.seen_key("m", "k") == entry_id
     wal.close()
+
+
+def test_waitaof_warns_where_redis_fsyncs_too_seldom(
+    aof_redis: tuple[str, tuple[int, ...]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """WAITAOF waits for an fsync that Redis runs on its cron ticks (about 100 ms an append at
+    the default hz 10): the start-up check says so, and says nothing at hz 100."""
+    url, _ = aof_redis
+    wal = RedisWriteAheadLog(url, durability="waitaof")
+    client = redis.Redis.from_url(url)
+    try:
+        for hz, warned in ((10, True), (100, False)):
+            client.config_set("hz", hz)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="service.wal.redis_log"):
+                wal._warn_if_waitaof_is_slow()
+            assert ("hz=10 " in caplog.text and "CONFIG SET hz 100" in caplog.text) is warned
+    finally:
+        client.close()
+        wal.close()
 
 
 # -- open_wal -------------------------------------------------------------------------------------
