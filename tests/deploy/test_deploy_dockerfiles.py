@@ -243,6 +243,25 @@ def test_cpu_image(repo: Path) -> None:
     assert any(re.search(r"pip install \.(\s|$|&)", run) for run in args_of(instructions, "RUN"))
 
 
+def test_cpu_image_holds_its_compiled_kernels(repo: Path) -> None:
+    """The CPU kernels are compiled while the image is built, into the Numba cache the
+    container uses, by the user it runs as (so that Numba may add to the cache on another
+    CPU): a new container's first model does not compile them."""
+    instructions = parse(repo / "deploy" / "Dockerfile")
+    keywords = [keyword for keyword, _ in instructions]
+    runs = [(i, args) for i, (keyword, args) in enumerate(instructions) if keyword == "RUN"]
+    at = [i for i, args in runs if "python -m gln.kernels.precompile" in args]
+    assert at, "the CPU image does not precompile the kernels"
+    last_user = max(i for i, keyword in enumerate(keywords) if keyword == "USER")
+    assert at[0] > last_user, "precompiled as root: the runtime user could not add to it"
+    cache = env_of(instructions)["NUMBA_CACHE_DIR"]
+    env_before = env_of(instructions[:at[0]])
+    assert env_before.get("NUMBA_CACHE_DIR") == cache, "compiled into another cache"
+    assert not cache.startswith("/tmp"), "a cache in /tmp is not part of the image"
+    owned = " ".join(args for i, args in runs if i < last_user)
+    assert re.search(rf"chown -R gln:gln [^&]*{re.escape(str(Path(cache).parent))}", owned)
+
+
 def test_cuda_image(repo: Path, pyproject: dict[str, Any]) -> None:
     instructions = parse(repo / "deploy" / "Dockerfile.cuda")
     # ARGs before FROM give the defaults used in the base image reference.
