@@ -149,6 +149,7 @@ def _open_log(settings: Settings) -> WriteAheadLog | None:
         settings.redis_url, settings.wal_dir or settings.snapshot_dir,
         key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
         idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
+        replicas=settings.wal_replicas,
     )
     try:
         wal.check_durability()

