@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import redis
 
+from service.settings import Settings
 from service.wal import (
     FileWriteAheadLog,
     LogEntry,
@@ -709,6 +710,8 @@ def test_replicas_are_checked_before_anything_is_logged(
         RedisWriteAheadLog(redis_url, replicas=-1)
     with pytest.raises(ValueError, match="redis_url"):
         open_wal(None, str(tmp_path), replicas=1)
+    with pytest.raises(ValueError, match="GLN_WAL_REPLICAS needs the Redis log"):
+        Settings(wal_replicas=1)  # pydantic's ValidationError is a ValueError
     client = redis.Redis.from_url(redis_url)
     connected = int(client.info("replication")["connected_slaves"])
     client.close()
