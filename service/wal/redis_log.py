@@ -205,8 +205,8 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             replicas = f" with replicas={self.replicas}" if self.replicas else ""
             raise WalDurabilityError(
                 f"durability={self.durability!r}{replicas} is not available: "
-                f"{'; '.join(problems)}. Fix the Redis configuration or use "
-                "durability='everysec' (see docs/durability.md)."
+                f"{'; '.join(problems)}. Fix the Redis configuration, or ask for less "
+                "(durability='everysec', replicas=0; see docs/durability.md)."
             )
         if self.durability == "waitaof":
             self._warn_if_waitaof_is_slow()
