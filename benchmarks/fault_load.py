@@ -9,6 +9,10 @@ its AOF; ``--kill-redis`` sends SIGKILL instead) and started again ``--redis-dow
 later on the same port and directory. Meanwhile learn requests cannot be logged, so they are
 refused (503) and retried.
 
+With ``--lose-primary`` Redis runs as a primary and a replica and the server with
+``GLN_WAL_REPLICAS=1``; half-way through, the primary is SIGKILLed (its machine is lost), the
+replica promoted (``REPLICAOF NO ONE``) and the server restarted on it, as an operator would.
+
 At the end every acknowledged request's sequence must tile the model's stream exactly
 (``examples_lost`` and ``examples_duplicated`` both 0), and the model's snapshot must equal,
 byte for byte, a fresh model that learned the acknowledged rows in that order. Prints one
@@ -16,11 +20,13 @@ JSON line.
 
     python benchmarks/fault_load.py                      # 60 s, Redis down for ~2 s
     python benchmarks/fault_load.py --seconds 20 --redis-down-s 3
+    python benchmarks/fault_load.py --seconds 30 --lose-primary
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -37,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
 from service.store import RedisSnapshotStore  # noqa: E402
-from tests.redis_process import RedisProcess  # noqa: E402
+from tests.redis_process import RedisProcess, primary_and_replica  # noqa: E402
 from tests.service.durable_client import (  # noqa: E402
     DurableLearners,
     ServerProcess,
@@ -58,32 +64,42 @@ def main() -> int:
     parser.add_argument("--kill-redis", action="store_true",
                         help="SIGKILL Redis instead of SHUTDOWN (then up to ~1 s of log "
                         "entries may be lost by Redis; the server's model keeps them)")
+    parser.add_argument("--lose-primary", action="store_true",
+                        help="a primary and a replica, GLN_WAL_REPLICAS=1; half-way through the "
+                        "primary is killed and the server restarted on the promoted replica")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--snapshot-interval-s", type=float, default=5.0,
                         help="GLN_SNAPSHOT_INTERVAL_S of the server (snapshot, then log trim)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="gln-fault-") as tmp:
-        with RedisProcess(Path(tmp) / "redis") as redis_server:
-            server = ServerProcess({
-                "GLN_REDIS_URL": redis_server.url,
-                "GLN_REDIS_KEY_PREFIX": PREFIX,
-                "GLN_SNAPSHOT_DIR": str(Path(tmp) / "unused"),
-                "GLN_SNAPSHOT_INTERVAL_S": str(args.snapshot_interval_s),
-            }, Path(tmp) / "server.log")
-            with server:
-                try:
-                    result = run(args, server, redis_server)
-                except BaseException:
-                    print(server.log_text()[-5000:], file=sys.stderr)
-                    raise
+    with tempfile.TemporaryDirectory(prefix="gln-fault-") as tmp, contextlib.ExitStack() as stack:
+        if args.lose_primary:
+            redis_server, replica = stack.enter_context(primary_and_replica(Path(tmp) / "redis"))
+        else:
+            redis_server, replica = stack.enter_context(RedisProcess(Path(tmp) / "redis")), None
+        server = ServerProcess({
+            "GLN_REDIS_URL": redis_server.url,
+            "GLN_REDIS_KEY_PREFIX": PREFIX,
+            "GLN_SNAPSHOT_DIR": str(Path(tmp) / "unused"),
+            "GLN_SNAPSHOT_INTERVAL_S": str(args.snapshot_interval_s),
+            "GLN_WAL_REPLICAS": "1" if replica else "0",
+        }, Path(tmp) / "server.log")
+        with server:
+            try:
+                result = run(args, server, redis_server, replica)
+            except BaseException:
+                print(server.log_text()[-5000:], file=sys.stderr)
+                raise
     print(json.dumps(result))
     return 0 if result["examples_lost"] == 0 and result["examples_duplicated"] == 0 and (
         result["model_equals_reference"]) else 1
 
 
-def run(args: argparse.Namespace, server: ServerProcess, redis_server: RedisProcess) -> dict:
+def run(
+    args: argparse.Namespace, server: ServerProcess, redis_server: RedisProcess,
+    replica: RedisProcess | None,
+) -> dict:
     server.start()
     r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": CONFIG})
     r.raise_for_status()
@@ -97,7 +113,12 @@ def run(args: argparse.Namespace, server: ServerProcess, redis_server: RedisProc
     try:
         while (elapsed := time.perf_counter() - t0) < args.seconds:
             if redis_down_s is None and elapsed >= down_at:
-                redis_down_s = restart_redis(redis_server, args.redis_down_s, args.kill_redis)
+                if replica is None:
+                    redis_down_s = restart_redis(redis_server, args.redis_down_s,
+                                                 args.kill_redis)
+                else:
+                    redis_down_s = fail_over(redis_server, replica, server)
+                    redis_server = replica
             bar.n = min(round(elapsed), bar.total)
             bar.set_postfix(acks=len(learners.acks), errors=sum(learners.errors.values()),
                             refresh=True)
@@ -124,7 +145,8 @@ def run(args: argparse.Namespace, server: ServerProcess, redis_server: RedisProc
         "seconds": round(load_s, 2),
         "threads": args.threads,
         "redis": f"{version}, appendonly yes, appendfsync everysec",
-        "redis_restart": "SIGKILL" if args.kill_redis else "SHUTDOWN",
+        "redis_restart": "primary lost, replica promoted" if replica else (
+            "SIGKILL" if args.kill_redis else "SHUTDOWN"),
         "redis_down_s": None if redis_down_s is None else round(redis_down_s, 2),
         "snapshot_interval_s": args.snapshot_interval_s,
         "requests_acknowledged": len(learners.acks),
@@ -142,6 +164,20 @@ def run(args: argparse.Namespace, server: ServerProcess, redis_server: RedisProc
         "model_equals_reference": same,
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cpus",
     }
+
+
+def fail_over(primary: RedisProcess, replica: RedisProcess, server: ServerProcess) -> float:
+    """The primary's machine is lost: SIGKILL it, promote the replica, restart the server on
+    it (with no replica to wait for now); seconds from the loss to the server's readiness."""
+    t0 = time.perf_counter()
+    primary.kill()
+    promote = redis.Redis.from_url(replica.url)
+    promote.replicaof("NO", "ONE")
+    promote.close()
+    server.kill()
+    server.env.update(GLN_REDIS_URL=replica.url, GLN_WAL_REPLICAS="0")
+    server.start()
+    return time.perf_counter() - t0
 
 
 def restart_redis(redis_server: RedisProcess, down_s: float, kill: bool) -> float:
