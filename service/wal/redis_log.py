@@ -59,6 +59,11 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
+def _milliseconds(seconds: float) -> int:
+    """``seconds`` as whole milliseconds for Redis, at least 1 (0 would mean no limit)."""
+    return max(1, round(seconds * 1000))
+
+
 def _server_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
@@ -214,15 +219,25 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
     def _replicas_acknowledging_a_write(self) -> int:
         """How many replicas acknowledge a write (of a short-lived probe key) in time."""
-        pipe = self._client.pipeline(transaction=False)
-        pipe.set(self._probe_key, b"1", px=10_000)
-        pipe.execute_command("WAIT", self.replicas, max(1, round(self.replica_timeout_s * 1000)))
-        return int(pipe.execute()[-1])
+        return int(self._probed(self._wait_for_replicas())[0])
 
-    @property
-    def _probe_key(self) -> str:
-        """The key the start-up checks write (it expires; see the layout above)."""
-        return f"{self.key_prefix}:wal-probe"
+    def _probed(self, confirmation: tuple[Any, ...]) -> tuple[Any, float]:
+        """Write the start-up checks' probe key (it expires; see the layout above), then run
+        ``confirmation`` on the same connection, as an append does: its reply and seconds."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(f"{self.key_prefix}:wal-probe", b"1", px=10_000)
+        pipe.execute_command(*confirmation)
+        start = time.perf_counter()
+        reply = pipe.execute()[-1]
+        return reply, time.perf_counter() - start
+
+    def _wait_for_aof(self) -> tuple[Any, ...]:
+        """The command that waits for the local AOF's fsync (``waitaof``)."""
+        return ("WAITAOF", 1, 0, _milliseconds(self.waitaof_timeout_s))
+
+    def _wait_for_replicas(self) -> tuple[Any, ...]:
+        """The command that waits for ``replicas`` replicas to have what was written."""
+        return ("WAIT", self.replicas, _milliseconds(self.replica_timeout_s))
 
     def _fsync_problems(self) -> list[str]:
         """What keeps the server from fsyncing as ``always`` or ``waitaof`` needs."""
@@ -252,17 +267,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         100 ms (200 ms under load) and learning fell to about 140 requests/s with 32 clients;
         with a replica connected it did not wait (docs/durability.md). So it is measured.
         """
-        probe = self._probe_key
-        timeout_ms = max(1, round(self.waitaof_timeout_s * 1000))
-        waits = []
-        for _ in range(3):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.set(probe, b"1", px=1000)
-            pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
-            start = time.perf_counter()
-            pipe.execute()
-            waits.append(time.perf_counter() - start)
-        waited = sorted(waits)[1]
+        waited = sorted(self._probed(self._wait_for_aof())[1] for _ in range(3))[1]
         if waited > WAITAOF_SLOW_S:
             log.warning(
                 "durability='waitaof': a WAITAOF here took %.0f ms (median of 3), and every "
@@ -291,7 +296,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             with self._check_lock:
                 if not self._checked:
                     self.check_durability()
-        ttl_ms = max(1, round(self.idempotency_ttl_s * 1000))
+        ttl_ms = _milliseconds(self.idempotency_ttl_s)
         keyed = [(key, digest) for key, digest in zip(keys, digests, strict=True)
                  if key is not None]
         idem = [f"{stream}:key:{key}" for key, _ in keyed]
@@ -305,10 +310,9 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             client=pipe,
         )
         if self.durability == "waitaof":
-            pipe.execute_command("WAITAOF", 1, 0, max(1, round(self.waitaof_timeout_s * 1000)))
+            pipe.execute_command(*self._wait_for_aof())
         if self.replicas:
-            pipe.execute_command("WAIT", self.replicas,
-                                 max(1, round(self.replica_timeout_s * 1000)))
+            pipe.execute_command(*self._wait_for_replicas())
         replies = pipe.execute()
         entry_id = replies[0].decode()
         if self.durability == "waitaof" and int(replies[1][0]) < 1:
