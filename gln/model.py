@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from gln import checks
 from gln.backend import array_module, resolve_device, to_numpy
 from gln.gating import restrict_to_windows, sample_halfspaces
 from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
@@ -156,40 +157,42 @@ class GLN:
         use_kernels: bool,
     ) -> None:
         """Check the constructor's arguments, keep them, and set up the device's code paths."""
-        self.num_features = _positive_int("num_features", num_features)
-        self.num_classes = _positive_int("num_classes", num_classes)
+        self.num_features = checks.positive_int("num_features", num_features)
+        self.num_classes = checks.positive_int("num_classes", num_classes)
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-        self.layer_sizes = _checked_layer_sizes(layer_sizes)
-        self.context_dim = _checked_context_dim(context_dim)
+        self.layer_sizes = checks.layer_sizes(layer_sizes)
+        self.context_dim = checks.context_dim(context_dim)
         self.schedule = make_schedule(learning_rate)
         self.learning_rate = learning_rate
-        self.pred_clip = _float_in("pred_clip", pred_clip, 0.0, 0.5)
+        self.pred_clip = checks.number_in("pred_clip", pred_clip, 0.0, 0.5)
         if self.pred_clip < MIN_PRED_CLIP:
             raise ValueError(
                 f"pred_clip must be >= 2**-24 (about 6e-8), got {pred_clip}: below it 1 - eps "
                 "rounds to 1 in float32, and a saturated neuron's logit is infinite"
             )
-        self.weight_clip = _float_in("weight_clip", weight_clip, 0.0, MAX_WEIGHT_CLIP,
-                                     closed=False)
-        self.bias = _float_in("bias", bias, self.pred_clip, 1.0 - self.pred_clip, closed=True)
+        self.weight_clip = checks.number_in("weight_clip", weight_clip, 0.0, MAX_WEIGHT_CLIP)
+        self.bias = checks.number_in("bias", bias, self.pred_clip, 1.0 - self.pred_clip,
+                                     closed=True)
         if self.bias == 0.5:
             raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
-        self.offset_scale = _float_in("offset_scale", offset_scale, 0.0, math.inf, closed=True)
+        self.offset_scale = checks.number_in("offset_scale", offset_scale, 0.0, math.inf,
+                                             closed=True)
         if input_scaling not in INPUT_SCALINGS:
             raise ValueError(
                 f"input_scaling must be one of {INPUT_SCALINGS}, got {input_scaling!r}"
             )
         self.input_scaling = input_scaling
-        self.min_std = _float_in("min_std", min_std, 0.0, math.inf)
+        self.min_std = checks.number_in("min_std", min_std, 0.0, math.inf)
         if side_info not in SIDE_INFOS:
             raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
         self.side_info = side_info
-        self.side_info_blur = _float_in("side_info_blur", side_info_blur, 0.0, 100.0, closed=True)
-        self.image_shape = _checked_image_shape(image_shape, self.num_features)
+        self.side_info_blur = checks.number_in("side_info_blur", side_info_blur, 0.0, 100.0,
+                                               closed=True)
+        self.image_shape = checks.image_shape(image_shape, self.num_features)
         if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
             raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
-        self.gating_window = _int("gating_window", gating_window)
+        self.gating_window = checks.integer("gating_window", gating_window)
         if self.gating_window < 0:
             raise ValueError(f"gating_window must be >= 0, got {gating_window}")
         if self.gating_window:
@@ -200,7 +203,7 @@ class GLN:
                     f"gating_window must be 0 or 1..{min(self.image_shape)} (the image's "
                     f"shorter side), got {gating_window}"
                 )
-        self.seed = _int("seed", seed)
+        self.seed = checks.integer("seed", seed)
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.device = device
@@ -325,19 +328,19 @@ class GLN:
         few rows (``gln.kernels.cpu_int16_gating``): ``nbytes`` reaches this then, and stays
         below it on a GPU.
         """
-        features = _positive_int("num_features", config.get("num_features"))
-        classes = _positive_int("num_classes", config.get("num_classes", 2))
-        sizes = _checked_layer_sizes(config.get("layer_sizes", (32, 32, 1)))
-        context_dim = _checked_context_dim(config.get("context_dim", 4))
+        features = checks.positive_int("num_features", config.get("num_features"))
+        classes = checks.positive_int("num_classes", config.get("num_classes", 2))
+        sizes = checks.layer_sizes(config.get("layer_sizes", (32, 32, 1)))
+        context_dim = checks.context_dim(config.get("context_dim", 4))
         layout = _state_layout(features, 1 if classes == 2 else classes, sizes, context_dim)
         state = sum(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
         planes = layout["normals"][0][0]
         # gln.kernels.cpu_int16_gating.Int16Normals: int16 values; per plane a float32 scale
         # and two float64 norms (the module is not imported here: it loads Numba).
         int16_copy = 2 * planes * features + (4 + 8 + 8) * planes
-        blur = _float_in("side_info_blur", config.get("side_info_blur", 0.0), 0.0, 100.0,
-                         closed=True)
-        image_shape = _checked_image_shape(config.get("image_shape"), features)
+        blur = checks.number_in("side_info_blur", config.get("side_info_blur", 0.0), 0.0,
+                                100.0, closed=True)
+        image_shape = checks.image_shape(config.get("image_shape"), features)
         return state + int16_copy + _blur_matrices_nbytes(image_shape, blur)
 
     @property
@@ -357,7 +360,7 @@ class GLN:
         Raises ``ValueError`` naming the problem for a wrong shape, a non-finite value (NaN,
         inf, or a magnitude beyond float32), or a label that is not a class index.
         """
-        X32 = self._checked_features(to_numpy(X) if hasattr(X, "get") else X)
+        X32 = checks.checked_features(X, self.num_features)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])
@@ -368,59 +371,7 @@ class GLN:
         Raises ``ValueError`` naming the first label (by its index in ``y``) that is not a
         class index of this model.
         """
-        try:
-            labels = np.asarray(to_numpy(y) if hasattr(y, "get") else y)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"labels must be a 1-D array of class indices: {error}") from None
-        if labels.ndim != 1 or (num_rows is not None and labels.shape[0] != num_rows):
-            one_per_row = "" if num_rows is None else f" with one label per row ({num_rows})"
-            raise ValueError(f"labels must be 1-D{one_per_row}, got shape {labels.shape}")
-        if labels.dtype.kind not in "biuf":
-            raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
-        if labels.dtype.kind in "iu" and (
-            labels.size == 0 or (labels.min() >= 0 and labels.max() < self.num_classes)
-        ):
-            return labels.astype(np.int64, copy=False)  # the common case, checked cheaply
-        as_float = labels.astype(np.float64)
-        valid = np.isfinite(as_float) & (as_float == np.round(as_float))
-        valid &= (as_float >= 0) & (as_float < self.num_classes)
-        if not valid.all():
-            index = int(np.argmin(valid))
-            raise ValueError(
-                f"labels must be class indices in [0, {self.num_classes}); "
-                f"label {index} is {labels[index].item()!r}"
-            )
-        return as_float.astype(np.int64)
-
-    def _checked_features(self, X: Any) -> np.ndarray:
-        """Features as C-contiguous float32 (n, d), or ``ValueError`` naming the first bad value.
-
-        Valid batches cost two reductions (min and max propagate NaN and show inf or a value
-        beyond float32), not a mask per check: a 4,096-row batch is checked in a fraction of
-        the time the model takes to learn it.
-        """
-        try:
-            values = (X if isinstance(X, np.ndarray) and X.dtype == np.float32
-                      else np.asarray(X, dtype=np.float64))
-        except (TypeError, ValueError) as error:
-            raise ValueError(
-                _ragged_row_message(X, self.num_features)
-                or f"features must be a 2-D array of numbers: {error}"
-            ) from None
-        if values.ndim != 2:
-            raise ValueError(
-                f"features must be 2-D (rows, {self.num_features}), got {values.ndim}-D"
-            )
-        if values.shape[1] != self.num_features:
-            raise ValueError(
-                f"each row must have {self.num_features} features, got {values.shape[1]}"
-            )
-        if values.size:
-            low, high = float(values.min()), float(values.max())
-            limit = float(np.finfo(np.float32).max)
-            if not (-limit <= low and high <= limit):  # False for NaN too
-                _raise_first_bad_feature(values.astype(np.float64))
-        return np.ascontiguousarray(values, dtype=np.float32)
+        return checks.checked_labels(y, self.num_classes, num_rows)
 
     # ------------------------------------------------------------------ public verbs
     def predict_proba(self, X: Any) -> np.ndarray:
@@ -781,75 +732,6 @@ def _state_layout(
     }
 
 
-def _ragged_row_message(X: Any, num_features: int) -> str | None:
-    """Name the first row of a list of rows that is not ``num_features`` long, if there is one
-    (NumPy's own error for ragged rows names neither the row nor its length)."""
-    if not isinstance(X, (list, tuple)):
-        return None
-    for index, row in enumerate(X):
-        if isinstance(row, (list, tuple)) and len(row) != num_features:
-            return f"each row must have {num_features} features, row {index} has {len(row)}"
-    return None
-
-
-def _raise_first_bad_feature(X64: np.ndarray) -> None:
-    """The ``ValueError`` for the first value that is not finite or does not fit in float32."""
-    finite = np.isfinite(X64)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise ValueError(f"features must be finite: row {row}, column {col} is {X64[row, col]}")
-    row, col = np.argwhere(np.abs(X64) > np.finfo(np.float32).max)[0]
-    raise ValueError(
-        f"features must fit in float32 (|x| <= 3.4e38): row {row}, column {col} is "
-        f"{X64[row, col]}"
-    )
-
-
-def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    return int(value)
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _checked_layer_sizes(layer_sizes: Any) -> tuple[int, ...]:
-    """Neurons per layer as a tuple of positive ints ending in the single output neuron."""
-    if isinstance(layer_sizes, str | bytes) or not isinstance(layer_sizes, Sequence):
-        raise ValueError(f"layer_sizes must be a sequence of ints, got {layer_sizes!r}")
-    sizes = tuple(_positive_int(f"layer_sizes[{i}]", k) for i, k in enumerate(layer_sizes))
-    if not sizes or sizes[-1] != 1:
-        raise ValueError(f"layer_sizes must end in a single neuron (1), got {list(sizes)}")
-    return sizes
-
-
-def _checked_context_dim(context_dim: Any) -> int:
-    """m as a positive int small enough that a neuron's 2^m weight rows stay addressable."""
-    m = _positive_int("context_dim", context_dim)
-    if m > 16:
-        raise ValueError(f"context_dim must be <= 16 (2^m weight rows), got {context_dim}")
-    return m
-
-
-def _checked_image_shape(image_shape: Any, num_features: int) -> tuple[int, int] | None:
-    """``image_shape`` as (height, width) with height * width = num_features, or None."""
-    if image_shape is None:
-        return None
-    if isinstance(image_shape, str | bytes) or not isinstance(image_shape, Sequence):
-        raise ValueError(f"image_shape must be (height, width), got {image_shape!r}")
-    shape = tuple(_positive_int(f"image_shape[{i}]", k) for i, k in enumerate(image_shape))
-    if len(shape) != 2 or math.prod(shape) != num_features:
-        raise ValueError(
-            f"image_shape must be (height, width) with height * width = {num_features}, "
-            f"got {image_shape!r}"
-        )
-    return shape  # type: ignore[return-value]
-
-
 def _blur_matrices_nbytes(image_shape: tuple[int, int] | None, side_info_blur: float) -> int:
     """Bytes of the two float64 blur matrices (height^2 and width^2) a blurring model holds:
     small for images, but a long thin "image" (1 x 60,000) would need 29 GB."""
@@ -857,19 +739,6 @@ def _blur_matrices_nbytes(image_shape: tuple[int, int] | None, side_info_blur: f
         return 0
     return 8 * sum(k * k for k in image_shape)
 
-
-def _float_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        value = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} is too large a number") from None
-    inside = low <= value <= high if closed else low < value < high
-    if not inside:
-        interval = f"[{low}, {high}]" if closed else f"({low}, {high})"
-        raise ValueError(f"{name} must be in {interval}, got {value}")
-    return value
 
 
 def _copied(blob: bytes, use_kernels: bool) -> GLN:

@@ -299,7 +299,7 @@ def test_the_fuzzed_schema_is_the_one_the_app_serves(tmp_path: Any) -> None:
 # four raise in the app (a 500) and the last gets an undocumented 400. The fuzz test above stops
 # at the first failure of an operation, so these keep every finding visible at once.
 FOUND_BY_FUZZING: dict[str, bytes] = {
-    # gln.model._float_in: float(10**400) raises OverflowError, which registry.create does not
+    # gln.checks.number_in: float(10**400) raises OverflowError, which registry.create does not
     # turn into a 422 (it catches only ValueError and TypeError). Found by the fuzz test.
     "float-arg-too-big-for-a-float":
         b'{"name": "x", "config": {"num_features": 1, "pred_clip": 1' + b"0" * 400 + b"}}",
