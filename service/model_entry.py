@@ -19,7 +19,7 @@ predictions with ids is logged as one wait entry and then put to wait, naming th
 expire with it (their wait ended, or too many wait); a learn of waiting rows names their ids
 in its entry and removes them once applied; rows whose wait ended without a put are dropped
 through the queue as well (:meth:`ModelEntry.expire`, a wait entry of no rows). A snapshot
-carries the rows waiting at its point (after the model's bytes, see :func:`split_snapshot`).
+carries the rows waiting at its point (after the model's bytes, :mod:`service.snapshot_blob`).
 So the log's order is the order of every change, and a restore gets the same rows back.
 """
 
@@ -32,7 +32,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -42,46 +42,18 @@ import numpy as np
 
 from gln import GLN, SnapshotBuffer
 from service.errors import IdempotencyKeyReused, ModelNotFound, RegistryError, Unavailable
+from service.learn_answers import AnswerCache, LearnResult, scored_rows
 from service.metrics import ServiceMetrics
 from service.online_stats import OnlineStats
-from service.pending import PendingPredictions, PendingRow, decode_rows, encode_rows
+from service.pending import PendingPredictions, PendingRow
 from service.settings import Settings
+from service.snapshot_blob import WAL_ID, snapshot_blob
 from service.store import SnapshotInfo, SnapshotStore
 from service.wal import LogEntry, WriteAheadLog, request_digest
-
-# Snapshot metadata key: id of the last log entry the snapshot's weights include.
-WAL_ID = "wal_id"
-# Snapshot metadata key: where the rows waiting for labels start in the blob (absent: none).
-WAITING_ROWS_AT = "waiting_rows_at"
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# A prediction of exactly 0 for the true class would give infinite log loss; GLN clips its
-# outputs already (pred_clip), this only keeps the metrics finite whatever the config.
-_MIN_PROB = 1e-15
-
-
-def _score(probs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Log loss (nats) and argmax hit of each row's prediction ``probs`` for label ``y``."""
-    p_true = probs[np.arange(len(y)), y]
-    return -np.log(np.clip(p_true, _MIN_PROB, 1.0)), probs.argmax(axis=1) == y
-
-
-def split_snapshot(
-    blob: bytes, metadata: dict[str, str]
-) -> tuple[bytes | memoryview, list[PendingRow]]:
-    """A snapshot blob's model bytes (for ``GLN.from_bytes``) and its rows waiting for labels.
-
-    ValueError if the waiting rows are unreadable (the store has checked the blob's SHA-256,
-    so that means a writer bug, not a torn write).
-    """
-    at = metadata.get(WAITING_ROWS_AT)
-    if at is None:
-        return blob, []
-    view = memoryview(blob)
-    return view[:int(at)], decode_rows(view[int(at):])
 
 
 def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
@@ -94,64 +66,6 @@ def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
             scored[offset:offset + n] = job.scored
         offset += n
     return scored
-
-
-@dataclass
-class LearnResult:
-    """What one learn request gets back: its rows' prequential probabilities and losses.
-
-    A retried request (same idempotency key) is not learned again: it gets ``duplicate`` and
-    the original answer when this process still holds it (else None for the three fields).
-    """
-
-    sequence: int | None  # stream index of the request's first example
-    probabilities: np.ndarray | None  # (n, num_classes), each row before its own update
-    losses: np.ndarray | None  # (n,) log loss of each row, nats
-    rows: int
-    duplicate: bool = False
-    log_id: str | None = None  # the write-ahead log entry holding the rows
-    # Delayed labels: ids whose rows had stopped waiting (learned by another request, expired
-    # or replaced) by the time the writer came to learn them; not learned here.
-    stale_ids: tuple[str, ...] = ()
-
-    @property
-    def mean_loss(self) -> float | None:
-        """Mean log loss of the request's rows (nats); equal to ``losses.mean()``."""
-        # sum / n rather than ndarray.mean(): a third of the cost on the one-row arrays that
-        # single-example requests get, and the same float.
-        if self.losses is None:
-            return None
-        return float(self.losses.sum()) / len(self.losses)
-
-
-class _AnswerCache:
-    """The original answers of the newest keyed learn requests, at most ``max_rows`` rows.
-
-    Lets a retry get exactly what the original request got, and (without a log) tells a retry
-    from a reused key by the request's digest. Touched only under the model lock (worker
-    thread, replay).
-    """
-
-    def __init__(self, max_rows: int) -> None:
-        self.max_rows = max_rows
-        self._answers: OrderedDict[str, tuple[LearnResult, str | None]] = OrderedDict()
-        self._rows = 0
-
-    def put(self, key: str, result: LearnResult, digest: str | None) -> None:
-        if result.rows > self.max_rows:
-            return
-        old = self._answers.pop(key, None)
-        if old is not None:
-            self._rows -= old[0].rows
-        self._answers[key] = (result, digest)
-        self._rows += result.rows
-        while self._rows > self.max_rows:
-            _, (dropped, _) = self._answers.popitem(last=False)
-            self._rows -= dropped.rows
-
-    def get(self, key: str) -> tuple[LearnResult, str | None] | None:
-        """The original answer and its request's digest (None if not known)."""
-        return self._answers.get(key)
 
 
 class _Verb(enum.Enum):
@@ -231,7 +145,7 @@ class ModelEntry:
         self.wal = wal
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
         self._log_in_doubt = False
-        self._answers = _AnswerCache(settings.idempotency_cache_rows)
+        self._answers = AnswerCache(settings.idempotency_cache_rows)
         self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
         # The label learned for rows whose label never came (GLN_LABEL_DEFAULT), where it is
         # one of this model's classes; else None, and such rows are dropped: the writer drops
@@ -487,7 +401,7 @@ class ModelEntry:
             start, probs, losses, correct = self._apply(X, y, entry_id)
             self.pending.remove_rows(label_rows)
             if any(job.scored is not None for job in run):
-                losses, correct = _score(_scored_predictions(run, probs), y)
+                losses, correct = scored_rows(_scored_predictions(run, probs), y)
             offset = 0
             for i, job in zip(fresh, run, strict=True):
                 n = len(job.X)
@@ -516,7 +430,7 @@ class ModelEntry:
         self._updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
-        return start, probs, *_score(probs, y)
+        return start, probs, *scored_rows(probs, y)
 
     def _drop_stale_label_rows(
         self, jobs: list[_Job], learned: list[LearnResult | RegistryError | None]
@@ -797,11 +711,7 @@ class ModelEntry:
                 applied_id = self.applied_id
                 buffer.capture(self.model)
                 waiting = self.pending.rows()
-            blob = buffer.seal()
-            metadata = {} if applied_id is None else {WAL_ID: applied_id}
-            if waiting:
-                metadata[WAITING_ROWS_AT] = str(len(blob))
-                blob = b"".join((blob, encode_rows(waiting)))
+            blob, metadata = snapshot_blob(buffer.seal(), applied_id, waiting)
             info = store.save(self.name, blob, metadata=metadata or None)
             self._snapshotted_updates = updates
             self.snapshot = info

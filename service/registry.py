@@ -32,10 +32,12 @@ from service.errors import (
     RegistryError,
     Unavailable,
 )
+from service.learn_answers import LearnResult
 from service.metrics import ServiceMetrics
-from service.model_entry import WAL_ID, LearnResult, ModelEntry, split_snapshot
+from service.model_entry import ModelEntry
 from service.pending import PendingRow
 from service.settings import Settings
+from service.snapshot_blob import WAL_ID, split_snapshot
 from service.store import SnapshotInfo, SnapshotStore
 from service.wal import WriteAheadLog
 
