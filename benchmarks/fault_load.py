@@ -12,6 +12,13 @@ refused (503) and retried.
 With ``--lose-primary`` Redis runs as a primary and a replica and the server with
 ``GLN_WAL_REPLICAS=1``; half-way through, the primary is SIGKILLed (its machine is lost), the
 replica promoted (``REPLICAOF NO ONE``) and the server restarted on it, as an operator would.
+With ``--sentinel`` there are two replicas and a Redis Sentinel, the server finds the primary
+through it (``GLN_REDIS_URL=redis+sentinel://...``, ``GLN_WAL_REPLICAS=1``), and half-way
+through the primary is SIGKILLed and nothing else is done: the Sentinel promotes a replica, the
+other follows it, and the same server process learns on. ``--failover-again`` then has the
+Sentinel fail over once more (``SENTINEL FAILOVER``) as soon as learning is acknowledged again:
+to the other replica, while the new primary still takes writes, so that entries only it holds
+are lost (the server must rebuild its model from the snapshot and the log).
 
 At the end every acknowledged request's sequence must tile the model's stream exactly
 (``examples_lost`` and ``examples_duplicated`` both 0), and the model's snapshot must equal,
@@ -21,6 +28,8 @@ JSON line.
     python benchmarks/fault_load.py                      # 60 s, Redis down for ~2 s
     python benchmarks/fault_load.py --seconds 20 --redis-down-s 3
     python benchmarks/fault_load.py --seconds 30 --lose-primary
+    python benchmarks/fault_load.py --seconds 30 --sentinel
+    python benchmarks/fault_load.py --seconds 30 --sentinel --failover-again
 """
 
 from __future__ import annotations
@@ -42,8 +51,14 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
+from service.storage import redis_client  # noqa: E402
 from service.store import RedisSnapshotStore  # noqa: E402
-from tests.redis_process import RedisProcess, primary_and_replica  # noqa: E402
+from tests.redis_process import (  # noqa: E402
+    RedisProcess,
+    SentinelProcess,
+    primary_and_replica,
+    primary_and_replicas,
+)
 from tests.service.durable_client import (  # noqa: E402
     DurableLearners,
     ServerProcess,
@@ -67,6 +82,13 @@ def main() -> int:
     parser.add_argument("--lose-primary", action="store_true",
                         help="a primary and a replica, GLN_WAL_REPLICAS=1; half-way through the "
                         "primary is killed and the server restarted on the promoted replica")
+    parser.add_argument("--sentinel", action="store_true",
+                        help="a primary, two replicas and a Sentinel that the server asks for "
+                        "the primary, GLN_WAL_REPLICAS=1; half-way through the primary is "
+                        "killed, and the Sentinel fails over while the server runs on")
+    parser.add_argument("--failover-again", action="store_true",
+                        help="with --sentinel: once learning is acknowledged again, a second "
+                        "failover (SENTINEL FAILOVER) to the other replica")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--snapshot-interval-s", type=float, default=5.0,
                         help="GLN_SNAPSHOT_INTERVAL_S of the server (snapshot, then log trim)")
@@ -74,31 +96,39 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gln-fault-") as tmp, contextlib.ExitStack() as stack:
-        if args.lose_primary:
+        replica = sentinel = None
+        if args.sentinel:
+            redis_server, _ = stack.enter_context(primary_and_replicas(Path(tmp) / "redis", 2))
+            sentinel = stack.enter_context(
+                SentinelProcess(Path(tmp) / "sentinel", redis_server).start(replicas=2))
+        elif args.lose_primary:
             redis_server, replica = stack.enter_context(primary_and_replica(Path(tmp) / "redis"))
         else:
-            redis_server, replica = stack.enter_context(RedisProcess(Path(tmp) / "redis")), None
+            redis_server = stack.enter_context(RedisProcess(Path(tmp) / "redis"))
         server = ServerProcess({
-            "GLN_REDIS_URL": redis_server.url,
+            "GLN_REDIS_URL": sentinel.url if sentinel else redis_server.url,
             "GLN_REDIS_KEY_PREFIX": PREFIX,
             "GLN_SNAPSHOT_DIR": str(Path(tmp) / "unused"),
             "GLN_SNAPSHOT_INTERVAL_S": str(args.snapshot_interval_s),
-            "GLN_WAL_REPLICAS": "1" if replica else "0",
+            "GLN_WAL_REPLICAS": "1" if replica or sentinel else "0",
         }, Path(tmp) / "server.log")
         with server:
             try:
-                result = run(args, server, redis_server, replica)
+                result = run(args, server, redis_server, replica, sentinel)
             except BaseException:
                 print(server.log_text()[-5000:], file=sys.stderr)
                 raise
+            ok = result["examples_lost"] == 0 and result["examples_duplicated"] == 0 and (
+                result["model_equals_reference"])
+            if not ok:
+                print(server.log_text()[-20000:], file=sys.stderr)
     print(json.dumps(result))
-    return 0 if result["examples_lost"] == 0 and result["examples_duplicated"] == 0 and (
-        result["model_equals_reference"]) else 1
+    return 0 if ok else 1
 
 
 def run(
     args: argparse.Namespace, server: ServerProcess, redis_server: RedisProcess,
-    replica: RedisProcess | None,
+    replica: RedisProcess | None, sentinel: SentinelProcess | None,
 ) -> dict:
     server.start()
     r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": CONFIG})
@@ -107,18 +137,21 @@ def run(
     learners = DurableLearners(server.url, "m", CONFIG["num_features"], CONFIG["num_classes"],
                                threads=args.threads, seed=args.seed)
     down_at = args.seconds / 2 - args.redis_down_s / 2
-    redis_down_s = None
+    redis_down_s = failover_s = None
     t0 = time.perf_counter()
     learners.start()
     try:
         while (elapsed := time.perf_counter() - t0) < args.seconds:
             if redis_down_s is None and elapsed >= down_at:
-                if replica is None:
-                    redis_down_s = restart_redis(redis_server, args.redis_down_s,
-                                                 args.kill_redis)
-                else:
+                if sentinel is not None:
+                    failover_s, redis_down_s = fail_over_by_sentinel(
+                        redis_server, sentinel, learners, args.failover_again)
+                elif replica is not None:
                     redis_down_s = fail_over(redis_server, replica, server)
                     redis_server = replica
+                else:
+                    redis_down_s = restart_redis(redis_server, args.redis_down_s,
+                                                 args.kill_redis)
             bar.n = min(round(elapsed), bar.total)
             bar.set_postfix(acks=len(learners.acks), errors=sum(learners.errors.values()),
                             refresh=True)
@@ -132,22 +165,28 @@ def run(
 
     examples_seen = httpx.get(f"{server.url}/v1/models/m").json()["examples_seen"]
     httpx.post(f"{server.url}/v1/models/m/snapshot", timeout=60).raise_for_status()
-    with RedisSnapshotStore(redis_server.url, key_prefix=PREFIX) as store:
+    store_url = sentinel.url if sentinel else redis_server.url
+    with RedisSnapshotStore(store_url, key_prefix=PREFIX) as store:
         blob, _ = store.load("m")
+    info_client = redis_client(store_url, 5.0, 5.0)
+    version = info_client.info("server")["redis_version"]
+    info_client.close()
     server.terminate()
     check = check_exactly_once(learners.acks, examples_seen)
     same = None
     if check.unexplained == 0:
         same = GLN.from_bytes(blob).to_bytes() == reference_bytes(CONFIG, check.order)
-    version = redis.Redis.from_url(redis_server.url).info("server")["redis_version"]
     return {
         "benchmark": "fault_load",
         "seconds": round(load_s, 2),
         "threads": args.threads,
         "redis": f"{version}, appendonly yes, appendfsync everysec",
-        "redis_restart": "primary lost, replica promoted" if replica else (
+        "redis_restart": (
+            "primary lost, Sentinel failover" if sentinel else
+            "primary lost, replica promoted" if replica else
             "SIGKILL" if args.kill_redis else "SHUTDOWN"),
         "redis_down_s": None if redis_down_s is None else round(redis_down_s, 2),
+        "sentinel_failover_s": None if failover_s is None else round(failover_s, 2),
         "snapshot_interval_s": args.snapshot_interval_s,
         "requests_acknowledged": len(learners.acks),
         "requests_per_s": round(len(learners.acks) / load_s, 1),
@@ -178,6 +217,35 @@ def fail_over(primary: RedisProcess, replica: RedisProcess, server: ServerProces
     server.env.update(GLN_REDIS_URL=replica.url, GLN_WAL_REPLICAS="0")
     server.start()
     return time.perf_counter() - t0
+
+
+def fail_over_by_sentinel(
+    primary: RedisProcess, sentinel: SentinelProcess, learners: DurableLearners, again: bool,
+) -> tuple[float, float]:
+    """The primary's machine is lost: SIGKILL it and do nothing else (``again``: then, once
+    learning is acknowledged again, a second failover). Seconds until the Sentinel named a new
+    primary, and until the server acknowledged learning again after the last failover."""
+    t0 = time.perf_counter()
+    in_flight = len(learners.acks) + learners.threads
+    primary.kill()
+    sentinel.wait_for_failover(primary.port)
+    failover_s = time.perf_counter() - t0
+    _wait_for_acks(learners, in_flight)
+    if again:
+        in_flight = len(learners.acks) + learners.threads
+        sentinel.fail_over()
+        _wait_for_acks(learners, in_flight)
+    return failover_s, time.perf_counter() - t0
+
+
+def _wait_for_acks(learners: DurableLearners, more_than: int, timeout_s: float = 120.0) -> None:
+    """Return once more than ``more_than`` learn requests are acknowledged: one counted as
+    in flight at a fault could have been answered before it."""
+    deadline = time.perf_counter() + timeout_s
+    while len(learners.acks) <= more_than:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"no learn request acknowledged within {timeout_s} s")
+        time.sleep(0.01)
 
 
 def restart_redis(redis_server: RedisProcess, down_s: float, kill: bool) -> float:

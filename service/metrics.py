@@ -111,6 +111,11 @@ class ServiceMetrics:
             "Log entries applied from the log itself: start-up replay, or catching up after a "
             "failed append.", registry=r,
         )
+        self.wal_rebuilds = Counter(
+            "gln_wal_rebuilds",
+            "Models rebuilt from their snapshot and log because the log had lost entries they "
+            "had learned (a Redis failover to a replica that lacked them).", registry=r,
+        )
         self.wal_replayed_examples = Counter(
             "gln_wal_replayed_examples", "Examples in the replayed log entries.", registry=r,
         )

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -49,11 +49,20 @@ from service.pending import PendingPredictions, PendingRow
 from service.settings import Settings
 from service.snapshot_blob import WAL_ID, snapshot_blob
 from service.store import SnapshotInfo, SnapshotStore
-from service.wal import LogEntry, WriteAheadLog, request_digest
+from service.wal import ANY_END, LogEntry, WalDivergedError, WriteAheadLog, request_digest
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class StoredModel(NamedTuple):
+    """A model as its latest snapshot holds it: what a restore, or a rebuild after the log
+    lost entries, starts from (then the log is replayed on it)."""
+
+    model: GLN
+    info: SnapshotInfo
+    waiting: list[PendingRow]
 
 
 def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
@@ -138,6 +147,7 @@ class ModelEntry:
         settings: Settings,
         snapshot: SnapshotInfo | None = None,
         wal: WriteAheadLog | None = None,
+        load_snapshot: Callable[[], StoredModel | None] | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -145,6 +155,10 @@ class ModelEntry:
         self.wal = wal
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
         self._log_in_doubt = False
+        # Where the log ended when this writer last appended to it or read it (ANY_END: not
+        # known yet); each append must follow it, or the log lost entries (a failover).
+        self._log_end: str | None = ANY_END
+        self._load_snapshot = load_snapshot
         self._answers = AnswerCache(settings.idempotency_cache_rows)
         self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
         # The label learned for rows whose label never came (GLN_LABEL_DEFAULT), where it is
@@ -342,7 +356,8 @@ class ModelEntry:
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
         entry_id = None if wal is None else self._logged(
-            lambda: wal.append_waiting(self.name, ids, X, probs, expires_at, expired)
+            lambda follows: wal.append_waiting(self.name, ids, X, probs, expires_at, expired,
+                                               follows=follows)
         )
         self._wait(ids, X, probs, expires_at, expired, entry_id)
         self._count_expired(len(expired))
@@ -359,7 +374,8 @@ class ModelEntry:
         no_predictions = np.empty((0, self.model.num_classes), np.float64)
         wal = self.wal
         entry_id = None if wal is None else self._logged(
-            lambda: wal.append_waiting(self.name, [], none, no_predictions, 0.0, ids)
+            lambda follows: wal.append_waiting(self.name, [], none, no_predictions, 0.0, ids,
+                                               follows=follows)
         )
         self._wait([], none, no_predictions, 0.0, ids, entry_id)
         self._count_expired(len(ids))
@@ -536,21 +552,36 @@ class ModelEntry:
         """(model lock) Log the run as one entry (naming the waiting rows it learns)."""
         wal = self.wal
         assert wal is not None
-        return self._logged(lambda: wal.append(
+        return self._logged(lambda follows: wal.append(
             self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
-            [job.digest for job in jobs], [row.id for row in label_rows],
+            [job.digest for job in jobs], [row.id for row in label_rows], follows=follows,
         ))
 
-    def _logged(self, append: Callable[[], str]) -> str:
-        """(model lock) The id of the entry ``append`` logs; 503 (Unavailable) if it fails.
+    def _logged(self, append: Callable[[str | None], str]) -> str:
+        """(model lock) The id of the entry ``append`` logs after the log's end as this
+        writer knows it; 503 (Unavailable) if it fails.
 
         After a failure the entry may or may not be in the log (the write may have landed and
         only its answer been lost); the model is put in doubt and catches up at once if it
-        can, else before it next logs, so it never skips or repeats a logged entry.
+        can, else before it next logs, so it never skips or repeats a logged entry. If the
+        log no longer ends where this writer left it, entries the model learned are gone
+        from it: the model is rebuilt from its snapshot and the log (:meth:`_rebuild`).
         """
         t0 = time.perf_counter()
         try:
-            entry_id = append()
+            entry_id = append(self._log_end)
+        except WalDivergedError as exc:
+            self._metrics.wal_append_errors.inc()
+            log.warning("%s", exc)
+            try:
+                self._rebuild()
+            except Exception as again:
+                log.warning("rebuilding %r from its snapshot and log failed: %s", self.name,
+                            again)
+            raise Unavailable(
+                f"{exc}; the model was rebuilt from its snapshot and log, and this request "
+                "is not acknowledged: retry it with the same Idempotency-Key"
+            ) from exc
         except Exception as exc:
             self._metrics.wal_append_errors.inc()
             self._log_in_doubt = True
@@ -565,6 +596,7 @@ class ModelEntry:
                 "(a prediction with ids: with the same ids)"
             ) from exc
         self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
+        self._log_end = entry_id
         return entry_id
 
     def _log_unavailable(self, exc: Exception) -> Unavailable:
@@ -582,19 +614,62 @@ class ModelEntry:
         except Exception as exc:
             raise self._log_unavailable(exc) from exc
 
-    def _catch_up(self) -> int:
+    def _catch_up(self, confirmed: bool = True) -> int:
         """(model lock) Apply every log entry after ``applied_id``; how many there were.
 
         At restore this is the replay of the log tail; after a failed append it picks up an
-        entry that reached the log although its append raised.
+        entry that reached the log although its append raised. That entry is applied only
+        once it is as durable as an acknowledged one (``confirmed``: the log's
+        ``wait_durable``, so a replica has it), else WalDurabilityError and the model stays
+        in doubt: learned but not replicated, it could be lost in a failover while the model
+        and its snapshots kept it. A log that no longer reaches where this writer left it
+        has lost entries the model learned: the model is rebuilt.
         """
         assert self.wal is not None
+        known_end = self._log_end
+        if known_end not in (ANY_END, None) and not self.wal.reaches(self.name, known_end):
+            log.warning("the log of %r ends at %s, before %s where this writer left it",
+                        self.name, self.wal.last_id(self.name), known_end)
+            return self._rebuild()
+        if confirmed:
+            self.wal.wait_durable()
         count = 0
         for entry in self.wal.read_after(self.name, self.applied_id):
             self._apply_logged(entry)
             count += 1
+        self._log_end = self.wal.last_id(self.name)
         self._log_in_doubt = False
         return count
+
+    def _rebuild(self) -> int:
+        """(model lock) Start again from the model's snapshot and replay its log as they are
+        now; the log entries replayed.
+
+        For a log that lost entries the model had learned: a Redis failover promoted a
+        replica that had not received them. The model was ahead of anything a restart could
+        replay, and a retried request whose entry was lost would be learned a second time;
+        rebuilt, it holds what the log holds. What it learned from the lost entries is gone,
+        as after a restart (docs/durability.md says which requests can have been acknowledged).
+        """
+        assert self.wal is not None
+        self.wal.reconnect()  # to the primary the Sentinels name now, as the store does
+        stored = None if self._load_snapshot is None else self._load_snapshot()
+        if stored is None:
+            raise Unavailable(
+                f"the log of {self.name!r} lost entries the model had learned, and there is no "
+                "snapshot of it to rebuild it from: delete it and create (or import) it again"
+            )
+        self.wal.wait_durable()  # replay nothing that a replica does not hold yet
+        log.warning("rebuilding %r from its snapshot (version %d) and its log: the log lost "
+                    "entries the model had learned", self.name, stored.info.version)
+        self.model, self.snapshot = stored.model, stored.info
+        self.applied_id = stored.info.metadata.get(WAL_ID)
+        self.pending.clear()
+        self.pending.put_rows(stored.waiting)
+        self._answers = AnswerCache(self._answers.max_rows)
+        self._log_end = ANY_END
+        self._metrics.wal_rebuilds.inc()
+        return self._catch_up(confirmed=False)
 
     def _apply_logged(self, entry: LogEntry) -> None:
         """(model lock) Learn one log entry, and remember its keyed requests' answers.
@@ -630,7 +705,7 @@ class ModelEntry:
         if self.wal is None:
             return 0
         with self.lock:
-            return self._catch_up()
+            return self._catch_up(confirmed=False)
 
     def _answer(self, groups: list[_GroupResult]) -> None:
         """(loop) Give every request its slice; count learned examples in stats and metrics."""

@@ -137,6 +137,12 @@ class PendingPredictions:
                     removed += 1
         return removed
 
+    def clear(self) -> None:
+        """Drop every waiting row (before the rows of a snapshot are put back)."""
+        with self._lock:
+            self._rows.clear()
+            self._in_deadline_order = True
+
     def remove_ids(self, ids: Iterable[str]) -> None:
         """Remove whatever waits under ``ids`` (replaying a logged learn of them)."""
         with self._lock:

@@ -34,7 +34,7 @@ from service.errors import (
 )
 from service.learn_answers import LearnResult
 from service.metrics import ServiceMetrics
-from service.model_entry import ModelEntry
+from service.model_entry import ModelEntry, StoredModel
 from service.pending import PendingRow
 from service.settings import Settings
 from service.snapshot_blob import WAL_ID, split_snapshot
@@ -107,7 +107,20 @@ class ModelRegistry:
         return ModelEntry(
             name, model, executor=self.executor, metrics=self.metrics,
             settings=self.settings, snapshot=snapshot, wal=self.wal,
+            load_snapshot=functools.partial(self._stored, name, afresh=True),
         )
+
+    def _stored(self, name: str, afresh: bool = False) -> StoredModel | None:
+        """(thread) ``name`` as its latest snapshot holds it, on this server's device; None if
+        it has no snapshot. ``afresh``: reconnect the store first (after a failover)."""
+        if afresh:
+            self.store.reconnect()
+        loaded = self.store.load(name)
+        if loaded is None:
+            return None
+        blob, info = loaded
+        model_blob, waiting = split_snapshot(blob, info.metadata)
+        return StoredModel(self._load(model_blob), info, waiting)
 
     def _add(self, entry: ModelEntry) -> None:
         self._models[entry.name] = entry
@@ -565,14 +578,12 @@ class ModelRegistry:
         delay = retry_s
         while True:
             try:
-                loaded = await self._run(self.store.load, name)
-                if loaded is None:
+                stored = await self._run(self._stored, name)
+                if stored is None:
                     return  # deleted by someone else since names()
-                blob, info = loaded
-                model_blob, waiting = split_snapshot(blob, info.metadata)
-                model = await self._run(self._load, model_blob)
-                entry = self._entry(name, model, info)
-                entry.pending.put_rows(waiting)
+                info = stored.info
+                entry = self._entry(name, stored.model, info)
+                entry.pending.put_rows(stored.waiting)
                 t0 = time.perf_counter()
                 replayed = await self._run(entry.replay_log)
                 # Restored rows are counted, never refused (the budget may be overrun).

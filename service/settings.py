@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.storage import SENTINEL_SCHEME, parse_sentinel_url
 
 MIB = 1024 * 1024
 IMPORT_HEADER_BYTES = MIB  # room for a model blob's JSON header (a few KiB in practice)
@@ -33,7 +35,9 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(
         None,
-        description="Redis URL for snapshots (redis://host:6379/0). Unset: use snapshot_dir.",
+        description="Redis URL for snapshots and the log (redis://host:6379/0), or the "
+        "primary that Redis Sentinel names, followed through failovers "
+        "(redis+sentinel://host:26379,host2:26379/name). Unset: use snapshot_dir.",
     )
     redis_key_prefix: str = Field("gln", description="Prefix of every Redis key the store uses.")
     snapshot_dir: str = Field(
@@ -136,6 +140,13 @@ class Settings(BaseSettings):
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(False, description="Log every request (metrics already count them).")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _sentinel_url_is_whole(cls, url: str | None) -> str | None:
+        if url is not None and url.startswith(f"{SENTINEL_SCHEME}://"):
+            parse_sentinel_url(url)  # ValueError names what is wrong
+        return url
 
     @model_validator(mode="after")
     def _replicas_need_redis(self) -> Self:

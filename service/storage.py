@@ -1,6 +1,7 @@
 """What the snapshot stores (``service/store.py``) and the write-ahead logs (``service/wal/``)
 build on alike: model names that are safe as Redis key parts and directory names, one Redis
-client per store or log, and files replaced atomically and durably."""
+client per store or log (of one server, or of the primary that Redis Sentinel names), and
+files replaced atomically and durably."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Self
+from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.sentinel import Sentinel
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# The URL scheme of a Redis primary found through Redis Sentinel (redis_client).
+SENTINEL_SCHEME = "redis+sentinel"
+DEFAULT_SENTINEL_PORT = 26379
 
 
 def is_model_name(text: object) -> bool:
@@ -78,13 +85,7 @@ class RedisClient(ClosingMixin):
             raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
         self.url = url
         self.key_prefix = key_prefix
-        # Raw bytes in and out: chunks and log entries are binary; text is decoded by hand.
-        self._client = redis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_connect_timeout=socket_connect_timeout,
-            socket_timeout=socket_timeout,
-        )
+        self._client = redis_client(url, socket_connect_timeout, socket_timeout)
 
     def ping(self) -> bool:
         """True when Redis answers PING; False on any connection or server error."""
@@ -93,9 +94,99 @@ class RedisClient(ClosingMixin):
         except (redis.RedisError, OSError):
             return False
 
+    def reconnect(self) -> None:
+        """Drop every connection: the next call connects afresh, and through a Sentinel URL
+        asks the Sentinels for the primary again (a connection open since before a failover
+        could otherwise go on reaching the old primary)."""
+        self._client.connection_pool.disconnect()
+
     def close(self) -> None:
         """Close the client's connections."""
         self._client.close()
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """Where a ``redis+sentinel://`` URL points: the Sentinels to ask, the name they monitor
+    the primary by, and how to talk to that primary (database, user, password)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Read ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/name[/db]``.
+
+    Each host is a Sentinel (port 26379 when left out); ``name`` is the primary's name in
+    their ``sentinel monitor`` line; the user and password are the primary's (the Sentinels
+    are asked without one). ``ValueError`` names what is wrong.
+
+    >>> parse_sentinel_url("redis+sentinel://:secret@10.0.0.1,10.0.0.2:26380/gln/2")
+    SentinelTarget(sentinels=(('10.0.0.1', 26379), ('10.0.0.2', 26380)), service_name='gln', \
+db=2, username=None, password='secret')
+    """
+    parts = urlsplit(url)
+    shape = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host[:port]...]/name[/db]"
+    if parts.scheme != SENTINEL_SCHEME:
+        raise ValueError(f"a Sentinel URL starts with {SENTINEL_SCHEME}://, got {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"a Sentinel URL takes no query or fragment: {shape}")
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = credentials.partition(":")
+    sentinels = tuple(_host_and_port(host, shape) for host in hosts.split(","))
+    path = [unquote(piece) for piece in parts.path.strip("/").split("/") if piece]
+    if not 1 <= len(path) <= 2:
+        raise ValueError(f"a Sentinel URL names the primary (and perhaps a db): {shape}")
+    if len(path) == 2 and not path[1].isdigit():
+        raise ValueError(f"the database of a Sentinel URL is a number, got {path[1]!r}")
+    return SentinelTarget(
+        sentinels, path[0], int(path[1]) if len(path) == 2 else 0,
+        unquote(username) or None, unquote(password) or None,
+    )
+
+
+def _host_and_port(text: str, shape: str) -> tuple[str, int]:
+    """``host[:port]`` (``[v6 address]:port`` too) of one Sentinel."""
+    host, port = text, str(DEFAULT_SENTINEL_PORT)
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            port = rest.removeprefix(":")
+    elif ":" in text:
+        host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"each Sentinel is host[:port], got {text!r}: {shape}")
+    return host, int(port)
+
+
+def redis_client(
+    url: str, socket_connect_timeout: float, socket_timeout: float | None
+) -> redis.Redis:
+    """A client of raw bytes (snapshots and log entries are binary) for ``url``.
+
+    ``redis://``, ``rediss://`` and ``unix://`` URLs are redis-py's. A ``redis+sentinel://``
+    URL (:func:`parse_sentinel_url`) gives a client of the primary that the Sentinels name: it
+    asks them again on every new connection, so after a failover it writes to the promoted
+    replica, and a connection still open to a demoted primary is dropped at its first write.
+    """
+    timeouts = {"socket_connect_timeout": socket_connect_timeout,
+                "socket_timeout": socket_timeout}
+    if not url.startswith(f"{SENTINEL_SCHEME}://"):
+        return redis.Redis.from_url(url, decode_responses=False, **timeouts)
+    target = parse_sentinel_url(url)
+    # The Sentinels answer at once or not at all: a silent one is skipped after the
+    # connect timeout rather than waited on.
+    sentinels = Sentinel(list(target.sentinels), sentinel_kwargs={
+        "socket_connect_timeout": socket_connect_timeout,
+        "socket_timeout": socket_connect_timeout,
+    })
+    return sentinels.master_for(
+        target.service_name, db=target.db, username=target.username,
+        password=target.password, decode_responses=False, **timeouts,
+    )
 
 
 def fsync_dir(path: Path) -> None:

@@ -129,6 +129,10 @@ class SnapshotStore(Protocol):
         """Remove every trace of model ``name``; a no-op for an unknown name."""
         ...
 
+    def reconnect(self) -> None:
+        """Connect afresh before the next call (a no-op where there is nothing to connect)."""
+        ...
+
     def ping(self) -> bool:
         """True when the store can be used right now; never raises."""
         ...
@@ -586,6 +590,9 @@ class DirectorySnapshotStore(ClosingMixin):
             return
         with self._locked(model_dir):
             shutil.rmtree(model_dir, ignore_errors=True)
+
+    def reconnect(self) -> None:
+        """Nothing to reconnect: files."""
 
     def ping(self) -> bool:
         """True when a file can be created (and removed) in the snapshot directory."""

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
 
@@ -186,36 +186,157 @@ class RedisProcess:
         self.stop()
 
 
-def wait_for_replica(primary: RedisProcess, timeout_s: float = 20.0) -> None:
-    """Return once a replica has acknowledged a write to ``primary`` (it is in sync)."""
+def wait_for_replica(primary: RedisProcess, timeout_s: float = 20.0, replicas: int = 1) -> None:
+    """Return once ``replicas`` replicas have acknowledged a write to ``primary`` (in sync)."""
     client = redis.Redis.from_url(primary.url)
     try:
         deadline = time.monotonic() + timeout_s
-        while client.set("synced", 1) and client.wait(1, 100) < 1:
+        while client.set("synced", 1) and client.wait(replicas, 100) < replicas:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no replica acknowledged a write within {timeout_s} s")
+                raise TimeoutError(f"{replicas} replica(s) did not acknowledge a write within "
+                                   f"{timeout_s} s")
         client.delete("synced")
     finally:
         client.close()
 
 
 @contextlib.contextmanager
-def primary_and_replica(
-    directory: str | os.PathLike[str],
-) -> Iterator[tuple[RedisProcess, RedisProcess]]:
-    """A primary and one replica of it, both with AOF (``everysec``), in their own folders of
-    ``directory``; it yields once the replica is in sync. At the end the replica is killed
-    first: a primary stopped cleanly would wait for it to catch up. FileNotFoundError if there
-    is no ``redis-server``."""
+def primary_and_replicas(
+    directory: str | os.PathLike[str], count: int = 1,
+) -> Iterator[tuple[RedisProcess, list[RedisProcess]]]:
+    """A primary and ``count`` replicas of it, all with AOF (``everysec``), in their own
+    folders of ``directory``; it yields once every replica is in sync. At the end the replicas
+    are killed first: a primary stopped cleanly would wait for them to catch up.
+    FileNotFoundError if there is no ``redis-server``."""
     root = Path(directory)
     # No wait for more replicas before the first sync (Redis waits 5 s by default).
     primary = RedisProcess(root / "primary", extra_args=("--repl-diskless-sync-delay", "0"))
-    replica = RedisProcess(root / "replica",
-                           extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
+    replicas = [
+        RedisProcess(root / f"replica-{i}", extra_args=(
+            "--replicaof", "127.0.0.1", str(primary.port), "--repl-diskless-sync-delay", "0",
+        ))
+        for i in range(count)
+    ]
     with primary:
-        replica.start()
         try:
-            wait_for_replica(primary)
-            yield primary, replica
+            for replica in replicas:
+                replica.start()
+            wait_for_replica(primary, replicas=count)
+            yield primary, replicas
         finally:
-            replica.kill()
+            for replica in replicas:
+                replica.kill()
+
+
+@contextlib.contextmanager
+def primary_and_replica(
+    directory: str | os.PathLike[str],
+) -> Iterator[tuple[RedisProcess, RedisProcess]]:
+    """A primary and one replica of it (:func:`primary_and_replicas`), in sync."""
+    with primary_and_replicas(directory, 1) as (primary, replicas):
+        yield primary, replicas[0]
+
+
+class SentinelProcess:
+    """A Redis Sentinel on 127.0.0.1 that monitors ``primary`` under ``name``, alone (quorum
+    1) and quick: it calls a primary down after ``down_after_ms`` without an answer and then
+    promotes one of its replicas. A client finds the primary through :attr:`url`
+    (``redis+sentinel://``, service/storage.py)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        primary: RedisProcess,
+        *,
+        name: str = "gln",
+        down_after_ms: int = 500,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.name = name
+        self.primary = primary
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.binary = binary or find_redis_server()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._admin = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=2,
+                                  decode_responses=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.name}"
+
+    def start(self, replicas: int = 0, timeout_s: float = 30.0) -> Self:
+        """Start it (its config file is its own: Sentinel rewrites it) and wait until it
+        answers and knows ``replicas`` replicas of the primary."""
+        config = self.directory / "sentinel.conf"
+        config.write_text("\n".join((
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            f"dir {self.directory}",
+            f"logfile {self.directory / 'sentinel.log'}",
+            f"sentinel monitor {self.name} 127.0.0.1 {self.primary.port} 1",
+            f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}",
+            f"sentinel failover-timeout {self.name} {self.failover_timeout_ms}",
+            "",
+        )))
+        self.proc = subprocess.Popen(
+            [self.binary, str(config), "--sentinel"], cwd=self.directory,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self._wait_until(lambda: len(self._admin.sentinel_slaves(self.name)) >= replicas,
+                         timeout_s, f"Sentinel did not see {replicas} replica(s)")
+        return self
+
+    def primary_port(self) -> int:
+        """The port of the server Sentinel names the primary now."""
+        _, port = self._admin.sentinel_get_master_addr_by_name(self.name)
+        return int(port)
+
+    def wait_for_failover(self, old_port: int, timeout_s: float = 30.0) -> int:
+        """Wait until Sentinel names a primary other than ``old_port``; its port."""
+        self._wait_until(lambda: self.primary_port() != old_port, timeout_s,
+                         "Sentinel did not promote a replica")
+        return self.primary_port()
+
+    def fail_over(self, timeout_s: float = 30.0) -> int:
+        """``SENTINEL FAILOVER``: promote a replica now, the primary alive or not (writes the
+        replica had not received are lost); the new primary's port."""
+        old_port = self.primary_port()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._admin.execute_command("SENTINEL", "FAILOVER", self.name)
+                break
+            except redis.ResponseError as exc:  # NOGOODSLAVE until it has seen one in sync
+                if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        return self.wait_for_failover(old_port, max(1.0, deadline - time.monotonic()))
+
+    def _wait_until(self, condition: Any, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(redis.RedisError, OSError):
+                if condition():
+                    return
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"Sentinel exited; see {self.directory / 'sentinel.log'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} within {timeout_s} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._admin.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -43,11 +43,13 @@ from __future__ import annotations
 from service.wal.entries import check_idempotency_key, request_digest
 from service.wal.file_log import FileWriteAheadLog
 from service.wal.interface import (
+    ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
     Durability,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
+    WalDivergedError,
     WalDurabilityError,
     WalGapError,
     WriteAheadLog,
@@ -55,6 +57,7 @@ from service.wal.interface import (
 from service.wal.redis_log import RedisWriteAheadLog
 
 __all__ = [
+    "ANY_END",
     "DEFAULT_IDEMPOTENCY_TTL_S",
     "Durability",
     "FileWriteAheadLog",
@@ -62,6 +65,7 @@ __all__ = [
     "LoggedRequest",
     "RedisWriteAheadLog",
     "WalCorruptError",
+    "WalDivergedError",
     "WalDurabilityError",
     "WalGapError",
     "WriteAheadLog",

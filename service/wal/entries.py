@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from service.wal.interface import LogEntry, LoggedRequest, WalCorruptError
+from service.wal.interface import ANY_END, LogEntry, LoggedRequest, WalCorruptError
 
 FORMAT = 1
 """Version of the entry encoding (JSON header + raw array bytes); bumped on any change."""
@@ -244,7 +244,7 @@ class EntryWriting:
 
     def _write(
         self, name: str, header: dict[str, Any], x: bytes, y: bytes,
-        keys: list[str | None], digests: list[str | None], now: float,
+        keys: list[str | None], digests: list[str | None], now: float, follows: str | None,
     ) -> str:
         raise NotImplementedError
 
@@ -257,6 +257,8 @@ class EntryWriting:
         request_rows: Sequence[int] | None = None,
         request_digests: Sequence[str | None] | None = None,
         label_ids: Sequence[str] = (),
+        *,
+        follows: str | None = ANY_END,
     ) -> str:
         """Log one chunk durably; its id (see :meth:`WriteAheadLog.append`)."""
         keys = check_keys(idempotency_keys)
@@ -265,17 +267,17 @@ class EntryWriting:
         header, x, y = _encode_entry(
             features, labels, keys, now, request_rows, digests, label_ids
         )
-        return self._write(name, header, x, y, keys, digests, now)
+        return self._write(name, header, x, y, keys, digests, now, follows)
 
     def append_waiting(
         self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
-        expires_at: float, expired_ids: Sequence[str] = (),
+        expires_at: float, expired_ids: Sequence[str] = (), *, follows: str | None = ANY_END,
     ) -> str:
         """Log rows put to wait for their labels durably; its id (see
         :meth:`WriteAheadLog.append_waiting`)."""
         now = time.time()
         header, x, y = _encode_waiting(ids, features, predictions, expires_at, now, expired_ids)
-        return self._write(name, header, x, y, [], [], now)
+        return self._write(name, header, x, y, [], [], now, follows)
 
 
 class KeyLookups:

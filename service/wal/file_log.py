@@ -28,10 +28,12 @@ from service.wal.entries import (
     decode_entry,
 )
 from service.wal.interface import (
+    ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
+    WalDivergedError,
     WalGapError,
 )
 
@@ -239,10 +241,17 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
 
     def _write(
         self, name: str, header: dict[str, Any], x: bytes, y: bytes,
-        keys: list[str | None], digests: list[str | None], now: float,
+        keys: list[str | None], digests: list[str | None], now: float, follows: str | None,
     ) -> str:
         """Write one record (after cutting off any torn tail), fsync it, return its id."""
         with self._state(name) as (state, path):
+            last = str(state.last_id) if state.last_id else None
+            if follows != ANY_END:
+                if follows != last:
+                    raise WalDivergedError(name, follows, last)
+                for key in keys:
+                    if key is not None and self._key_live(state, key, now) is not None:
+                        raise WalDivergedError(name, follows, last, key)
             entry_id = state.last_id + 1
             record = _frame({"kind": "entry", "id": entry_id, **header}, x, y)
             if state.fd is None:
@@ -348,6 +357,18 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
         """The newest id appended (kept across trims by the base record), None if none."""
         with self._state(name) as (state, _):
             return str(state.last_id) if state.last_id else None
+
+    def wait_durable(self) -> None:
+        """Nothing to wait for: each append is fsynced (with ``fsync``) before it returns."""
+
+    def reconnect(self) -> None:
+        """Nothing to reconnect: files."""
+
+    def reaches(self, name: str, entry_id: str) -> bool:
+        """True when the newest id appended is ``entry_id`` or later."""
+        wanted = _parse_file_id(entry_id)
+        with self._state(name) as (state, _):
+            return state.last_id >= wanted
 
     def logged_requests(
         self, name: str, keys: Sequence[str | None]

@@ -37,6 +37,31 @@ class WalDurabilityError(RuntimeError):
     """The Redis server cannot give the durability asked for, or did not confirm it in time."""
 
 
+class WalDivergedError(RuntimeError):
+    """The log is not what its writer last saw: it does not end where the writer left it
+    (entries the writer appended or read are gone: a Redis failover promoted a replica that
+    had not received them), or it already holds an idempotency key that the writer looked up
+    and did not find there. Nothing was appended. The writer may hold state the log cannot
+    replay, and must rebuild it from its snapshot and the log as they are now
+    (``ModelEntry`` does)."""
+
+    def __init__(
+        self, name: str, expected: str | None, found: str | None, known_key: str | None = None,
+    ) -> None:
+        if known_key is None:
+            what = (f"the log of {name!r} ends at {found or 'nothing'}, not at "
+                    f"{expected or 'nothing'} where this writer left it")
+        else:
+            what = (f"the log of {name!r} already holds idempotency key {known_key!r}, which "
+                    "this writer did not find there")
+        super().__init__(f"{what}: it changed behind the writer (a failover?)")
+        self.expected, self.found, self.known_key = expected, found, known_key
+
+
+ANY_END = "*"
+"""``follows`` of an append that does not check where the log ends (ids are never ``*``)."""
+
+
 @dataclass(frozen=True)
 class LogEntry:
     """One logged chunk: its id, its examples, and the idempotency keys it was logged with.
@@ -89,6 +114,8 @@ class WriteAheadLog(Protocol):
         request_rows: Sequence[int] | None = None,
         request_digests: Sequence[str | None] | None = None,
         label_ids: Sequence[str] = (),
+        *,
+        follows: str | None = ANY_END,
     ) -> str:
         """Log one chunk (``features`` (n, d) floats, ``labels`` (n,) ints) durably; its id.
 
@@ -100,17 +127,22 @@ class WriteAheadLog(Protocol):
         ``request_digests`` (optional, one per request, like the keys) is remembered with
         each key, so that :meth:`logged_requests` can tell a retry from a reused key.
         ``label_ids`` names the waiting rows (delayed labels) the chunk learns.
+        ``follows``: the id of the newest entry the caller knows the log to hold (None: no
+        entry); if the log's newest entry is another, or one of ``idempotency_keys`` is
+        logged already, nothing is logged and :class:`WalDivergedError` says so. ``ANY_END``
+        (the default) checks neither.
         """
         ...
 
     def append_waiting(
         self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
-        expires_at: float, expired_ids: Sequence[str] = (),
+        expires_at: float, expired_ids: Sequence[str] = (), *, follows: str | None = ANY_END,
     ) -> str:
         """Log rows put to wait for their labels (a wait entry) durably; its id.
 
         ``expired_ids`` names the waiting rows dropped once these are put (their wait ended,
-        or too many wait); an entry of no rows logs a drop alone.
+        or too many wait); an entry of no rows logs a drop alone. ``follows`` as for
+        :meth:`append`.
         """
         ...
 
@@ -129,6 +161,11 @@ class WriteAheadLog(Protocol):
         """Id of the newest entry ever appended (even if trimmed since), None if none."""
         ...
 
+    def reaches(self, name: str, entry_id: str) -> bool:
+        """True when the log's newest entry (trimmed or not) is ``entry_id`` or a later one:
+        False once a failover has lost it."""
+        ...
+
     def seen_key(self, name: str, key: str) -> str | None:
         """The id of the entry logged with idempotency ``key`` within the TTL, else None."""
         ...
@@ -145,6 +182,15 @@ class WriteAheadLog(Protocol):
 
     def delete(self, name: str) -> None:
         """Remove the model's log and remembered keys; a no-op for an unknown name."""
+        ...
+
+    def wait_durable(self) -> None:
+        """Return once everything logged so far is as durable as an acknowledged append (on
+        the replicas, fsynced, as configured); WalDurabilityError if it is not in time."""
+        ...
+
+    def reconnect(self) -> None:
+        """Connect afresh before the next call (to the primary the Sentinels name now)."""
         ...
 
     def check_durability(self) -> None:

@@ -22,11 +22,13 @@ from service.wal.entries import (
     decode_entry,
 )
 from service.wal.interface import (
+    ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
     Durability,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
+    WalDivergedError,
     WalDurabilityError,
     WalGapError,
 )
@@ -36,6 +38,7 @@ WAITAOF_SLOW_S = 0.02
 """A WAITAOF that takes longer at start-up makes the log warn (measured on a primary without
 replicas: about 100, 10 and 2 ms at Redis' hz 10, 100 and 500)."""
 _REDIS_ID_RE = re.compile(r"(\d+)-(\d+)")
+_DIVERGED = "GLNDIVERGED"  # the append script's error when the stream ends elsewhere
 _U64_MAX = 2**64 - 1
 
 log = logging.getLogger(__name__)
@@ -68,14 +71,45 @@ def _server_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-# XADD, then SET every idempotency key to the new entry's id (and its request's digest, if
-# any): one script, so the entry and its keys land together (a MULTI cannot feed XADD's
-# generated id into the SETs).
-# KEYS: stream, idempotency keys...; ARGV: key TTL in ms, meta JSON, features, labels, then
-# one digest per idempotency key ('' for none).
-_APPEND_LUA = """
+# The id of a stream's newest entry, trimmed or not ('' if none): the ``:last`` key that each
+# append sets, or for a log appended to before that key was kept, XINFO's last-generated-id,
+# read server-side so that the first and last entries XINFO includes never cross the network.
+_LAST_ID_LUA = """
+local function last_id(stream, last_key)
+  local last = redis.call('GET', last_key)
+  if last then return last end
+  if redis.call('EXISTS', stream) == 0 then return '' end
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return info[i + 1] end
+  end
+  return ''
+end
+"""
+
+# Check where the stream ends and that none of the idempotency keys is logged yet (unless
+# ARGV[5] is ANY_END), XADD, note the new id as the stream's last, then SET every idempotency
+# key to it (and its request's digest, if any): one script, so the entry, its keys and the
+# checks land together (a MULTI cannot feed XADD's generated id into the SETs, nor refuse on
+# what it reads). The key check is what keeps a request from being logged twice when its
+# writer looked the key up on another server than the one that takes the append: during a
+# failover, old connections can still reach the old primary.
+# KEYS: stream, last-id key, idempotency keys...; ARGV: key TTL in ms, meta JSON, features,
+# labels, the id the stream must end at ('' for none, ANY_END for any), then one digest per
+# idempotency key ('' for none).
+_APPEND_LUA = _LAST_ID_LUA + f"""
+if ARGV[5] ~= '{ANY_END}' then
+  local last = last_id(KEYS[1], KEYS[2])
+  if last ~= ARGV[5] then return redis.error_reply('{_DIVERGED} ' .. last) end
+  for i = 3, #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      return redis.error_reply('{_DIVERGED} ' .. last .. ' ' .. KEYS[i])
+    end
+  end
+end
 local id = redis.call('XADD', KEYS[1], '*', 'meta', ARGV[2], 'x', ARGV[3], 'y', ARGV[4])
-for i = 2, #KEYS do
+redis.call('SET', KEYS[2], id)
+for i = 3, #KEYS do
   local digest = ARGV[i + 3]
   local value = id
   if digest ~= '' then value = id .. ' ' .. digest end
@@ -84,14 +118,10 @@ end
 return id
 """
 
-# Server-side, so the first and last entries XINFO includes never cross the network.
-_STREAM_IDS_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-for i = 1, #info, 2 do
-  if info[i] == 'last-generated-id' then return info[i + 1] end
-end
-return false
+_STREAM_IDS_LUA = _LAST_ID_LUA + """
+local last = last_id(KEYS[1], KEYS[2])
+if last == '' then return false end
+return last
 """
 
 
@@ -102,13 +132,17 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
         p:wal:n             stream; one entry per chunk: fields meta (JSON), x, y (raw bytes)
         p:wal:n:trimmed     id of the last entry trimmed away (to detect replay gaps)
+        p:wal:n:last        id of the newest entry (what an append's ``follows`` is checked by)
         p:wal:n:key:K       "id digest": the entry idempotency key K was logged with, and its
                             request's digest (just "id" without one); expires
         p:wal-probe         written by the start-up checks of waitaof and replicas; expires
 
     An append is one server-side script doing the XADD and a ``SET ... PX ttl NX`` per key
     (value: the new entry id and the request's digest), so an entry and its keys land (and
-    persist) together, in one round trip. ``durability`` decides when it returns:
+    persist) together, in one round trip. Given ``follows``, the script first checks that the
+    stream ends at that id, so that a writer whose entries a failover lost learns it at its
+    next append (:class:`WalDivergedError`) instead of logging on as if they were there.
+    ``durability`` decides when it returns:
 
     * ``"everysec"``: as soon as Redis has it in memory. What survives a crash of Redis is
       then whatever its own persistence keeps: with ``appendonly yes`` and the default
@@ -219,17 +253,19 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
     def _replicas_acknowledging_a_write(self) -> int:
         """How many replicas acknowledge a write (of a short-lived probe key) in time."""
-        return int(self._probed(self._wait_for_replicas())[0])
+        return int(self._probed(self._wait_for_replicas())[0][0])
 
-    def _probed(self, confirmation: tuple[Any, ...]) -> tuple[Any, float]:
-        """Write the start-up checks' probe key (it expires; see the layout above), then run
-        ``confirmation`` on the same connection, as an append does: its reply and seconds."""
+    def _probed(self, *confirmations: tuple[Any, ...]) -> tuple[list[Any], float]:
+        """Write the probe key (it expires; see the layout above), then run
+        ``confirmations`` on the same connection, as an append does: their replies and
+        seconds."""
         pipe = self._client.pipeline(transaction=False)
         pipe.set(f"{self.key_prefix}:wal-probe", b"1", px=10_000)
-        pipe.execute_command(*confirmation)
+        for confirmation in confirmations:
+            pipe.execute_command(*confirmation)
         start = time.perf_counter()
-        reply = pipe.execute()[-1]
-        return reply, time.perf_counter() - start
+        replies = pipe.execute()[1:]
+        return replies, time.perf_counter() - start
 
     def _wait_for_aof(self) -> tuple[Any, ...]:
         """The command that waits for the local AOF's fsync (``waitaof``)."""
@@ -281,7 +317,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
     def _write(
         self, name: str, header: dict[str, Any], x: bytes, y: bytes,
-        keys: list[str | None], digests: list[str | None], now: float,
+        keys: list[str | None], digests: list[str | None], now: float, follows: str | None,
     ) -> str:
         """XADD the entry and SET its idempotency keys in one atomic script; the entry id.
 
@@ -305,27 +341,63 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         # writes.
         pipe = self._client.pipeline(transaction=False)
         self._append_script(
-            keys=[stream, *idem],
-            args=[ttl_ms, json.dumps(header).encode(), x, y, *idem_digests],
+            keys=[stream, f"{stream}:last", *idem],
+            args=[ttl_ms, json.dumps(header).encode(), x, y, "" if follows is None else follows,
+                  *idem_digests],
             client=pipe,
         )
-        if self.durability == "waitaof":
-            pipe.execute_command(*self._wait_for_aof())
-        if self.replicas:
-            pipe.execute_command(*self._wait_for_replicas())
-        replies = pipe.execute()
+        for confirmation in self._confirmations():
+            pipe.execute_command(*confirmation)
+        replies = pipe.execute(raise_on_error=False)
+        self._check_refusal(name, follows, replies[0])
         entry_id = replies[0].decode()
-        if self.durability == "waitaof" and int(replies[1][0]) < 1:
+        self._check_confirmations(replies[1:], f"entry {entry_id} of {name!r}")
+        return entry_id
+
+    def _check_refusal(self, name: str, follows: str | None, reply: Any) -> None:
+        """Raise what the append script's error reply says (WalDivergedError), if it is one."""
+        if isinstance(reply, redis.ResponseError):
+            refusal = str(reply).split(" ")
+            if refusal[0] != _DIVERGED:
+                raise reply
+            found = refusal[1] if len(refusal) > 1 and refusal[1] else None
+            known_key = refusal[2].rpartition(":key:")[2] if len(refusal) > 2 else None
+            raise WalDivergedError(name, follows, found, known_key)
+
+    def _check_confirmations(self, replies: list[Any], what: str) -> None:
+        """WalDurabilityError unless the WAITAOF and WAIT replies (in the order of
+        :meth:`_confirmations`) confirm ``what`` as the durability asks."""
+        for reply in replies:  # WAITAOF or WAIT refused (on a replica, say)
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        if self.durability == "waitaof" and int(replies[0][0]) < 1:
             raise WalDurabilityError(
-                f"entry {entry_id} of {name!r} was not fsynced to the AOF within "
-                f"{self.waitaof_timeout_s} s"
+                f"{what} was not fsynced to the AOF within {self.waitaof_timeout_s} s"
             )
         if self.replicas and int(replies[-1]) < self.replicas:
             raise WalDurabilityError(
-                f"entry {entry_id} of {name!r} reached {int(replies[-1])} of the "
-                f"{self.replicas} replica(s) it needs within {self.replica_timeout_s} s"
+                f"{what} reached {int(replies[-1])} of the {self.replicas} replica(s) it "
+                f"needs within {self.replica_timeout_s} s"
             )
-        return entry_id
+
+    def _confirmations(self) -> list[tuple[Any, ...]]:
+        """The commands that wait until what a connection wrote is as durable as the log is
+        configured to be (none for ``everysec`` without replicas)."""
+        commands = []
+        if self.durability == "waitaof":
+            commands.append(self._wait_for_aof())
+        if self.replicas:
+            commands.append(self._wait_for_replicas())
+        return commands
+
+    def wait_durable(self) -> None:
+        """Write the probe key and wait for it as an append waits (replicas, AOF fsync):
+        replication and the AOF keep their order, so everything logged before it is then as
+        durable. WalDurabilityError if not in time; a no-op for ``everysec`` alone."""
+        confirmations = self._confirmations()
+        if confirmations:
+            replies, _ = self._probed(*confirmations)
+            self._check_confirmations(replies, "what the log holds")
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
         """XRANGE pages with an exclusive start, ``read_page_entries`` entries per page."""
@@ -384,10 +456,17 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
     def last_id(self, name: str) -> str | None:
         """The stream's last generated id (it survives XTRIM), None without a stream."""
-        found = self._stream_ids(keys=[self._stream_key(name)])
+        stream = self._stream_key(name)
+        found = self._stream_ids(keys=[stream, f"{stream}:last"])
         if not found or found == b"0-0":
             return None
         return found.decode()
+
+    def reaches(self, name: str, entry_id: str) -> bool:
+        """True when the stream's newest id is ``entry_id`` or later."""
+        wanted = _parse_redis_id(entry_id)
+        last = self.last_id(name)
+        return last is not None and _parse_redis_id(last) >= wanted
 
     def logged_requests(
         self, name: str, keys: Sequence[str | None]
@@ -409,7 +488,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
     def delete(self, name: str) -> None:
         """DEL the stream and trim marker, then every remembered key (found with SCAN)."""
         stream = self._stream_key(name)
-        self._client.delete(stream, f"{stream}:trimmed")
+        self._client.delete(stream, f"{stream}:trimmed", f"{stream}:last")
         pattern = f"{_glob_escape(stream)}:key:*"
         batch: list[bytes] = []
         for key in self._client.scan_iter(match=pattern, count=1000):

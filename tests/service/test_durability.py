@@ -409,8 +409,8 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
     """GLN_WAL_REPLICAS=1: a learn is acknowledged once the replica holds its entry, so the
     primary's machine may be lost right after the answer: a server on the promoted replica
     restores every acknowledged example. While the replica is down, learn answers 503 (its
-    entry is in the primary's log, and the next learn applies it first, as after any append
-    in doubt). Without a replica, a server refuses to start."""
+    entry is in the primary's log, and is learned only once the replica has it: the first
+    learn after it comes back applies it first, as after any append in doubt). Without a replica, a server refuses to start."""
     from service.wal import WalDurabilityError
     from tests.redis_process import wait_for_replica
 
@@ -434,6 +434,9 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
         await learn(1)
         replica.kill()
         refused = await learn(2)
+        # Its entry is in the primary's log alone: not learned until a replica holds it.
+        await learn(2)
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 8
         replica.start()
         wait_for_replica(primary)
         await learn(3)  # applies batch 2 from the log first
@@ -452,10 +455,76 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
         async with serve(create_app(settings.model_copy(update={"redis_url": replica.url}))):
             pass
 
-    assert statuses == [200, 200, 503, 200]
+    assert statuses == [200, 200, 503, 503, 200]
     assert "reached 0 of the 1 replica" in refused.json()["detail"]
     assert restored == 16
     reference = GLN(**small_config)
     for X, y in batches:
         reference.learn(np.array(X), np.array(y))
     assert restored_bytes == reference.to_bytes()
+
+
+def _lose_log_tail(redis_url: str, prefix: str, name: str, lost: list[str], keys: list[str]):
+    """What a failover to a replica that lacked the last entries leaves: the stream without
+    the ``lost`` entries and their idempotency keys, ending where the replica's copy ended."""
+    stream = f"{prefix}:wal:{name}"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.xdel(stream, *lost)
+        client.delete(*(f"{stream}:key:{key}" for key in keys))
+        (last_id, _), = client.xrevrange(stream, count=1)
+        client.set(f"{stream}:last", last_id)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("detected_by", ["append", "catch-up"])
+async def test_a_model_ahead_of_its_log_is_rebuilt_and_a_lost_request_learned_once(
+    detected_by, redis_url, redis_key_prefix, serve, small_config, create_model, make_data,
+    tmp_path,
+):
+    """A failover can promote a replica that lacks the last entries the model learned (with
+    ``GLN_WAL_REPLICAS=0``, or entries applied after a failed append). The next append sees
+    the log end elsewhere (or the next catch-up sees it no longer reach the model's last
+    entry): the request gets 503, and the model is rebuilt from its snapshot and the log.
+    The lost request, retried with its key, is then learned once, not twice."""
+    settings = Settings(redis_url=redis_url, redis_key_prefix=redis_key_prefix,
+                        snapshot_interval_s=3600, snapshot_dir=str(tmp_path / "unused"))
+    batches = {key: make_data(3, seed=s) for s, key in enumerate("abcd")}
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+
+        async def learn(key):
+            X, y = batches[key]
+            return await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                     headers={"Idempotency-Key": key})
+
+        assert (await learn("a")).status_code == 200
+        assert (await client.post("/v1/models/m/snapshot")).status_code == 200
+        assert (await learn("b")).status_code == 200
+        lost = (await learn("c")).json()["log_id"]
+        _lose_log_tail(redis_url, redis_key_prefix, "m", [lost], ["c"])
+        if detected_by == "catch-up":  # as after an append whose outcome is unknown
+            (await app.state.registry.get("m"))._log_in_doubt = True
+        refused = await learn("d")
+        after_rebuild = (await client.get("/v1/models/m")).json()["examples_seen"]
+        retried = await learn("c")
+        assert (await learn("d")).status_code == 200
+        rebuilt_bytes = await model_bytes(app, "m")
+        metrics = (await client.get("/metrics")).text
+        skip_shutdown_snapshots(app)
+
+    if detected_by == "append":
+        assert refused.status_code == 503 and "rebuilt from its snapshot" in refused.text
+    else:  # caught up (rebuilt) first, then learned
+        assert refused.status_code == 200
+    assert after_rebuild == 6 + (3 if detected_by == "catch-up" else 0)
+    assert retried.status_code == 200 and not retried.json().get("duplicate")
+    reference = GLN(**small_config)
+    order = "abcd" if detected_by == "append" else "abdc"
+    for key in order:
+        X, y = batches[key]
+        reference.learn(np.asarray(X, dtype=np.float32), np.asarray(y))
+    assert rebuilt_bytes == reference.to_bytes()
+    assert "gln_wal_rebuilds_total 1.0" in metrics

@@ -27,6 +27,7 @@ from service.wal import (
     LoggedRequest,
     RedisWriteAheadLog,
     WalCorruptError,
+    WalDivergedError,
     WalDurabilityError,
     WalGapError,
     WriteAheadLog,
@@ -150,6 +151,51 @@ def test_wait_entries_and_learned_label_ids_round_trip_in_order(wal: WriteAheadL
     assert not second.waiting and second.label_ids == () and tags([second]) == [1]
     assert not third.waiting and third.label_ids == ("b", "a")
     assert_same(third, X[:2], np.array([1, 0]))
+
+
+def test_an_append_that_follows_another_end_is_refused_and_logs_nothing(
+    wal: WriteAheadLog,
+) -> None:
+    """``follows`` names where the writer knows the log to end (None: empty): an append is
+    logged only if it does and none of its keys is logged yet, also across trims and for wait
+    entries; without it, always."""
+    X, _ = chunk(1)
+    first = wal.append("m", *tagged(1), ["k1"], follows=None)
+    with pytest.raises(WalDivergedError, match=f"ends at {first}, not at nothing"):
+        wal.append("m", *tagged(2), ["k2"], follows=None)
+    with pytest.raises(WalDivergedError, match="already holds idempotency key 'k1'"):
+        wal.append("m", *tagged(2), ["k3", "k1"], follows=first)
+    second = wal.append_waiting("m", ["a"], X, np.ones((1, 2)), 10.0, follows=first)
+    wal.trim_through("m", second)
+    with pytest.raises(WalDivergedError, match=f"ends at {second}, not at {first}"):
+        wal.append_waiting("m", ["b"], X, np.ones((1, 2)), 10.0, follows=first)
+    third = wal.append("m", *tagged(3), follows=second)
+    fourth = wal.append("m", *tagged(4))  # follows nothing in particular
+    assert [e.id for e in wal.read_after("m", None)] == [third, fourth]
+    assert wal.seen_key("m", "k2") is None and wal.seen_key("m", "k3") is None
+    assert wal.reaches("m", first) and wal.reaches("m", fourth)
+    assert not wal.reaches("other", first)
+    wal.delete("m")
+    assert not wal.reaches("m", first)
+    assert wal.append("m", *tagged(5), follows=None)  # a deleted log starts afresh
+
+
+def test_a_stream_logged_before_its_end_was_kept_is_checked_by_its_last_id(
+    redis_url: str, redis_key_prefix: str,
+) -> None:
+    """A log appended to by an earlier version has no ``:last`` key: its stream's own
+    last-generated id stands in for it, so ``follows`` works there too."""
+    wal = RedisWriteAheadLog(redis_url, key_prefix=redis_key_prefix)
+    first = wal.append("m", *tagged(1))
+    client = redis.Redis.from_url(redis_url)
+    client.delete(f"{redis_key_prefix}:wal:m:last")
+    client.close()
+    assert wal.last_id("m") == first and wal.reaches("m", first)
+    with pytest.raises(WalDivergedError):
+        wal.append("m", *tagged(2), follows=None)
+    second = wal.append("m", *tagged(2), follows=first)
+    assert wal.last_id("m") == second != first
+    wal.close()
 
 
 def test_wait_entries_name_the_rows_that_expired_with_them(wal: WriteAheadLog) -> None:
@@ -728,7 +774,8 @@ def test_an_append_is_acknowledged_once_the_replicas_have_it(
     replicated: tuple[RedisProcess, RedisProcess],
 ) -> None:
     """With ``replicas=1`` an append returns only once the replica has it (so the replica
-    alone can replay it, keys included), and fails, naming the replicas, once none answers."""
+    alone can replay it, keys included), and fails, naming the replicas, once none answers;
+    ``wait_durable`` then says that what the log holds is not on a replica."""
     primary, replica = replicated
     wal = RedisWriteAheadLog(primary.url, replicas=1, replica_timeout_s=0.5)
     wal.check_durability()
@@ -737,9 +784,40 @@ def test_an_append_is_acknowledged_once_the_replicas_have_it(
     assert [e.id for e in on_replica.read_after("m", None)] == [first]
     assert on_replica.seen_key("m", "k") == first
     on_replica.close()
+    wal.wait_durable()
     replica.kill()  # the replica's machine is lost
     with pytest.raises(WalDurabilityError, match="reached 0 of the 1 replica"):
         wal.append("m", *tagged(2))
+    with pytest.raises(WalDurabilityError, match="what the log holds reached 0 of the 1"):
+        wal.wait_durable()  # the entry above is in the primary's log alone
+    wal.close()
+
+
+def test_an_append_whose_connection_drops_is_not_sent_again(
+    replicated: tuple[RedisProcess, RedisProcess],
+) -> None:
+    """An append is sent once. Its connection is cut after Redis ran it, while the append
+    waits for the replica: the append fails, and the log holds the entry once. (A client
+    library that re-sent the command on a new connection would log it twice, and the model,
+    catching up with its log after the failure, would learn it twice.)"""
+    primary, replica = replicated
+    wal = RedisWriteAheadLog(primary.url, key_prefix="cut", replicas=1, replica_timeout_s=1.5)
+    wal.check_durability()
+    replica.kill()  # WAIT now holds the append's connection for 1.5 s
+    admin = redis.Redis.from_url(primary.url)
+
+    def cut_the_log_connection() -> None:
+        time.sleep(0.5)
+        admin.client_kill_filter(_type="normal", skipme=True)
+
+    cutter = threading.Thread(target=cut_the_log_connection)
+    cutter.start()
+    with pytest.raises((redis.ConnectionError, WalDurabilityError)):
+        wal.append("m", *tagged(1), ["k"])
+    cutter.join()
+    assert len(list(wal.read_after("m", None))) == 1
+    assert admin.xlen("cut:wal:m") == 1
+    admin.close()
     wal.close()
 
 
