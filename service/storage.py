@@ -17,6 +17,8 @@ from typing import BinaryIO, Self
 from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -172,8 +174,10 @@ def redis_client(
     asks them again on every new connection, so after a failover it writes to the promoted
     replica, and a connection still open to a demoted primary is dropped at its first write.
     """
+    # No retries inside the client: a command whose connection dropped after Redis ran it
+    # would run twice (an append logged twice); the log's callers retry knowingly.
     timeouts = {"socket_connect_timeout": socket_connect_timeout,
-                "socket_timeout": socket_timeout}
+                "socket_timeout": socket_timeout, "retry": Retry(NoBackoff(), 0)}
     if not url.startswith(f"{SENTINEL_SCHEME}://"):
         return redis.Redis.from_url(url, decode_responses=False, **timeouts)
     target = parse_sentinel_url(url)
