@@ -49,7 +49,14 @@ from service.pending import PendingPredictions, PendingRow
 from service.settings import Settings
 from service.snapshot_blob import WAL_ID, snapshot_blob
 from service.store import SnapshotInfo, SnapshotStore
-from service.wal import ANY_END, LogEntry, WalDivergedError, WriteAheadLog, request_digest
+from service.wal import (
+    ANY_END,
+    LogEntry,
+    WalDivergedError,
+    WalDurabilityError,
+    WriteAheadLog,
+    request_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +140,10 @@ class ModelEntry:
     a snapshot records it. Requests whose idempotency key the log already holds are answered
     as duplicates and not learned again. If an append fails, nobody knows whether the entry
     reached the log; the model is then "in doubt" and, before it learns anything else,
-    applies whatever the log holds after ``applied_id``, so the weights always equal a
-    replay of the log (docs/durability.md).
+    applies whatever the log holds after ``applied_id`` once it is as durable as an
+    acknowledged entry, so the weights always equal a replay of the log (docs/durability.md).
+    A log that lost entries the model had learned (a Redis failover) is noticed at the next
+    append or catch-up, and the model is rebuilt from its snapshot and the log.
     """
 
     def __init__(
@@ -586,10 +595,13 @@ class ModelEntry:
             self._metrics.wal_append_errors.inc()
             self._log_in_doubt = True
             log.warning("log append for %r failed: %s", self.name, exc)
-            try:
-                self._catch_up()
-            except Exception as again:
-                log.warning("catching %r up with its log failed too: %s", self.name, again)
+            # An entry the replicas did not confirm in time is not confirmed a moment later
+            # either: the next request catches up (and waits for them) instead.
+            if not isinstance(exc, WalDurabilityError):
+                try:
+                    self._catch_up()
+                except Exception as again:
+                    log.warning("catching %r up with its log failed too: %s", self.name, again)
             raise Unavailable(
                 f"write-ahead log did not confirm the append ({type(exc).__name__}: {exc}); "
                 "the request is not acknowledged: retry it with the same Idempotency-Key "
