@@ -357,7 +357,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
     def _check_refusal(self, name: str, follows: str | None, reply: Any) -> None:
         """Raise what the append script's error reply says (WalDivergedError), if it is one."""
         if isinstance(reply, redis.ResponseError):
-            refusal = str(reply).split(" ")
+            refusal = str(reply).split(" ", 2)  # the error, the last id, the key (if any)
             if refusal[0] != _DIVERGED:
                 raise reply
             found = refusal[1] if len(refusal) > 1 and refusal[1] else None
