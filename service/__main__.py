@@ -19,6 +19,7 @@ import sys
 from types import FrameType
 
 import uvicorn
+from pydantic import ValidationError
 
 from service.app import create_app
 from service.settings import Settings
@@ -38,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     overrides = {k: v for k, v in vars(args).items() if v is not None}
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"gln-service: invalid configuration:\n{_settings_errors(exc)}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -60,6 +65,19 @@ def main(argv: list[str] | None = None) -> int:
         server_header=False,
     )
     return 0 if app.state.shutdown_clean is not False else 1
+
+
+def _settings_errors(exc: ValidationError) -> str:
+    """One line per wrong setting, named as its environment variable (pydantic's own message
+    is a traceback-sized block per error)."""
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        if field:
+            lines.append(f"  GLN_{field.upper()}: {error['msg']} (got {error.get('input')!r})")
+        else:  # a rule across settings; its message names them
+            lines.append(f"  {error['msg']}")
+    return "\n".join(lines)
 
 
 def _tune_gc() -> None:

@@ -158,3 +158,24 @@ def test_a_durability_redis_cannot_give_stops_the_server_at_start_up(
     )
     assert done.returncode == 3
     assert b"durability='always' is not available: AOF is off" in done.stderr
+
+
+def test_a_wrong_setting_exits_2_naming_each_variable(monkeypatch, capsys):
+    """A misconfigured server says which ``GLN_*`` variables are wrong, one line each, and
+    exits 2 before it serves anything (not with a validation traceback)."""
+    from service.__main__ import main
+
+    monkeypatch.setenv("GLN_PORT", "abc")
+    monkeypatch.setenv("GLN_REDIS_URL", "redis+sentinel://h1:port/gln")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gln-service: invalid configuration:")
+    assert "GLN_PORT: Input should be a valid integer" in err and "(got 'abc')" in err
+    assert "GLN_REDIS_URL: Value error, each Sentinel is host[:port]" in err
+    assert "Traceback" not in err
+
+    monkeypatch.delenv("GLN_PORT")
+    monkeypatch.delenv("GLN_REDIS_URL")
+    monkeypatch.setenv("GLN_WAL_REPLICAS", "1")
+    assert main([]) == 2
+    assert "GLN_WAL_REPLICAS needs the Redis log: set GLN_REDIS_URL" in capsys.readouterr().err
