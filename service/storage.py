@@ -97,10 +97,12 @@ class RedisClient(ClosingMixin):
             return False
 
     def reconnect(self) -> None:
-        """Drop every connection: the next call connects afresh, and through a Sentinel URL
-        asks the Sentinels for the primary again (a connection open since before a failover
-        could otherwise go on reaching the old primary)."""
-        self._client.connection_pool.disconnect()
+        """Drop the idle connections: the next call connects afresh, and through a Sentinel
+        URL asks the Sentinels for the primary again (a connection open since before a
+        failover could otherwise go on reaching the old primary). Connections in use by
+        other threads finish their call; a Sentinel pool then drops those that reach a
+        primary it no longer names, instead of taking them back."""
+        self._client.connection_pool.disconnect(inuse_connections=False)
 
     def close(self) -> None:
         """Close the client's connections."""
