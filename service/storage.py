@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Self
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -111,33 +111,45 @@ class RedisClient(ClosingMixin):
 
 @dataclass(frozen=True)
 class SentinelTarget:
-    """Where a ``redis+sentinel://`` URL points: the Sentinels to ask, the name they monitor
-    the primary by, and how to talk to that primary (database, user, password)."""
+    """Where a ``redis+sentinel://`` URL points: the Sentinels to ask (and their password,
+    if they have one), the name they monitor the primary by, and how to talk to that primary
+    (database, user, password)."""
 
     sentinels: tuple[tuple[str, int], ...]
     service_name: str
     db: int = 0
     username: str | None = None
     password: str | None = None
+    sentinel_password: str | None = None
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
-    """Read ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/name[/db]``.
+    """Read ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/name[/db]``,
+    optionally with ``?sentinel_password=...``.
 
     Each host is a Sentinel (port 26379 when left out); ``name`` is the primary's name in
-    their ``sentinel monitor`` line; the user and password are the primary's (the Sentinels
-    are asked without one). ``ValueError`` names what is wrong.
+    their ``sentinel monitor`` line; the user and password are the primary's, and
+    ``sentinel_password`` the Sentinels' own (their ``requirepass``; without it they are
+    asked without one). ``ValueError`` names what is wrong.
 
     >>> parse_sentinel_url("redis+sentinel://:secret@10.0.0.1,10.0.0.2:26380/gln/2")
     SentinelTarget(sentinels=(('10.0.0.1', 26379), ('10.0.0.2', 26380)), service_name='gln', \
-db=2, username=None, password='secret')
+db=2, username=None, password='secret', sentinel_password=None)
     """
     parts = urlsplit(url)
-    shape = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host[:port]...]/name[/db]"
+    shape = (f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host[:port]...]/name[/db]"
+             "[?sentinel_password=...]")
     if parts.scheme != SENTINEL_SCHEME:
         raise ValueError(f"a Sentinel URL starts with {SENTINEL_SCHEME}://, got {url!r}")
-    if parts.query or parts.fragment:
-        raise ValueError(f"a Sentinel URL takes no query or fragment: {shape}")
+    try:
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:  # not name=value pairs: named below as it stands
+        query = {parts.query: []}
+    unknown = sorted(set(query) - {"sentinel_password"})
+    if unknown or parts.fragment or any(len(values) > 1 for values in query.values()):
+        raise ValueError(f"a Sentinel URL takes sentinel_password once and nothing else after "
+                         f"its path (got {', '.join(unknown) or 'a repeat or a fragment'}): "
+                         f"{shape}")
     credentials, _, hosts = parts.netloc.rpartition("@")
     username, _, password = credentials.partition(":")
     sentinels = tuple(_host_and_port(host, shape) for host in hosts.split(","))
@@ -149,6 +161,7 @@ db=2, username=None, password='secret')
     return SentinelTarget(
         sentinels, path[0], int(path[1]) if len(path) == 2 else 0,
         unquote(username) or None, unquote(password) or None,
+        query.get("sentinel_password", [""])[0] or None,
     )
 
 
@@ -184,10 +197,13 @@ def redis_client(
         return redis.Redis.from_url(url, decode_responses=False, **timeouts)
     target = parse_sentinel_url(url)
     # The Sentinels answer at once or not at all: a silent one is skipped after the
-    # connect timeout rather than waited on.
+    # connect timeout, and one that refuses is not asked again (redis-py's default would
+    # retry it ten times, seconds of backoff), so the next Sentinel is asked instead.
     sentinels = Sentinel(list(target.sentinels), sentinel_kwargs={
         "socket_connect_timeout": socket_connect_timeout,
         "socket_timeout": socket_connect_timeout,
+        "password": target.sentinel_password,
+        "retry": Retry(NoBackoff(), 0),
     })
     return sentinels.master_for(
         target.service_name, db=target.db, username=target.username,

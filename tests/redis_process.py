@@ -254,6 +254,7 @@ class SentinelProcess:
         name: str = "gln",
         down_after_ms: int = 500,
         failover_timeout_ms: int = 5000,
+        password: str | None = None,
         binary: str | None = None,
     ) -> None:
         self.directory = Path(directory)
@@ -264,13 +265,16 @@ class SentinelProcess:
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.binary = binary or find_redis_server()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
-        self._admin = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=2,
-                                  decode_responses=True)
+        self._admin = redis.Redis(port=self.port, password=password, socket_connect_timeout=0.5,
+                                  socket_timeout=2, decode_responses=True)
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.port}/{self.name}"
+        """The service's URL for the primary this Sentinel names (with its password)."""
+        query = "" if self.password is None else f"?sentinel_password={self.password}"
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.name}{query}"
 
     def start(self, replicas: int = 0, timeout_s: float = 30.0) -> Self:
         """Start it (its config file is its own: Sentinel rewrites it) and wait until it
@@ -284,6 +288,7 @@ class SentinelProcess:
             f"sentinel monitor {self.name} 127.0.0.1 {self.primary.port} 1",
             f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}",
             f"sentinel failover-timeout {self.name} {self.failover_timeout_ms}",
+            "" if self.password is None else f"requirepass {self.password}",
             "",
         )))
         self.proc = subprocess.Popen(

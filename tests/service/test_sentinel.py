@@ -22,7 +22,12 @@ from service.app import create_app
 from service.settings import Settings
 from service.storage import parse_sentinel_url
 from service.store import RedisSnapshotStore
-from tests.redis_process import RedisProcess, SentinelProcess, primary_and_replicas
+from tests.redis_process import (
+    RedisProcess,
+    SentinelProcess,
+    free_port,
+    primary_and_replicas,
+)
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
@@ -44,7 +49,9 @@ def sentinel_group(tmp_path: Any) -> Iterator[tuple[RedisProcess, SentinelProces
     ("redis+sentinel://h1,/gln", "each Sentinel is host"),
     ("redis+sentinel://h1:70000/gln", "each Sentinel is host"),
     ("redis+sentinel://h1/gln/db", "database of a Sentinel URL is a number"),
-    ("redis+sentinel://h1/gln?timeout=1", "takes no query"),
+    ("redis+sentinel://h1/gln?timeout=1", "takes sentinel_password once and nothing else"),
+    ("redis+sentinel://h1/gln?garbage", r"\(got garbage\)"),
+    ("redis+sentinel://h1/gln?sentinel_password=a&sentinel_password=b", "a repeat"),
 ])
 def test_a_malformed_sentinel_url_is_refused_naming_what_is_wrong(url: str, message: str):
     with pytest.raises(ValueError, match=message):
@@ -54,10 +61,40 @@ def test_a_malformed_sentinel_url_is_refused_naming_what_is_wrong(url: str, mess
 
 
 def test_a_sentinel_url_names_every_sentinel_the_primary_and_its_credentials():
-    target = parse_sentinel_url("redis+sentinel://app:p%40ss@[::1]:26380,10.0.0.2/orders/3")
+    target = parse_sentinel_url("redis+sentinel://app:p%40ss@[::1]:26380,10.0.0.2/orders/3"
+                                "?sentinel_password=s%26t")
     assert target.sentinels == (("::1", 26380), ("10.0.0.2", 26379))
     assert (target.service_name, target.db) == ("orders", 3)
     assert (target.username, target.password) == ("app", "p@ss")
+    assert target.sentinel_password == "s&t"
+
+
+def test_a_dead_sentinel_in_the_list_is_passed_over(sentinel_group):
+    """The Sentinels are asked in turn: one that is down does not keep the store from the
+    primary that the next one names."""
+    primary, sentinel = sentinel_group
+    url = sentinel.url.replace("127.0.0.1:", f"127.0.0.1:{free_port()},127.0.0.1:", 1)
+    assert url.count(",") == 1
+    with RedisSnapshotStore(url, key_prefix="t") as store:
+        assert store.ping()
+        store.save("m", b"bytes")
+        assert store.load("m")[0] == b"bytes"
+
+
+def test_sentinels_with_a_password_are_asked_with_it(sentinel_group, tmp_path):
+    """Sentinels that require a password (``requirepass``) name the primary only to a client
+    that gives it (``?sentinel_password=``); without it the store cannot reach Redis."""
+    primary, _ = sentinel_group
+    with SentinelProcess(tmp_path / "locked", primary, password="s3cret").start(
+            replicas=2) as locked:
+        with RedisSnapshotStore(locked.url, key_prefix="t") as store:
+            assert store.ping()
+            store.save("m", b"bytes")
+        without = locked.url.partition("?")[0]
+        with RedisSnapshotStore(without, key_prefix="t") as store:
+            assert not store.ping()
+            with pytest.raises(redis.RedisError):
+                store.load("m")
 
 
 def test_snapshots_go_to_the_primary_the_sentinel_names(sentinel_group):
