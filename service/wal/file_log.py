@@ -101,6 +101,11 @@ class _FileState:
     # key -> (entry id, logged at, request digest or None)
     keys: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
 
+    @property
+    def last_entry(self) -> str | None:
+        """The newest id appended, as the interface gives ids, None if none."""
+        return str(self.last_id) if self.last_id else None
+
 
 class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
     """The log as one append-only file per model: ``{directory}/{name}/wal.log``.
@@ -245,7 +250,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
     ) -> str:
         """Write one record (after cutting off any torn tail), fsync it, return its id."""
         with self._state(name) as (state, path):
-            last = str(state.last_id) if state.last_id else None
+            last = state.last_entry
             if follows != ANY_END:
                 if follows != last:
                     raise WalDivergedError(name, follows, last)
@@ -356,7 +361,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
     def last_id(self, name: str) -> str | None:
         """The newest id appended (kept across trims by the base record), None if none."""
         with self._state(name) as (state, _):
-            return str(state.last_id) if state.last_id else None
+            return state.last_entry
 
     def wait_durable(self) -> None:
         """Nothing to wait for: each append is fsynced (with ``fsync``) before it returns."""
