@@ -626,16 +626,16 @@ class ModelEntry:
         except Exception as exc:
             raise self._log_unavailable(exc) from exc
 
-    def _catch_up(self, confirmed: bool = True) -> int:
+    def _catch_up(self) -> int:
         """(model lock) Apply every log entry after ``applied_id``; how many there were.
 
         At restore this is the replay of the log tail; after a failed append it picks up an
-        entry that reached the log although its append raised. That entry is applied only
-        once it is as durable as an acknowledged one (``confirmed``: the log's
-        ``wait_durable``, so a replica has it), else WalDurabilityError and the model stays
-        in doubt: learned but not replicated, it could be lost in a failover while the model
-        and its snapshots kept it. A log that no longer reaches where this writer left it
-        has lost entries the model learned: the model is rebuilt.
+        entry that reached the log although its append raised. Entries are applied only once
+        they are as durable as an acknowledged one (the log's ``wait_durable``: a replica
+        has them), else WalDurabilityError and the model stays in doubt: learned but not
+        replicated, an entry could be lost in a failover while the model and its snapshots
+        kept it. A log that no longer reaches where this writer left it has lost entries
+        the model learned: the model is rebuilt.
         """
         assert self.wal is not None
         known_end = self._log_end
@@ -643,8 +643,7 @@ class ModelEntry:
             log.warning("the log of %r ends at %s, before %s where this writer left it",
                         self.name, self.wal.last_id(self.name), known_end)
             return self._rebuild()
-        if confirmed:
-            self.wal.wait_durable()
+        self.wal.wait_durable()
         count = 0
         for entry in self.wal.read_after(self.name, self.applied_id):
             self._apply_logged(entry)
@@ -671,7 +670,7 @@ class ModelEntry:
                 f"the log of {self.name!r} lost entries the model had learned, and there is no "
                 "snapshot of it to rebuild it from: delete it and create (or import) it again"
             )
-        self.wal.wait_durable()  # replay nothing that a replica does not hold yet
+        self.wal.wait_durable()  # before the model is replaced: replay only what is durable
         log.warning("rebuilding %r from its snapshot (version %d) and its log: the log lost "
                     "entries the model had learned", self.name, stored.info.version)
         self.model, self.snapshot = stored.model, stored.info
@@ -680,8 +679,9 @@ class ModelEntry:
         self.pending.put_rows(stored.waiting)
         self._answers = AnswerCache(self._answers.max_rows)
         self._log_end = ANY_END
+        self._log_in_doubt = True  # until the replay below is done
         self._metrics.wal_rebuilds.inc()
-        return self._catch_up(confirmed=False)
+        return self._catch_up()
 
     def _apply_logged(self, entry: LogEntry) -> None:
         """(model lock) Learn one log entry, and remember its keyed requests' answers.
@@ -713,11 +713,12 @@ class ModelEntry:
             offset += n
 
     def replay_log(self) -> int:
-        """(thread) Bring a restored model up to its log: apply the entries after its snapshot."""
+        """(thread) Bring a restored model up to its log: apply the entries after its snapshot,
+        once they are as durable as an acknowledged entry (WalDurabilityError until then)."""
         if self.wal is None:
             return 0
         with self.lock:
-            return self._catch_up(confirmed=False)
+            return self._catch_up()
 
     def _answer(self, groups: list[_GroupResult]) -> None:
         """(loop) Give every request its slice; count learned examples in stats and metrics."""

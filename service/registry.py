@@ -39,7 +39,7 @@ from service.pending import PendingRow
 from service.settings import Settings
 from service.snapshot_blob import WAL_ID, split_snapshot
 from service.store import SnapshotInfo, SnapshotStore
-from service.wal import WriteAheadLog
+from service.wal import WalDurabilityError, WriteAheadLog
 
 __all__ = [
     "WAL_ID",
@@ -555,8 +555,9 @@ class ModelRegistry:
     async def restore_all(self, retry_s: float = 1.0) -> None:
         """Load every stored model (``GLN.from_bytes``, never pickle), then mark restored.
 
-        While the store is unreachable this retries (backing off to 30 s) and the service
-        stays unready. A snapshot that loads but cannot be decoded is recorded in ``failed``
+        While the store is unreachable, or the log's tail is not yet as durable as an
+        acknowledged entry (a replica is behind), this retries (backing off to 30 s) and the
+        service stays unready: a model never serves entries that a failover could still lose. A snapshot that loads but cannot be decoded is recorded in ``failed``
         (readiness reports it) instead of blocking the other models.
         """
         async with self._names_lock:
@@ -589,8 +590,9 @@ class ModelRegistry:
                 # Restored rows are counted, never refused (the budget may be overrun).
                 entry.waiting_room_reserved = len(entry.pending) > 0
             except Exception as exc:
-                if not await self.store_reachable():
-                    log.warning("store unreachable restoring %r; retrying in %.0f s", name, delay)
+                if isinstance(exc, WalDurabilityError) or not await self.store_reachable():
+                    why = exc if isinstance(exc, WalDurabilityError) else "store unreachable"
+                    log.warning("restoring %r: %s; retrying in %.0f s", name, why, delay)
                     await asyncio.sleep(delay)
                     delay = min(30.0, delay * 2)
                     continue

@@ -167,6 +167,17 @@ class RedisProcess:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP: the server stays connected but answers nothing (a replica that hangs)."""
+        assert self.proc is not None and self.running
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause` (harmless when not paused)."""
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGCONT)
+
     def restart(self, down_s: float = 0.0, *, kill: bool = False) -> None:
         """Stop (cleanly, or SIGKILL with ``kill``), stay down ``down_s`` s, start again."""
         if kill:

@@ -465,6 +465,57 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
     assert restored_bytes == reference.to_bytes()
 
 
+async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
+    replicated, serve, small_config, create_model, make_data, tmp_path, monkeypatch
+):
+    """GLN_WAL_REPLICAS=1: a restarted server replays the log after the snapshot only once a
+    replica confirms it holds it (a failover could otherwise lose entries the restored model
+    has learned, and its snapshots would keep them). Until then the restore retries and the
+    server is not ready; once the replica answers, the model holds every example."""
+    import service.app
+
+    primary, replica = replicated
+    batches = [make_data(4, seed=s) for s in range(3)]
+    settings = Settings(redis_url=primary.url, redis_key_prefix="t", wal_replicas=1,
+                        snapshot_interval_s=3600, snapshot_dir=str(tmp_path / "unused"))
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        for X, y in batches:
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            assert r.status_code == 200, r.text
+        skip_shutdown_snapshots(app)  # the restart replays all three entries from the log
+
+    open_log = service.app._open_log
+
+    def open_log_then_pause_the_replica(settings: Settings):
+        wal = open_log(settings)  # its start-up check passes: the replica answers
+        replica.pause()
+        return wal
+
+    monkeypatch.setattr(service.app, "_open_log", open_log_then_pause_the_replica)
+    restarted = create_app(settings)
+    try:
+        async with serve(restarted, wait_restored=False) as client:
+            await asyncio.sleep(3.0)  # longer than a WAIT for the replica (2 s)
+            unready = await client.get("/readyz")
+            replica.resume()
+            await asyncio.wait_for(restarted.state.registry.wait_restored(), timeout=30)
+            ready = await client.get("/readyz")
+            examples_seen = (await client.get("/v1/models/m")).json()["examples_seen"]
+            restored_bytes = await model_bytes(restarted, "m")
+    finally:
+        replica.resume()
+
+    assert unready.status_code == 503, unready.text
+    assert ready.status_code == 200, ready.text
+    assert examples_seen == 12
+    reference = GLN(**small_config)
+    for X, y in batches:
+        reference.learn(np.array(X), np.array(y))
+    assert restored_bytes == reference.to_bytes()
+
+
 def _lose_log_tail(redis_url: str, prefix: str, name: str, lost: list[str], keys: list[str]):
     """What a failover to a replica that lacked the last entries leaves: the stream without
     the ``lost`` entries and their idempotency keys, ending where the replica's copy ended."""
