@@ -557,8 +557,9 @@ class ModelRegistry:
 
         While the store is unreachable, or the log's tail is not yet as durable as an
         acknowledged entry (a replica is behind), this retries (backing off to 30 s) and the
-        service stays unready: a model never serves entries that a failover could still lose. A snapshot that loads but cannot be decoded is recorded in ``failed``
-        (readiness reports it) instead of blocking the other models.
+        service stays unready: a model never serves entries that a failover could still lose.
+        A snapshot that loads but cannot be decoded is recorded in ``failed`` (readiness
+        reports it) instead of blocking the other models.
         """
         async with self._names_lock:
             delay = retry_s
