@@ -43,9 +43,12 @@ class PlainGLN:
     def learn_one(self, x: np.ndarray, label: int) -> np.ndarray:
         m = self.model
         x64 = x[None, :].astype(np.float64)
-        counts, sums, sums_sq, m.moments = moments_before_each_row(np, m.moments, x64)
+        if m.moments.count == 0:
+            m._anchor_moments(x)  # the running sums are of x less the first row learned
+        counts, sums, sums_sq, m.moments = moments_before_each_row(
+            np, m.moments, x64, shift=m.moments_shift)
         z, base = scale_inputs(np, x64, counts, sums, sums_sq, mode=m.input_scaling,
-                               pred_clip=m.pred_clip, min_std=m.min_std)
+                               pred_clip=m.pred_clip, min_std=m.min_std, shift=m.moments_shift)
         bits = (m.normals @ z[0] >= m.offsets).reshape(m.num_glns, -1, m.context_dim)
         contexts = (bits * (1 << np.arange(m.context_dim))).sum(-1)
         rate = float(m.schedule(np.array([m.examples_seen + 1]))[0])

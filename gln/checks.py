@@ -44,13 +44,15 @@ def positive_int(name: str, value: Any) -> int:
 
 
 def number_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:
-    """``value`` as a float inside (low, high), or [low, high] when ``closed``."""
+    """``value`` as a finite float inside (low, high), or [low, high] when ``closed``."""
     if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
         raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         value = float(value)
     except OverflowError:
         raise ValueError(f"{name} is too large a number") from None
+    if not math.isfinite(value):  # a config holding it would not survive JSON either
+        raise ValueError(f"{name} must be a finite number, got {value}")
     inside = low <= value <= high if closed else low < value < high
     if not inside:
         interval = f"[{low}, {high}]" if closed else f"({low}, {high})"
@@ -103,12 +105,15 @@ def checked_features(X: Any, num_features: int) -> np.ndarray:
     if hasattr(X, "get"):  # a CuPy array
         X = to_numpy(X)
     try:
-        values = (X if isinstance(X, np.ndarray) and X.dtype == np.float32
-                  else np.asarray(X, dtype=np.float64))
+        values = X if isinstance(X, np.ndarray) else np.asarray(X)
+        if values.dtype.kind not in "biufO":  # strings, complex numbers, dates: not features
+            raise TypeError(f"got dtype {values.dtype}")
+        if values.dtype != np.float32:
+            values = values.astype(np.float64, copy=False)
     except (TypeError, ValueError) as error:
         raise ValueError(
             _ragged_row_message(X, num_features)
-            or f"features must be a 2-D array of numbers: {error}"
+            or f"features must be a 2-D array of real numbers: {error}"
         ) from None
     if values.ndim != 2:
         raise ValueError(f"features must be 2-D (rows, {num_features}), got {values.ndim}-D")

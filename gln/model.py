@@ -37,7 +37,7 @@ from gln.scaling import (
     moments_before_each_row,
     scale_inputs,
 )
-from gln.schedules import make_schedule
+from gln.schedules import Evaluated, PerExample, make_schedule
 
 # Rows per kernel call. On the CPU: large enough that a neuron's weights are reused across
 # many examples while they sit in cache, small enough that the chunk's projections (rows x
@@ -172,8 +172,13 @@ class GLN:
                 "rounds to 1 in float32, and a saturated neuron's logit is infinite"
             )
         self.weight_clip = checks.number_in("weight_clip", weight_clip, 0.0, MAX_WEIGHT_CLIP)
-        self.bias = checks.number_in("bias", bias, self.pred_clip, 1.0 - self.pred_clip,
-                                     closed=True)
+        self.bias = checks.number_in("bias", bias, 0.0, 1.0)
+        if not self.pred_clip <= self.bias <= 1.0 - self.pred_clip:
+            raise ValueError(
+                f"bias must be in [pred_clip, 1 - pred_clip] = [{self.pred_clip:g}, "
+                f"{1.0 - self.pred_clip:g}], got {self.bias:g}: the bias input is a clipped "
+                "probability too (the default, sigmoid(1) = 0.731, needs pred_clip <= 0.268)"
+            )
         if self.bias == 0.5:
             raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
         self.offset_scale = checks.number_in("offset_scale", offset_scale, 0.0, math.inf,
@@ -270,6 +275,7 @@ class GLN:
             "offsets": self.offsets,
             "moments_total": self.moments.total,
             "moments_total_sq": self.moments.total_sq,
+            "moments_shift": self.moments_shift,
             **{f"weights_{i}": w for i, w in enumerate(self.weights)},
         }
 
@@ -280,6 +286,7 @@ class GLN:
         self.moments = RunningMoments(
             moments_count, arrays["moments_total"], arrays["moments_total_sq"]
         )
+        self.moments_shift = arrays["moments_shift"]  # what the sums are of: x - shift
         self.weights = [arrays[f"weights_{i}"] for i in range(len(self.layer_sizes))]
         self.examples_seen = examples_seen
 
@@ -348,7 +355,7 @@ class GLN:
         """Bytes held by the model's arrays (weights, hyperplanes, statistics, and on the CPU
         the 16-bit copy of the normals once a short call has made it)."""
         arrays = [*self.weights, self.normals, self.offsets, self.moments.total,
-                  self.moments.total_sq]
+                  self.moments.total_sq, self.moments_shift]
         arrays += self._blur or ()
         copies = getattr(self._layer_contexts, "nbytes", 0)  # CpuLayerContexts has one
         return int(sum(a.nbytes for a in arrays)) + copies
@@ -406,8 +413,14 @@ class GLN:
         (tqdm, on stderr) for a long offline pass; it changes nothing learned.
         """
         X32, labels = self.check_input(X, y)
-        if not progress:
-            return self._class_probabilities(self._outputs(X32, labels), len(X32))
+        with self._user_rates_checked(len(X32)):
+            if not progress:
+                return self._class_probabilities(self._outputs(X32, labels), len(X32))
+            return self._learned_with_progress(X32, labels)
+
+    def _learned_with_progress(self, X32: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """``learn``'s result for checked rows, in pieces of a few chunks under a progress
+        bar."""
         outputs = []  # on the host: each piece's call waits for its results, so the bar is true
         with tqdm(total=len(X32), unit="example", desc="learn") as bar:
             for start, stop in self._chunk_bounds(len(X32), PROGRESS_CHUNKS * self._chunk_rows):
@@ -453,6 +466,20 @@ class GLN:
         return maps_g, biases_g
 
     # ------------------------------------------------------------------ internals
+    @contextlib.contextmanager
+    def _user_rates_checked(self, n: int) -> Iterator[None]:
+        """For a call learning ``n`` examples: a user's callable schedule evaluated for all of
+        them at once (``ValueError`` naming a bad rate before anything is learned), then read
+        from that evaluation; nothing to do for the built-in schedules."""
+        schedule = self.schedule
+        if isinstance(schedule, PerExample):
+            first = self.examples_seen + 1
+            self.schedule = Evaluated(first, schedule(np.arange(first, first + n)))
+        try:
+            yield
+        finally:
+            self.schedule = schedule
+
     @property
     def _chunk_rows(self) -> int:
         """The device's chunk length: rows per kernel call."""
@@ -467,17 +494,24 @@ class GLN:
     def _scale(self, x64: Any, count: Any, learning: bool) -> tuple[Any, Any, RunningMoments]:
         """Side information z, base logits, and the moments after the chunk (``count``:
         ``moments.count`` as a (1, 1) float64 array on the model's device)."""
-        xp, m = self._xp, self.moments
+        xp, m, shift = self._xp, self.moments, self.moments_shift
         if learning:
-            counts, sums, sums_sq, after = moments_before_each_row(xp, m, x64, count)
+            counts, sums, sums_sq, after = moments_before_each_row(xp, m, x64, count, shift)
         else:
             counts, sums, sums_sq, after = count, m.total[None, :], m.total_sq[None, :], m
         z, base_logits = scale_inputs(
             xp, x64, counts, sums, sums_sq,
             mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
-            side_info=self.side_info, blur=self._blur, fused=self._fused_scaling,
+            side_info=self.side_info, blur=self._blur, fused=self._fused_scaling, shift=shift,
         )
         return z, base_logits, after
+
+    def _anchor_moments(self, first_row: np.ndarray) -> None:
+        """Take the first row learned as the shift of the running sums (``gln.scaling``: sums
+        of ``x - shift`` keep the variance exact where a feature's mean dwarfs its spread).
+        In place, so a captured graph reads it."""
+        if self.input_scaling == "standardize":
+            self.moments_shift[...] = self._xp.asarray(first_row, dtype=self._xp.float64)
 
     def _contexts(self, z: Any) -> list[Any]:
         return self._layer_contexts(z, self.normals, self.offsets, self.context_dim,
@@ -487,6 +521,8 @@ class GLN:
         """The network's outputs (n, G) for a checked batch, on the host; learns when labels
         are given. A short call on the GPU is replayed from its captured graph when it can be."""
         n = len(X32)
+        if labels is not None and n and self.moments.count == 0:
+            self._anchor_moments(X32[0])
         if self._replays is not None and 0 < n <= REPLAY_MAX_ROWS:
             replayed = self._replayed(X32, labels)
             if replayed is not None:
@@ -576,7 +612,7 @@ class GLN:
         has none (yet)."""
         n, learning = len(X32), labels is not None
         state = (*self.weights, self.normals, self.offsets, self.moments.total,
-                 self.moments.total_sq)
+                 self.moments.total_sq, self.moments_shift)
         outputs = self._replays.replayed(
             (n, learning), state, self._staged(X32, labels),
             lambda packed: self._chunk_on_device(packed, None, n, learning)[0],
@@ -727,6 +763,7 @@ def _state_layout(
         "offsets": ((planes,), float32),
         "moments_total": ((num_features,), float64),
         "moments_total_sq": ((num_features,), float64),
+        "moments_shift": ((num_features,), float64),
         **{f"weights_{i}": ((num_glns, k, 2**context_dim, n), float32)
            for i, (k, n) in enumerate(zip(layer_sizes, inputs, strict=True))},
     }

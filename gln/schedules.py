@@ -53,13 +53,36 @@ class PerExample:
     function: Callable[[int], float]
 
     def __call__(self, t: np.ndarray) -> np.ndarray:
-        return np.array([float(self.function(int(i))) for i in t], dtype=np.float64)
+        """The rates for the example indices ``t``; ``ValueError`` naming the first that is
+        not a number in (0, MAX_RATE] (a NaN or negative rate would spoil every weight)."""
+        rates = np.array([float(self.function(int(i))) for i in t], dtype=np.float64)
+        valid = (rates > 0) & (rates <= MAX_RATE)
+        if not valid.all():
+            first = int(np.argmin(valid))
+            raise ValueError(f"learning_rate({int(t[first])}) must be a number in "
+                             f"(0, {MAX_RATE:g}], got {rates[first]!r}")
+        return rates
 
     def to_config(self) -> None:
         return None
 
 
-Schedule = Constant | InverseTime | PerExample
+@dataclass(frozen=True)
+class Evaluated:
+    """The rates of examples ``first``, ``first + 1``, ... computed beforehand: a user's
+    callable is called once per example, and checked before a call learns anything."""
+
+    first: int
+    rates: np.ndarray
+
+    def __call__(self, t: np.ndarray) -> np.ndarray:
+        return self.rates[t - self.first]
+
+    def to_config(self) -> None:
+        return None
+
+
+Schedule = Constant | InverseTime | PerExample | Evaluated
 
 
 def make_schedule(spec: Any) -> Schedule:
@@ -88,12 +111,17 @@ def make_schedule(spec: Any) -> Schedule:
                 raise ValueError(f"unknown learning_rate keys {sorted(unknown)}")
             scale, cap = spec.get("scale"), spec.get("cap")
             for key, value in (("scale", scale), ("cap", cap)):
-                if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                if isinstance(value, bool) or not isinstance(value, int | float):
                     raise ValueError(f"learning_rate.{key} must be a positive number")
-            try:
-                schedule = InverseTime(float(scale), float(cap))
-            except OverflowError:
-                raise ValueError("learning_rate.scale and cap must fit a float") from None
+                try:
+                    finite = math.isfinite(float(value))
+                except OverflowError:
+                    raise ValueError("learning_rate.scale and cap must fit a float") from None
+                if not finite or value <= 0:
+                    raise ValueError(
+                        f"learning_rate.{key} must be a positive finite number, got {value!r}"
+                    )
+            schedule = InverseTime(float(scale), float(cap))
             if schedule.cap > MAX_RATE:
                 raise ValueError(f"learning_rate.cap must be <= {MAX_RATE:g}, got {cap!r}")
             return schedule

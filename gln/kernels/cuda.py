@@ -346,19 +346,21 @@ def cuda_network_pass(
 
 
 def moments_before_each_row(
-    moments: RunningMoments, x64: Any, count: Any = None
+    moments: RunningMoments, x64: Any, count: Any = None, shift: Any = None
 ) -> tuple[Any, Any, Any, RunningMoments]:
     """``gln.scaling.moments_before_each_row`` on the GPU, bit for bit NumPy's sequential fold.
 
-    Returns counts (n, 1), sums (n, d) and sums of squares (n, d) before each row, and the
-    moments after the chunk, whose totals are ``moments``' own arrays, updated in place (they
-    must be C-contiguous float64). ``count``: ``moments.count`` as a one-element float64 device
-    array, for a caller that has it there already; the kernel reads it from memory, so its
-    launch can be captured once and replayed (``gln.kernels.replay``).
+    Returns counts (n, 1), sums (n, d) and sums of squares (n, d) of ``x64 - shift`` before
+    each row, and the moments after the chunk, whose totals are ``moments``' own arrays,
+    updated in place (they must be C-contiguous float64). ``count``: ``moments.count`` as a
+    one-element float64 device array, for a caller that has it there already; the kernel reads
+    it and ``shift`` from memory, so its launch can be captured once and replayed
+    (``gln.kernels.replay``).
     """
     cp = _cupy()
     x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
     n, d = x64.shape
+    shift = _shift_or_zeros(shift, d)
     for name, total in (("total", moments.total), ("total_sq", moments.total_sq)):
         if total.dtype != cp.float64 or total.shape != (d,) or not total.flags.c_contiguous:
             raise ValueError(f"moments.{name} must be C-contiguous float64 of shape ({d},), "
@@ -372,8 +374,8 @@ def moments_before_each_row(
         threads = 128  # __launch_bounds__ of gln_running_moments
         _function("moments.cu", "gln_running_moments")(
             (-(-max(n, d) // threads),), (threads,),
-            (x64, moments.total, moments.total_sq, sums, sums_sq, np.int32(n), np.int32(d),
-             count, counts),
+            (x64, shift, moments.total, moments.total_sq, sums, sums_sq, np.int32(n),
+             np.int32(d), count, counts),
         )
     return counts, sums, sums_sq, RunningMoments(moments.count + n, moments.total,
                                                  moments.total_sq)
@@ -512,28 +514,42 @@ def _layer_starts(layer_sizes: tuple[int, ...], device_id: int) -> Any:
 
 
 def cuda_standardize(
-    x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, logit_cap: float
+    x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, logit_cap: float,
+    shift: Any = None,
 ) -> tuple[Any, Any]:
     """``gln.scaling.standardized`` in one launch, bit for bit: z and clipped logits, float32.
 
-    ``counts`` (n, 1) and ``sums``, ``sums_sq`` (n, d) are the statistics before each row, or
-    (1, 1) and (1, d) for one frozen set.
+    ``counts`` (n, 1) and ``sums``, ``sums_sq`` (n, d) are the statistics (of ``x64 - shift``)
+    before each row, or (1, 1) and (1, d) for one frozen set.
     """
     cp = _cupy()
     x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
     n, d = x64.shape
+    shift = _shift_or_zeros(shift, d)
     stats_rows = counts.shape[0]
     z = cp.empty((n, d), dtype=cp.float32)
     base_logits = cp.empty((n, d), dtype=cp.float32)
     if z.size:
         _function("scaling.cu", "gln_standardize")(
             (-(-z.size // SCALING_THREADS),), (SCALING_THREADS,),
-            (x64, cp.ascontiguousarray(counts, dtype=cp.float64),
+            (x64, shift, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
              cp.ascontiguousarray(sums_sq, dtype=cp.float64), np.int32(n), np.int32(d),
              np.int32(stats_rows), np.float64(min_std), np.float64(logit_cap), z, base_logits),
         )
     return z, base_logits
+
+
+def _shift_or_zeros(shift: Any, num_features: int) -> Any:
+    """The running sums' shift as the kernels read it: C-contiguous float64 (d,), zeros for
+    sums of the rows themselves (None)."""
+    cp = _cupy()
+    if shift is None:
+        return cp.zeros(num_features, dtype=cp.float64)
+    if shift.dtype != cp.float64 or shift.shape != (num_features,) or not shift.flags.c_contiguous:
+        raise ValueError(f"shift must be C-contiguous float64 of shape ({num_features},), got "
+                         f"{shift.dtype} of shape {tuple(shift.shape)}")
+    return shift
 
 
 def cuda_unit_scaling(

@@ -3,10 +3,11 @@
 // NumPy's cumsum along the rows is a sequential fold, so a chunk's prefix sums equal those of
 // its rows taken one call at a time, bit for bit. CuPy's cumsum is a parallel scan that rounds
 // differently. This kernel keeps the fold: one thread per feature walks the rows in order, in
-// float64, with explicitly rounded operations (no fused multiply-add), so
-//   sums[t]    = total    + x[0]        + ... + x[t-1]          (left to right)
-//   sums_sq[t] = total_sq + x[0] * x[0] + ... + x[t-1] * x[t-1] (each product rounded first)
-// exactly as NumPy computes cumsum(concatenate([total, x])) and cumsum(... x * x).
+// float64, with explicitly rounded operations (no fused multiply-add), so with v = x - shift
+// (each difference rounded; the shift is the first row learned, gln.scaling says why)
+//   sums[t]    = total    + v[0]        + ... + v[t-1]          (left to right)
+//   sums_sq[t] = total_sq + v[0] * v[0] + ... + v[t-1] * v[t-1] (each product rounded first)
+// exactly as NumPy computes cumsum(concatenate([total, v])) and cumsum(... v * v).
 // Consecutive threads read consecutive features of a row, so every load and store coalesces.
 // The same launch writes each row's count, counts[t] = count + t (exact: integers below 2^53),
 // which would otherwise take two more launches; it needs max(n, num_features) threads.
@@ -15,20 +16,22 @@
 // so the launch has the same arguments on every call: a captured call (a CUDA graph) replays it.
 
 extern "C" __global__ void __launch_bounds__(128)
-gln_running_moments(const double* __restrict__ x, double* __restrict__ total,
+gln_running_moments(const double* __restrict__ x, const double* __restrict__ shift,
+                    double* __restrict__ total,
                     double* __restrict__ total_sq, double* __restrict__ sums,
                     double* __restrict__ sums_sq, int n, int num_features,
                     const double* __restrict__ count, double* __restrict__ counts) {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f < n) counts[f] = __dadd_rn(*count, static_cast<double>(f));
     if (f >= num_features) return;
+    const double offset = shift[f];
     double s = total[f];
     double q = total_sq[f];
     // The loads do not depend on the running sums: unrolling puts several rows in flight.
 #pragma unroll 8
     for (int t = 0; t < n; ++t) {
         const long long at = static_cast<long long>(t) * num_features + f;
-        const double v = x[at];
+        const double v = __dsub_rn(x[at], offset);
         sums[at] = s;
         sums_sq[at] = q;
         s = __dadd_rn(s, v);

@@ -10,10 +10,11 @@
 // NumPy's bit for bit:
 //   mean     = count > 0 ? sum / max(count, 1) : 0
 //   variance = count > 0 ? max(sum_sq / max(count, 1) - mean * mean, 0) : 1
-//   z        = clip((x - mean) / max(sqrt(variance), min_std), -GLN_Z_LIMIT, GLN_Z_LIMIT)
+//   z        = clip((x - shift - mean) / max(sqrt(variance), min_std), +-GLN_Z_LIMIT)
 //   logit    = clip(z, -logit_cap, logit_cap)
 // both rounded to float32. The statistics are those before each row (stats_rows = n, learning)
-// or one frozen set for every row (stats_rows = 1, prediction).
+// or one frozen set for every row (stats_rows = 1, prediction), of x - shift (gln.scaling says
+// why the running sums are shifted).
 
 // GLN_Z_LIMIT (gln.scaling.Z_LIMIT, passed by gln.kernels.cuda) bounds z before it becomes
 // float32, where an outlier would otherwise be infinite.
@@ -52,7 +53,8 @@ __device__ __forceinline__ void gln_mean_and_variance(double count, double sum, 
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-gln_standardize(const double* __restrict__ x, const double* __restrict__ counts,
+gln_standardize(const double* __restrict__ x, const double* __restrict__ shift,
+                const double* __restrict__ counts,
                 const double* __restrict__ sums, const double* __restrict__ sums_sq,
                 int n, int num_features, int stats_rows, double min_std, double logit_cap,
                 float* __restrict__ z, float* __restrict__ base_logits) {
@@ -66,7 +68,7 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ counts,
     gln_mean_and_variance(counts[row], sums[stat], sums_sq[stat], &mean, &variance);
     const double root = __dsqrt_rn(variance);
     const double scale = root >= min_std ? root : min_std;
-    const double value = __ddiv_rn(__dsub_rn(x[at], mean), scale);
+    const double value = __ddiv_rn(__dsub_rn(__dsub_rn(x[at], shift[f]), mean), scale);
     const double logit = value < -logit_cap ? -logit_cap : (value > logit_cap ? logit_cap : value);
     z[at] = gln_bounded_z(value);
     base_logits[at] = __double2float_rn(logit);

@@ -177,16 +177,19 @@ def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode,
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 300, 500])  # 500 rows > 300 features
-def test_cuda_moments_equal_numpy_bit_for_bit(cp, n):
+@pytest.mark.parametrize("shifted", [False, True], ids=["raw", "shifted"])
+def test_cuda_moments_equal_numpy_bit_for_bit(cp, n, shifted):
     from gln.kernels.cuda import moments_before_each_row  # noqa: PLC0415
 
     rng = np.random.default_rng(n)
     d = 300
-    x = rng.normal(3, 5, (n, d))
+    x = rng.normal(3, 5, (n, d)) + (1e6 if shifted else 0.0)
+    shift = rng.normal(1e6, 5, d) if shifted else None
     moments = RunningMoments(11, rng.normal(0, 50, d), rng.uniform(0, 500, d))
-    expected = numpy_moments(np, moments, x)
+    expected = numpy_moments(np, moments, x, shift=shift)
     on_gpu = RunningMoments(11, cp.asarray(moments.total), cp.asarray(moments.total_sq))
-    counts, sums, sums_sq, after = moments_before_each_row(on_gpu, cp.asarray(x))
+    counts, sums, sums_sq, after = moments_before_each_row(
+        on_gpu, cp.asarray(x), shift=None if shift is None else cp.asarray(shift))
     np.testing.assert_array_equal(counts.get(), expected[0])
     np.testing.assert_array_equal(sums.get(), expected[1])
     np.testing.assert_array_equal(sums_sq.get(), expected[2])
@@ -233,27 +236,31 @@ def test_cuda_contexts_equal_numpy_contexts(cp, n, glns, layer_sizes, list_room,
 
 @pytest.mark.parametrize("n", [0, 1, 300])
 @pytest.mark.parametrize("frozen", [False, True], ids=["learning", "frozen"])
-def test_cuda_standardize_equals_numpy_bit_for_bit(cp, n, frozen):
+@pytest.mark.parametrize("shifted", [False, True], ids=["raw", "shifted"])
+def test_cuda_standardize_equals_numpy_bit_for_bit(cp, n, frozen, shifted):
     """Before any data, constant features (the std floor), logits beyond the cap, statistics
-    per row or one frozen set (prediction)."""
+    per row or one frozen set (prediction), of the rows themselves or of the rows less a
+    shift."""
     from gln.kernels.cuda import cuda_standardize  # noqa: PLC0415
 
     rng = np.random.default_rng(n)
     d = 784
     x = rng.normal(2, 3, (n, d)) * rng.uniform(0.01, 10, d)
     x[:, 7] = 0.5  # constant: the std floor
+    shift = x[0].copy() if shifted and n else (rng.normal(0, 3, d) if shifted else None)
     counts, sums, sums_sq, after = numpy_moments(np, RunningMoments(0, np.zeros(d), np.zeros(d)),
-                                                 x)
+                                                 x, shift=shift)
     if n:
         x[n // 2, 9] = 1e4  # far beyond the logit cap, whichever statistics scale it
         x[n // 2, 11] = -3e38  # beyond float32 once scaled: bounded to -Z_LIMIT
     if frozen:
         counts, sums, sums_sq = (np.full((1, 1), float(after.count)), after.total[None],
                                  after.total_sq[None])
-    expected = standardized(np, x, counts, sums, sums_sq, 0.3, 8.1)
+    expected = standardized(np, x, counts, sums, sums_sq, 0.3, 8.1, shift)
     assert not n or (np.abs(expected[1]) == np.float32(8.1)).any()
     assert not n or frozen or expected[0][n // 2, 11] == np.float32(-Z_LIMIT)
-    got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1)
+    got = cuda_standardize(*(cp.asarray(a) for a in (x, counts, sums, sums_sq)), 0.3, 8.1,
+                           None if shift is None else cp.asarray(shift))
     np.testing.assert_array_equal(got[0].get(), expected[0])
     np.testing.assert_array_equal(got[1].get(), expected[1])
 

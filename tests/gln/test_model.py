@@ -11,7 +11,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer, load_digits
 
 from gln import GLN, SnapshotBuffer, SnapshotFormatError
-from tests.gln.snapshot_bytes import with_header
+from tests.gln.snapshot_bytes import with_header, without_array
 
 
 def small_model(**overrides):
@@ -158,6 +158,8 @@ BAD_FEATURES = [
     ([[0, 0, 0, 0, 0, float("inf")]], [0], "finite"),
     ([[0, 0, 0, 0, 0, 1e300]], [0], "fit in float32"),
     ([["a"] * 6], [0], "numbers"),
+    ([["1.5"] * 6], [0], "real numbers"),  # strings are not features, even numeric ones
+    (np.ones((1, 6), dtype=complex), [0], "real numbers"),  # not silently made real
     ([[0.0] * 6, [0.0] * 6, [0.0] * 7], [0, 1, 2], "row 2 has 7"),  # ragged
 ]
 BAD_LABELS = [
@@ -183,6 +185,21 @@ def test_bad_input_raises_value_error_and_changes_nothing(X, y, message, bad_fea
     if bad_features:
         with pytest.raises(ValueError, match=message):
             model.predict_proba(X)
+
+
+@pytest.mark.parametrize("bad_rate", [math.nan, -0.1, 0.0, math.inf])
+def test_a_callable_rate_that_is_no_rate_is_refused_before_anything_is_learned(bad_rate):
+    """A user's schedule is checked for the whole call first: a bad rate late in a long
+    call (a later chunk) names its example and changes nothing."""
+    model = small_model(learning_rate=lambda t: bad_rate if t == 290 else 0.05)
+    X, y = stream(300)
+    model.learn(X[:10], y[:10])
+    weights = [w.copy() for w in model.weights]
+    with pytest.raises(ValueError, match=r"learning_rate\(290\)"):
+        model.learn(X[10:], y[10:])
+    assert model.examples_seen == 10
+    for before, after in zip(weights, model.weights, strict=True):
+        np.testing.assert_array_equal(before, after)
 
 
 def test_a_bad_row_late_in_a_large_batch_changes_nothing():
@@ -219,7 +236,13 @@ def test_constant_features_never_produce_nan():
      # Beyond what float32 neurons can compute without an infinite logit or NaN:
      ({"pred_clip": 1e-8}, "pred_clip"), ({"weight_clip": 1e7}, "weight_clip"),
      ({"learning_rate": 1e7}, "learning_rate"),
-     ({"learning_rate": {"schedule": "inverse_time", "scale": 1.0, "cap": 1e7}}, "cap")],
+     ({"learning_rate": {"schedule": "inverse_time", "scale": 1.0, "cap": 1e7}}, "cap"),
+     # Not finite: a NaN rate spoils every weight, and neither survives a JSON config.
+     ({"learning_rate": {"schedule": "inverse_time", "scale": 1.0, "cap": math.nan}}, "cap"),
+     ({"learning_rate": {"schedule": "inverse_time", "scale": math.inf, "cap": 0.1}}, "scale"),
+     ({"offset_scale": math.inf}, "offset_scale"), ({"offset_scale": math.nan}, "offset_scale"),
+     # The default bias, sigmoid(1), lies outside [eps, 1 - eps] for a large pred_clip:
+     ({"pred_clip": 0.3}, r"bias .*needs pred_clip <= 0.268")],
 )
 def test_invalid_configuration_names_the_argument(overrides, name):
     with pytest.raises(ValueError, match=name):
@@ -291,7 +314,7 @@ def test_saliency_reproduces_the_output_where_nothing_is_clipped(num_classes):
     m = model.moments
     _, base_logits = scale_inputs(np, rows, np.full((1, 1), float(m.count)), m.total[None],
                                   m.total_sq[None], mode="standardize", pred_clip=model.pred_clip,
-                                  min_std=model.min_std)
+                                  min_std=model.min_std, shift=model.moments_shift)
     logits = np.einsum("tcd,td->tc", maps, base_logits.astype(np.float64)) + bias_terms
     outputs = 1 / (1 + np.exp(-logits))
     P = model.predict_proba(rows)
@@ -383,6 +406,39 @@ def test_corrupt_or_foreign_bytes_are_rejected():
     future = blob.replace(b'"version":1', b'"version":9', 1)
     with pytest.raises(SnapshotFormatError, match="version"):
         GLN.from_bytes(future)
+
+
+@pytest.mark.parametrize("offset", [1e6, 3e7])
+def test_a_constant_offset_on_every_feature_changes_nothing_learned(offset):
+    """Standardising makes a model indifferent to where a feature's values lie: rows that
+    differ by a constant (exactly, in float32) give the same predictions and weights, bit for
+    bit, because the running sums are of the rows less the first one learned. Sums of the raw
+    rows lost the variance of features around 3e7 to cancellation (a spread of 0)."""
+    rng = np.random.default_rng(3)
+    X = 2.0 * rng.integers(-50, 51, size=(3000, 6))  # even integers: exact at 3e7 in float32
+    y = (X[:, 0] + X[:, 3] > 0).astype(int) + (X[:, 1] > 40)
+    plain, shifted = small_model(), small_model()
+    expected = plain.learn(X, y)
+    np.testing.assert_array_equal(shifted.learn(X + offset, y), expected)
+    for a, b in zip(shifted.weights, plain.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(shifted.predict_proba(X[:50] + offset),
+                                  plain.predict_proba(X[:50]))
+    np.testing.assert_array_equal(shifted.moments_shift, X[0] + offset)
+
+
+def test_a_snapshot_from_before_the_shift_loads_with_sums_of_the_rows_themselves():
+    """Snapshots written before the running sums were shifted hold no shift: they load with a
+    zero one, which is what their sums are of, and learn on as before (checked on a model whose
+    first row, hence its shift, is zero, so both layouts hold the same state)."""
+    X, y = stream(200)
+    X[0] = 0.0
+    model = small_model()
+    model.learn(X[:100], y[:100])
+    older = GLN.from_bytes(without_array(model.to_bytes(), "moments_shift"))
+    assert not older.moments_shift.any()
+    np.testing.assert_array_equal(older.learn(X[100:], y[100:]), model.learn(X[100:], y[100:]))
+    assert older.to_bytes() == model.to_bytes()
 
 
 def test_config_of_bytes_reads_the_header_alone():
