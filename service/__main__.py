@@ -22,6 +22,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.app import create_app
+from service.dir_lock import DirectoryInUseError, lock_data_directories
 from service.settings import Settings
 
 
@@ -49,6 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     app = create_app(settings)
+    try:  # here, not in the app's start-up, so that a taken directory is one line, no traceback
+        app.state.directory_locks = lock_data_directories(settings)
+    except DirectoryInUseError as exc:
+        print(f"gln-service: {exc}", file=sys.stderr)
+        return 3
+    except OSError as exc:
+        print(f"gln-service: cannot use {exc.filename} as a data directory (GLN_SNAPSHOT_DIR, "
+              f"GLN_WAL_DIR): {exc.strerror}", file=sys.stderr)
+        return 2
     _tune_gc()
     # uvicorn handles SIGTERM/SIGINT while serving (graceful shutdown), then restores the
     # previous handlers and raises the signal again. Installing these first makes that final

@@ -41,6 +41,7 @@ from pydantic import SecretStr
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.dir_lock import lock_data_directories
 from service.errors import RegistryError
 from service.metrics import ServiceMetrics, package_version
 from service.registry import ModelRegistry
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = ServiceMetrics(device=settings.device)
     app.state.registry = None
     app.state.shutdown_clean = None
+    app.state.directory_locks = None  # held by the host, if it locked them before serving
     app.include_router(router)
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -104,7 +106,23 @@ def _openapi_with_bearer(app: FastAPI) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Serve with the data directories locked (``service.dir_lock``): by this app, unless its
+    host locked them already (``gln-service`` does, to refuse a taken one in one line)."""
     settings: Settings = app.state.settings
+    locks = [] if app.state.directory_locks is not None else await asyncio.to_thread(
+        lock_data_directories, settings)
+    try:
+        async with _serving(app, settings):
+            yield
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
+    """Open the store and the log, restore the models and run the periodic tasks; on exit,
+    drain every queue and snapshot what changed."""
     executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="gln-worker")
     store = open_store(settings.redis_url, settings.snapshot_dir,
                        key_prefix=settings.redis_key_prefix)
