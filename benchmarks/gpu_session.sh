@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every open GPU measurement in one command, sized for one call of the device tool (10 minutes):
+# Every open GPU measurement in one command, sized to finish within 10 minutes on one GPU:
 # the GPU tests and the source checks, then benchmarks/gpu_learn.py (layer-pass timings for the
 # launch constants, learn / predict / latency, the plain CuPy path and, when carried, pygln).
 #
@@ -8,7 +8,7 @@
 # Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
 # (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
 # tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl,
-# constants.json, snapshot_bytes.jsonl. docs/gpu.md says how to carry .peers there.
+# constants.json, snapshot_bytes.jsonl. docs/gpu.md says how to set up .peers.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"

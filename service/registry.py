@@ -271,10 +271,12 @@ class ModelRegistry:
         """409 if one more model of ``needed`` bytes passes the server's limits."""
         limit = self.settings.max_models
         if len(self._models) + len(self._failed) >= limit:
-            raise LimitExceeded(
-                f"the server holds {len(self._models)} models, GLN_MAX_MODELS={limit}; "
-                "delete one first"
-            )
+            held = f"{len(self._models)} model{'s' if len(self._models) != 1 else ''}"
+            if self._failed:  # they keep their names and their room until deleted
+                held += (f" and {len(self._failed)} that could not be restored "
+                         f"({', '.join(sorted(self._failed))}; /readyz says why)")
+            raise LimitExceeded(f"the server holds {held}, GLN_MAX_MODELS={limit}; "
+                                "delete one first")
         self._check_bytes(needed, f"the model would hold {needed} bytes")
 
     def _check_bytes(self, needed: int, what: str, advice: str = "") -> None:

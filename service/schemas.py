@@ -139,8 +139,10 @@ class LearnResponse(BaseModel):
 
 class ExplainResponse(BaseModel):
     saliency: list[list[list[float]]] = Field(
-        description="(rows, num_classes, num_features): how each feature moves each class's "
-        "output logit for that row."
+        description="(rows, num_classes, num_features): how much each class's output logit "
+        "for that row moves per unit of each feature as the model standardises it ((x - mean) "
+        "/ std over the rows learned; with input_scaling 'unit', the logit of the clipped "
+        "input). Divide by the feature's standard deviation for its change per raw unit."
     )
 
 

@@ -109,10 +109,10 @@ def is_ignored(path: str, patterns: list[str]) -> bool:
 
 
 def context_files(repo: Path) -> list[str]:
-    """Every file of the checkout, relative to it, with .git and .venv not descended into."""
+    """Every file of the checkout, relative to it, with .git and the venvs not descended into."""
     found = []
     for folder, dirs, files in os.walk(repo):
-        dirs[:] = [d for d in dirs if d not in {".git", ".venv"}]
+        dirs[:] = [d for d in dirs if d not in {".git", ".venv", ".venv-test"}]
         rel = Path(folder).relative_to(repo).as_posix()
         found.extend(f if rel == "." else f"{rel}/{f}" for f in files)
     return found
@@ -177,9 +177,10 @@ def test_root_dockerignore_keeps_the_venv_and_the_rest_out(repo: Path) -> None:
     (.venv and .git included) is sent as the build context."""
     assert (repo / ".dockerignore").is_file(), "no .dockerignore at the build context's root"
     patterns = read_dockerignore(repo / ".dockerignore")
-    for path in (".venv/bin/python", ".venv", ".git/HEAD", "tests/deploy/conftest.py",
-                 "docs/deploy.md", "snapshots/m.snap", "gln/__pycache__/x.cpython-311.pyc",
-                 "service/sub/__pycache__/y.pyc", "deploy/Dockerfile.cuda"):
+    for path in (".venv/bin/python", ".venv", ".venv-test/bin/python", ".git/HEAD",
+                 "tests/deploy/conftest.py", "docs/deploy.md", "snapshots/m.snap",
+                 "gln/__pycache__/x.cpython-311.pyc", "service/sub/__pycache__/y.pyc",
+                 "deploy/Dockerfile.cuda"):
         assert is_ignored(path, patterns), f".dockerignore sends {path}"
     for path in ("pyproject.toml", "README.md", "gln/__init__.py", "service/app.py"):
         assert not is_ignored(path, patterns), f".dockerignore drops {path}"

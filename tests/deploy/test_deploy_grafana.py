@@ -103,6 +103,15 @@ def test_every_panel_uses_the_provisioned_datasource(
             assert target["datasource"]["uid"] == datasource_uid, panel["title"]
 
 
+def test_every_panel_has_unique_query_ref_ids(panels: list[dict[str, Any]]) -> None:
+    """Grafana tells a panel's queries apart by refId (its results and overrides name them by
+    it), so two queries with the same refId are not both shown reliably."""
+    for panel in panels:
+        ref_ids = [target.get("refId") for target in panel["targets"]]
+        assert all(ref_ids), f"{panel['title']}: a query has no refId"
+        assert len(ref_ids) == len(set(ref_ids)), f"{panel['title']}: refIds {ref_ids}"
+
+
 def test_per_model_queries_follow_the_model_variable(panels: list[dict[str, Any]]) -> None:
     for panel in panels:
         if panel["type"] == "row" or "instance" in panel["title"]:

@@ -237,10 +237,15 @@ async def test_unreadable_snapshot_keeps_readyz_503_until_deleted(
     version_file = Path(settings.snapshot_dir) / "broken" / "v1.snap"
     version_file.write_bytes(b"not a snapshot" + version_file.read_bytes()[14:])
 
-    async with serve(create_app(settings)) as client:
+    async with serve(create_app(settings.model_copy(update={"max_models": 2}))) as client:
         r = await client.get("/readyz")
         assert r.status_code == 503
         assert "broken" in r.json()["detail"]
+        # It keeps its room too, and the limit's message says so.
+        r = await client.post("/v1/models", json={"name": "third", "config": {"num_features": 2}})
+        assert r.status_code == 409
+        assert r.json()["detail"].startswith(
+            "the server holds 1 model and 1 that could not be restored (broken; /readyz")
         assert (await client.get("/v1/models/good")).status_code == 200  # the others serve
         broken = await client.get("/v1/models/broken")
         assert broken.status_code == 404
