@@ -5,8 +5,12 @@ Layout::
     b"GLNSNAP\\0"  | uint32 LE header length | header (UTF-8 JSON) | array bytes ...
 
 The header holds the format version, the model's configuration, counters, the name, dtype
-and shape of every array in payload order, and the SHA-256 of the payload. Loading checks all
-of it and never unpickles anything, so a snapshot from an untrusted store cannot run code.
+and shape of every array in payload order, the SHA-256 of the payload, and the SHA-256 of the
+rest of the header (in a canonical JSON form), since a corrupt configuration or layout would
+read an intact payload into a wrong model. Snapshots from before the header's checksum load
+without it. Loading checks all of it and never unpickles anything, so a snapshot from an
+untrusted store cannot run code. (The checksums find corruption, not forgery: a blob's
+author can write any header and recompute them; the header's checks are what hold then.)
 A snapshot taken on a GPU loads on a CPU-only machine and the other way round.
 """
 
@@ -116,7 +120,7 @@ def _header(
 ) -> dict[str, Any]:
     """A snapshot's header: the configuration, the counters, every array's name, dtype and
     shape in payload order, and the checksum of the payload."""
-    return {
+    header = {
         "format": "gln-snapshot",
         "version": FORMAT_VERSION,
         "config": config,
@@ -128,6 +132,17 @@ def _header(
         ],
         "payload_sha256": payload_sha256,
     }
+    header["header_sha256"] = header_digest(header)
+    return header
+
+
+def header_digest(header: dict[str, Any]) -> str:
+    """The SHA-256 of a header less its two checksums, as canonical JSON (sorted keys, no
+    spaces), which a parsed header gives again bit for bit."""
+    rest = {k: v for k, v in header.items() if k not in ("payload_sha256", "header_sha256")}
+    return hashlib.sha256(
+        json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def _prefix(header: dict[str, Any]) -> bytes:
@@ -155,6 +170,9 @@ def _parse_header(view: memoryview) -> tuple[dict[str, Any], int]:
             f"unsupported GLN snapshot version {header.get('version')!r} "
             f"(this library reads version {FORMAT_VERSION})"
         )
+    recorded = header.get("header_sha256")  # absent from snapshots written before it
+    if recorded is not None and recorded != header_digest(header):
+        raise SnapshotFormatError("GLN snapshot header checksum mismatch (corrupt header)")
     return header, start + length
 
 

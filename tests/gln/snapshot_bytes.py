@@ -7,13 +7,22 @@ import struct
 
 import numpy as np
 
+from gln.serialize import header_digest
+
 
 def with_header(blob: bytes, edit) -> bytes:
     """``blob`` with its JSON header replaced by ``edit(header)`` (a str), or by ``edit`` itself
-    (bytes); the payload's checksum still matches: it covers the payload only."""
+    (bytes), as a blob's author may write it: the header's checksum is recomputed for an
+    edited header that is still a JSON object (the payload's covers the payload only)."""
     (length,) = struct.unpack("<I", blob[8:12])
     header = json.loads(blob[12:12 + length])
     encoded = edit(header).encode() if callable(edit) else edit
+    try:
+        edited = json.loads(encoded)
+    except (ValueError, RecursionError):
+        edited = None
+    if isinstance(edited, dict) and "header_sha256" in edited:
+        encoded = json.dumps({**edited, "header_sha256": header_digest(edited)}).encode()
     return blob[:8] + struct.pack("<I", len(encoded)) + encoded + blob[12 + length:]
 
 
@@ -37,5 +46,6 @@ def without_array(blob: bytes, name: str) -> bytes:
         at += size
     payload = b"".join(pieces)
     header = {**header, "arrays": kept, "payload_sha256": hashlib.sha256(payload).hexdigest()}
+    header.pop("header_sha256")  # as written before the header had a checksum
     encoded = json.dumps(header).encode()
     return blob[:8] + struct.pack("<I", len(encoded)) + encoded + payload

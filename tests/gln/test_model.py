@@ -441,6 +441,24 @@ def test_a_snapshot_from_before_the_shift_loads_with_sums_of_the_rows_themselves
     assert older.to_bytes() == model.to_bytes()
 
 
+def test_a_corrupt_header_is_refused_though_the_payload_is_intact():
+    """The payload's checksum does not cover the header, which says how to read the payload:
+    a changed digit of the configuration, or an array under another name, would load a
+    wrong model. The header's own checksum refuses both (import answers 422)."""
+    model = small_model()
+    model.learn(*stream(20))
+    blob = model.to_bytes()
+    start = blob.index(b'"bias":') + len(b'"bias":0.73')
+    flipped = blob[:start] + bytes([blob[start] ^ 0x01]) + blob[start + 1:]
+    renamed = blob.replace(b'"name":"normals"', b'"name":"offsetx"', 1)
+    for corrupt in (flipped, renamed):
+        assert corrupt != blob and len(corrupt) == len(blob)
+        with pytest.raises(SnapshotFormatError, match="header checksum"):
+            GLN.from_bytes(corrupt)
+        with pytest.raises(SnapshotFormatError, match="header checksum"):
+            GLN.config_of_bytes(corrupt)
+
+
 def test_config_of_bytes_reads_the_header_alone():
     model = small_model(learning_rate={"schedule": "inverse_time", "scale": 10, "cap": 0.05})
     blob = model.to_bytes()
