@@ -127,7 +127,9 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     store = open_store(settings.redis_url, settings.snapshot_dir,
                        key_prefix=settings.redis_key_prefix)
     wal = await asyncio.to_thread(_open_log, settings)
-    registry = ModelRegistry(store, settings, app.state.metrics, executor, wal)
+    ignored_log = None if settings.wal_enabled else await asyncio.to_thread(
+        _open_log, settings.model_copy(update={"wal_enabled": True}), False)
+    registry = ModelRegistry(store, settings, app.state.metrics, executor, wal, ignored_log)
     app.state.registry = registry
     restore = asyncio.create_task(registry.restore_all(), name="gln-restore")
     periodic = asyncio.create_task(
@@ -150,13 +152,14 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         else:
             log.error("shutdown: some snapshots failed; their latest updates are lost")
         await asyncio.to_thread(store.close)
-        if wal is not None:
-            await asyncio.to_thread(wal.close)
+        for opened in (wal, ignored_log):
+            if opened is not None:
+                await asyncio.to_thread(opened.close)
         await asyncio.to_thread(executor.shutdown, wait=True)
 
 
-def _open_log(settings: Settings) -> WriteAheadLog | None:
-    """The write-ahead log the settings ask for (None when disabled), checked.
+def _open_log(settings: Settings, checked: bool = True) -> WriteAheadLog | None:
+    """The write-ahead log the settings ask for (None when disabled), ``checked``.
 
     A server that cannot give the configured durability refuses to start
     (WalDurabilityError); one that cannot be reached yet is checked at the first append.
@@ -169,6 +172,8 @@ def _open_log(settings: Settings) -> WriteAheadLog | None:
         idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
         replicas=settings.wal_replicas,
     )
+    if not checked:
+        return wal
     try:
         wal.check_durability()
     except WalDurabilityError:

@@ -12,6 +12,7 @@ subclasses that carry their status code; routes never translate exceptions thems
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -89,9 +90,15 @@ class ModelRegistry:
         metrics: ServiceMetrics,
         executor: Executor,
         wal: WriteAheadLog | None = None,
+        ignored_log: WriteAheadLog | None = None,
     ) -> None:
         self.store = store
         self.wal = wal
+        # With the log disabled (GLN_WAL_ENABLED=false), the log an earlier run wrote: a model
+        # it holds entries for past the model's snapshot is not served (that learning would be
+        # lost now, and replayed out of order once the log is enabled again), and a delete
+        # clears the model's entries from it too.
+        self.ignored_log = ignored_log
         self.settings = settings
         self.metrics = metrics
         self.executor = executor
@@ -334,8 +341,9 @@ class ModelRegistry:
             if name in self._failed:
                 try:
                     await self._run(self.store.delete, name)
-                    if self.wal is not None:
-                        await self._run(self.wal.delete, name)
+                    for opened in (self.wal, self.ignored_log):
+                        if opened is not None:
+                            await self._run(opened.delete, name)
                 except Exception as exc:
                     raise Unavailable(f"snapshot store unavailable: {exc}") from exc
                 del self._failed[name]
@@ -350,6 +358,9 @@ class ModelRegistry:
                 self._models[name] = entry  # nothing changed: keep serving it
                 entry.start()
                 raise Unavailable(f"snapshot store unavailable: {exc}") from exc
+            if self.ignored_log is not None:  # no entries of an earlier life may outlive it
+                with contextlib.suppress(Exception):
+                    await self._run(self.ignored_log.delete, name)
             self.metrics.forget_model(name)
             self.metrics.models_loaded.set(len(self._models))
 
@@ -586,6 +597,8 @@ class ModelRegistry:
                 if stored is None:
                     return  # deleted by someone else since names()
                 info = stored.info
+                if self.ignored_log is not None:
+                    await self._run(self._refuse_an_unapplied_log, name, info)
                 entry = self._entry(name, stored.model, info)
                 entry.pending.put_rows(stored.waiting)
                 t0 = time.perf_counter()
@@ -610,6 +623,18 @@ class ModelRegistry:
             self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
             self.metrics.show_snapshot(name, info.nbytes, info.created_at)
             return
+
+    def _refuse_an_unapplied_log(self, name: str, info: SnapshotInfo) -> None:
+        """(thread) RuntimeError if the ignored log holds entries of ``name`` after its
+        snapshot: acknowledged learning that this server would not apply."""
+        assert self.ignored_log is not None
+        after = info.metadata.get(WAL_ID)
+        if next(iter(self.ignored_log.read_after(name, after)), None) is not None:
+            raise RuntimeError(
+                f"the write-ahead log holds learning of {name!r} that its snapshot lacks, and "
+                "GLN_WAL_ENABLED=false ignores the log: start once with the log enabled, which "
+                f"applies it, or DELETE /v1/models/{name} to drop the model and its log"
+            )
 
     async def close(self) -> bool:
         """Finish every queued learn request, then snapshot what changed; False on failure."""

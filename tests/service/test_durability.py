@@ -323,6 +323,42 @@ async def test_without_the_log_learning_still_works_and_answers_no_log_id(
 
 
 # -- limits ---------------------------------------------------------------------------------------
+async def test_with_the_log_disabled_a_model_with_unapplied_entries_is_not_served(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """GLN_WAL_ENABLED=false after a crash that left acknowledged learning in the log alone:
+    serving the snapshot would lose it now, and replay it out of order once the log is on
+    again. The model is not restored (readiness says why) until it is deleted, which drops
+    its log too; a model whose log is applied is served as usual."""
+    settings = Settings(snapshot_dir=str(tmp_path / "snaps"), snapshot_interval_s=3600)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await create_model(client, "applied", small_config)
+        X, y = make_data(3)
+        for name in ("m", "applied"):
+            r = await client.post(f"/v1/models/{name}/learn", json={"features": X, "labels": y})
+            assert r.status_code == 200
+        assert (await client.post("/v1/models/applied/snapshot")).status_code == 200
+        skip_shutdown_snapshots(app)  # a crash: m's learning is in its log alone
+
+    without_log = settings.model_copy(update={"wal_enabled": False})
+    async with serve(create_app(without_log)) as client:
+        ready = await client.get("/readyz")
+        refused = await client.get("/v1/models/m")
+        applied = (await client.get("/v1/models/applied")).json()["examples_seen"]
+        assert (await client.delete("/v1/models/m")).status_code == 204
+        await create_model(client, "m", small_config)  # a new life, without the old log
+    async with serve(create_app(settings)) as client:
+        restored = (await client.get("/v1/models/m")).json()["examples_seen"]
+
+    assert ready.status_code == 503 and "'m'" in ready.json()["detail"]
+    assert refused.status_code == 404
+    assert "GLN_WAL_ENABLED=false ignores the log" in refused.json()["detail"]
+    assert applied == 3
+    assert restored == 0
+
+
 async def test_models_per_server_are_limited(tmp_path, serve, small_config, create_model):
     settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, max_models=2)
     async with serve(create_app(settings)) as client:
@@ -488,8 +524,8 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
 
     open_log = service.app._open_log
 
-    def open_log_then_pause_the_replica(settings: Settings):
-        wal = open_log(settings)  # its start-up check passes: the replica answers
+    def open_log_then_pause_the_replica(settings: Settings, *args):
+        wal = open_log(settings, *args)  # its start-up check passes: the replica answers
         replica.pause()
         return wal
 
