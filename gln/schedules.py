@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gln import checks
+
 # The largest constant rate or cap: the neurons compute in float32, where a larger step times
 # a logit could overflow (and an infinite step times a zero logit is NaN).
 MAX_RATE = 1e6
@@ -109,21 +111,12 @@ def make_schedule(spec: Any) -> Schedule:
             unknown = set(spec) - {"schedule", "scale", "cap"}
             if unknown:
                 raise ValueError(f"unknown learning_rate keys {sorted(unknown)}")
-            scale, cap = spec.get("scale"), spec.get("cap")
-            for key, value in (("scale", scale), ("cap", cap)):
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"learning_rate.{key} must be a positive number")
-                try:
-                    finite = math.isfinite(float(value))
-                except OverflowError:
-                    raise ValueError("learning_rate.scale and cap must fit a float") from None
-                if not finite or value <= 0:
-                    raise ValueError(
-                        f"learning_rate.{key} must be a positive finite number, got {value!r}"
-                    )
-            schedule = InverseTime(float(scale), float(cap))
+            schedule = InverseTime(
+                checks.number_in("learning_rate.scale", spec.get("scale"), 0.0, math.inf),
+                checks.number_in("learning_rate.cap", spec.get("cap"), 0.0, math.inf),
+            )
             if schedule.cap > MAX_RATE:
-                raise ValueError(f"learning_rate.cap must be <= {MAX_RATE:g}, got {cap!r}")
+                raise ValueError(f"learning_rate.cap must be <= {MAX_RATE:g}, got {schedule.cap:g}")
             return schedule
         raise ValueError(
             "learning_rate dict must be {'schedule': 'inverse_time', 'scale': s, 'cap': c}, "

@@ -12,7 +12,6 @@ subclasses that carry their status code; routes never translate exceptions thems
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
@@ -359,8 +358,11 @@ class ModelRegistry:
                 entry.start()
                 raise Unavailable(f"snapshot store unavailable: {exc}") from exc
             if self.ignored_log is not None:  # no entries of an earlier life may outlive it
-                with contextlib.suppress(Exception):
+                try:
                     await self._run(self.ignored_log.delete, name)
+                except Exception as exc:
+                    log.warning("deleting %r from the log this server ignores failed (a new "
+                                "model of the name will be refused until it is): %s", name, exc)
             self.metrics.forget_model(name)
             self.metrics.models_loaded.set(len(self._models))
 
