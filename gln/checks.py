@@ -110,6 +110,8 @@ def checked_features(X: Any, num_features: int) -> np.ndarray:
             raise TypeError(f"got dtype {values.dtype}")
         if values.dtype != np.float32:
             values = values.astype(np.float64, copy=False)
+    except OverflowError:  # a Python int beyond any float, from JSON
+        raise ValueError(_huge_value_message(X)) from None
     except (TypeError, ValueError) as error:
         raise ValueError(
             _ragged_row_message(X, num_features)
@@ -136,6 +138,9 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
     if labels.ndim != 1 or (num_rows is not None and labels.shape[0] != num_rows):
         one_per_row = "" if num_rows is None else f" with one label per row ({num_rows})"
         raise ValueError(f"labels must be 1-D{one_per_row}, got shape {labels.shape}")
+    if labels.dtype.kind == "O":  # Python ints beyond int64, or other objects: name the first
+        labels = np.asarray([_class_index(label, num_classes, index)
+                             for index, label in enumerate(labels.tolist())], dtype=np.int64)
     if labels.dtype.kind not in "biuf":
         raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
     if labels.dtype.kind in "iu" and (
@@ -152,6 +157,36 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
             f"label {index} is {labels[index].item()!r}"
         )
     return as_float.astype(np.int64)
+
+
+def _class_index(label: Any, num_classes: int, index: int) -> int:
+    """``label`` (an element of an object array) as a class index, or ``ValueError`` naming it
+    as the label checks do."""
+    integral = isinstance(label, int) or (isinstance(label, float) and label.is_integer())
+    if isinstance(label, bool) or not integral or not 0 <= label < num_classes:
+        raise ValueError(
+            f"labels must be class indices in [0, {num_classes}); label {index} is "
+            f"{_shown(label)}"
+        )
+    return int(label)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, but an integer too long to read by its number of digits."""
+    if isinstance(value, int) and len(str(abs(value))) > 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def _huge_value_message(X: Any) -> str:
+    """The error for rows holding a number too large for a float, naming its place when the
+    rows are lists."""
+    for row_index, row in enumerate(X if isinstance(X, list | tuple) else ()):
+        for col, value in enumerate(row if isinstance(row, list | tuple) else ()):
+            if isinstance(value, int) and abs(value) > FLOAT32_MAX:
+                return (f"features must fit in float32 (|x| <= 3.4e38): row {row_index}, "
+                        f"column {col} is {_shown(value)}")
+    return "features must fit in float32 (|x| <= 3.4e38): a value is too large for a float"
 
 
 def _ragged_row_message(X: Any, num_features: int) -> str | None:

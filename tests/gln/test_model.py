@@ -157,6 +157,7 @@ BAD_FEATURES = [
     ([[0, 0, 0, 0, 0, float("nan")]], [0], "finite"),
     ([[0, 0, 0, 0, 0, float("inf")]], [0], "finite"),
     ([[0, 0, 0, 0, 0, 1e300]], [0], "fit in float32"),
+    ([[0, 0, 0, 0, 0, 10**400]], [0], "row 0, column 5 is an integer of 401 digits"),
     ([["a"] * 6], [0], "numbers"),
     ([["1.5"] * 6], [0], "real numbers"),  # strings are not features, even numeric ones
     (np.ones((1, 6), dtype=complex), [0], "real numbers"),  # not silently made real
@@ -167,6 +168,10 @@ BAD_LABELS = [
     (np.zeros((2, 6)), [0, -1], r"\[0, 3\)"),
     (np.zeros((2, 6)), [0, 1.5], r"\[0, 3\)"),
     (np.zeros((2, 6)), [0], "one label per row"),
+    # Beyond int64 (a JSON client may send them): named like any other label.
+    (np.zeros((2, 6)), [0, 10**20], r"label 1 is 100000000000000000000$"),
+    (np.zeros((2, 6)), [10**400, 0], "label 0 is an integer of 401 digits"),
+    (np.zeros((2, 6)), [0, None], "label 1 is None"),
 ]
 
 
