@@ -59,9 +59,9 @@ def lock_directory(path: str | os.PathLike[str]) -> DirectoryLock:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise DirectoryInUseError(
-            f"{directory} is in use by another gln-service (pid {holder}): two servers on one "
-            "directory would each overwrite what the other acknowledged. Stop that one first, "
-            "or give this one its own GLN_SNAPSHOT_DIR (and GLN_WAL_DIR)"
+            f"{directory.resolve()} is in use by another gln-service (pid {holder}): two "
+            "servers on one directory would each overwrite what the other acknowledged. Stop "
+            "that one first, or give this one its own GLN_SNAPSHOT_DIR (and GLN_WAL_DIR)"
         ) from None
     except BaseException:
         os.close(fd)
