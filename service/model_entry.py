@@ -670,7 +670,6 @@ class ModelEntry:
                 f"the log of {self.name!r} lost entries the model had learned, and there is no "
                 "snapshot of it to rebuild it from: delete it and create (or import) it again"
             )
-        self.wal.wait_durable()  # before the model is replaced: replay only what is durable
         log.warning("rebuilding %r from its snapshot (version %d) and its log: the log lost "
                     "entries the model had learned", self.name, stored.info.version)
         self.model, self.snapshot = stored.model, stored.info
@@ -679,7 +678,9 @@ class ModelEntry:
         self.pending.put_rows(stored.waiting)
         self._answers = AnswerCache(self._answers.max_rows)
         self._log_end = ANY_END
-        self._log_in_doubt = True  # until the replay below is done
+        # In doubt until the replay below is done (it waits until the log is durable first):
+        # if it fails, the next request catches up before anything else is learned.
+        self._log_in_doubt = True
         self._metrics.wal_rebuilds.inc()
         return self._catch_up()
 
