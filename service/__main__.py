@@ -21,9 +21,10 @@ from types import FrameType
 import uvicorn
 from pydantic import ValidationError
 
-from service.app import create_app
+from service.app import create_app, refuse_unavailable_durability
 from service.dir_lock import DirectoryInUseError, lock_data_directories
 from service.settings import Settings
+from service.wal import WalDurabilityError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gln-service: cannot use {exc.filename} as a data directory (GLN_SNAPSHOT_DIR, "
               f"GLN_WAL_DIR): {exc.strerror}", file=sys.stderr)
         return 2
+    try:  # likewise: a log that cannot give the durability asked for is one line, not a traceback
+        refuse_unavailable_durability(settings)
+    except WalDurabilityError as exc:
+        print(f"gln-service: {exc}", file=sys.stderr)
+        return 3
     _tune_gc()
     # uvicorn handles SIGTERM/SIGINT while serving (graceful shutdown), then restores the
     # previous handlers and raises the signal again. Installing these first makes that final

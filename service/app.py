@@ -166,12 +166,7 @@ def _open_log(settings: Settings, checked: bool = True) -> WriteAheadLog | None:
     """
     if not settings.wal_enabled:
         return None
-    wal = open_wal(
-        settings.redis_url, settings.wal_dir or settings.snapshot_dir,
-        key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
-        idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
-        replicas=settings.wal_replicas,
-    )
+    wal = _log_of(settings)
     if not checked:
         return wal
     try:
@@ -182,6 +177,34 @@ def _open_log(settings: Settings, checked: bool = True) -> WriteAheadLog | None:
     except Exception as exc:  # unreachable: the first append checks again
         log.warning("could not check the log's durability at start-up: %s", exc)
     return wal
+
+
+def refuse_unavailable_durability(settings: Settings) -> None:
+    """Raise ``WalDurabilityError`` now if the configured log cannot give the durability asked
+    for, so that ``gln-service`` refuses it in one line before it serves (the app's start-up
+    checks again, for hosts that run the app themselves). A log that cannot be reached yet is
+    left to that check and to the first append, as there."""
+    if not settings.wal_enabled:
+        return
+    wal = _log_of(settings)
+    try:
+        wal.check_durability()
+    except WalDurabilityError:
+        raise
+    except Exception:
+        pass
+    finally:
+        wal.close()
+
+
+def _log_of(settings: Settings) -> WriteAheadLog:
+    """The write-ahead log that enabled ``settings`` describe, opened, not yet checked."""
+    return open_wal(
+        settings.redis_url, settings.wal_dir or settings.snapshot_dir,
+        key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
+        idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
+        replicas=settings.wal_replicas,
+    )
 
 
 # -- error bodies: always {"detail": "<message>"} -------------------------------------------------
