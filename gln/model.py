@@ -719,11 +719,13 @@ class GLN:
         return model_to_bytes(self)
 
     @classmethod
-    def from_bytes(cls, blob: bytes, device: str | None = None) -> GLN:
-        """Rebuild a model from ``to_bytes`` output, optionally on another device."""
+    def from_bytes(cls, blob: bytes, device: str | None = None, *,
+                   use_kernels: bool = True) -> GLN:
+        """Rebuild a model from ``to_bytes`` output, optionally on another device; a snapshot
+        does not keep ``use_kernels`` (the reference path is a choice of the host, not state)."""
         from gln.serialize import model_from_bytes  # noqa: PLC0415
 
-        return model_from_bytes(cls, blob, device)
+        return model_from_bytes(cls, blob, device, use_kernels)
 
     @staticmethod
     def config_of_bytes(blob: bytes) -> dict[str, Any]:

@@ -527,7 +527,7 @@ def test_digits_one_vs_all_learns_ten_classes():
 
 
 @pytest.mark.parametrize("use_kernels", [True, False])
-def test_a_copy_or_a_pickle_is_the_same_model_and_learns_on_its_own(use_kernels):
+def test_a_copy_a_pickle_or_a_load_is_the_same_model_and_learns_on_its_own(use_kernels):
     X, y = stream(60)
     model = small_model(use_kernels=use_kernels)
     model.learn(X[:40], y[:40])
@@ -535,7 +535,9 @@ def test_a_copy_or_a_pickle_is_the_same_model_and_learns_on_its_own(use_kernels)
     reference = small_model(use_kernels=use_kernels)
     reference.learn(X[:40], y[:40])
     expected = reference.learn(X[40:], y[40:])
-    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), copy.copy(model)):
+    loaded = GLN.from_bytes(blob, use_kernels=use_kernels)
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), copy.copy(model),
+                   loaded):
         assert copied.to_bytes() == blob and copied.use_kernels == use_kernels
         np.testing.assert_array_equal(copied.learn(X[40:], y[40:]), expected)
         assert model.to_bytes() == blob  # the original did not learn with its copy
