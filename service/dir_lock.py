@@ -73,11 +73,12 @@ def lock_directory(path: str | os.PathLike[str]) -> DirectoryLock:
 
 def data_directories(settings: Settings) -> list[Path]:
     """The local directories a server with ``settings`` writes: the snapshot directory and
-    the file log's, none with Redis (which keeps both)."""
+    the file log's (with ``GLN_WAL_ENABLED=false`` too: a log left there is read, and a deleted
+    model's entries are removed from it), none with Redis (which keeps both)."""
     if settings.redis_url:
         return []
     directories = [Path(settings.snapshot_dir)]
-    if settings.wal_enabled and settings.wal_dir:
+    if settings.wal_dir:
         directories.append(Path(settings.wal_dir))
     unique: dict[Path, Path] = {}
     for directory in directories:

@@ -40,13 +40,14 @@ async def test_a_second_app_on_the_same_directories_refuses_to_start(
 
 
 def test_the_directories_locked_are_those_written():
-    """The snapshot directory and the file log's (once, when they are the same); none with
-    Redis, which holds both."""
+    """The snapshot directory and the file log's (once, when they are the same; also when
+    the log is disabled, since a log left there is read and trimmed); none with Redis, which
+    holds both."""
     assert data_directories(Settings(snapshot_dir="a")) == [Path("a")]
     assert data_directories(Settings(snapshot_dir="a", wal_dir="b")) == [Path("a"), Path("b")]
     assert data_directories(Settings(snapshot_dir="a", wal_dir="./a")) == [Path("a")]
     assert data_directories(Settings(snapshot_dir="a", wal_dir="b", wal_enabled=False)) == [
-        Path("a")]
+        Path("a"), Path("b")]
     assert data_directories(Settings(redis_url="redis://127.0.0.1:1/0")) == []
 
 
