@@ -74,6 +74,12 @@ def side_stream(cp: ModuleType, device_id: int, purpose: str) -> Any:
         return cp.cuda.Stream(non_blocking=True)
 
 
+def is_device_array(value: Any) -> bool:
+    """Whether ``value`` is a GPU array (CuPy's, or any with the CUDA array interface), which
+    must be copied to the host with ``get``; a pandas object has a ``get`` of another kind."""
+    return hasattr(value, "__cuda_array_interface__")
+
+
 def to_numpy(array: Any) -> np.ndarray:
     """A host (NumPy) copy of an array from either module."""
     if isinstance(array, np.ndarray):

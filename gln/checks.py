@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gln.backend import to_numpy
+from gln.backend import is_device_array, to_numpy
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -40,6 +40,13 @@ def positive_int(name: str, value: Any) -> int:
     """``value`` as an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def num_classes(value: Any) -> int:
+    """The number of classes: an int >= 2 (a binary model has two)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 2:
+        raise ValueError(f"num_classes must be an int >= 2, got {value!r}")
     return int(value)
 
 
@@ -62,6 +69,8 @@ def number_in(name: str, value: Any, low: float, high: float, closed: bool = Fal
 
 def layer_sizes(sizes: Any) -> tuple[int, ...]:
     """Neurons per layer as a tuple of positive ints ending in the single output neuron."""
+    if isinstance(sizes, np.ndarray) and sizes.ndim == 1:
+        sizes = sizes.tolist()
     if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence):
         raise ValueError(f"layer_sizes must be a sequence of ints, got {sizes!r}")
     checked = tuple(positive_int(f"layer_sizes[{i}]", k) for i, k in enumerate(sizes))
@@ -102,7 +111,7 @@ def checked_features(X: Any, num_features: int) -> np.ndarray:
     beyond float32), not a mask per check: a 4,096-row batch is checked in a fraction of
     the time a model takes to learn it.
     """
-    if hasattr(X, "get"):  # a CuPy array
+    if is_device_array(X):
         X = to_numpy(X)
     try:
         values = X if isinstance(X, np.ndarray) else np.asarray(X)
@@ -132,7 +141,7 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
     """Labels as int64 (n,), each a class index in [0, num_classes); ``num_rows``: how many
     there must be. ``ValueError`` names the first label (by its index) that is not one."""
     try:
-        labels = np.asarray(to_numpy(y) if hasattr(y, "get") else y)
+        labels = np.asarray(to_numpy(y) if is_device_array(y) else y)
     except (TypeError, ValueError) as error:
         raise ValueError(f"labels must be a 1-D array of class indices: {error}") from None
     if labels.ndim != 1 or (num_rows is not None and labels.shape[0] != num_rows):

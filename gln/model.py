@@ -73,9 +73,11 @@ class GLN:
     num_classes: 2 gives one binary GLN; more gives one GLN per class (one-vs-all), whose
         outputs are normalised to sum to 1.
     layer_sizes: neurons per layer, the last one 1 (the paper's single output neuron).
-    context_dim: m, hyperplanes per neuron; each neuron has 2^m weight vectors.
+    context_dim: m, hyperplanes per neuron, 1 to 16; each neuron has 2^m weight vectors.
     learning_rate: a number, ``{"schedule": "inverse_time", "scale": s, "cap": c}`` for
-        ``min(s / t, c)`` (the paper's MNIST run used scale 100, cap 0.01), or a callable of t.
+        ``min(s / t, c)`` (the paper's MNIST run used scale 100, cap 0.01), or a callable of t
+        (a model with one cannot be serialised: ``config``, ``to_bytes``, copies and pickles
+        refuse it).
     pred_clip: eps; every prediction is clipped to [eps, 1 - eps]; at least 2**-24 (float32).
     weight_clip: b; weights are projected onto [-b, b] after each update; below 1e6.
     bias: beta, the constant bias input of every layer, in [eps, 1 - eps] and not 0.5;
@@ -158,9 +160,7 @@ class GLN:
     ) -> None:
         """Check the constructor's arguments, keep them, and set up the device's code paths."""
         self.num_features = checks.positive_int("num_features", num_features)
-        self.num_classes = checks.positive_int("num_classes", num_classes)
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        self.num_classes = checks.num_classes(num_classes)
         self.layer_sizes = checks.layer_sizes(layer_sizes)
         self.context_dim = checks.context_dim(context_dim)
         self.schedule = make_schedule(learning_rate)
@@ -336,7 +336,7 @@ class GLN:
         below it on a GPU.
         """
         features = checks.positive_int("num_features", config.get("num_features"))
-        classes = checks.positive_int("num_classes", config.get("num_classes", 2))
+        classes = checks.num_classes(config.get("num_classes", 2))
         sizes = checks.layer_sizes(config.get("layer_sizes", (32, 32, 1)))
         context_dim = checks.context_dim(config.get("context_dim", 4))
         layout = _state_layout(features, 1 if classes == 2 else classes, sizes, context_dim)
@@ -412,6 +412,9 @@ class GLN:
         ``ValueError`` before anything is changed. ``progress=True`` shows a progress bar
         (tqdm, on stderr) for a long offline pass; it changes nothing learned.
         """
+        if y is None:  # check_input's "no labels": predicting, which learn must not pass for
+            raise ValueError("learn needs labels y, one class index per row (predict_proba "
+                             "predicts without learning)")
         X32, labels = self.check_input(X, y)
         with self._user_rates_checked(len(X32)):
             if not progress:
@@ -436,7 +439,9 @@ class GLN:
         interpretability"). Bias inputs are not features: they enter as a constant term, so
         where no output is clipped, ``sigmoid(S[t, c] . logit(p0[t]) + bias_term[t, c])``
         equals the GLN's output (see ``saliency_terms``). For a binary model class 0's map
-        is the negative of class 1's.
+        is the negative of class 1's. With more than two classes, class c's map is that of
+        its one-vs-all network's output logit, before ``predict_proba`` divides the networks'
+        outputs by their sum: it is not the slope of ``predict_proba``'s log-odds.
         """
         maps, _ = self.saliency_terms(X)
         return maps

@@ -57,13 +57,23 @@ class PerExample:
     def __call__(self, t: np.ndarray) -> np.ndarray:
         """The rates for the example indices ``t``; ``ValueError`` naming the first that is
         not a number in (0, MAX_RATE] (a NaN or negative rate would spoil every weight)."""
-        rates = np.array([float(self.function(int(i))) for i in t], dtype=np.float64)
+        rates = np.array([self._rate(int(i)) for i in t], dtype=np.float64)
         valid = (rates > 0) & (rates <= MAX_RATE)
         if not valid.all():
             first = int(np.argmin(valid))
             raise ValueError(f"learning_rate({int(t[first])}) must be a number in "
                              f"(0, {MAX_RATE:g}], got {rates[first]!r}")
         return rates
+
+    def _rate(self, t: int) -> float:
+        """The callable's rate for example ``t``, as a float (``ValueError`` naming it if the
+        callable returns something else, an array say)."""
+        value = self.function(t)
+        try:
+            return float(value)
+        except (TypeError, ValueError, OverflowError) as error:
+            raise ValueError(f"learning_rate({t}) must return a number, got "
+                             f"{type(value).__name__}: {error}") from None
 
     def to_config(self) -> None:
         return None
@@ -91,10 +101,13 @@ def make_schedule(spec: Any) -> Schedule:
     """Build a schedule from what a user may pass as ``learning_rate``.
 
     Accepted: a positive number; ``{"schedule": "inverse_time", "scale": s, "cap": c}``;
-    a schedule object; or a callable of the 1-based example index.
+    a schedule object (``Constant`` and ``InverseTime`` checked as their configuration is); or
+    a callable of the 1-based example index.
     """
-    if isinstance(spec, Constant | InverseTime | PerExample):
+    if isinstance(spec, PerExample):
         return spec
+    if isinstance(spec, Constant | InverseTime):
+        return make_schedule(spec.to_config())
     if isinstance(spec, bool):
         raise ValueError(f"learning_rate must be a positive number, got {spec!r}")
     if isinstance(spec, int | float):

@@ -551,6 +551,13 @@ class DeviceArray(NDArrayOperatorsMixin):
     def device(self) -> _Device:
         return _Device(0)
 
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """What marks a GPU array (``gln.backend.is_device_array``); the pointer is no real
+        device memory, so nothing may read through it."""
+        return {"shape": self.host_view.shape, "typestr": self.host_view.dtype.str,
+                "data": (0, False), "version": 3}
+
     def get(self, out: np.ndarray | None = None) -> np.ndarray:
         """A host copy, or the copy into ``out`` (``cupy.ndarray.get(out=...)``: a NumPy array
         of the same dtype and shape, C-contiguous as this one is)."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_digits
 
-from gln import GLN, SnapshotBuffer, SnapshotFormatError
+from gln import GLN, Constant, InverseTime, SnapshotBuffer, SnapshotFormatError
 from tests.gln.snapshot_bytes import with_header, without_array
 
 
@@ -172,6 +172,7 @@ BAD_LABELS = [
     (np.zeros((2, 6)), [0, 10**20], r"label 1 is 100000000000000000000$"),
     (np.zeros((2, 6)), [10**400, 0], "label 0 is an integer of 401 digits"),
     (np.zeros((2, 6)), [0, None], "label 1 is None"),
+    (np.zeros((2, 6)), None, "learn needs labels"),  # None is no labels: learn must refuse it
 ]
 
 
@@ -246,12 +247,54 @@ def test_constant_features_never_produce_nan():
      ({"learning_rate": {"schedule": "inverse_time", "scale": 1.0, "cap": math.nan}}, "cap"),
      ({"learning_rate": {"schedule": "inverse_time", "scale": math.inf, "cap": 0.1}}, "scale"),
      ({"offset_scale": math.inf}, "offset_scale"), ({"offset_scale": math.nan}, "offset_scale"),
+     # Schedule objects are checked as their configurations are:
+     ({"learning_rate": Constant(math.nan)}, "learning_rate"),
+     ({"learning_rate": Constant(-1.0)}, "learning_rate"),
+     ({"learning_rate": Constant("x")}, "learning_rate"),
+     ({"learning_rate": InverseTime(-1.0, 0.01)}, "learning_rate.scale"),
+     ({"learning_rate": InverseTime(100.0, 2e6)}, "cap"),
+     ({"num_classes": 0}, "num_classes must be an int >= 2"),
      # The default bias, sigmoid(1), lies outside [eps, 1 - eps] for a large pred_clip:
      ({"pred_clip": 0.3}, r"bias .*needs pred_clip <= 0.268")],
 )
 def test_invalid_configuration_names_the_argument(overrides, name):
     with pytest.raises(ValueError, match=name):
         small_model(**overrides)
+
+
+def test_schedule_objects_and_array_layer_sizes_give_the_config_of_plain_values():
+    """``Constant``/``InverseTime`` and a NumPy ``layer_sizes`` are the numbers, dict and
+    tuple they stand for: the same configuration, so a reloaded model keeps its bytes."""
+    plain = small_model(learning_rate={"schedule": "inverse_time", "scale": 1, "cap": 0.01})
+    for model in (small_model(learning_rate=InverseTime(1, 0.01)),
+                  small_model(learning_rate=InverseTime(1, 0.01), layer_sizes=np.array([8, 4, 1]))):
+        assert model.config == plain.config
+        assert GLN.from_bytes(model.to_bytes()).to_bytes() == model.to_bytes()
+    assert small_model(learning_rate=Constant(0.05)).config == small_model().config
+
+
+def test_pandas_frames_and_series_are_rows_and_labels_like_arrays():
+    """A DataFrame has a ``get`` of its own: it must not be taken for a GPU array."""
+    pandas = pytest.importorskip("pandas")
+    X, y = stream(40)
+    from_arrays, from_pandas = small_model(), small_model()
+    expected = from_arrays.learn(X, y)
+    np.testing.assert_array_equal(
+        from_pandas.learn(pandas.DataFrame(X), pandas.Series(y)), expected)
+    np.testing.assert_array_equal(
+        from_pandas.learn(pandas.DataFrame(X[:5]), pandas.Series(y[:5], dtype="Int64")),
+        from_arrays.learn(X[:5], y[:5]))
+    np.testing.assert_array_equal(from_pandas.predict_proba(pandas.DataFrame(X)),
+                                  from_arrays.predict_proba(X))
+    assert from_pandas.to_bytes() == from_arrays.to_bytes()
+
+
+def test_a_callable_rate_that_returns_no_number_is_named():
+    model = small_model(learning_rate=lambda t: np.array([0.1, 0.2]))
+    X, y = stream(5)
+    with pytest.raises(ValueError, match=r"learning_rate\(1\) must return a number, got ndarray"):
+        model.learn(X, y)
+    assert model.examples_seen == 0
 
 
 @pytest.mark.parametrize("input_scaling", ["standardize", "unit"])
