@@ -456,6 +456,22 @@ def test_corrupt_or_foreign_bytes_are_rejected():
         GLN.from_bytes(future)
 
 
+@pytest.mark.parametrize("scale", [2.0**-20, 2.0**20])
+def test_the_scale_of_the_features_changes_nothing_learned(scale):
+    """Standardising makes a model indifferent to the unit of a feature, down to spreads of
+    about 1e-5 here (scaled by a power of two, the rows are exact and so are their z): the
+    std floor is far below them. The floor of 1e-3 that was the default hid such features."""
+    X, y = stream(500)
+    plain, scaled = small_model(), small_model()
+    expected = plain.learn(X, y)
+    np.testing.assert_array_equal(scaled.learn(X * scale, y), expected)
+    np.testing.assert_array_equal(scaled.predict_proba(X[:50] * scale),
+                                  plain.predict_proba(X[:50]))
+    if scale < 1:
+        hidden = small_model(min_std=1e-3)
+        assert np.abs(hidden.learn(X * scale, y) - expected).max() > 0.1
+
+
 @pytest.mark.parametrize("offset", [1e6, 3e7])
 def test_a_constant_offset_on_every_feature_changes_nothing_learned(offset):
     """Standardising makes a model indifferent to where a feature's values lie: rows that
