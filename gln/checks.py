@@ -26,6 +26,10 @@ import numpy as np
 from gln.backend import is_device_array, to_numpy
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Far deeper than any use (the paper's networks have 2-4 layers), and small enough that a
+# model's cost follows its size: a model of 200,000 one-neuron layers is 9 MB and takes
+# seconds per row, a layer at a time.
+MAX_LAYERS = 64
 
 
 # ------------------------------------------------------------------ constructor arguments
@@ -73,6 +77,8 @@ def layer_sizes(sizes: Any) -> tuple[int, ...]:
         sizes = sizes.tolist()
     if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence):
         raise ValueError(f"layer_sizes must be a sequence of ints, got {sizes!r}")
+    if len(sizes) > MAX_LAYERS:
+        raise ValueError(f"layer_sizes may hold at most {MAX_LAYERS} layers, got {len(sizes)}")
     checked = tuple(positive_int(f"layer_sizes[{i}]", k) for i, k in enumerate(sizes))
     if not checked or checked[-1] != 1:
         raise ValueError(f"layer_sizes must end in a single neuron (1), got {list(checked)}")

@@ -74,7 +74,8 @@ class GLN:
         outputs are normalised to sum to 1. Each output lies in [eps, 1 - eps], so the surest
         answer of K classes is (1 - eps) / (1 - eps + (K - 1) eps): 0.917 for 10 classes at
         the default eps = 0.01, 0.5 for 100. Many classes want ``pred_clip`` <= 0.1 / K.
-    layer_sizes: neurons per layer, the last one 1 (the paper's single output neuron).
+    layer_sizes: neurons per layer (at most 64 layers), the last one 1 (the paper's single output
+        neuron).
     context_dim: m, hyperplanes per neuron, 1 to 16; each neuron has 2^m weight vectors.
     learning_rate: a number, ``{"schedule": "inverse_time", "scale": s, "cap": c}`` for
         ``min(s / t, c)`` (the paper's MNIST run used scale 100, cap 0.01), or a callable of t

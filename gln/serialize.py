@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 MAGIC = b"GLNSNAP\x00"
 FORMAT_VERSION = 1
 _LENGTH = struct.Struct("<I")
+# A header is a few KiB (configuration, array names and shapes): a longer one is not parsed,
+# and counters beyond these are no real model's (an import could otherwise plant a count that
+# the next learn overflows, and a snapshot that no later start-up loads).
+MAX_HEADER_BYTES = 1 << 20
+MAX_COUNT = 1 << 62
 
 
 class SnapshotFormatError(ValueError):
@@ -159,6 +164,9 @@ def _parse_header(view: memoryview) -> tuple[dict[str, Any], int]:
     if len(view) < start:
         raise SnapshotFormatError("truncated GLN snapshot header")
     (length,) = _LENGTH.unpack(view[len(MAGIC):start])
+    if length > MAX_HEADER_BYTES:
+        raise SnapshotFormatError(
+            f"GLN snapshot header of {length} bytes (at most {MAX_HEADER_BYTES})")
     try:
         header = json.loads(bytes(view[start:start + length]))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
@@ -216,10 +224,10 @@ def _layout(header: dict[str, Any]) -> tuple[list[tuple[str, np.dtype, tuple[int
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise SnapshotFormatError(f"malformed GLN snapshot header: {error!r}") from None
     for key, value in zip(("moments_count", "examples_seen"), counters, strict=True):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_COUNT:
             raise SnapshotFormatError(
-                f"malformed GLN snapshot header: {key} must be a count (an integer >= 0), "
-                f"got {value!r}"
+                f"malformed GLN snapshot header: {key} must be a count (an integer in "
+                f"[0, 2**62)), got {value!r}"
             )
     return arrays, *counters
 
@@ -247,6 +255,8 @@ def model_from_bytes(
             if offset + size > len(payload):
                 raise SnapshotFormatError("truncated GLN snapshot payload")
             host = np.frombuffer(payload[offset:offset + size], dtype=dtype).reshape(shape)
+            if dtype.kind == "f" and not np.isfinite(host).all():
+                raise SnapshotFormatError(f"snapshot array {name!r} holds NaN or infinity")
             # A CPU model owns a writable copy; CuPy copies to the device anyway.
             native = host.astype(dtype.newbyteorder("="), copy=xp is np)
             loaded[name] = xp.asarray(native)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,24 +19,18 @@ from pydantic import (
     StringConstraints,
 )
 
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+# Not starting with '.': '.' and '..' mean something else in URLs and directories, and a
+# server's own files in a data directory (its lock, temporary files) start with one.
+NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
 ID_PATTERN = r"^[\x21-\x7e]{1,200}$"  # visible ASCII, as idempotency keys
 
 Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
 
 
-def _not_a_path_step(name: str) -> str:
-    # '.' and '..' fit the alphabet but mean something else in URLs and directories.
-    if name in {".", ".."}:
-        raise ValueError("'.' and '..' are not model names")
-    return name
-
-
-NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -"
-# The name of a new model (create's body, import's path).
-ModelName = Annotated[
-    str, StringConstraints(pattern=NAME_PATTERN), AfterValidator(_not_a_path_step)
-]
+NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -, not starting with '.'"
+# The name of a new model (create's body, import's path). Existing names are looked up by
+# service.storage.is_model_name, which still serves a model named before the leading '.' rule.
+ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
 class _Body(BaseModel):

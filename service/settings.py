@@ -15,10 +15,12 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gln.serialize import MAX_HEADER_BYTES
 from service.storage import SENTINEL_SCHEME, parse_sentinel_url
 
 MIB = 1024 * 1024
-IMPORT_HEADER_BYTES = MIB  # room for a model blob's JSON header (a few KiB in practice)
+# Room for a model blob's header: magic, length and the JSON the library parses at most.
+IMPORT_HEADER_BYTES = MAX_HEADER_BYTES + 64
 
 
 class Settings(BaseSettings):

@@ -238,6 +238,7 @@ def test_constant_features_never_produce_nan():
      ({"input_scaling": "minmax"}, "input_scaling"), ({"device": "tpu"}, "device"),
      ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"layer_sizes": ()}, "layer_sizes"),
      ({"layer_sizes": (4, 0, 1)}, r"layer_sizes\[1\]"), ({"context_dim": 17}, "context_dim"),
+     ({"layer_sizes": (1,) * 65}, "at most 64 layers"),
      ({"image_shape": (2, -3)}, r"image_shape\[1\]"),
      # Beyond what float32 neurons can compute without an infinite logit or NaN:
      ({"pred_clip": 1e-8}, "pred_clip"), ({"weight_clip": 1e7}, "weight_clip"),
@@ -456,6 +457,18 @@ def test_corrupt_or_foreign_bytes_are_rejected():
         GLN.from_bytes(future)
 
 
+@pytest.mark.parametrize("array", ["weights", "moments_total", "normals"])
+def test_a_snapshot_holding_nan_or_infinity_is_refused(array):
+    """A model loaded with them would answer null probabilities: refused as malformed."""
+    model = small_model()
+    model.learn(*stream(20))
+    target = {"weights": model.weights[0], "moments_total": model.moments.total,
+              "normals": model.normals}[array]
+    target.reshape(-1)[0] = np.nan if array != "normals" else np.inf
+    with pytest.raises(SnapshotFormatError, match="NaN or infinity"):
+        GLN.from_bytes(model.to_bytes())
+
+
 @pytest.mark.parametrize("scale", [2.0**-20, 2.0**20])
 def test_the_scale_of_the_features_changes_nothing_learned(scale):
     """Standardising makes a model indifferent to the unit of a feature, down to spreads of
@@ -547,12 +560,15 @@ def test_config_of_bytes_reads_the_header_alone():
     lambda h: json.dumps({**h, "examples_seen": -5}),
     lambda h: json.dumps({**h, "examples_seen": 2.7}),
     lambda h: json.dumps({**h, "examples_seen": 10**30}),
+    lambda h: json.dumps({**h, "examples_seen": 2**62}),  # the next learn is near overflow
+    lambda h: json.dumps({**h, "junk": "x" * (1 << 20)}),  # not parsed at all
     lambda h: json.dumps({**h, "moments_count": -12}),
     lambda h: json.dumps({**h, "moments_count": True}),
     lambda h: json.dumps({**h, "config": "num_features=6"}),
     lambda h: json.dumps(h)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
 ], ids=["no-arrays", "array-fields", "arrays-not-a-list", "dtype", "moments", "examples",
         "examples-inf", "examples-negative", "examples-fraction", "examples-huge",
+        "examples-2**62", "header-over-1-MiB",
         "moments-negative", "moments-bool", "config", "nested-too-deep"])
 def test_a_mangled_header_is_a_format_error(edit):
     """A header is not covered by the checksum: whatever it holds, loading says the blob is

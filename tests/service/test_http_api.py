@@ -65,7 +65,8 @@ async def test_create_existing_name_is_409_and_keeps_the_first(
     assert (await client.get("/v1/models/a")).json()["examples_seen"] == 3
 
 
-@pytest.mark.parametrize("name", ["", "a b", "x" * 65, "sl/ash", "ü", "a:b", "a\n", ".."])
+@pytest.mark.parametrize("name", ["", "a b", "x" * 65, "sl/ash", "ü", "a:b", "a\n", "..", ".",
+                                  ".gln-service.lock", ".tmp-x"])  # the server's own files
 async def test_create_invalid_name_is_422(client: httpx.AsyncClient, name: str, small_config):
     r = await client.post("/v1/models", json={"name": name, "config": small_config})
     assert r.status_code == 422
@@ -73,7 +74,7 @@ async def test_create_invalid_name_is_422(client: httpx.AsyncClient, name: str, 
     assert (await client.get("/v1/models")).json() == []
 
 
-@pytest.mark.parametrize("name", ["a", "A.b-c_9", "x" * 64])
+@pytest.mark.parametrize("name", ["a", "A.b-c_9", "x" * 64, "-rf", "_.", "a.."])
 async def test_create_accepts_the_whole_name_alphabet(
     client: httpx.AsyncClient, name: str, create_model
 ):
