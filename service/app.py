@@ -80,7 +80,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The last added is the outermost: metrics see every answer, including the guards' 401
     # and 413; the token is checked before a byte of the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
-                       import_max_bytes=settings.import_max_bytes)
+                       import_max_bytes=settings.import_max_bytes,
+                       timeout_s=settings.body_timeout_s,
+                       max_large_bodies=settings.max_large_bodies)
     app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
                        protect_reads=settings.token_for_reads)
     app.add_middleware(
@@ -363,8 +365,15 @@ def _route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
     return "unmatched"
 
 
+# Methods none of whose routes take a body: any body is refused, not buffered.
+_BODILESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+# A body over this counts against ``max_large_bodies``.
+LARGE_BODY_BYTES = 1024 * 1024
+
+
 class BodyLimitMiddleware:
-    """413 for a request body over ``max_bytes``, before the app sees any of it.
+    """413 for a request body over its limit, before the app sees any of it; 408 for a body
+    that stops arriving; and at most ``max_large_bodies`` large bodies in the app at once.
 
     A declared Content-Length over the limit is refused without reading. Otherwise the body
     is read here, counting bytes as they stream in (a chunked upload or a lying
@@ -373,52 +382,86 @@ class BodyLimitMiddleware:
 
     A model's import is the one body that is raw bytes rather than JSON: its limit is
     ``import_max_bytes`` (the blob of the largest model the server admits), so a model too
-    big for ``max_bytes`` can still be moved between servers.
+    big for ``max_bytes`` can still be moved between servers. GET, HEAD, DELETE and OPTIONS
+    take no body, so theirs is limited to 0 bytes: an open route such as ``/healthz`` cannot
+    be made to buffer one.
+
+    A client that stops sending midway gets 408 after ``timeout_s`` without a byte, so it
+    cannot hold a buffer open. A body over ``LARGE_BODY_BYTES`` waits for one of
+    ``max_large_bodies`` turns before more of it is read, and keeps its turn until its answer
+    is sent: parsing JSON takes many times a body's size in memory (Python floats and lists),
+    and this bounds how many such parses a burst of big requests runs at once.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int,
+                 timeout_s: float = 30.0, max_large_bodies: int = 2) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.import_max_bytes = import_max_bytes
+        self.timeout_s = timeout_s
+        self._large_turns = asyncio.Semaphore(max_large_bodies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, setting = self._limit(scope)
+        declared = _declared_length(scope)
+        if declared > limit:
+            await _refuse_body(send, limit, setting)
+            return
+        async with contextlib.AsyncExitStack() as turn:
+            if declared > LARGE_BODY_BYTES:
+                await turn.enter_async_context(self._large_turns)
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                try:
+                    message = await asyncio.wait_for(receive(), self.timeout_s)
+                except TimeoutError:
+                    await _send_json(
+                        send, 408, f"request body incomplete after {self.timeout_s:g} s "
+                        "without data (GLN_BODY_TIMEOUT_S)", [(b"connection", b"close")])
+                    return
+                if message["type"] != "http.request":  # client went away
+                    await self.app(scope, _replay([message], receive), send)
+                    return
+                body = message.get("body", b"")
+                size += len(body)
+                if size > limit:
+                    await _refuse_body(send, limit, setting)
+                    return
+                if size > LARGE_BODY_BYTES and declared <= LARGE_BODY_BYTES:
+                    declared = size  # a chunked body grew large: take a turn once
+                    await turn.enter_async_context(self._large_turns)
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    break
+            whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            chunks.clear()  # else the body is held twice while the app runs (an import: a model)
+            await self.app(scope, _replay([whole], receive), send)
+
+    def _limit(self, scope: Scope) -> tuple[int, str]:
+        """The largest body this request may have, and the setting that says so."""
         # Only a POST is an import: any other method on that path (which no one need be
         # authorised for) keeps the small limit, else it could make the server buffer a GiB.
         if scope["method"] == "POST" and _is_model_action(scope["path"], "import"):
-            limit, setting = self.import_max_bytes, "GLN_MAX_MODEL_BYTES"
-        else:
-            limit, setting = self.max_bytes, "GLN_MAX_BODY_BYTES"
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0  # malformed; the server or the stream count will catch it
-                if declared > limit:
-                    await _refuse_body(send, limit, setting)
-                    return
-                break
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # client went away
-                await self.app(scope, _replay([message], receive), send)
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > limit:
-                await _refuse_body(send, limit, setting)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        chunks.clear()  # else the body is held twice while the app runs (an import: a model)
-        await self.app(scope, _replay([whole], receive), send)
+            return self.import_max_bytes, "GLN_MAX_MODEL_BYTES"
+        if scope["method"] in _BODILESS_METHODS:
+            return 0, f"{scope['method']} takes no body"
+        return self.max_bytes, "GLN_MAX_BODY_BYTES"
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length, 0 where absent or malformed (the server or the count of
+    the bytes streamed in catches a lie)."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
 
 
 async def _refuse_body(send: Send, limit: int, setting: str) -> None:

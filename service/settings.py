@@ -107,6 +107,22 @@ class Settings(BaseSettings):
         "/metrics and the OpenAPI pages stay open).",
     )
     max_body_bytes: int = Field(64 * MIB, gt=0, description="Largest accepted request body.")
+    body_timeout_s: float = Field(
+        30.0, gt=0,
+        description="Longest wait for the next piece of a request body before answering 408: "
+        "a client that stops sending holds no buffer for good.",
+    )
+    max_large_bodies: int = Field(
+        2, gt=0,
+        description="Requests with a body over 1 MiB read and handled at once; more wait their "
+        "turn. Parsing a JSON body takes up to tens of times its size in memory, so this bounds "
+        "what a burst of big requests can hold.",
+    )
+    max_connections: int = Field(
+        1024, gt=0,
+        description="Open connections (and requests in flight) beyond which new ones are "
+        "answered 503 (uvicorn's limit_concurrency).",
+    )
     max_rows_per_request: int = Field(
         10_000, gt=0, description="Largest number of rows in one predict/learn/explain request."
     )

@@ -5,6 +5,7 @@ A request a guard refuses must change nothing, so every test also checks the mod
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -197,11 +198,13 @@ async def test_an_import_may_exceed_the_body_limit_up_to_the_model_limit(
             f"request body larger than {tiny.import_max_bytes} bytes (GLN_MAX_MODEL_BYTES)"
         )
         assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["m"]
-        # Only a POST is an import: other methods on its path keep GLN_MAX_BODY_BYTES.
-        for method in ("GET", "PUT", "PATCH"):
+        # Only a POST is an import: other methods on its path keep GLN_MAX_BODY_BYTES, or
+        # take no body at all.
+        for method, limit in (("GET", "GET takes no body"), ("PUT", "GLN_MAX_BODY_BYTES"),
+                              ("PATCH", "GLN_MAX_BODY_BYTES")):
             r = await client.request(method, "/v1/models/m/import", content=blob)
             assert r.status_code == 413, method
-            assert "GLN_MAX_BODY_BYTES" in r.json()["detail"]
+            assert limit in r.json()["detail"]
 
 
 async def learn_in_pieces(client, body: bytes, piece: int):
@@ -268,3 +271,101 @@ async def test_lying_content_length_cannot_pass_the_limit(small_body_app, serve,
         await app(scope, receive, send)
         assert sent[0]["status"] == 413
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+
+
+async def test_a_method_that_takes_no_body_has_its_body_refused_unread(
+    settings: Settings, serve, create_model
+):
+    """An open route (``/healthz``) cannot be made to buffer a body, and a DELETE with one
+    deletes nothing."""
+    async with serve(create_app(settings)) as client:
+        await create_model(client)
+        for method, path in (("GET", "/healthz"), ("DELETE", "/v1/models/m"),
+                             ("GET", "/v1/models/m")):
+            r = await client.request(method, path, content=b"x" * 10)
+            assert r.status_code == 413, (method, path)
+            assert r.json()["detail"] == (
+                f"request body larger than 0 bytes ({method} takes no body)")
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/v1/models/m")).status_code == 200
+
+
+def _raw_request(method: str = "POST", length: int | None = None) -> dict:
+    headers = [(b"content-type", b"application/json")]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    return {"type": "http", "method": method, "path": "/v1/models/m/learn", "headers": headers}
+
+
+async def test_a_body_that_stops_arriving_is_408_and_never_reaches_the_app():
+    from service.app import BodyLimitMiddleware
+
+    reached: list[bytes] = []
+
+    async def app(scope, receive, send):
+        reached.append((await receive())["body"])
+
+    async def receive() -> dict:
+        if not receive.sent:
+            receive.sent = True
+            return {"type": "http.request", "body": b'{"features": [[', "more_body": True}
+        await asyncio.Event().wait()  # the client never sends the rest
+        raise AssertionError
+
+    receive.sent = False
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    guard = BodyLimitMiddleware(app, max_bytes=1000, import_max_bytes=1000, timeout_s=0.05)
+    await asyncio.wait_for(guard(_raw_request(), receive, send), 5)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+    assert b"GLN_BODY_TIMEOUT_S" in sent[1]["body"]
+    assert reached == []
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_large_bodies_take_turns_small_ones_do_not_wait(declared: bool):
+    """With one turn, a second large body is not read on while the first is in the app; a
+    small body passes meanwhile."""
+    from service.app import LARGE_BODY_BYTES, BodyLimitMiddleware
+
+    release = asyncio.Event()
+    entered: list[int] = []
+
+    async def app(scope, receive, send):
+        body = (await receive())["body"]
+        entered.append(len(body))
+        if len(body) > LARGE_BODY_BYTES:
+            await release.wait()
+
+    guard = BodyLimitMiddleware(app, max_bytes=8 * LARGE_BODY_BYTES,
+                                import_max_bytes=8 * LARGE_BODY_BYTES, max_large_bodies=1)
+    large = b" " * (2 * LARGE_BODY_BYTES)
+
+    def receiver(body: bytes):
+        pieces = [body[i:i + LARGE_BODY_BYTES // 2]
+                  for i in range(0, len(body), LARGE_BODY_BYTES // 2)] or [b""]
+
+        async def receive() -> dict:
+            piece = pieces.pop(0)
+            return {"type": "http.request", "body": piece, "more_body": bool(pieces)}
+
+        return receive
+
+    async def send(message: dict) -> None:
+        pass
+
+    def request(body: bytes):
+        length = len(body) if declared else None
+        return guard(_raw_request(length=length), receiver(body), send)
+
+    first = asyncio.create_task(request(large))
+    second = asyncio.create_task(request(large + b" "))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(request(b"{}"), 5)  # small: no turn needed
+    assert entered == [len(large), 2]
+    release.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert entered == [len(large), 2, len(large) + 1]
