@@ -52,6 +52,18 @@ class IdempotencyKeyReused(InvalidRequest):
         )
 
 
+class UnsupportedMediaType(RegistryError):
+    """A body sent with another Content-Type than its route takes.
+
+    Checked because a web page may send a body of ``text/plain`` or a form to any site
+    without asking first (no CORS preflight), but not one of ``application/json`` or
+    ``application/octet-stream``: so no page a user visits can create, train or replace the
+    models of a server that user's browser can reach.
+    """
+
+    status_code = 415
+
+
 class Unavailable(RegistryError):
     """Not restored yet, or the snapshot store or the write-ahead log cannot be reached."""
 

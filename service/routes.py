@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from service.errors import UnsupportedMediaType
 from service.registry import ModelRegistry
 from service.schemas import (
     NAME_DESCRIPTION,
@@ -103,6 +104,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
     NaN and Infinity tokens parse as floats on purpose: the model check rejects them with a
     clear message, rather than a generic JSON error.
     """
+    require_content_type(request, JSON)
     raw = await request.body()
     try:
         if len(raw) > OFFLOAD_BYTES:
@@ -110,6 +112,20 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+
+
+JSON, OCTETS = "application/json", "application/octet-stream"
+
+
+def require_content_type(request: Request, expected: str) -> None:
+    """415 unless the request's body is declared as ``expected`` (JSON: also any
+    ``application/...+json``); see ``service.errors.UnsupportedMediaType`` for why."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media == expected or (expected == JSON and media.startswith("application/")
+                             and media.endswith("+json")):
+        return
+    raise UnsupportedMediaType(
+        f"send the body with 'Content-Type: {expected}', got {media or 'no Content-Type'!r}")
 
 
 def _dump(payload: dict[str, Any]) -> bytes:
@@ -162,7 +178,7 @@ def _data_route(
     def decorator(endpoint: Callable[..., Awaitable[Response]]) -> Any:
         router.add_api_route(
             path, endpoint, methods=["POST"], response_model=response_model,
-            openapi_extra=extra, responses=_errors(401, 404, 413, 422, *errors),
+            openapi_extra=extra, responses=_errors(401, 404, 413, 415, 422, *errors),
             tags=["data"], route_class_override=DataRoute,
         )
         return endpoint
@@ -281,7 +297,8 @@ MODEL_BYTES = {"type": "string", "format": "binary"}  # a GLN.to_bytes() blob
 
 @router.post(
     "/v1/models", status_code=status.HTTP_201_CREATED, response_model=ModelInfo,
-    openapi_extra=_json_body(CreateModelRequest), responses=_errors(401, 409, 413, 422, 503),
+    openapi_extra=_json_body(CreateModelRequest),
+    responses=_errors(401, 409, 413, 415, 422, 503),
     tags=["models"],
 )
 async def create_model(request: Request, registry: Registry) -> dict[str, Any]:
@@ -318,7 +335,7 @@ async def export_model(name: str, registry: Registry) -> Response:
     openapi_extra={**BEARER, "requestBody": {
         "required": True, "content": {"application/octet-stream": {"schema": MODEL_BYTES}},
     }},
-    responses=_errors(401, 409, 413, 422, 503), tags=["models"],
+    responses=_errors(401, 409, 413, 415, 422, 503), tags=["models"],
 )
 async def import_model(
     name: Annotated[ModelName, Path(description=NAME_DESCRIPTION)],
@@ -333,6 +350,7 @@ async def import_model(
     (GLN_MAX_MODEL_BYTES), beyond GLN_MAX_BODY_BYTES. 422 for bytes that are not a GLN
     model, 409 for a name in use.
     """
+    require_content_type(request, OCTETS)
     entry = await registry.import_model(name, await request.body())
     return entry.describe()
 

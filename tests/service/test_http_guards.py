@@ -18,6 +18,7 @@ from service.app import create_app
 from service.settings import IMPORT_HEADER_BYTES, Settings
 
 TOKEN = "s3cret-token"
+OCTETS = {"content-type": "application/octet-stream"}
 
 
 @pytest.fixture
@@ -31,9 +32,12 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _body(body: dict | bytes | None) -> dict:
-    """httpx arguments sending ``body``: JSON, or raw bytes (a model import)."""
-    return {"content": body} if isinstance(body, bytes) else {"json": body}
+def _body(body: dict | bytes | None, headers: dict[str, str]) -> dict:
+    """httpx arguments sending ``body`` with ``headers``: JSON, or raw bytes (a model import,
+    declared as such)."""
+    if isinstance(body, bytes):
+        return {"content": body, "headers": {**headers, **OCTETS}}
+    return {"json": body, "headers": headers}
 
 
 # -- auth -----------------------------------------------------------------------------------------
@@ -70,7 +74,7 @@ async def test_mutating_routes_need_the_token(
         ("DELETE", "/v1/models/m", None),
     ]
     for method, path, body in attempts:
-        r = await token_client.request(method, path, headers=headers, **_body(body))
+        r = await token_client.request(method, path, **_body(body, headers))
         assert r.status_code == 401, (method, path, r.text)
         assert r.headers["www-authenticate"] == "Bearer"
         assert "bearer token" in r.json()["detail"]
@@ -98,7 +102,7 @@ async def test_the_right_token_opens_every_route(
         ("DELETE", "/v1/models/m", None, 204),
     ]
     for method, path, body, expected in calls:
-        r = await token_client.request(method, path, headers=good, **_body(body))
+        r = await token_client.request(method, path, **_body(body, good))
         assert r.status_code == expected, (method, path, r.text)
 
 
@@ -186,13 +190,13 @@ async def test_an_import_may_exceed_the_body_limit_up_to_the_model_limit(
     small = settings.model_copy(update={"max_body_bytes": 1000})
     assert len(blob) > 10 * small.max_body_bytes
     async with serve(create_app(small)) as client:
-        r = await client.post("/v1/models/m/import", content=blob)
+        r = await client.post("/v1/models/m/import", content=blob, headers=OCTETS)
         assert r.status_code == 201, r.text
     tiny = small.model_copy(update={"max_model_bytes": 1000})
     assert len(blob) > tiny.import_max_bytes - IMPORT_HEADER_BYTES
     padded = blob + b"\0" * (tiny.import_max_bytes + 1 - len(blob))
     async with serve(create_app(tiny)) as client:
-        r = await client.post("/v1/models/other/import", content=padded)
+        r = await client.post("/v1/models/other/import", content=padded, headers=OCTETS)
         assert r.status_code == 413
         assert r.json()["detail"] == (
             f"request body larger than {tiny.import_max_bytes} bytes (GLN_MAX_MODEL_BYTES)"
@@ -369,3 +373,45 @@ async def test_large_bodies_take_turns_small_ones_do_not_wait(declared: bool):
     release.set()
     await asyncio.wait_for(asyncio.gather(first, second), 5)
     assert entered == [len(large), 2, len(large) + 1]
+
+
+# -- content types ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("content_type", [
+    "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None,
+])
+async def test_a_body_a_web_page_could_send_cross_site_is_415_and_changes_nothing(
+    settings: Settings, serve, create_model, small_config, make_data, content_type
+):
+    """The types a page may send to any site without a preflight (and none at all) are
+    refused on every route with a body: no page can create, train or import models."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    X, y = make_data(3)
+    async with serve(create_app(settings)) as client:
+        await create_model(client)
+        blob = (await client.get("/v1/models/m/export")).content
+        for path, body, expected in (
+            ("/v1/models", {"name": "n", "config": small_config}, "application/json"),
+            ("/v1/models/m/learn", {"features": X, "labels": y}, "application/json"),
+            ("/v1/models/m/predict", {"features": X}, "application/json"),
+            ("/v1/models/copy/import", blob, "application/octet-stream"),
+        ):
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            r = await client.post(path, content=content, headers=headers)
+            assert r.status_code == 415, (path, r.text)
+            assert r.json()["detail"].startswith(f"send the body with 'Content-Type: {expected}'")
+        assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["m"]
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+
+
+async def test_json_with_a_charset_or_a_json_suffix_is_json(
+    settings: Settings, serve, create_model, make_data
+):
+    X, y = make_data(2)
+    async with serve(create_app(settings)) as client:
+        await create_model(client)
+        for content_type in ("application/json; charset=utf-8", "application/vnd.gln+json",
+                             "Application/JSON"):
+            r = await client.post("/v1/models/m/learn", headers={"content-type": content_type},
+                                  content=json.dumps({"features": X, "labels": y}).encode())
+            assert r.status_code == 200, (content_type, r.text)
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 6
