@@ -82,6 +82,21 @@ class ServiceMetrics:
             "gln_examples_predicted", "Rows answered by predict.", ["model"], registry=r,
         )
         self.models_loaded = Gauge("gln_models_loaded", "Models held in memory.", registry=r)
+        self.ready = Gauge(
+            "gln_ready", "1 once the stored models are restored (/readyz answers 200), else 0.",
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "gln_store_up",
+            "1 when the snapshot store and the write-ahead log answered the latest ping (taken "
+            "at each scrape), else 0: without them nothing is learned or snapshotted.",
+            registry=r,
+        )
+        self.models_unrestored = Gauge(
+            "gln_models_unrestored",
+            "Stored models that could not be restored (not served until fixed or deleted).",
+            registry=r,
+        )
         self.model_bytes = Gauge(
             "gln_model_bytes", "Bytes held by a model's arrays.", ["model"], registry=r,
         )

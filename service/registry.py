@@ -56,6 +56,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# How long a ping's answer stands for every caller (probes, restore's retries).
+PING_REUSE_S = 1.0
 
 # What a client may put in a model's config: GLN's arguments, less the server's own choices
 # (the device) and the library's test switch (use_kernels, which a snapshot does not keep).
@@ -105,6 +107,10 @@ class ModelRegistry:
         self._failed: dict[str, str] = {}  # stored names that could not be restored -> why
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()
+        self._ping_in_flight: asyncio.Future[bool] | None = None
+        self._last_ping: tuple[float, bool] | None = None  # (monotonic time, answer)
+        metrics.ready.set(0)
+        metrics.models_unrestored.set_function(lambda: len(self._failed))
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -150,14 +156,31 @@ class ModelRegistry:
         return dict(self._failed)
 
     async def store_reachable(self) -> bool:
-        """``ping()`` of the store and of the log, off the event loop."""
+        """``ping()`` of the store and of the log, in a thread of their own: not a model
+        worker's, since a Redis that hangs holds a ping for ``PING_TIMEOUT_S`` and probes must
+        not take the threads that predictions need. One ping at a time, its answer shared by
+        every caller for ``PING_REUSE_S``."""
+        now = time.monotonic()
+        if self._last_ping is not None and now - self._last_ping[0] < PING_REUSE_S:
+            return self._last_ping[1]
+        if self._ping_in_flight is None:
+            self._ping_in_flight = asyncio.ensure_future(asyncio.to_thread(self._ping))
+        in_flight = self._ping_in_flight
         try:
-            return bool(await self._run(self._ping))
-        except Exception:
-            return False
+            reachable = await asyncio.shield(in_flight)
+        finally:
+            if in_flight.done() and self._ping_in_flight is in_flight:
+                self._ping_in_flight = None
+        self._last_ping = (time.monotonic(), reachable)
+        self.metrics.store_up.set(int(reachable))
+        return reachable
 
     def _ping(self) -> bool:
-        return bool(self.store.ping()) and (self.wal is None or bool(self.wal.ping()))
+        """(thread) Whether the store and the log answer; never raises."""
+        try:
+            return bool(self.store.ping()) and (self.wal is None or bool(self.wal.ping()))
+        except Exception:
+            return False
 
     # -- lookups --
     async def _wait_restored(self) -> None:
@@ -589,6 +612,7 @@ class ModelRegistry:
             for name in names:
                 await self._restore_one(name, retry_s)
             self._restored.set()
+            self.metrics.ready.set(1)
         log.info("restored %d model(s); %d failed", len(self._models), len(self._failed))
 
     async def _restore_one(self, name: str, retry_s: float) -> None:

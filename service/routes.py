@@ -35,6 +35,7 @@ from service.schemas import (
     ModelName,
     PredictRequest,
     PredictResponse,
+    Readiness,
     SnapshotOut,
     Status,
 )
@@ -387,23 +388,30 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get(
-    "/readyz", response_model=Status, responses=_errors(503), tags=["operations"]
+    "/readyz", response_model=Readiness, responses=_errors(503), tags=["operations"]
 )
 async def readyz(registry: Registry) -> Any:
-    """200 once every stored model is restored and the snapshot store answers; else 503."""
-    problem = None
+    """503 while the stored models are being restored; then 200, ``ready`` or ``degraded``.
+
+    Degraded names what this process cannot do now: a snapshot store or log that does not
+    answer (learning and snapshots fail; predictions go on), stored models that could not be
+    restored (the others are served). Only this process holds its models, so a load balancer
+    that took it out for those would stop every model's predictions as well; they are
+    exported (``gln_store_up``, ``gln_models_unrestored``) and alerted on instead.
+    """
     if not registry.restored:
         problem = "restoring models from snapshots"
         if not await registry.store_reachable():
             problem += " (the snapshot store is unreachable; retrying)"
-    elif registry.failed:
-        failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
-        problem = f"could not restore stored model(s) ({failed}); fix or DELETE them"
-    elif not await registry.store_reachable():
-        problem = "snapshot store unreachable"
-    if problem is not None:
         return JSONResponse({"detail": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
-    return {"status": "ready"}
+    problems = []
+    if registry.failed:
+        failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
+        problems.append(f"could not restore stored model(s) ({failed}); fix or DELETE them")
+    if not await registry.store_reachable():
+        problems.append("snapshot store or write-ahead log unreachable: learn requests and "
+                        "snapshots fail until it answers")
+    return {"status": "degraded" if problems else "ready", "problems": problems}
 
 
 # Load balancers often probe with HEAD: the same answers, without a body (and without a second
@@ -416,4 +424,7 @@ for _probe in (healthz, readyz):
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition of every gln_* metric."""
     service_metrics = request.app.state.metrics
+    registry = request.app.state.registry
+    if registry is not None:
+        await registry.store_reachable()  # gln_store_up as of this scrape
     return Response(service_metrics.render(), media_type=service_metrics.content_type)

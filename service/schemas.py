@@ -8,7 +8,7 @@ its clear 422 message instead of a generic parse error.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -183,3 +183,10 @@ class Detail(BaseModel):
 
 class Status(BaseModel):
     status: str
+
+
+class Readiness(BaseModel):
+    """``ready``, or ``degraded`` with what this process cannot do now (it serves the rest)."""
+
+    status: Literal["ready", "degraded"]
+    problems: list[str] = Field(default_factory=list)

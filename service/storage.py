@@ -73,8 +73,14 @@ class ClosingMixin:
         self.close()
 
 
+# A health check's PING waits this long at most: a hung Redis must not hold its caller for the
+# minute a snapshot's write may take.
+PING_TIMEOUT_S = 2.0
+
+
 class RedisClient(ClosingMixin):
-    """What every Redis-backed class here shares: one client, health by PING, closing."""
+    """What every Redis-backed class here shares: one client, health by PING (on a client of
+    its own, with short timeouts), closing."""
 
     _client: redis.Redis
 
@@ -88,11 +94,14 @@ class RedisClient(ClosingMixin):
         self.url = url
         self.key_prefix = key_prefix
         self._client = redis_client(url, socket_connect_timeout, socket_timeout)
+        ping_timeout = min(socket_connect_timeout, PING_TIMEOUT_S)
+        self._ping_client = redis_client(url, ping_timeout, PING_TIMEOUT_S)
 
     def ping(self) -> bool:
-        """True when Redis answers PING; False on any connection or server error."""
+        """True when Redis answers PING within ``PING_TIMEOUT_S``; False on any connection or
+        server error, or a Redis that does not answer in time."""
         try:
-            return bool(self._client.ping())
+            return bool(self._ping_client.ping())
         except (redis.RedisError, OSError):
             return False
 
@@ -105,8 +114,9 @@ class RedisClient(ClosingMixin):
         self._client.connection_pool.disconnect(inuse_connections=False)
 
     def close(self) -> None:
-        """Close the client's connections."""
+        """Close the clients' connections."""
         self._client.close()
+        self._ping_client.close()
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ async def test_bad_request_between_good_ones_leaves_no_gap(
 async def test_healthz_readyz_openapi(client: httpx.AsyncClient):
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     r = await client.get("/readyz")
-    assert r.status_code == 200 and r.json() == {"status": "ready"}
+    assert r.status_code == 200 and r.json() == {"status": "ready", "problems": []}
     for probe in ("/healthz", "/readyz"):  # load balancers often probe with HEAD
         head = await client.head(probe)
         assert head.status_code == 200 and head.content == b""

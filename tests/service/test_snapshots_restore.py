@@ -19,8 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 import service.app
 from gln import GLN, SnapshotBuffer
 from service.app import create_app
+from service.registry import PING_REUSE_S
 from service.settings import Settings
 from service.store import open_store
+from tests.redis_process import RedisProcess
 
 
 def _store(settings: Settings):
@@ -228,9 +230,11 @@ async def test_readyz_is_503_until_every_model_is_restored(
         gate.set()
 
 
-async def test_unreadable_snapshot_keeps_readyz_503_until_deleted(
+async def test_an_unreadable_snapshot_is_a_degraded_readiness_until_deleted(
     settings: Settings, serve, create_model
 ):
+    """The other models are served, so the process stays ready: degraded, naming the model,
+    and counted in gln_models_unrestored."""
     async with serve(create_app(settings)) as client:
         await create_model(client, "good")
         await create_model(client, "broken")
@@ -239,8 +243,10 @@ async def test_unreadable_snapshot_keeps_readyz_503_until_deleted(
 
     async with serve(create_app(settings.model_copy(update={"max_models": 2}))) as client:
         r = await client.get("/readyz")
-        assert r.status_code == 503
-        assert "broken" in r.json()["detail"]
+        assert r.status_code == 200 and r.json()["status"] == "degraded"
+        assert "broken" in r.json()["problems"][0]
+        scrape = (await client.get("/metrics")).text
+        assert "gln_models_unrestored 1.0" in scrape and "gln_ready 1.0" in scrape
         # It keeps its room too, and the limit's message says so.
         r = await client.post("/v1/models", json={"name": "third", "config": {"num_features": 2}})
         assert r.status_code == 409
@@ -255,7 +261,8 @@ async def test_unreadable_snapshot_keeps_readyz_503_until_deleted(
         r = await client.post("/v1/models", json={"name": "broken", "config": {"num_features": 2}})
         assert r.status_code == 409
         assert (await client.delete("/v1/models/broken")).status_code == 204
-        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/readyz")).json() == {"status": "ready", "problems": []}
+        assert "gln_models_unrestored 0.0" in (await client.get("/metrics")).text
         assert open_store(None, settings.snapshot_dir).names() == ["good"]
 
 
@@ -276,7 +283,8 @@ async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
 async def test_store_failure_after_start(
     settings: Settings, client: httpx.AsyncClient, create_model, small_config
 ):
-    """The snapshot directory disappears (replaced by a file): not ready, creates refused."""
+    """The snapshot directory disappears (replaced by a file): degraded, creates refused,
+    gln_store_up 0; predictions go on."""
     await create_model(client, "m")
     snapshot_dir = Path(settings.snapshot_dir)
     for path in sorted(snapshot_dir.rglob("*"), reverse=True):
@@ -284,10 +292,52 @@ async def test_store_failure_after_start(
     snapshot_dir.rmdir()
     snapshot_dir.write_text("in the way")
 
+    await asyncio.sleep(PING_REUSE_S)  # the ping of the last readiness answer has aged out
     r = await client.get("/readyz")
-    assert r.status_code == 503 and "unreachable" in r.json()["detail"]
+    assert r.status_code == 200 and r.json()["status"] == "degraded"
+    assert "unreachable" in r.json()["problems"][0]
+    assert "gln_store_up 0.0" in (await client.get("/metrics")).text
+    assert (await client.post("/v1/models/m/predict",
+                              json={"features": [[0.0] * small_config["num_features"]]})
+            ).status_code == 200
     r = await client.post("/v1/models", json={"name": "new", "config": small_config})
     assert r.status_code == 503 and "snapshot store" in r.json()["detail"]
     assert (await client.get("/v1/models/new")).status_code == 404
     assert (await client.post("/v1/models/m/snapshot")).status_code == 503
     snapshot_dir.unlink()  # let the shutdown snapshot pass (the dir store recreates paths)
+
+
+async def test_a_hung_redis_holds_no_thread_that_predictions_need(
+    serve, tmp_path, small_config, make_data
+):
+    """Readiness pings of a Redis that answers nothing (SIGSTOP) run one at a time in a thread
+    of their own, with a short timeout: however many probes wait, predict answers at once (the
+    pings used to take the model workers, for up to a minute each)."""
+    try:
+        server = RedisProcess(tmp_path / "redis")
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    settings = Settings(redis_url=server.url, snapshot_dir=str(tmp_path / "snaps"),
+                        worker_threads=2, snapshot_interval_s=3600)
+    X, y = make_data(4)
+    with server:
+        async with serve(create_app(settings)) as client:
+            r = await client.post("/v1/models", json={"name": "m", "config": small_config})
+            assert r.status_code == 201
+            assert (await client.post("/v1/models/m/learn",
+                                      json={"features": X, "labels": y})).status_code == 200
+            await asyncio.sleep(PING_REUSE_S)
+            server.pause()
+            try:
+                probes = [asyncio.create_task(client.get("/readyz")) for _ in range(6)]
+                await asyncio.sleep(0.1)  # every probe is waiting on the ping
+                predicted = await asyncio.wait_for(
+                    client.post("/v1/models/m/predict", json={"features": X}), 10)
+                assert predicted.status_code == 200
+                assert not any(probe.done() for probe in probes)  # still waiting on Redis
+                answers = await asyncio.wait_for(asyncio.gather(*probes), 10)
+            finally:
+                server.resume()
+            assert {a.json()["status"] for a in answers} == {"degraded"}
+            await asyncio.sleep(PING_REUSE_S)
+            assert (await client.get("/readyz")).json()["status"] == "ready"
