@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import signal
 import sys
 from types import FrameType
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 
 from service.app import create_app, refuse_unavailable_durability
 from service.dir_lock import DirectoryInUseError, lock_data_directories
-from service.settings import Settings
+from service.settings import Settings, unknown_variables
 from service.wal import WalDurabilityError
 
 
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    log = logging.getLogger("service")
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
+    log.info("%s", settings.summary())
     app = create_app(settings)
     try:  # here, not in the app's start-up, so that a taken directory is one line, no traceback
         app.state.directory_locks = lock_data_directories(settings)
@@ -84,13 +89,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if app.state.shutdown_clean is not False else 1
 
 
+# Settings whose values are not repeated in an error: a Redis URL may carry a password.
+SECRET_SETTINGS = frozenset({"redis_url", "api_token"})
+
+
 def _settings_errors(exc: ValidationError) -> str:
     """One line per wrong setting, named as its environment variable (pydantic's own message
     is a traceback-sized block per error)."""
     lines = []
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"])
-        if field:
+        if field in SECRET_SETTINGS:  # its value may hold a password: never echo it
+            lines.append(f"  GLN_{field.upper()}: {error['msg']}")
+        elif field:
             lines.append(f"  GLN_{field.upper()}: {error['msg']} (got {error.get('input')!r})")
         else:  # a rule across settings; its message names them
             lines.append(f"  {error['msg']}")

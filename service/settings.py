@@ -10,7 +10,11 @@ patching the environment.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal, Self
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -181,3 +185,46 @@ class Settings(BaseSettings):
         arrays' names and shapes) gets ``IMPORT_HEADER_BYTES`` more.
         """
         return max(self.max_body_bytes, self.max_model_bytes + IMPORT_HEADER_BYTES)
+
+    def summary(self) -> str:
+        """One line of what this process runs with, for its start-up log: where snapshots and
+        the log go, how durable, the device and the guards (a Redis URL's password hidden)."""
+        if self.redis_url:
+            store = f"redis {_without_password(self.redis_url)} (prefix {self.redis_key_prefix!r})"
+            log = f"Redis stream, durability {self.wal_durability}, replicas {self.wal_replicas}"
+        else:
+            store = f"directory {Path(self.snapshot_dir).resolve()}"
+            wal_dir = Path(self.wal_dir or self.snapshot_dir).resolve()
+            log = f"file in {wal_dir}, fsync {'on' if self.wal_fsync else 'off'}"
+        return (f"listening on {self.host}:{self.port}, device {self.device}; snapshots to "
+                f"{store} every {self.snapshot_interval_s:g} s; write-ahead log: "
+                f"{log if self.wal_enabled else 'off'}; bearer token "
+                f"{'required' if self.api_token else 'off'}")
+
+
+# GLN_ variables that are not settings of the service but are known to the project (the data
+# directory of the benchmarks): no warning for them.
+OTHER_VARIABLES = frozenset({"GLN_DATA_DIR"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``GLN_`` variable of ``environ`` that is no setting, naming the
+    setting it most looks like: a misspelt ``GLN_REDIS_URI`` would otherwise leave the server
+    on its defaults (snapshots in a local directory) without a word."""
+    known = {f"GLN_{name.upper()}" for name in Settings.model_fields}
+    warnings = []
+    for variable in sorted(environ):
+        if variable.startswith("GLN_") and variable not in known | OTHER_VARIABLES:
+            close = difflib.get_close_matches(variable, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.append(f"{variable} is not a setting and is ignored{hint}")
+    return warnings
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user part replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))

@@ -157,7 +157,9 @@ def test_a_durability_redis_cannot_give_stops_the_server_at_start_up(
         [sys.executable, "-m", "service"], cwd=REPO, env=env, capture_output=True, timeout=60,
     )
     assert done.returncode == 3
-    assert done.stderr.startswith(b"gln-service: durability='always' is not available: AOF is off")
+    refusals = [line for line in done.stderr.splitlines() if line.startswith(b"gln-service:")]
+    assert len(refusals) == 1
+    assert refusals[0].startswith(b"gln-service: durability='always' is not available: AOF is off")
     assert b"Traceback" not in done.stderr
 
 
@@ -180,3 +182,37 @@ def test_a_wrong_setting_exits_2_naming_each_variable(monkeypatch, capsys):
     monkeypatch.setenv("GLN_WAL_REPLICAS", "1")
     assert main([]) == 2
     assert "GLN_WAL_REPLICAS needs the Redis log: set GLN_REDIS_URL" in capsys.readouterr().err
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_it_looks_like():
+    from service.settings import unknown_variables
+
+    warnings = unknown_variables({"GLN_REDIS_URI": "redis://h", "GLN_SNAPSHOT_INTERVAL": "5",
+                                  "GLN_PORT": "1", "GLN_DATA_DIR": "/data", "HOME": "/root",
+                                  "GLN_ZZZ": "1"})
+    assert warnings == [
+        "GLN_REDIS_URI is not a setting and is ignored (did you mean GLN_REDIS_URL?)",
+        "GLN_SNAPSHOT_INTERVAL is not a setting and is ignored "
+        "(did you mean GLN_SNAPSHOT_INTERVAL_S?)",
+        "GLN_ZZZ is not a setting and is ignored",
+    ]
+
+
+def test_the_start_up_summary_says_where_things_go_and_hides_passwords(tmp_path):
+    local = Settings(snapshot_dir=str(tmp_path), wal_fsync=False).summary()
+    assert f"snapshots to directory {tmp_path}" in local
+    assert f"write-ahead log: file in {tmp_path}, fsync off" in local
+    remote = Settings(redis_url="redis://user:hunter2@cache:6379/3", wal_enabled=False,
+                      api_token="t0ken").summary()
+    assert "redis://user:***@cache:6379/3" in remote and "hunter2" not in remote
+    assert "write-ahead log: off" in remote and "bearer token required" in remote
+    assert "t0ken" not in remote
+
+
+def test_a_wrong_redis_url_is_not_repeated_in_the_error(monkeypatch, capsys):
+    from service.__main__ import main
+
+    monkeypatch.setenv("GLN_REDIS_URL", "redis+sentinel://user:hunter2@h1:port/gln")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "GLN_REDIS_URL: Value error" in err and "hunter2" not in err
