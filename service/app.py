@@ -152,7 +152,10 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         if clean:
             log.info("shutdown: every changed model snapshotted")
         else:
-            log.error("shutdown: some snapshots failed; their latest updates are lost")
+            log.error("shutdown: some snapshots failed; %s", (
+                "the write-ahead log holds their acknowledged learning, which the next start "
+                "replays" if wal is not None else
+                "their learning since their last snapshot is lost (GLN_WAL_ENABLED=false)"))
         await asyncio.to_thread(store.close)
         for opened in (wal, ignored_log):
             if opened is not None:

@@ -43,6 +43,7 @@ import numpy as np
 from gln import GLN, SnapshotBuffer
 from service.errors import IdempotencyKeyReused, ModelNotFound, RegistryError, Unavailable
 from service.learn_answers import AnswerCache, LearnResult, scored_rows
+from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
 from service.online_stats import OnlineStats
 from service.pending import PendingPredictions, PendingRow
@@ -59,6 +60,8 @@ from service.wal import (
 )
 
 log = logging.getLogger(__name__)
+# Failures that repeat with every request while the log or the store is down.
+throttled = Throttled(log)
 
 T = TypeVar("T")
 
@@ -328,8 +331,9 @@ class ModelEntry:
                 try:
                     self._serve_group(group)
                 except RegistryError as exc:  # e.g. the log is down: said, not a bug
-                    log.warning("%s failed for model %r: %s", group.jobs[0].verb.value,
-                                self.name, exc)
+                    verb = group.jobs[0].verb.value
+                    throttled.warning(f"{verb} {self.name}", "%s failed for model %r: %s",
+                                      verb, self.name, exc)
                     group.error = exc
                 except Exception as exc:  # answer the group's requests; keep serving others
                     log.exception("%s failed for model %r", group.jobs[0].verb.value, self.name)
@@ -594,7 +598,8 @@ class ModelEntry:
         except Exception as exc:
             self._metrics.wal_append_errors.inc()
             self._log_in_doubt = True
-            log.warning("log append for %r failed: %s", self.name, exc)
+            throttled.warning(f"append {self.name}", "log append for %r failed: %s",
+                              self.name, exc)
             # An entry the replicas did not confirm in time is not confirmed a moment later
             # either: the next request catches up (and waits for them) instead.
             if not isinstance(exc, WalDurabilityError):

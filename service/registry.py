@@ -58,6 +58,21 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # How long a ping's answer stands for every caller (probes, restore's retries).
 PING_REUSE_S = 1.0
+# A 503's words for a store that failed: what it was, not its message (which may name paths).
+_UNAVAILABLE = "snapshot store unavailable ({}); see the service log"
+
+
+def _shape_of(model: GLN) -> str:
+    """A model's size in words, for the log lines of its creation."""
+    return (f"{model.num_features} features, {model.num_classes} classes, layers "
+            f"{list(model.layer_sizes)}, {model.nbytes / 2**20:.1f} MiB")
+
+
+def _store_failure(what: str, name: str, exc: Exception) -> None:
+    """Log a failed store call in one line (a store that is down is no bug: its traceback
+    only at debug level)."""
+    log.warning(f"{what}: %s: %s", name, type(exc).__name__, exc,
+                exc_info=log.isEnabledFor(logging.DEBUG))
 
 # What a client may put in a model's config: GLN's arguments, less the server's own choices
 # (the device) and the library's test switch (use_kernels, which a snapshot does not keep).
@@ -224,8 +239,10 @@ class ModelRegistry:
                 f"config: unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
                 f"{', '.join(sorted(CONFIG_KEYS))}"
             )
-        return await self._admit(name, config, functools.partial(self._build, config),
-                                 "invalid config")
+        entry = await self._admit(name, config, functools.partial(self._build, config),
+                                  "invalid config")
+        log.info("created model %r: %s", name, _shape_of(entry.model))
+        return entry
 
     async def import_model(self, name: str, blob: bytes) -> ModelEntry:
         """Serve the model of a ``GLN.to_bytes`` blob (an export) as ``name``, on this server's
@@ -240,8 +257,11 @@ class ModelRegistry:
             config = GLN.config_of_bytes(blob)
         except ValueError as exc:
             raise InvalidRequest(f"invalid model bytes: {exc}") from exc
-        return await self._admit(name, config, functools.partial(self._load, blob),
-                                 "invalid model bytes")
+        entry = await self._admit(name, config, functools.partial(self._load, blob),
+                                  "invalid model bytes")
+        log.info("imported model %r: %s, %d examples seen", name, _shape_of(entry.model),
+                 entry.model.examples_seen)
+        return entry
 
     async def _admit(
         self, name: str, config: dict[str, Any], build: Callable[[], GLN], invalid: str
@@ -269,8 +289,8 @@ class ModelRegistry:
                     await self._run(self.wal.delete, name)
                 await entry.save_snapshot(self.store, force=True)
             except Exception as exc:
-                log.exception("first snapshot of %r failed", name)
-                raise Unavailable(f"snapshot store unavailable: {exc}") from exc
+                _store_failure("first snapshot of %r failed", name, exc)
+                raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
             self._add(entry)
             return entry
 
@@ -367,7 +387,8 @@ class ModelRegistry:
                         if opened is not None:
                             await self._run(opened.delete, name)
                 except Exception as exc:
-                    raise Unavailable(f"snapshot store unavailable: {exc}") from exc
+                    _store_failure("deleting %r failed", name, exc)
+                    raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
                 del self._failed[name]
                 return
             entry = self._models.pop(name, None)
@@ -379,7 +400,8 @@ class ModelRegistry:
             except Exception as exc:
                 self._models[name] = entry  # nothing changed: keep serving it
                 entry.start()
-                raise Unavailable(f"snapshot store unavailable: {exc}") from exc
+                _store_failure("deleting %r failed", name, exc)
+                raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
             if self.ignored_log is not None:  # no entries of an earlier life may outlive it
                 try:
                     await self._run(self.ignored_log.delete, name)
@@ -388,6 +410,7 @@ class ModelRegistry:
                                 "model of the name will be refused until it is): %s", name, exc)
             self.metrics.forget_model(name)
             self.metrics.models_loaded.set(len(self._models))
+        log.info("deleted model %r, its snapshots and its log", name)
 
     # -- data --
     async def _check(
@@ -561,8 +584,8 @@ class ModelRegistry:
         except ModelNotFound:
             raise
         except Exception as exc:
-            log.exception("snapshot of %r failed", name)
-            raise Unavailable(f"snapshot store unavailable: {exc}") from exc
+            _store_failure("snapshot of %r failed", name, exc)
+            raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
         assert info is not None
         return info
 
