@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.dir_lock import lock_data_directories
 from service.errors import RegistryError
+from service.host_check import HostCheckMiddleware, allowed_hosts_for
 from service.metrics import ServiceMetrics, package_version
 from service.registry import ModelRegistry
 from service.routes import router
@@ -85,6 +86,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_large_bodies=settings.max_large_bodies)
     app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
                        protect_reads=settings.token_for_reads)
+    app.add_middleware(HostCheckMiddleware, allowed=allowed_hosts_for(
+        settings.host, settings.allowed_host_names))
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, routes=list(router.routes)
     )

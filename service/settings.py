@@ -110,6 +110,13 @@ class Settings(BaseSettings):
         description="With api_token set, the GET /v1 routes need the token too (probes, "
         "/metrics and the OpenAPI pages stay open).",
     )
+    allowed_hosts: str | None = Field(
+        None,
+        description="Host names the server answers to, comma-separated (the Host header; '*' "
+        "for any). Unset: "
+        "localhost, 127.0.0.1 and ::1 when listening on a loopback address (a web page cannot "
+        "reach it through DNS rebinding), any host otherwise.",
+    )
     max_body_bytes: int = Field(64 * MIB, gt=0, description="Largest accepted request body.")
     body_timeout_s: float = Field(
         30.0, gt=0,
@@ -185,6 +192,13 @@ class Settings(BaseSettings):
         arrays' names and shapes) gets ``IMPORT_HEADER_BYTES`` more.
         """
         return max(self.max_body_bytes, self.max_model_bytes + IMPORT_HEADER_BYTES)
+
+    @property
+    def allowed_host_names(self) -> list[str] | None:
+        """``allowed_hosts`` as a list of names; None when unset."""
+        if self.allowed_hosts is None:
+            return None
+        return [name.strip() for name in self.allowed_hosts.split(",") if name.strip()]
 
     def summary(self) -> str:
         """One line of what this process runs with, for its start-up log: where snapshots and

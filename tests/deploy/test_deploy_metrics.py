@@ -87,7 +87,7 @@ async def scrape_after_one_round(snapshot_dir: Path) -> str:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             config = {"num_features": 3, "num_classes": 2, "layer_sizes": [4, 1]}
             r = await client.post("/v1/models", json={"name": "m", "config": config})
             assert r.status_code == 201, r.text
@@ -114,7 +114,7 @@ async def probe_routes(snapshot_dir: Path) -> set[str]:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             for path in ("/healthz", "/readyz", "/metrics"):
                 # /readyz may answer 503 while the (empty) restore runs: counted all the same.
                 r = await client.get(path)

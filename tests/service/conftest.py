@@ -39,7 +39,7 @@ async def serve(app: FastAPI, *, wait_restored: bool = True) -> AsyncIterator[ht
         if wait_restored:
             await app.state.registry.wait_restored()
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client
 
 

@@ -17,7 +17,7 @@ async def test_data_route_before_start_up_is_503(settings: Settings, verb: str):
     """Without the lifespan there is no registry: the same 503 as the other routes."""
     app = create_app(settings)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         r = await client.post(f"/v1/models/m/{verb}", json={"features": [[0.0]], "labels": [0]})
         other = await client.get("/v1/models/m")
     assert r.status_code == other.status_code == 503

@@ -137,7 +137,7 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
 ):
     async with serve(app) as _:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             await create_model(client)
             entry = await app.state.registry.get("m")
             learn = entry.model.learn

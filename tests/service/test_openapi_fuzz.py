@@ -218,6 +218,7 @@ def _settings(tmp_path: Any, token: str | None) -> Settings:
         max_body_bytes=MAX_BODY_BYTES,
         max_rows_per_request=MAX_ROWS,
         max_model_bytes=16 * 1024 * 1024,
+        allowed_hosts="testserver",  # the host schemathesis' ASGI client sends
     )
 
 

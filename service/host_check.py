@@ -1,0 +1,66 @@
+"""Refuse requests addressed to a host name this server does not answer to.
+
+A server on the loopback interface answers only this machine, but a web page can still reach
+it through DNS rebinding: the page's own host name is made to resolve to 127.0.0.1, and the
+browser then sends the page's requests, and lets it read the answers, with ``Host: <that
+name>``. Checking the Host header closes that door: such a server answers only ``localhost``,
+``127.0.0.1`` and ``::1`` unless ``GLN_ALLOWED_HOSTS`` names more; one that listens on other
+interfaces answers any host unless ``GLN_ALLOWED_HOSTS`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts_for(listen_host: str, configured: list[str] | None) -> list[str] | None:
+    """The host names to accept (None: any), from ``GLN_ALLOWED_HOSTS`` when set, else from
+    the address the server listens on."""
+    if configured:
+        return None if "*" in configured else [h.lower() for h in configured]
+    if listen_host == "localhost" or _is_loopback(listen_host):
+        return list(LOOPBACK_NAMES)
+    return None
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header without its port (``[::1]:8000`` -> ``::1``), lowercased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class HostCheckMiddleware:
+    """400 for an HTTP request whose Host is not one of ``allowed`` (None: all pass)."""
+
+    def __init__(self, app: ASGIApp, allowed: list[str] | None) -> None:
+        self.app = app
+        self.allowed = None if allowed is None else frozenset(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.allowed is not None:
+            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            # No Host at all is no browser's request (HTTP/1.0 tools may send none).
+            if header and host_name(header) not in self.allowed:
+                body = json.dumps({"detail": (
+                    f"this server does not answer to the host {header[:100]!r} (the names it "
+                    "serves are set by GLN_ALLOWED_HOSTS)")}).encode()
+                await send({"type": "http.response.start", "status": 400, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
