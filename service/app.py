@@ -218,7 +218,18 @@ def _log_of(settings: Settings) -> WriteAheadLog:
 # -- error bodies: always {"detail": "<message>"} -------------------------------------------------
 async def _registry_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RegistryError)
-    return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+    return JSONResponse({"detail": _shortened(str(exc))}, status_code=exc.status_code)
+
+
+# An error's words echo what the client sent (a config value, a label); a value of megabytes
+# would come back whole. Past this many characters the message is cut, saying how much.
+DETAIL_MAX_CHARS = 2000
+
+
+def _shortened(detail: str) -> str:
+    if len(detail) <= DETAIL_MAX_CHARS:
+        return detail
+    return f"{detail[:DETAIL_MAX_CHARS]}... ({len(detail) - DETAIL_MAX_CHARS} characters more)"
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -236,7 +247,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     for error in exc.errors():
         where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
         problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
-    return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+    return JSONResponse({"detail": _shortened("; ".join(problems))}, status_code=422)
 
 
 # -- middlewares ----------------------------------------------------------------------------------

@@ -415,3 +415,16 @@ async def test_json_with_a_charset_or_a_json_suffix_is_json(
                                   content=json.dumps({"features": X, "labels": y}).encode())
             assert r.status_code == 200, (content_type, r.text)
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 6
+
+
+async def test_an_error_echoing_a_huge_value_is_cut(settings: Settings, serve):
+    """A 5 MB string as a config number used to come back whole in the 422."""
+    from service.app import DETAIL_MAX_CHARS
+
+    async with serve(create_app(settings)) as client:
+        r = await client.post("/v1/models", json={
+            "name": "m", "config": {"num_features": "7" * 5_000_000}})
+        assert r.status_code == 422
+        detail = r.json()["detail"]
+        assert detail.startswith("invalid config: num_features must be a positive int")
+        assert len(detail) < DETAIL_MAX_CHARS + 100 and "characters more)" in detail
