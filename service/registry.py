@@ -223,6 +223,12 @@ class ModelRegistry:
         """Every loaded model, by name."""
         return [self._models[name] for name in sorted(self._models)]
 
+    async def restored_models(self) -> list[ModelEntry]:
+        """Every model, once start-up restore is done: a list taken before would leave out
+        stored models still on their way (503 after a bounded wait, as for one model)."""
+        await self._wait_restored()
+        return self.models()
+
     # -- create / import / export / delete --
     async def create(self, name: str, config: dict[str, Any]) -> ModelEntry:
         """Build a model from ``config``, store its first snapshot, and start serving it.

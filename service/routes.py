@@ -356,10 +356,11 @@ async def import_model(
     return entry.describe()
 
 
-@router.get("/v1/models", response_model=list[ModelInfo], tags=["models"])
+@router.get("/v1/models", response_model=list[ModelInfo], responses=_errors(503),
+            tags=["models"])
 async def list_models(registry: Registry) -> list[dict[str, Any]]:
-    """Every loaded model, by name."""
-    return [entry.describe() for entry in registry.models()]
+    """Every model, by name (503 while the stored models are still being restored)."""
+    return [entry.describe() for entry in await registry.restored_models()]
 
 
 @router.get(

@@ -220,8 +220,9 @@ async def test_readyz_is_503_until_every_model_is_restored(
             assert (await client.get("/healthz")).status_code == 200
             r = await client.get("/readyz")
             assert r.status_code == 503 and "restoring" in r.json()["detail"]
-            # A stored model may still be on its way: 503, not a misleading 404.
+            # A stored model may still be on its way: 503, not a misleading 404 or list.
             assert (await client.get("/v1/models/stored")).status_code == 503
+            assert (await client.get("/v1/models")).status_code == 503
             gate.set()
             await app.state.registry.wait_restored()
             assert (await client.get("/readyz")).status_code == 200
