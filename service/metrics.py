@@ -109,6 +109,11 @@ class ServiceMetrics:
             "gln_snapshot_duration_seconds", "Time to serialise and store one snapshot.",
             buckets=SNAPSHOT_BUCKETS, registry=r,
         )
+        self.snapshot_failures = Counter(
+            "gln_snapshot_failures",
+            "Snapshots that could not be stored (periodic, asked for, or a new model's first).",
+            registry=r,
+        )
         self.snapshot_bytes = Gauge(
             "gln_snapshot_bytes", "Size of a model's latest snapshot.", ["model"], registry=r,
         )

@@ -295,6 +295,7 @@ class ModelRegistry:
                     await self._run(self.wal.delete, name)
                 await entry.save_snapshot(self.store, force=True)
             except Exception as exc:
+                self.metrics.snapshot_failures.inc()
                 _store_failure("first snapshot of %r failed", name, exc)
                 raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
             self._add(entry)
@@ -590,6 +591,7 @@ class ModelRegistry:
         except ModelNotFound:
             raise
         except Exception as exc:
+            self.metrics.snapshot_failures.inc()
             _store_failure("snapshot of %r failed", name, exc)
             raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
         assert info is not None
@@ -607,8 +609,8 @@ class ModelRegistry:
                 pass  # deleted meanwhile
             except Exception as exc:  # the store is down, typically: say so, once per model
                 ok = False
-                log.warning("snapshot of %r failed: %s: %s", entry.name, type(exc).__name__,
-                            exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                self.metrics.snapshot_failures.inc()
+                _store_failure("snapshot of %r failed", entry.name, exc)
         return ok
 
     async def snapshot_periodically(self, interval_s: float) -> None:

@@ -305,6 +305,8 @@ async def test_store_failure_after_start(
     assert r.status_code == 503 and "snapshot store" in r.json()["detail"]
     assert (await client.get("/v1/models/new")).status_code == 404
     assert (await client.post("/v1/models/m/snapshot")).status_code == 503
+    # The create's first snapshot and the one asked for: both counted.
+    assert "gln_snapshot_failures_total 2.0" in (await client.get("/metrics")).text
     snapshot_dir.unlink()  # let the shutdown snapshot pass (the dir store recreates paths)
 
 
