@@ -64,8 +64,10 @@ _UNAVAILABLE = "snapshot store unavailable ({}); see the service log"
 
 def _shape_of(model: GLN) -> str:
     """A model's size in words, for the log lines of its creation."""
+    size = (f"{model.nbytes / 2**20:.1f} MiB" if model.nbytes >= 2**20
+            else f"{model.nbytes / 2**10:.1f} KiB")
     return (f"{model.num_features} features, {model.num_classes} classes, layers "
-            f"{list(model.layer_sizes)}, {model.nbytes / 2**20:.1f} MiB")
+            f"{list(model.layer_sizes)}, {size}")
 
 
 def _store_failure(what: str, name: str, exc: Exception) -> None:
