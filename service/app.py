@@ -434,7 +434,8 @@ class BodyLimitMiddleware:
             size = 0
             while True:
                 try:
-                    message = await asyncio.wait_for(receive(), self.timeout_s)
+                    async with asyncio.timeout(self.timeout_s):  # no task per call, as wait_for
+                        message = await receive()
                 except TimeoutError:
                     await _send_json(
                         send, 408, f"request body incomplete after {self.timeout_s:g} s "
