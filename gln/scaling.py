@@ -4,7 +4,7 @@ Features arrive one example at a time, so their mean and variance are running st
 (count, sum, sum of squares in float64). Row t of a chunk is scaled with the statistics of the
 rows before it; those are prefix sums over the chunk, accumulated in order, so scaling a chunk
 gives bit-for-bit what scaling its rows one call at a time gives. Before any data, the mean is 0
-and the scale 1.
+and the scale 1; ``"standardize"`` then gives z = 0 (no scale yet to judge a value by).
 
 The sums are of the rows less a fixed ``shift``, the first row learned (``GLN`` keeps it; zero
 before that row, and always in ``"unit"`` mode, whose inputs lie in [0, 1]). The variance is the
@@ -16,7 +16,8 @@ after a million rows, and of 3e7 +- 4 one of 0. Shifted, the sums are of the spr
 Two modes (``input_scaling``):
 
 ``"standardize"`` (default, any real-valued features)
-    side information ``z = (x - mean) / max(std, min_std)`` per feature, so that unit-normal
+    side information ``z = (x - mean) / max(std, min_std)`` per feature (0 before any row
+    is learned, when there is no scale to judge a value by), so that unit-normal
     hyperplanes with N(0, 1) offsets cut through the data; base predictions are
     ``clip(sigmoid(z), eps, 1 - eps)``, whose logit is ``clip(z, -logit(1-eps), logit(1-eps))``.
     A constant feature gives z = 0 (never NaN). The statistics are all-time: one extreme
@@ -152,6 +153,7 @@ def standardized(
     mean, variance = _mean_and_variance(xp, counts, sums, sums_sq)
     centred = x64 if shift is None else x64 - shift
     z = (centred - mean) / xp.maximum(xp.sqrt(variance), min_std)
+    z = xp.where(counts > 0, z, 0.0)  # nothing seen yet: no scale to judge a value by
     return (xp.clip(z, -Z_LIMIT, Z_LIMIT).astype(xp.float32),
             xp.clip(z, -logit_cap, logit_cap).astype(xp.float32))
 

@@ -10,7 +10,8 @@
 // NumPy's bit for bit:
 //   mean     = count > 0 ? sum / max(count, 1) : 0
 //   variance = count > 0 ? max(sum_sq / max(count, 1) - mean * mean, 0) : 1
-//   z        = clip((x - shift - mean) / max(sqrt(variance), min_std), +-GLN_Z_LIMIT)
+//   z        = count > 0 ? clip((x - shift - mean) / max(sqrt(variance), min_std), +-GLN_Z_LIMIT)
+//                        : 0 (nothing learned yet: no scale to judge a value by)
 //   logit    = clip(z, -logit_cap, logit_cap)
 // both rounded to float32. The statistics are those before each row (stats_rows = n, learning)
 // or one frozen set for every row (stats_rows = 1, prediction), of x - shift (gln.scaling says
@@ -68,7 +69,8 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ shift,
     gln_mean_and_variance(counts[row], sums[stat], sums_sq[stat], &mean, &variance);
     const double root = __dsqrt_rn(variance);
     const double scale = root >= min_std ? root : min_std;
-    const double value = __ddiv_rn(__dsub_rn(__dsub_rn(x[at], shift[f]), mean), scale);
+    const double value = counts[row] > 0.0
+        ? __ddiv_rn(__dsub_rn(__dsub_rn(x[at], shift[f]), mean), scale) : 0.0;
     const double logit = value < -logit_cap ? -logit_cap : (value > logit_cap ? logit_cap : value);
     z[at] = gln_bounded_z(value);
     base_logits[at] = __double2float_rn(logit);

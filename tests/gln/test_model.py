@@ -106,6 +106,19 @@ def test_probabilities_rows_sum_to_one_and_predict_is_argmax():
         assert np.array_equal(model.predict(X), P.argmax(axis=1))
 
 
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_a_new_model_predicts_alike_for_every_row_as_its_first_learn_does(use_kernels):
+    """Before any row is learned there is no scale to judge a value by (z = 0): every row gets
+    the model's prior, which is also the prequential prediction of the first row learned. Raw
+    values used to be taken as already standardised (a feature near 1e3 saturated)."""
+    X, y = stream(3)
+    rows = np.vstack([X, X * 1000, -X])
+    model = small_model(use_kernels=use_kernels)
+    before = model.predict_proba(rows)
+    np.testing.assert_array_equal(before, np.broadcast_to(before[0], before.shape))
+    np.testing.assert_array_equal(model.learn(rows[4:5], y[1:2]), before[:1])
+
+
 def test_predict_does_not_learn():
     X, y = stream(50)
     model = small_model()
