@@ -79,7 +79,7 @@ class SnapshotBuffer:
     def __init__(self, model: GLN) -> None:
         self._layout = model._state_layout()
         # The header's length varies with the two counters only: room for the longest
-        # (counters of 2**63 - 1, the most a loader accepts) in front of the payload.
+        # (counters of 2**63 - 1, beyond the MAX_COUNT a loader accepts) before the payload.
         longest = _header(model.config, 2**63 - 1, 2**63 - 1, self._layout, "0" * 64)
         self._payload_at = len(_prefix(longest))
         sizes = [dtype.itemsize * math.prod(shape) for shape, dtype in self._layout.values()]

@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         access_log=settings.access_log,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
         server_header=False,
-        limit_concurrency=settings.max_connections,
     )
     return 0 if app.state.shutdown_clean is not False else 1
 

@@ -399,15 +399,16 @@ class BodyLimitMiddleware:
 
     A model's import is the one body that is raw bytes rather than JSON: its limit is
     ``import_max_bytes`` (the blob of the largest model the server admits), so a model too
-    big for ``max_bytes`` can still be moved between servers. GET, HEAD, DELETE and OPTIONS
-    take no body, so theirs is limited to 0 bytes: an open route such as ``/healthz`` cannot
-    be made to buffer one.
+    big for ``max_bytes`` can still be moved between servers. GET, HEAD, DELETE and OPTIONS,
+    and a snapshot's POST, take no body, so theirs is limited to 0 bytes: an open route such as
+    ``/healthz`` cannot be made to buffer one.
 
     A client that stops sending midway gets 408 after ``timeout_s`` without a byte, so it
-    cannot hold a buffer open. A body over ``LARGE_BODY_BYTES`` waits for one of
-    ``max_large_bodies`` turns before more of it is read, and keeps its turn until its answer
-    is sent: parsing JSON takes many times a body's size in memory (Python floats and lists),
-    and this bounds how many such parses a burst of big requests runs at once.
+    cannot hold a buffer open. A body over ``LARGE_BODY_BYTES``, once read, waits for one of
+    ``max_large_bodies`` turns before the app sees it, and keeps its turn until its answer is
+    sent: parsing JSON takes many times a body's size in memory (Python floats and lists), and
+    this bounds how many such parses a burst of big requests runs at once. The turn is taken
+    only after the whole body has arrived, so a slow sender holds none.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int,
@@ -423,63 +424,67 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit, setting = self._limit(scope)
-        declared = _declared_length(scope)
-        if declared > limit:
+        declared, chunked = _declared_body(scope)
+        if declared > limit or (chunked and limit == 0):
             await _refuse_body(send, limit, setting)
             return
-        async with contextlib.AsyncExitStack() as turn:
-            if declared > LARGE_BODY_BYTES:
-                await turn.enter_async_context(self._large_turns)
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                try:
-                    async with asyncio.timeout(self.timeout_s):  # no task per call, as wait_for
-                        message = await receive()
-                except TimeoutError:
-                    await _send_json(
-                        send, 408, f"request body incomplete after {self.timeout_s:g} s "
-                        "without data (GLN_BODY_TIMEOUT_S)", [(b"connection", b"close")])
-                    return
-                if message["type"] != "http.request":  # client went away
-                    await self.app(scope, _replay([message], receive), send)
-                    return
-                body = message.get("body", b"")
-                size += len(body)
-                if size > limit:
-                    await _refuse_body(send, limit, setting)
-                    return
-                if size > LARGE_BODY_BYTES and declared <= LARGE_BODY_BYTES:
-                    declared = size  # a chunked body grew large: take a turn once
-                    await turn.enter_async_context(self._large_turns)
-                chunks.append(body)
-                if not message.get("more_body", False):
-                    break
-            whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            chunks.clear()  # else the body is held twice while the app runs (an import: a model)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                async with asyncio.timeout(self.timeout_s):  # no task per call, as wait_for
+                    message = await receive()
+            except TimeoutError:
+                await _send_json(
+                    send, 408, f"request body incomplete after {self.timeout_s:g} s "
+                    "without data (GLN_BODY_TIMEOUT_S)", [(b"connection", b"close")])
+                return
+            if message["type"] != "http.request":  # client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > limit:
+                await _refuse_body(send, limit, setting)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        chunks.clear()  # else the body is held twice while the app runs (an import: a model)
+        if size <= LARGE_BODY_BYTES:
+            await self.app(scope, _replay([whole], receive), send)
+            return
+        async with self._large_turns:
             await self.app(scope, _replay([whole], receive), send)
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         """The largest body this request may have, and the setting that says so."""
         # Only a POST is an import: any other method on that path (which no one need be
         # authorised for) keeps the small limit, else it could make the server buffer a GiB.
-        if scope["method"] == "POST" and _is_model_action(scope["path"], "import"):
+        method, path = scope["method"], scope["path"]
+        if method == "POST" and _is_model_action(path, "import"):
             return self.import_max_bytes, "GLN_MAX_MODEL_BYTES"
-        if scope["method"] in _BODILESS_METHODS:
-            return 0, f"{scope['method']} takes no body"
+        if method in _BODILESS_METHODS:
+            return 0, f"{method} takes no body"
+        if method == "POST" and _is_model_action(path, "snapshot"):
+            return 0, "a snapshot takes no body"
         return self.max_bytes, "GLN_MAX_BODY_BYTES"
 
 
-def _declared_length(scope: Scope) -> int:
-    """The request's Content-Length, 0 where absent or malformed (the server or the count of
-    the bytes streamed in catches a lie)."""
+def _declared_body(scope: Scope) -> tuple[int, bool]:
+    """The request's Content-Length (0 where absent or malformed: the server, or the count of
+    the bytes streamed in, catches a lie) and whether it is sent in chunks."""
+    length, chunked = 0, False
     for key, value in scope["headers"]:
         if key == b"content-length":
             try:
-                return int(value)
+                length = int(value)
             except ValueError:
-                return 0
-    return 0
+                length = 0
+        elif key == b"transfer-encoding":
+            chunked = True
+    return length, chunked
 
 
 async def _refuse_body(send: Send, limit: int, setting: str) -> None:

@@ -21,8 +21,8 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 def allowed_hosts_for(listen_host: str, configured: list[str] | None) -> list[str] | None:
     """The host names to accept (None: any), from ``GLN_ALLOWED_HOSTS`` when set, else from
     the address the server listens on."""
-    if configured:
-        return None if "*" in configured else [h.lower() for h in configured]
+    if configured:  # a name given with a port is taken without it, as Host headers are
+        return None if "*" in configured else [host_name(h) for h in configured]
     if listen_host == "localhost" or _is_loopback(listen_host):
         return list(LOOPBACK_NAMES)
     return None
@@ -39,7 +39,8 @@ def host_name(header: str) -> str:
     """The name of a Host header without its port (``[::1]:8000`` -> ``::1``), lowercased."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:].partition("]")[0]
+        inside, _, after = header[1:].partition("]")
+        return inside if after == "" or after.startswith(":") else header
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
@@ -52,7 +53,8 @@ class HostCheckMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.allowed is not None:
-            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            header = next((value for key, value in scope["headers"] if key == b"host"),
+                          b"").decode("latin-1")  # the first, as the HTTP server reads it
             # No Host at all is no browser's request (HTTP/1.0 tools may send none).
             if header and host_name(header) not in self.allowed:
                 body = json.dumps({"detail": (

@@ -586,10 +586,15 @@ class ModelRegistry:
 
     # -- snapshots --
     async def snapshot(self, name: str) -> SnapshotInfo:
-        """Write a snapshot of ``name`` now (even if unchanged) and return its info."""
+        """Make sure ``name``'s latest snapshot holds everything it learned: write one now if it
+        changed since its last, and return the latest's info. An unchanged model is not written
+        again: a call costs nothing then, whoever makes it (any web page can send this bodiless
+        POST to a server without a token)."""
         entry = await self.get(name)
         try:
-            info = await entry.save_snapshot(self.store, force=True)
+            info = await entry.save_snapshot(self.store, force=entry.snapshot is None)
+            if info is None:
+                info = entry.snapshot
         except ModelNotFound:
             raise
         except Exception as exc:

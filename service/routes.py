@@ -286,7 +286,8 @@ async def explain(name: str, request: Request) -> Response:
     responses=_errors(401, 404, 503), tags=["models"],
 )
 async def snapshot(name: str, registry: Registry) -> dict[str, Any]:
-    """Write a snapshot now and return its version."""
+    """Write a snapshot now if the model changed since its last one; the latest snapshot's
+    version either way."""
     info = await registry.snapshot(name)
     return {"version": info.version, "created_at": info.created_at,
             "nbytes": info.nbytes, "sha256": info.sha256}

@@ -129,11 +129,6 @@ class Settings(BaseSettings):
         "turn. Parsing a JSON body takes up to tens of times its size in memory, so this bounds "
         "what a burst of big requests can hold.",
     )
-    max_connections: int = Field(
-        1024, gt=0,
-        description="Open connections (and requests in flight) beyond which new ones are "
-        "answered 503 (uvicorn's limit_concurrency).",
-    )
     max_rows_per_request: int = Field(
         10_000, gt=0, description="Largest number of rows in one predict/learn/explain request."
     )
@@ -227,18 +222,23 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     on its defaults (snapshots in a local directory) without a word."""
     known = {f"GLN_{name.upper()}" for name in Settings.model_fields}
     warnings = []
-    for variable in sorted(environ):
-        if variable.startswith("GLN_") and variable not in known | OTHER_VARIABLES:
-            close = difflib.get_close_matches(variable, sorted(known), n=1)
+    for variable in sorted(environ):  # settings are read whatever their case
+        if variable.upper().startswith("GLN_") and variable.upper() not in known | OTHER_VARIABLES:
+            close = difflib.get_close_matches(variable.upper(), sorted(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             warnings.append(f"{variable} is not a setting and is ignored{hint}")
     return warnings
 
 
 def _without_password(url: str) -> str:
-    """``url`` with the password of its user part replaced by ``***``."""
+    """``url`` with the password of its user part, and any ``...password=`` query value,
+    replaced by ``***``."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
+    if parts.password is not None:
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        parts = parts._replace(netloc=user + parts.netloc.rpartition("@")[2])
+    query = "&".join(
+        f"{key}=***" if "password" in key.lower() else f"{key}={value}" if sep else key
+        for key, sep, value in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urlunsplit(parts._replace(query=query))

@@ -12,6 +12,7 @@ from service.settings import Settings
 @pytest.mark.parametrize(("header", "name"), [
     ("localhost:8000", "localhost"), ("LOCALHOST", "localhost"), ("127.0.0.1:80", "127.0.0.1"),
     ("[::1]:8000", "::1"), ("[::1]", "::1"), ("::1", "::1"), ("evil.example:8000", "evil.example"),
+    ("[::1]evil.example", "[::1]evil.example"),  # not a bracketed address: matches nothing
 ])
 def test_the_host_name_is_the_header_without_its_port(header: str, name: str):
     assert host_name(header) == name
@@ -27,6 +28,7 @@ def test_the_default_follows_the_address_listened_on():
     assert allowed_hosts_for("127.0.0.1", ["GLN.example.com", "localhost"]) == [
         "gln.example.com", "localhost"]
     assert allowed_hosts_for("127.0.0.1", ["*"]) is None
+    assert allowed_hosts_for("0.0.0.0", ["myhost:8000"]) == ["myhost"]  # ports do not count
     assert Settings(allowed_hosts=" a.example , b ").allowed_host_names == ["a.example", "b"]
 
 

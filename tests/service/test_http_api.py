@@ -220,14 +220,20 @@ async def test_explain_returns_saliency_per_row_class_feature(
     np.testing.assert_array_equal(saliency, reference.saliency(np.array(X[:4])))
 
 
-async def test_snapshot_route_writes_a_new_version(client: httpx.AsyncClient, create_model):
+async def test_snapshot_route_writes_a_new_version_of_a_changed_model_only(
+    client: httpx.AsyncClient, create_model, make_data
+):
     await create_model(client)
+    first = await client.post("/v1/models/m/snapshot")  # as created: version 1 holds it
+    assert first.status_code == 200 and first.json()["version"] == 1
+    X, y = make_data(3)
+    await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
     r = await client.post("/v1/models/m/snapshot")
     assert r.status_code == 200
     snap = r.json()
     assert snap["version"] == 2 and snap["nbytes"] > 0 and len(snap["sha256"]) == 64
     assert (await client.get("/v1/models/m")).json()["snapshot"] == snap
-    assert (await client.post("/v1/models/m/snapshot")).json()["version"] == 3
+    assert (await client.post("/v1/models/m/snapshot")).json() == snap  # nothing new to write
 
 
 # -- bad data: 422 and nothing changes ------------------------------------------------------------

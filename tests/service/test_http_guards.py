@@ -428,3 +428,53 @@ async def test_an_error_echoing_a_huge_value_is_cut(settings: Settings, serve):
         detail = r.json()["detail"]
         assert detail.startswith("invalid config: num_features must be a positive int")
         assert len(detail) < DETAIL_MAX_CHARS + 100 and "characters more)" in detail
+
+
+async def test_a_slow_large_body_holds_no_turn():
+    """A turn is taken once the body is in: a client that trickles a large body (slow-loris)
+    cannot keep other large requests out of the app."""
+    from service.app import LARGE_BODY_BYTES, BodyLimitMiddleware
+
+    entered: list[int] = []
+
+    async def app(scope, receive, send):
+        entered.append(len((await receive())["body"]))
+
+    guard = BodyLimitMiddleware(app, max_bytes=8 * LARGE_BODY_BYTES,
+                                import_max_bytes=8 * LARGE_BODY_BYTES, max_large_bodies=1)
+    stalled = asyncio.Event()
+
+    async def trickle() -> dict:
+        if not stalled.is_set():
+            stalled.set()
+            return {"type": "http.request", "body": b" " * (2 * LARGE_BODY_BYTES),
+                    "more_body": True}
+        await asyncio.Event().wait()  # the rest never comes (until cancelled)
+        raise AssertionError
+
+    async def whole() -> dict:
+        return {"type": "http.request", "body": b" " * (3 * LARGE_BODY_BYTES), "more_body": False}
+
+    async def send(message: dict) -> None:
+        pass
+
+    slow = asyncio.create_task(guard(_raw_request(), trickle, send))
+    await stalled.wait()
+    await asyncio.wait_for(guard(_raw_request(), whole, send), 5)
+    assert entered == [3 * LARGE_BODY_BYTES]
+    slow.cancel()
+
+
+async def test_a_chunked_body_on_a_bodiless_route_and_a_snapshot_body_are_refused_at_once(
+    settings: Settings, serve, create_model
+):
+    async def nothing_yet() -> AsyncIterator[bytes]:
+        yield b""
+
+    async with serve(create_app(settings)) as client:
+        await create_model(client)
+        r = await client.request("GET", "/healthz", content=nothing_yet())
+        assert r.status_code == 413
+        r = await client.post("/v1/models/m/snapshot", content=b"x" * 100)
+        assert r.status_code == 413 and "a snapshot takes no body" in r.json()["detail"]
+        assert (await client.post("/v1/models/m/snapshot")).status_code == 200

@@ -189,7 +189,7 @@ def test_a_misspelt_variable_is_named_with_the_setting_it_looks_like():
 
     warnings = unknown_variables({"GLN_REDIS_URI": "redis://h", "GLN_SNAPSHOT_INTERVAL": "5",
                                   "GLN_PORT": "1", "GLN_DATA_DIR": "/data", "HOME": "/root",
-                                  "GLN_ZZZ": "1"})
+                                  "GLN_ZZZ": "1", "GLN_Port": "2", "gln_redis_url": "x"})
     assert warnings == [
         "GLN_REDIS_URI is not a setting and is ignored (did you mean GLN_REDIS_URL?)",
         "GLN_SNAPSHOT_INTERVAL is not a setting and is ignored "
@@ -205,6 +205,10 @@ def test_the_start_up_summary_says_where_things_go_and_hides_passwords(tmp_path)
     remote = Settings(redis_url="redis://user:hunter2@cache:6379/3", wal_enabled=False,
                       api_token="t0ken").summary()
     assert "redis://user:***@cache:6379/3" in remote and "hunter2" not in remote
+    in_query = Settings(redis_url="redis+sentinel://s1,s2/main/1?sentinel_password=hunter2"
+                        ).summary()
+    assert "main/1?sentinel_password=***" in in_query and "hunter2" not in in_query
+    assert "password=***" in Settings(redis_url="redis://h/0?password=hunter2").summary()
     assert "write-ahead log: off" in remote and "bearer token required" in remote
     assert "t0ken" not in remote
 

@@ -282,11 +282,14 @@ async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
 
 
 async def test_store_failure_after_start(
-    settings: Settings, client: httpx.AsyncClient, create_model, small_config
+    settings: Settings, client: httpx.AsyncClient, create_model, small_config, make_data
 ):
     """The snapshot directory disappears (replaced by a file): degraded, creates refused,
-    gln_store_up 0; predictions go on."""
+    snapshots of changed models refused, gln_store_up 0; predictions go on."""
     await create_model(client, "m")
+    X, y = make_data(3)
+    assert (await client.post("/v1/models/m/learn",
+                              json={"features": X, "labels": y})).status_code == 200
     snapshot_dir = Path(settings.snapshot_dir)
     for path in sorted(snapshot_dir.rglob("*"), reverse=True):
         path.rmdir() if path.is_dir() else path.unlink()
