@@ -63,6 +63,15 @@ log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
 throttled = Throttled(log)
 
+
+def _log_failure(exc: Exception) -> str:
+    """What a client is told of a failed log call: a durability shortfall in full (it says
+    what the log lacks), anything else by its type (a connection error's message names the
+    server's address; the service log has it)."""
+    if isinstance(exc, WalDurabilityError):
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}; see the service log"
+
 T = TypeVar("T")
 
 
@@ -608,7 +617,7 @@ class ModelEntry:
                 except Exception as again:
                     log.warning("catching %r up with its log failed too: %s", self.name, again)
             raise Unavailable(
-                f"write-ahead log did not confirm the append ({type(exc).__name__}: {exc}); "
+                f"write-ahead log did not confirm the append ({_log_failure(exc)}); "
                 "the request is not acknowledged: retry it with the same Idempotency-Key "
                 "(a prediction with ids: with the same ids)"
             ) from exc
@@ -617,10 +626,13 @@ class ModelEntry:
         return entry_id
 
     def _log_unavailable(self, exc: Exception) -> Unavailable:
-        """The 503 for a log that could not be read before anything was learned."""
+        """The 503 for a log that could not be read before anything was learned (the cause
+        logged here: the client is told only its type)."""
         self._metrics.wal_append_errors.inc()
+        throttled.warning(f"read {self.name}", "reading the log of %r failed: %s: %s",
+                          self.name, type(exc).__name__, exc)
         return Unavailable(
-            f"write-ahead log unavailable ({type(exc).__name__}: {exc}); nothing was "
+            f"write-ahead log unavailable ({_log_failure(exc)}); nothing was "
             "learned: retry it with the same Idempotency-Key"
         )
 
