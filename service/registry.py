@@ -70,11 +70,12 @@ def _shape_of(model: GLN) -> str:
             f"{list(model.layer_sizes)}, {size}")
 
 
-def _store_failure(what: str, name: str, exc: Exception) -> None:
+def _store_failed(what: str, name: str, exc: Exception) -> Unavailable:
     """Log a failed store call in one line (a store that is down is no bug: its traceback
-    only at debug level)."""
+    only at debug level); the 503 to answer it with."""
     log.warning(f"{what}: %s: %s", name, type(exc).__name__, exc,
                 exc_info=log.isEnabledFor(logging.DEBUG))
+    return Unavailable(_UNAVAILABLE.format(type(exc).__name__))
 
 # What a client may put in a model's config: GLN's arguments, less the server's own choices
 # (the device) and the library's test switch (use_kernels, which a snapshot does not keep).
@@ -298,8 +299,7 @@ class ModelRegistry:
                 await entry.save_snapshot(self.store, force=True)
             except Exception as exc:
                 self.metrics.snapshot_failures.inc()
-                _store_failure("first snapshot of %r failed", name, exc)
-                raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
+                raise _store_failed("first snapshot of %r failed", name, exc) from exc
             self._add(entry)
             return entry
 
@@ -396,8 +396,7 @@ class ModelRegistry:
                         if opened is not None:
                             await self._run(opened.delete, name)
                 except Exception as exc:
-                    _store_failure("deleting %r failed", name, exc)
-                    raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
+                    raise _store_failed("deleting %r failed", name, exc) from exc
                 del self._failed[name]
                 return
             entry = self._models.pop(name, None)
@@ -409,8 +408,7 @@ class ModelRegistry:
             except Exception as exc:
                 self._models[name] = entry  # nothing changed: keep serving it
                 entry.start()
-                _store_failure("deleting %r failed", name, exc)
-                raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
+                raise _store_failed("deleting %r failed", name, exc) from exc
             if self.ignored_log is not None:  # no entries of an earlier life may outlive it
                 try:
                     await self._run(self.ignored_log.delete, name)
@@ -599,8 +597,7 @@ class ModelRegistry:
             raise
         except Exception as exc:
             self.metrics.snapshot_failures.inc()
-            _store_failure("snapshot of %r failed", name, exc)
-            raise Unavailable(_UNAVAILABLE.format(type(exc).__name__)) from exc
+            raise _store_failed("snapshot of %r failed", name, exc) from exc
         assert info is not None
         return info
 
@@ -617,7 +614,7 @@ class ModelRegistry:
             except Exception as exc:  # the store is down, typically: say so, once per model
                 ok = False
                 self.metrics.snapshot_failures.inc()
-                _store_failure("snapshot of %r failed", entry.name, exc)
+                _store_failed("snapshot of %r failed", entry.name, exc)
         return ok
 
     async def snapshot_periodically(self, interval_s: float) -> None:
