@@ -12,9 +12,11 @@ that changed. The exit status is 1 if any of those snapshots failed, else 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from types import FrameType
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except WalDurabilityError as exc:
         print(f"gln-service: {exc}", file=sys.stderr)
         return 3
+    _raise_open_files_limit()
     _tune_gc()
     # uvicorn handles SIGTERM/SIGINT while serving (graceful shutdown), then restores the
     # previous handlers and raises the signal again. Installing these first makes that final
@@ -121,6 +124,16 @@ def _tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+def _raise_open_files_limit() -> None:
+    """Let the process open as many files as its hard limit allows: each connection is one,
+    and uvicorn keeps idle ones open, so the usual soft limit of 1,024 let that many idle
+    sockets shut every client out (without a word in the log)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _after_graceful_stop(signum: int, frame: FrameType | None) -> None:

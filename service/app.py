@@ -83,7 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        import_max_bytes=settings.import_max_bytes,
                        timeout_s=settings.body_timeout_s,
-                       max_large_bodies=settings.max_large_bodies)
+                       max_large_bodies=settings.max_large_bodies,
+                       max_buffered_bytes=settings.buffered_bytes_limit)
     app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
                        protect_reads=settings.token_for_reads)
     app.add_middleware(HostCheckMiddleware, allowed=allowed_hosts_for(
@@ -408,16 +409,21 @@ class BodyLimitMiddleware:
     ``max_large_bodies`` turns before the app sees it, and keeps its turn until its answer is
     sent: parsing JSON takes many times a body's size in memory (Python floats and lists), and
     this bounds how many such parses a burst of big requests runs at once. The turn is taken
-    only after the whole body has arrived, so a slow sender holds none.
+    only after the whole body has arrived, so a slow sender holds none. What every request
+    holds of its body, read or waiting, counts against ``max_buffered_bytes``: past it a
+    request gets 503, so many clients (or slow ones) cannot make the server hold any amount.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int,
-                 timeout_s: float = 30.0, max_large_bodies: int = 2) -> None:
+                 timeout_s: float = 30.0, max_large_bodies: int = 2,
+                 max_buffered_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.import_max_bytes = import_max_bytes
         self.timeout_s = timeout_s
         self._large_turns = asyncio.Semaphore(max_large_bodies)
+        self.max_buffered_bytes = max_buffered_bytes or max(import_max_bytes, 16 * max_bytes)
+        self.buffered = 0  # bytes of bodies held now (one event loop: no lock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -428,6 +434,14 @@ class BodyLimitMiddleware:
         if declared > limit or (chunked and limit == 0):
             await _refuse_body(send, limit, setting)
             return
+        held = [0]  # what this request counts in ``buffered``, given back however it ends
+        try:
+            await self._read_then_serve(scope, receive, send, limit, setting, held)
+        finally:
+            self.buffered -= held[0]
+
+    async def _read_then_serve(self, scope: Scope, receive: Receive, send: Send, limit: int,
+                               setting: str, held: list[int]) -> None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -447,6 +461,14 @@ class BodyLimitMiddleware:
             if size > limit:
                 await _refuse_body(send, limit, setting)
                 return
+            if self.buffered + len(body) > self.max_buffered_bytes:
+                await _send_json(
+                    send, 503, f"the server holds {self.max_buffered_bytes} bytes of request "
+                    "bodies already (GLN_MAX_BUFFERED_BYTES); retry shortly",
+                    [(b"connection", b"close"), (b"retry-after", b"1")])
+                return
+            self.buffered += len(body)
+            held[0] += len(body)
             chunks.append(body)
             if not message.get("more_body", False):
                 break

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 
 class Throttled:
@@ -23,9 +24,9 @@ class Throttled:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int]] = {}  # key -> (time logged, left out since)
 
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        """Log ``msg % args`` as a warning unless ``key`` was logged less than an interval
-        ago (then count it for the next one)."""
+    def warning(self, key: str, msg: str, *args: object, **kwargs: Any) -> None:
+        """Log ``msg % args`` as a warning (``kwargs`` as ``Logger.warning``'s) unless ``key``
+        was logged less than an interval ago (then count it for the next one)."""
         now = time.monotonic()
         with self._lock:
             logged_at, left_out = self._last.get(key, (-float("inf"), 0))
@@ -35,4 +36,4 @@ class Throttled:
             self._last[key] = (now, 0)
         if left_out:
             msg += f" (and {left_out} more like it in the last {self._interval_s:g} s)"
-        self._log.warning(msg, *args)
+        self._log.warning(msg, *args, **kwargs)

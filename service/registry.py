@@ -33,6 +33,7 @@ from service.errors import (
     Unavailable,
 )
 from service.learn_answers import LearnResult
+from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
 from service.model_entry import ModelEntry, StoredModel
 from service.pending import PendingRow
@@ -56,6 +57,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Store failures repeat with every request while the store is down (a snapshot's POST, say).
+throttled = Throttled(log)
 # How long a ping's answer stands for every caller (probes, restore's retries).
 PING_REUSE_S = 1.0
 # A 503's words for a store that failed: what it was, not its message (which may name paths).
@@ -73,8 +76,8 @@ def _shape_of(model: GLN) -> str:
 def _store_failed(what: str, name: str, exc: Exception) -> Unavailable:
     """Log a failed store call in one line (a store that is down is no bug: its traceback
     only at debug level); the 503 to answer it with."""
-    log.warning(f"{what}: %s: %s", name, type(exc).__name__, exc,
-                exc_info=log.isEnabledFor(logging.DEBUG))
+    throttled.warning(f"{what} {name}", f"{what}: %s: %s", name, type(exc).__name__, exc,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
     return Unavailable(_UNAVAILABLE.format(type(exc).__name__))
 
 # What a client may put in a model's config: GLN's arguments, less the server's own choices

@@ -125,9 +125,15 @@ class Settings(BaseSettings):
     )
     max_large_bodies: int = Field(
         2, gt=0,
-        description="Requests with a body over 1 MiB read and handled at once; more wait their "
-        "turn. Parsing a JSON body takes up to tens of times its size in memory, so this bounds "
-        "what a burst of big requests can hold.",
+        description="Requests with a body over 1 MiB handled at once, once read; more wait "
+        "their turn. Parsing a JSON body takes up to tens of times its size in memory, so this "
+        "bounds what a burst of big requests can hold.",
+    )
+    max_buffered_bytes: int | None = Field(
+        None, gt=0,
+        description="Most bytes of request bodies held at once, being read or waiting for "
+        "their turn; past it a request gets 503 (retry). Unset: the larger of an import's "
+        "limit and 16 x GLN_MAX_BODY_BYTES (1 GiB by default).",
     )
     max_rows_per_request: int = Field(
         10_000, gt=0, description="Largest number of rows in one predict/learn/explain request."
@@ -177,6 +183,12 @@ class Settings(BaseSettings):
         if self.wal_replicas and not self.redis_url:
             raise ValueError("GLN_WAL_REPLICAS needs the Redis log: set GLN_REDIS_URL")
         return self
+
+    @property
+    def buffered_bytes_limit(self) -> int:
+        """``max_buffered_bytes``, or its default: room for the largest import, or for 16
+        bodies of the largest size."""
+        return self.max_buffered_bytes or max(self.import_max_bytes, 16 * self.max_body_bytes)
 
     @property
     def import_max_bytes(self) -> int:

@@ -6,6 +6,7 @@ A request a guard refuses must change nothing, so every test also checks the mod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -478,3 +479,52 @@ async def test_a_chunked_body_on_a_bodiless_route_and_a_snapshot_body_are_refuse
         r = await client.post("/v1/models/m/snapshot", content=b"x" * 100)
         assert r.status_code == 413 and "a snapshot takes no body" in r.json()["detail"]
         assert (await client.post("/v1/models/m/snapshot")).status_code == 200
+
+
+async def test_bodies_held_at_once_are_bounded_and_given_back():
+    """Many (or slow) large bodies cannot make the server hold any amount: past
+    max_buffered_bytes a request gets 503, and what a request held is given back however it
+    ends (answered, refused, or its client gone)."""
+    from service.app import LARGE_BODY_BYTES, BodyLimitMiddleware
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    guard = BodyLimitMiddleware(app, max_bytes=8 * LARGE_BODY_BYTES,
+                                import_max_bytes=8 * LARGE_BODY_BYTES,
+                                max_buffered_bytes=3 * LARGE_BODY_BYTES)
+    stalled = asyncio.Event()
+
+    async def trickle() -> dict:
+        if not stalled.is_set():
+            stalled.set()
+            return {"type": "http.request", "body": b" " * (2 * LARGE_BODY_BYTES),
+                    "more_body": True}
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    def whole(size: int):
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b" " * size, "more_body": False}
+        return receive
+
+    def recorder(into: list[dict]):
+        async def send(message: dict) -> None:
+            into.append(message)
+        return send
+
+    slow = asyncio.create_task(guard(_raw_request(), trickle, recorder([])))
+    await stalled.wait()
+    assert guard.buffered == 2 * LARGE_BODY_BYTES
+    refused: list[dict] = []
+    await guard(_raw_request(), whole(2 * LARGE_BODY_BYTES), recorder(refused))
+    assert refused[0]["status"] == 503 and b"GLN_MAX_BUFFERED_BYTES" in refused[1]["body"]
+    served: list[dict] = []
+    await guard(_raw_request(), whole(LARGE_BODY_BYTES // 2), recorder(served))  # room left
+    assert served[0]["status"] == 200
+    assert guard.buffered == 2 * LARGE_BODY_BYTES  # the answered and refused gave theirs back
+    slow.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await slow
+    assert guard.buffered == 0
