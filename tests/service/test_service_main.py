@@ -220,3 +220,20 @@ def test_a_wrong_redis_url_is_not_repeated_in_the_error(monkeypatch, capsys):
     assert main([]) == 2
     err = capsys.readouterr().err
     assert "GLN_REDIS_URL: Value error" in err and "hunter2" not in err
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_one():
+    """Every connection is a file, and uvicorn keeps idle ones open: the usual soft limit of
+    1,024 let that many idle sockets shut every client out."""
+    script = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "from service.__main__ import _raise_open_files_limit\n"
+        "_raise_open_files_limit()\n"
+        "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=True)
+    soft, hard = map(int, done.stdout.split())
+    assert soft == hard
