@@ -295,6 +295,21 @@ async def test_a_method_that_takes_no_body_has_its_body_refused_unread(
         assert (await client.get("/v1/models/m")).status_code == 200
 
 
+def _stalling_after(first: bytes):
+    """A ``receive`` that gives ``first`` (more to come), then waits for ever (until its task
+    is cancelled: a client that stopped sending), and the event set once ``first`` is out."""
+    sent = asyncio.Event()
+
+    async def receive() -> dict:
+        if not sent.is_set():
+            sent.set()
+            return {"type": "http.request", "body": first, "more_body": True}
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    return sent, receive
+
+
 def _raw_request(method: str = "POST", length: int | None = None) -> dict:
     headers = [(b"content-type", b"application/json")]
     if length is not None:
@@ -310,14 +325,7 @@ async def test_a_body_that_stops_arriving_is_408_and_never_reaches_the_app():
     async def app(scope, receive, send):
         reached.append((await receive())["body"])
 
-    async def receive() -> dict:
-        if not receive.sent:
-            receive.sent = True
-            return {"type": "http.request", "body": b'{"features": [[', "more_body": True}
-        await asyncio.Event().wait()  # the client never sends the rest
-        raise AssertionError
-
-    receive.sent = False
+    _, receive = _stalling_after(b'{"features": [[')  # the client never sends the rest
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
@@ -443,15 +451,7 @@ async def test_a_slow_large_body_holds_no_turn():
 
     guard = BodyLimitMiddleware(app, max_bytes=8 * LARGE_BODY_BYTES,
                                 import_max_bytes=8 * LARGE_BODY_BYTES, max_large_bodies=1)
-    stalled = asyncio.Event()
-
-    async def trickle() -> dict:
-        if not stalled.is_set():
-            stalled.set()
-            return {"type": "http.request", "body": b" " * (2 * LARGE_BODY_BYTES),
-                    "more_body": True}
-        await asyncio.Event().wait()  # the rest never comes (until cancelled)
-        raise AssertionError
+    stalled, trickle = _stalling_after(b" " * (2 * LARGE_BODY_BYTES))
 
     async def whole() -> dict:
         return {"type": "http.request", "body": b" " * (3 * LARGE_BODY_BYTES), "more_body": False}
@@ -494,15 +494,7 @@ async def test_bodies_held_at_once_are_bounded_and_given_back():
     guard = BodyLimitMiddleware(app, max_bytes=8 * LARGE_BODY_BYTES,
                                 import_max_bytes=8 * LARGE_BODY_BYTES,
                                 max_buffered_bytes=3 * LARGE_BODY_BYTES)
-    stalled = asyncio.Event()
-
-    async def trickle() -> dict:
-        if not stalled.is_set():
-            stalled.set()
-            return {"type": "http.request", "body": b" " * (2 * LARGE_BODY_BYTES),
-                    "more_body": True}
-        await asyncio.Event().wait()
-        raise AssertionError
+    stalled, trickle = _stalling_after(b" " * (2 * LARGE_BODY_BYTES))
 
     def whole(size: int):
         async def receive() -> dict:
