@@ -387,6 +387,8 @@ def _route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
 _BODILESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # A body over this counts against ``max_large_bodies``.
 LARGE_BODY_BYTES = 1024 * 1024
+# A declared body up to this is awaited without a deadline for its first piece.
+SMALL_BODY_BYTES = 64 * 1024
 
 
 class BodyLimitMiddleware:
@@ -404,14 +406,16 @@ class BodyLimitMiddleware:
     and a snapshot's POST, take no body, so theirs is limited to 0 bytes: an open route such as
     ``/healthz`` cannot be made to buffer one.
 
-    A client that stops sending midway gets 408 after ``timeout_s`` without a byte, so it
-    cannot hold a buffer open. A body over ``LARGE_BODY_BYTES``, once read, waits for one of
-    ``max_large_bodies`` turns before the app sees it, and keeps its turn until its answer is
-    sent: parsing JSON takes many times a body's size in memory (Python floats and lists), and
-    this bounds how many such parses a burst of big requests runs at once. The turn is taken
-    only after the whole body has arrived, so a slow sender holds none. What every request
-    holds of its body, read or waiting, counts against ``max_buffered_bytes``: past it a
-    request gets 503, so many clients (or slow ones) cannot make the server hold any amount.
+    A client that stops sending midway gets 408 after ``timeout_s`` without a byte, so it cannot
+    hold a buffer open (the first piece of a body declared at most ``SMALL_BODY_BYTES`` is
+    awaited without a deadline: it would hold nothing). A body over ``LARGE_BODY_BYTES``, once
+    read, waits for one of ``max_large_bodies`` turns before the app sees it, and keeps its turn
+    until its answer is sent: parsing JSON takes many times a body's size in memory (Python
+    floats and lists), and this bounds how many such parses a burst of big requests runs at
+    once. The turn is taken only after the whole body has arrived, so a slow sender holds none.
+    What every request holds of its body, read or waiting, counts against
+    ``max_buffered_bytes``: past it a request gets 503, so many clients (or slow ones) cannot
+    make the server hold any amount.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int,
@@ -434,51 +438,54 @@ class BodyLimitMiddleware:
         if declared > limit or (chunked and limit == 0):
             await _refuse_body(send, limit, setting)
             return
-        held = [0]  # what this request counts in ``buffered``, given back however it ends
+        held = 0  # what this request counts in ``buffered``, given back however it ends
         try:
-            await self._read_then_serve(scope, receive, send, limit, setting, held)
-        finally:
-            self.buffered -= held[0]
-
-    async def _read_then_serve(self, scope: Scope, receive: Receive, send: Send, limit: int,
-                               setting: str, held: list[int]) -> None:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            try:
-                async with asyncio.timeout(self.timeout_s):  # no task per call, as wait_for
+            chunks: list[bytes] = []
+            # A small declared body's first piece is awaited with no deadline: it holds little
+            # (counted in ``buffered`` all the same), and a deadline per request cost a few
+            # percent of a small learn. Every later piece, and any larger body, has one.
+            patient = chunked or declared > SMALL_BODY_BYTES
+            while True:
+                if patient:
+                    try:
+                        async with asyncio.timeout(self.timeout_s):
+                            message = await receive()
+                    except TimeoutError:
+                        await _send_json(
+                            send, 408, f"request body incomplete after {self.timeout_s:g} s "
+                            "without data (GLN_BODY_TIMEOUT_S)", [(b"connection", b"close")])
+                        return
+                else:
                     message = await receive()
-            except TimeoutError:
-                await _send_json(
-                    send, 408, f"request body incomplete after {self.timeout_s:g} s "
-                    "without data (GLN_BODY_TIMEOUT_S)", [(b"connection", b"close")])
-                return
-            if message["type"] != "http.request":  # client went away
+                    patient = True
+                if message["type"] != "http.request":  # client went away
+                    await self.app(scope, _replay([message], receive), send)
+                    return
+                body = message.get("body", b"")
+                if held + len(body) > limit:
+                    await _refuse_body(send, limit, setting)
+                    return
+                if self.buffered + len(body) > self.max_buffered_bytes:
+                    await _send_json(
+                        send, 503, f"the server holds {self.max_buffered_bytes} bytes of "
+                        "request bodies already (GLN_MAX_BUFFERED_BYTES); retry shortly",
+                        [(b"connection", b"close"), (b"retry-after", b"1")])
+                    return
+                self.buffered += len(body)
+                held += len(body)
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    break
+            if len(chunks) > 1:
+                message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            chunks.clear()  # else the body is held twice while the app runs (an import)
+            if held <= LARGE_BODY_BYTES:
                 await self.app(scope, _replay([message], receive), send)
                 return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > limit:
-                await _refuse_body(send, limit, setting)
-                return
-            if self.buffered + len(body) > self.max_buffered_bytes:
-                await _send_json(
-                    send, 503, f"the server holds {self.max_buffered_bytes} bytes of request "
-                    "bodies already (GLN_MAX_BUFFERED_BYTES); retry shortly",
-                    [(b"connection", b"close"), (b"retry-after", b"1")])
-                return
-            self.buffered += len(body)
-            held[0] += len(body)
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        chunks.clear()  # else the body is held twice while the app runs (an import: a model)
-        if size <= LARGE_BODY_BYTES:
-            await self.app(scope, _replay([whole], receive), send)
-            return
-        async with self._large_turns:
-            await self.app(scope, _replay([whole], receive), send)
+            async with self._large_turns:
+                await self.app(scope, _replay([message], receive), send)
+        finally:
+            self.buffered -= held
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         """The largest body this request may have, and the setting that says so."""

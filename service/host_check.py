@@ -50,13 +50,27 @@ class HostCheckMiddleware:
     def __init__(self, app: ASGIApp, allowed: list[str] | None) -> None:
         self.app = app
         self.allowed = None if allowed is None else frozenset(allowed)
+        # Verdicts on the Host headers seen (clients send the same few), so a request costs a
+        # lookup; cleared when it grows past a few hundred (headers are the client's choice).
+        self._verdicts: dict[bytes, bool] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.allowed is not None:
-            header = next((value for key, value in scope["headers"] if key == b"host"),
-                          b"").decode("latin-1")  # the first, as the HTTP server reads it
-            # No Host at all is no browser's request (HTTP/1.0 tools may send none).
-            if header and host_name(header) not in self.allowed:
+            raw = b""
+            for key, value in scope["headers"]:
+                if key == b"host":  # the first, as the HTTP server reads it
+                    raw = value
+                    break
+            allowed = self._verdicts.get(raw)
+            if allowed is None:
+                if len(self._verdicts) > 256:
+                    self._verdicts.clear()
+                # No Host at all is no browser's request (HTTP/1.0 tools may send none).
+                allowed = not raw or host_name(raw.decode("latin-1")) in self.allowed
+                if len(raw) <= 255:  # a host name's most; longer ones are not kept
+                    self._verdicts[raw] = allowed
+            if not allowed:
+                header = raw.decode("latin-1")
                 body = json.dumps({"detail": (
                     f"this server does not answer to the host {header[:100]!r} (the names it "
                     "serves are set by GLN_ALLOWED_HOSTS)")}).encode()
