@@ -121,7 +121,12 @@ JSON, OCTETS = "application/json", "application/octet-stream"
 def require_content_type(request: Request, expected: str) -> None:
     """415 unless the request's body is declared as ``expected`` (JSON: also any
     ``application/...+json``); see ``service.errors.UnsupportedMediaType`` for why."""
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    raw = b""
+    for key, value in request.scope["headers"]:  # not request.headers: built per request
+        if key == b"content-type":
+            raw = value
+            break
+    media = raw.decode("latin-1").partition(";")[0].strip().lower()
     if media == expected or (expected == JSON and media.startswith("application/")
                              and media.endswith("+json")):
         return
