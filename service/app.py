@@ -29,6 +29,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -426,7 +427,8 @@ class BodyLimitMiddleware:
         self.import_max_bytes = import_max_bytes
         self.timeout_s = timeout_s
         self._large_turns = asyncio.Semaphore(max_large_bodies)
-        self.max_buffered_bytes = max_buffered_bytes or max(import_max_bytes, 16 * max_bytes)
+        # None: no bound (the app passes Settings.buffered_bytes_limit, which has the default)
+        self.max_buffered_bytes = max_buffered_bytes if max_buffered_bytes else math.inf
         self.buffered = 0  # bytes of bodies held now (one event loop: no lock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -467,7 +469,7 @@ class BodyLimitMiddleware:
                     return
                 if self.buffered + len(body) > self.max_buffered_bytes:
                     await _send_json(
-                        send, 503, f"the server holds {self.max_buffered_bytes} bytes of "
+                        send, 503, f"the server holds {self.max_buffered_bytes:.0f} bytes of "
                         "request bodies already (GLN_MAX_BUFFERED_BYTES); retry shortly",
                         [(b"connection", b"close"), (b"retry-after", b"1")])
                     return

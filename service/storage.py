@@ -110,8 +110,10 @@ class RedisClient(ClosingMixin):
         URL asks the Sentinels for the primary again (a connection open since before a
         failover could otherwise go on reaching the old primary). Connections in use by
         other threads finish their call; a Sentinel pool then drops those that reach a
-        primary it no longer names, instead of taking them back."""
-        self._client.connection_pool.disconnect(inuse_connections=False)
+        primary it no longer names, instead of taking them back. The ping's client too, so
+        that health is that of the primary the writes reach."""
+        for client in (self._client, self._ping_client):
+            client.connection_pool.disconnect(inuse_connections=False)
 
     def close(self) -> None:
         """Close the clients' connections."""
