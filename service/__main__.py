@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from service.app import create_app, refuse_unavailable_durability
 from service.dir_lock import DirectoryInUseError, lock_data_directories
+from service.request_id import RequestIdLogFilter
 from service.settings import Settings, unknown_variables
 from service.wal import WalDurabilityError
 
@@ -51,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdLogFilter())
     log = logging.getLogger("service")
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)

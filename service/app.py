@@ -14,11 +14,13 @@ Lifespan:
   lets every model's queued learn requests finish, then snapshots every model that changed
   since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
 
-Three pure-ASGI middlewares wrap the app, outermost first: one counts and times every request
-per route template (``gln_http_*``); one answers 401 to a POST/DELETE without the bearer token
-(when ``GLN_API_TOKEN`` is set); one refuses bodies larger than ``GLN_MAX_BODY_BYTES`` with
-413, by Content-Length and by counting the bytes actually streamed. Pure ASGI because they run
-on every request: a FastAPI dependency or ``BaseHTTPMiddleware`` costs far more per call.
+Pure-ASGI middlewares wrap the app, outermost first: one counts and times every request per
+route template (``gln_http_*``); one gives it an id (``X-Request-ID``, ``service.request_id``);
+one refuses a Host header this server does not answer to (``service.host_check``); one answers
+401 to a POST/DELETE without the bearer token (when ``GLN_API_TOKEN`` is set); one refuses
+bodies larger than ``GLN_MAX_BODY_BYTES`` with 413, by Content-Length and by counting the bytes
+actually streamed. Pure ASGI because they run on every request: a FastAPI dependency or
+``BaseHTTPMiddleware`` costs far more per call.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from service.errors import RegistryError
 from service.host_check import HostCheckMiddleware, allowed_hosts_for
 from service.metrics import ServiceMetrics, package_version
 from service.registry import ModelRegistry
+from service.request_id import RequestIdMiddleware, current_request_id
 from service.routes import router
 from service.settings import Settings
 from service.store import open_store
@@ -90,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        protect_reads=settings.token_for_reads)
     app.add_middleware(HostCheckMiddleware, allowed=allowed_hosts_for(
         settings.host, settings.allowed_host_names))
+    app.add_middleware(RequestIdMiddleware)
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, routes=list(router.routes)
     )
@@ -235,10 +239,15 @@ def _shortened(detail: str) -> str:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    """500 in the same shape as every other error (the traceback goes to the log)."""
+    """500 in the same shape as every other error, naming the request's id; the log has a
+    line with that id, and the traceback (which uvicorn writes) follows it."""
+    request_id = current_request_id.get()
+    log.error("internal error answering %s %s: %s", request.method, request.url.path,
+              type(exc).__name__)
     return JSONResponse(
-        {"detail": f"internal error: {type(exc).__name__}; see the service log"},
-        status_code=500,
+        {"detail": f"internal error: {type(exc).__name__}; see the service log "
+                   f"(request {request_id})"},
+        status_code=500, headers={"x-request-id": request_id},
     )
 
 

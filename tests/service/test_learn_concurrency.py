@@ -150,7 +150,9 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
             X, y = make_data(3)
             r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
             assert r.status_code == 500
-            assert r.json() == {"detail": "internal error: RuntimeError; see the service log"}
+            request_id = r.headers["x-request-id"]
+            assert r.json() == {"detail": "internal error: RuntimeError; see the service log "
+                                          f"(request {request_id})"}
             r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
             assert r.status_code == 200 and r.json()["sequence"] == 0
             info = (await client.get("/v1/models/m")).json()
