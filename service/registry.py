@@ -335,7 +335,7 @@ class ModelRegistry:
             held = f"{len(self._models)} model{'s' if len(self._models) != 1 else ''}"
             if self._failed:  # they keep their names and their room until deleted
                 held += (f" and {len(self._failed)} that could not be restored "
-                         f"({', '.join(sorted(self._failed))}; /readyz says why)")
+                         f"({', '.join(sorted(self._failed))}; GET /v1/models/<name> says why)")
             raise LimitExceeded(f"the server holds {held}, GLN_MAX_MODELS={limit}; "
                                 "delete one first")
         self._check_bytes(needed, f"the model would hold {needed} bytes")

@@ -413,8 +413,15 @@ async def readyz(registry: Registry) -> Any:
         return JSONResponse({"detail": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
     problems = []
     if registry.failed:
-        failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
-        problems.append(f"could not restore stored model(s) ({failed}); fix or DELETE them")
+        settings = registry.settings
+        if settings.api_token is not None and settings.token_for_reads:
+            # An open probe; why a model failed (its store's words) is for token holders.
+            failed = ", ".join(sorted(registry.failed))
+            problems.append(f"could not restore stored model(s) ({failed}); GET "
+                            "/v1/models/<name> says why; fix or DELETE them")
+        else:
+            failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
+            problems.append(f"could not restore stored model(s) ({failed}); fix or DELETE them")
     if not await registry.store_reachable():
         problems.append("snapshot store or write-ahead log unreachable: learn requests and "
                         "snapshots fail until it answers")

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
 
 import service.app
 from gln import GLN, SnapshotBuffer
@@ -252,7 +253,7 @@ async def test_an_unreadable_snapshot_is_a_degraded_readiness_until_deleted(
         r = await client.post("/v1/models", json={"name": "third", "config": {"num_features": 2}})
         assert r.status_code == 409
         assert r.json()["detail"].startswith(
-            "the server holds 1 model and 1 that could not be restored (broken; /readyz")
+            "the server holds 1 model and 1 that could not be restored (broken; GET /v1/")
         assert (await client.get("/v1/models/good")).status_code == 200  # the others serve
         broken = await client.get("/v1/models/broken")
         assert broken.status_code == 404
@@ -265,6 +266,27 @@ async def test_an_unreadable_snapshot_is_a_degraded_readiness_until_deleted(
         assert (await client.get("/readyz")).json() == {"status": "ready", "problems": []}
         assert "gln_models_unrestored 0.0" in (await client.get("/metrics")).text
         assert open_store(None, settings.snapshot_dir).names() == ["good"]
+
+
+async def test_with_reads_behind_the_token_readyz_names_an_unrestored_model_not_why(
+    settings: Settings, serve, create_model
+):
+    """/readyz stays open for probes; why a model failed (its store's words) is for token
+    holders, from GET /v1/models/<name>."""
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "broken")
+    version_file = Path(settings.snapshot_dir) / "broken" / "v1.snap"
+    version_file.write_bytes(b"not a snapshot" + version_file.read_bytes()[14:])
+    locked = settings.model_copy(update={"api_token": SecretStr("t0ken"), "token_for_reads": True})
+    app = create_app(locked)
+    async with serve(app) as client:
+        why = app.state.registry.failed["broken"]
+        problems = (await client.get("/readyz")).json()["problems"]
+        assert len(problems) == 1 and "broken" in problems[0] and why not in problems[0]
+        assert (await client.get("/v1/models/broken")).status_code == 401
+        detail = (await client.get("/v1/models/broken", headers={
+            "authorization": "Bearer t0ken"})).json()["detail"]
+        assert why in detail
 
 
 async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
