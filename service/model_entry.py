@@ -176,6 +176,9 @@ class ModelEntry:
         self.wal = wal
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
         self._log_in_doubt = False
+        # Why the log's latest answer fell short of the configured durability (its
+        # WalDurabilityError's words), or None: learning is refused while it does (/readyz).
+        self.durability_shortfall: str | None = None
         # Where the log ended when this writer last appended to it or read it (ANY_END: not
         # known yet); each append must follow it, or the log lost entries (a failover).
         self._log_end: str | None = ANY_END
@@ -607,6 +610,7 @@ class ModelEntry:
         except Exception as exc:
             self._metrics.wal_append_errors.inc()
             self._log_in_doubt = True
+            self._note_shortfall(exc)
             throttled.warning(f"append {self.name}", "log append for %r failed: %s",
                               self.name, exc)
             # An entry the replicas did not confirm in time is not confirmed a moment later
@@ -623,12 +627,18 @@ class ModelEntry:
             ) from exc
         self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
         self._log_end = entry_id
+        self.durability_shortfall = None
         return entry_id
+
+    def _note_shortfall(self, exc: Exception) -> None:
+        if isinstance(exc, WalDurabilityError):
+            self.durability_shortfall = str(exc)
 
     def _log_unavailable(self, exc: Exception) -> Unavailable:
         """The 503 for a log that could not be read before anything was learned (the cause
         logged here: the client is told only its type)."""
         self._metrics.wal_append_errors.inc()
+        self._note_shortfall(exc)
         throttled.warning(f"read {self.name}", "reading the log of %r failed: %s: %s",
                           self.name, type(exc).__name__, exc)
         return Unavailable(
@@ -667,6 +677,7 @@ class ModelEntry:
             count += 1
         self._log_end = self.wal.last_id(self.name)
         self._log_in_doubt = False
+        self.durability_shortfall = None
         return count
 
     def _rebuild(self) -> int:

@@ -176,6 +176,13 @@ class ModelRegistry:
         """Stored models that could not be restored, with the reason."""
         return dict(self._failed)
 
+    @property
+    def durability_shortfalls(self) -> list[str]:
+        """Why the log fell short of the configured durability at its latest answer to a
+        model (each distinct reason once): those models' learn requests are refused."""
+        return sorted({entry.durability_shortfall for entry in self._models.values()
+                       if entry.durability_shortfall is not None})
+
     async def store_reachable(self) -> bool:
         """``ping()`` of the store and of the log, in a thread of their own: not a model
         worker's, since a Redis that hangs holds a ping for ``PING_TIMEOUT_S`` and probes must

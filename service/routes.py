@@ -401,10 +401,12 @@ async def readyz(registry: Registry) -> Any:
     """503 while the stored models are being restored; then 200, ``ready`` or ``degraded``.
 
     Degraded names what this process cannot do now: a snapshot store or log that does not
-    answer (learning and snapshots fail; predictions go on), stored models that could not be
-    restored (the others are served). Only this process holds its models, so a load balancer
-    that took it out for those would stop every model's predictions as well; they are
-    exported (``gln_store_up``, ``gln_models_unrestored``) and alerted on instead.
+    answer (learning and snapshots fail; predictions go on), a log whose latest answer fell
+    short of the configured durability (learning is refused until it gives it), stored models
+    that could not be restored (the others are served). Only this process holds its models,
+    so a load balancer that took it out for those would stop every model's predictions as
+    well; they are exported (``gln_store_up``, ``gln_models_unrestored``,
+    ``gln_wal_append_errors_total``) and alerted on instead.
     """
     if not registry.restored:
         problem = "restoring models from snapshots"
@@ -425,6 +427,8 @@ async def readyz(registry: Registry) -> Any:
     if not await registry.store_reachable():
         problems.append("snapshot store or write-ahead log unreachable: learn requests and "
                         "snapshots fail until it answers")
+    for shortfall in registry.durability_shortfalls:
+        problems.append(f"learn requests are refused: {shortfall}")
     return {"status": "degraded" if problems else "ready", "problems": problems}
 
 

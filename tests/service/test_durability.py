@@ -472,12 +472,14 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
         await learn(1)
         replica.kill()
         refused = await learn(2)
+        short = (await client.get("/readyz")).json()
         # Its entry is in the primary's log alone: not learned until a replica holds it.
         await learn(2)
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 8
         replica.start()
         wait_for_replica(primary)
         await learn(3)  # applies batch 2 from the log first
+        recovered = (await client.get("/readyz")).json()
         primary.kill()  # right after the answer: nothing more reaches the replica
         skip_shutdown_snapshots(app)
     promote = redis.Redis.from_url(replica.url)
@@ -495,6 +497,10 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
 
     assert statuses == [200, 200, 503, 503, 200]
     assert "reached 0 of the 1 replica" in refused.json()["detail"]
+    assert short["status"] == "degraded"
+    assert [p for p in short["problems"] if p.startswith("learn requests are refused: ")
+            and "reached 0 of the 1 replica" in p] != []
+    assert recovered == {"status": "ready", "problems": []}
     assert restored == 16
     reference = GLN(**small_config)
     for X, y in batches:
