@@ -1,6 +1,6 @@
 """Errors the HTTP layer shows to clients, each carrying its status code.
 
-The registry and the model workers raise these; ``service.app`` maps every one to a
+The registry and the model workers raise these; ``service.error_handlers`` maps every one to a
 ``{"detail": str(error)}`` body with its ``status_code``, so routes never translate exceptions.
 """
 

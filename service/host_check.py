@@ -11,9 +11,10 @@ interfaces answers any host unless ``GLN_ALLOWED_HOSTS`` says otherwise.
 from __future__ import annotations
 
 import ipaddress
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.asgi_replies import send_json
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -71,12 +72,8 @@ class HostCheckMiddleware:
                     self._verdicts[raw] = allowed
             if not allowed:
                 header = raw.decode("latin-1")
-                body = json.dumps({"detail": (
+                await send_json(send, 400, (
                     f"this server does not answer to the host {header[:100]!r} (the names it "
-                    "serves are set by GLN_ALLOWED_HOSTS)")}).encode()
-                await send({"type": "http.response.start", "status": 400, "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
+                    "serves are set by GLN_ALLOWED_HOSTS)"))
                 return
         await self.app(scope, receive, send)

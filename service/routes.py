@@ -3,7 +3,7 @@
 Handlers stay thin on purpose: everything that touches a model (checks against its width and
 classes, the learn queue, locking, snapshots) is in :mod:`service.registry` and
 :mod:`service.model_entry`, whose errors (:mod:`service.errors`) carry their own status codes
-(mapped to ``{"detail": ...}`` bodies in :mod:`service.app`).
+(mapped to ``{"detail": ...}`` bodies in :mod:`service.error_handlers`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ async def get_registry(request: Request) -> ModelRegistry:
 Registry = Annotated[ModelRegistry, Depends(get_registry)]
 
 # Mutating routes (POST, DELETE) need the bearer token when GLN_API_TOKEN is set. The check
-# itself is a middleware (service.app.BearerAuthMiddleware): it covers every such route, and
+# itself is a middleware (service.auth.BearerAuthMiddleware): it covers every such route, and
 # costs far less per request than a FastAPI dependency. This only documents it in OpenAPI.
 BEARER = {"security": [{"bearerAuth": []}]}
 

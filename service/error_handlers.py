@@ -1,0 +1,61 @@
+"""The app's error answers: always ``{"detail": "<message>"}``, never the client's data whole."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from service.errors import RegistryError
+from service.request_id import current_request_id
+
+log = logging.getLogger(__name__)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Answer a registry's refusal, a malformed request and an unexpected failure in the
+    service's one error shape."""
+    app.add_exception_handler(RegistryError, _registry_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _internal_error)
+
+
+async def _registry_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RegistryError)
+    return JSONResponse({"detail": _shortened(str(exc))}, status_code=exc.status_code)
+
+
+# An error's words echo what the client sent (a config value, a label); a value of megabytes
+# would come back whole. Past this many characters the message is cut, saying how much.
+DETAIL_MAX_CHARS = 2000
+
+
+def _shortened(detail: str) -> str:
+    if len(detail) <= DETAIL_MAX_CHARS:
+        return detail
+    return f"{detail[:DETAIL_MAX_CHARS]}... ({len(detail) - DETAIL_MAX_CHARS} characters more)"
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """500 in the same shape as every other error, naming the request's id; the log has a
+    line with that id, and the traceback (which uvicorn writes) follows it."""
+    request_id = current_request_id.get()
+    log.error("internal error answering %s %s: %s", request.method, request.url.path,
+              type(exc).__name__)
+    return JSONResponse(
+        {"detail": f"internal error: {type(exc).__name__}; see the service log "
+                   f"(request {request_id})"},
+        status_code=500, headers={"x-request-id": request_id},
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 with one readable line per problem; never echoes the input (it may hold NaN)."""
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    return JSONResponse({"detail": _shortened("; ".join(problems))}, status_code=422)
