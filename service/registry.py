@@ -176,12 +176,33 @@ class ModelRegistry:
         """Stored models that could not be restored, with the reason."""
         return dict(self._failed)
 
-    @property
-    def durability_shortfalls(self) -> list[str]:
-        """Why the log fell short of the configured durability at its latest answer to a
-        model (each distinct reason once): those models' learn requests are refused."""
-        return sorted({entry.durability_shortfall for entry in self._models.values()
-                       if entry.durability_shortfall is not None})
+    async def readiness_problems(self) -> list[str]:
+        """What this process cannot do now, for ``/readyz`` (none: ready); Unavailable while
+        the stored models are being restored."""
+        if not self.restored:
+            problem = "restoring models from snapshots"
+            if not await self.store_reachable():
+                problem += " (the snapshot store is unreachable; retrying)"
+            raise Unavailable(problem)
+        problems = []
+        if self._failed:
+            if self.settings.api_token is not None and self.settings.token_for_reads:
+                # An open probe; why a model failed (its store's words) is for token holders.
+                failed = ", ".join(sorted(self._failed))
+                problems.append(f"could not restore stored model(s) ({failed}); GET "
+                                "/v1/models/<name> says why; fix or DELETE them")
+            else:
+                failed = "; ".join(f"{n}: {why}" for n, why in sorted(self._failed.items()))
+                problems.append(f"could not restore stored model(s) ({failed}); fix or DELETE "
+                                "them")
+        if not await self.store_reachable():
+            problems.append("snapshot store or write-ahead log unreachable: learn requests and "
+                            "snapshots fail until it answers")
+        # The log fell short of the configured durability at its latest answer to a model:
+        # that model's learn requests are refused until it gives it.
+        shortfalls = {entry.durability_shortfall for entry in self._models.values()}
+        problems += [f"learn requests are refused: {why}" for why in sorted(shortfalls - {None})]
+        return problems
 
     async def store_reachable(self) -> bool:
         """``ping()`` of the store and of the log, in a thread of their own: not a model

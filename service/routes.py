@@ -15,7 +15,6 @@ from typing import Annotated, Any, TypeVar
 import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -408,27 +407,7 @@ async def readyz(registry: Registry) -> Any:
     well; they are exported (``gln_store_up``, ``gln_models_unrestored``,
     ``gln_wal_append_errors_total``) and alerted on instead.
     """
-    if not registry.restored:
-        problem = "restoring models from snapshots"
-        if not await registry.store_reachable():
-            problem += " (the snapshot store is unreachable; retrying)"
-        return JSONResponse({"detail": problem}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
-    problems = []
-    if registry.failed:
-        settings = registry.settings
-        if settings.api_token is not None and settings.token_for_reads:
-            # An open probe; why a model failed (its store's words) is for token holders.
-            failed = ", ".join(sorted(registry.failed))
-            problems.append(f"could not restore stored model(s) ({failed}); GET "
-                            "/v1/models/<name> says why; fix or DELETE them")
-        else:
-            failed = "; ".join(f"{n}: {why}" for n, why in sorted(registry.failed.items()))
-            problems.append(f"could not restore stored model(s) ({failed}); fix or DELETE them")
-    if not await registry.store_reachable():
-        problems.append("snapshot store or write-ahead log unreachable: learn requests and "
-                        "snapshots fail until it answers")
-    for shortfall in registry.durability_shortfalls:
-        problems.append(f"learn requests are refused: {shortfall}")
+    problems = await registry.readiness_problems()
     return {"status": "degraded" if problems else "ready", "problems": problems}
 
 
