@@ -31,6 +31,7 @@ class Constant:
         return np.full(t.shape, self.rate, dtype=np.float64)
 
     def to_config(self) -> float:
+        """The config value that rebuilds this schedule: the rate itself."""
         return self.rate
 
 
@@ -45,6 +46,7 @@ class InverseTime:
         return np.minimum(self.scale / t.astype(np.float64), self.cap)
 
     def to_config(self) -> dict[str, Any]:
+        """The config value that rebuilds this schedule."""
         return {"schedule": "inverse_time", "scale": self.scale, "cap": self.cap}
 
 
@@ -76,6 +78,7 @@ class PerExample:
                              f"{type(value).__name__}: {error}") from None
 
     def to_config(self) -> None:
+        """None: a callable cannot be written into a config (nor a snapshot)."""
         return None
 
 
@@ -91,6 +94,7 @@ class Evaluated:
         return self.rates[t - self.first]
 
     def to_config(self) -> None:
+        """None: rates computed from a callable cannot be written into a config."""
         return None
 
 

@@ -1,6 +1,6 @@
 """One model in memory: its ordered request queue, its single writer, its log and snapshots.
 
-The learn path is a queue, and the queue is the batcher (docs/DESIGN.md): each model owns one
+The learn path is a queue, and the queue is the batcher: each model owns one
 ordered queue of requests and one worker task. The worker takes everything waiting (up to
 ``max_chunk_rows`` rows) and serves it in a worker thread, one model call per run of
 consecutive requests of the same verb: a run of learn requests becomes one ``model.learn`` on

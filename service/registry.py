@@ -29,7 +29,6 @@ from service.errors import (
     LimitExceeded,
     ModelExists,
     ModelNotFound,
-    RegistryError,
     Unavailable,
 )
 from service.learn_answers import LearnResult
@@ -42,17 +41,7 @@ from service.snapshot_blob import WAL_ID, split_snapshot
 from service.store import SnapshotInfo, SnapshotStore
 from service.wal import WalDurabilityError, WriteAheadLog
 
-__all__ = [
-    "WAL_ID",
-    "InvalidRequest",
-    "LearnResult",
-    "LimitExceeded",
-    "ModelExists",
-    "ModelNotFound",
-    "ModelRegistry",
-    "RegistryError",
-    "Unavailable",
-]
+__all__ = ["ModelRegistry"]
 
 log = logging.getLogger(__name__)
 

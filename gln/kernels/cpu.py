@@ -143,7 +143,10 @@ def threads_for(work: int) -> Iterator[None]:
             numba.set_num_threads(threads)
 
 
-def cpu_layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs):
+def cpu_layer_pass(
+    weights: np.ndarray, contexts: np.ndarray, inputs: np.ndarray, targets: np.ndarray,
+    rates: np.ndarray, pred_clip: float, weight_clip: float, learn: bool, probs: np.ndarray,
+) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
     work = contexts.shape[0] * weights.shape[0] * weights.shape[1] * weights.shape[3]
     with threads_for(work):
@@ -169,7 +172,9 @@ def _exact_dots(z, normals, rows, planes, out):
         out[k] = exact_dot(z[rows[k]], normals[planes[k]])
 
 
-def cpu_exact_dots(z, normals, rows, planes):
+def cpu_exact_dots(
+    z: np.ndarray, normals: np.ndarray, rows: np.ndarray, planes: np.ndarray
+) -> np.ndarray:
     """``gln.gating.exact_dots`` without gathering float64 copies of the rows it needs."""
     out = np.empty(rows.shape[0], dtype=np.float64)
     _exact_dots(z, normals, rows, planes, out)

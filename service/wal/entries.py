@@ -41,6 +41,8 @@ def check_idempotency_key(key: object) -> str:
 
 
 def check_keys(keys: Sequence[str | None] | None) -> list[str | None]:
+    """The request's idempotency keys as a list (None: the request has none), each checked
+    by :func:`check_idempotency_key`; TypeError for a bare string where a list was meant."""
     if keys is None:
         return []
     if isinstance(keys, str | bytes):
@@ -231,6 +233,7 @@ def _waiting_entry(
 
 
 def check_ttl(idempotency_ttl_s: float) -> float:
+    """``idempotency_ttl_s`` if it is a positive number of seconds, else ValueError."""
     if isinstance(idempotency_ttl_s, bool) or not isinstance(idempotency_ttl_s, int | float) or (
         not idempotency_ttl_s > 0
     ):

@@ -17,8 +17,8 @@ import redis
 
 from gln import GLN
 from service.app import create_app
-from service.registry import WAL_ID
 from service.settings import Settings
+from service.snapshot_blob import WAL_ID
 from service.store import open_store
 from service.wal import open_wal
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
