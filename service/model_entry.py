@@ -184,7 +184,9 @@ class ModelEntry:
         self._log_end: str | None = ANY_END
         self._load_snapshot = load_snapshot
         self._answers = AnswerCache(settings.idempotency_cache_rows)
-        self.pending = PendingPredictions(settings.label_ttl_s, settings.max_pending_label_rows)
+        # Predicted rows waiting for their label (not the request queue, ``_queue``).
+        self.awaiting_labels = PendingPredictions(settings.label_ttl_s,
+                                                  settings.max_pending_label_rows)
         # The label learned for rows whose label never came (GLN_LABEL_DEFAULT), where it is
         # one of this model's classes; else None, and such rows are dropped: the writer drops
         # those that expire as it puts new ones (with a default, the registry learns them).
@@ -210,8 +212,8 @@ class ModelEntry:
         self._executor = executor
         self._metrics = metrics
         self._max_chunk_rows = settings.max_chunk_rows
-        self._pending: deque[_Job] = deque()
-        self._pending_learn_rows = 0
+        self._queue: deque[_Job] = deque()
+        self._queued_learn_rows = 0
         self._wake = asyncio.Event()
         self._closing = False
         self._worker: asyncio.Task[None] | None = None
@@ -239,7 +241,7 @@ class ModelEntry:
     def waiting_capacity_nbytes(self) -> int:
         """Memory the rows waiting for labels may come to hold (``GLN_MAX_PENDING_LABEL_ROWS``
         rows of this model's sizes)."""
-        return self.pending.capacity_nbytes(self.model.num_features, self.model.num_classes)
+        return self.awaiting_labels.capacity_nbytes(self.model.num_features, self.model.num_classes)
 
     @property
     def reserved_nbytes(self) -> int:
@@ -251,7 +253,7 @@ class ModelEntry:
     @property
     def pending_examples(self) -> int:
         """Examples queued for learning and not applied yet."""
-        return self._pending_learn_rows
+        return self._queued_learn_rows
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -270,7 +272,7 @@ class ModelEntry:
         one per row (delayed labels); those still waiting when the writer comes to them are
         learned and stop waiting, the others are left out (the answer's ``stale_ids``).
         """
-        self._pending_learn_rows += len(y)
+        self._queued_learn_rows += len(y)
         return await self._submit(_Verb.LEARN, X, y, key=key, scored=scored,
                                   label_rows=label_rows)
 
@@ -301,10 +303,10 @@ class ModelEntry:
     ) -> Any:
         if self._closing:
             if y is not None:
-                self._pending_learn_rows -= len(y)
+                self._queued_learn_rows -= len(y)
             raise ModelNotFound(self.name)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Job(verb, X, y, future, **fields))
+        self._queue.append(_Job(verb, X, y, future, **fields))
         self._wake.set()
         # Once queued, a request is carried out even if its client goes away: shield the
         # future so a cancelled handler does not cancel it (its answer is simply dropped).
@@ -315,7 +317,7 @@ class ModelEntry:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
+            while self._queue:
                 batch = self._take_batch()
                 try:
                     groups = await self._run(self._serve_batch, batch)
@@ -327,10 +329,10 @@ class ModelEntry:
 
     def _take_batch(self) -> list[_Job]:
         """Everything waiting, up to max_chunk_rows rows (always at least one request)."""
-        jobs = [self._pending.popleft()]
+        jobs = [self._queue.popleft()]
         rows = len(jobs[0].X)
-        while self._pending and rows + len(self._pending[0].X) <= self._max_chunk_rows:
-            job = self._pending.popleft()
+        while self._queue and rows + len(self._queue[0].X) <= self._max_chunk_rows:
+            job = self._queue.popleft()
             jobs.append(job)
             rows += len(job.X)
         return jobs
@@ -376,8 +378,8 @@ class ModelEntry:
         they come (without a default label), then let them wait and drop those."""
         ids = [row_id for job in jobs for row_id in job.ids or ()]
         now = time.time()
-        expires_at = now + self.pending.ttl_s
-        expired = self.pending.expiring_with(ids, now) if self.label_default is None else []
+        expires_at = now + self.awaiting_labels.ttl_s
+        expired = self.awaiting_labels.expiring_with(ids, now) if self.label_default is None else []
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
         entry_id = None if wal is None else self._logged(
@@ -392,7 +394,7 @@ class ModelEntry:
         if self.wal is not None and self._log_in_doubt:
             self._catch_up_or_refuse()
         ids = list(dict.fromkeys(row.id for job in jobs for row in job.label_rows or ()
-                                 if self.pending.is_waiting(row)))
+                                 if self.awaiting_labels.is_waiting(row)))
         if not ids:
             return 0
         none = np.empty((0, self.model.num_features), np.float32)
@@ -412,8 +414,8 @@ class ModelEntry:
     ) -> None:
         """(model lock) Let rows wait for labels and drop the expired ones (live or replayed),
         as :meth:`_apply` learns."""
-        self.pending.put(ids, X, probs, expires_at)
-        self.pending.remove_ids(expired_ids)
+        self.awaiting_labels.put(ids, X, probs, expires_at)
+        self.awaiting_labels.remove_ids(expired_ids)
         self._updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
@@ -440,7 +442,7 @@ class ModelEntry:
             label_rows = [row for job in run for row in job.label_rows or ()]
             entry_id = None if self.wal is None else self._append(run, X, y, label_rows)
             start, probs, losses, correct = self._apply(X, y, entry_id)
-            self.pending.remove_rows(label_rows)
+            self.awaiting_labels.remove_rows(label_rows)
             if any(job.scored is not None for job in run):
                 losses, correct = scored_rows(_scored_predictions(run, probs), y)
             offset = 0
@@ -487,7 +489,7 @@ class ModelEntry:
         for i, job in enumerate(jobs):
             if job.label_rows is None:
                 continue
-            keep = [row.id not in taken and self.pending.is_waiting(row)
+            keep = [row.id not in taken and self.awaiting_labels.is_waiting(row)
                     for row in job.label_rows]
             taken.update(row.id for row in job.label_rows)
             if all(keep):
@@ -702,8 +704,8 @@ class ModelEntry:
                     "entries the model had learned", self.name, stored.info.version)
         self.model, self.snapshot = stored.model, stored.info
         self.applied_id = stored.info.metadata.get(WAL_ID)
-        self.pending.clear()
-        self.pending.put_rows(stored.waiting)
+        self.awaiting_labels.clear()
+        self.awaiting_labels.put_rows(stored.waiting)
         self._answers = AnswerCache(self._answers.max_rows)
         self._log_end = ANY_END
         # In doubt until the replay below is done (it waits until the log is durable first):
@@ -725,7 +727,7 @@ class ModelEntry:
             self._metrics.wal_replayed_entries.inc()
             return
         start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
-        self.pending.remove_ids(entry.label_ids)
+        self.awaiting_labels.remove_ids(entry.label_ids)
         self._metrics.wal_replayed_entries.inc()
         self._metrics.wal_replayed_examples.inc(len(entry.labels))
         if len(entry.request_rows) != len(entry.idempotency_keys):
@@ -754,7 +756,7 @@ class ModelEntry:
         for group in groups:
             is_learn = group.jobs[0].verb is _Verb.LEARN
             if is_learn:
-                self._pending_learn_rows -= sum(job.queued_rows for job in group.jobs)
+                self._queued_learn_rows -= sum(job.queued_rows for job in group.jobs)
             if group.error is not None:
                 for job in group.jobs:
                     if not job.future.done():
@@ -827,7 +829,7 @@ class ModelEntry:
                     return None
                 applied_id = self.applied_id
                 buffer.capture(self.model)
-                waiting = self.pending.rows()
+                waiting = self.awaiting_labels.rows()
             blob, metadata = snapshot_blob(buffer.seal(), applied_id, waiting)
             info = store.save(self.name, blob, metadata=metadata or None)
             self._snapshotted_updates = updates
@@ -870,8 +872,8 @@ class ModelEntry:
             "name": self.name,
             "config": self.model.config,
             "examples_seen": int(self.model.examples_seen),
-            "pending_examples": self._pending_learn_rows,
-            "waiting_for_labels": len(self.pending),
+            "pending_examples": self._queued_learn_rows,
+            "waiting_for_labels": len(self.awaiting_labels),
             "nbytes": int(self.model.nbytes),
             "metrics": self.stats.summary(),
             "snapshot": None if snap is None else {

@@ -515,14 +515,14 @@ class ModelRegistry:
             entry.model.check_labels(labels)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
-        rows, missing = entry.pending.waiting(ids, time.time())
+        rows, missing = entry.awaiting_labels.waiting(ids, time.time())
         if not rows:
             return None, missing
         wanted = dict(zip(ids, labels, strict=True))
         try:
             result = await self._learn_waiting(entry, rows, [wanted[row.id] for row in rows])
         finally:
-            self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
+            self.metrics.labels_pending.labels(model=name).set(len(entry.awaiting_labels))
         self.metrics.labels_learned.labels(model=name).inc(result.rows)
         return result, [*missing, *result.stale_ids]
 
@@ -533,7 +533,7 @@ class ModelRegistry:
         so a row stops waiting only once that is logged, and a restart does not bring it
         back. A failure is logged, not raised: the rows stay due and the next pass retries.
         """
-        rows = entry.pending.due(time.time())
+        rows = entry.awaiting_labels.due(time.time())
         if rows:
             default = entry.label_default
             if default is None:
@@ -545,7 +545,7 @@ class ModelRegistry:
             else:
                 learned = await self._learn_default(entry, rows, default)
                 self.metrics.labels_expired.labels(model=entry.name).inc(learned)
-        self.metrics.labels_pending.labels(model=entry.name).set(len(entry.pending))
+        self.metrics.labels_pending.labels(model=entry.name).set(len(entry.awaiting_labels))
 
     async def _learn_waiting(
         self, entry: ModelEntry, rows: list[PendingRow], labels: list[int]
@@ -681,11 +681,11 @@ class ModelRegistry:
                 if self.ignored_log is not None:
                     await self._run(self._refuse_an_unapplied_log, name, info)
                 entry = self._entry(name, stored.model, info)
-                entry.pending.put_rows(stored.waiting)
+                entry.awaiting_labels.put_rows(stored.waiting)
                 t0 = time.perf_counter()
                 replayed = await self._run(entry.replay_log)
                 # Restored rows are counted, never refused (the budget may be overrun).
-                entry.waiting_room_reserved = len(entry.pending) > 0
+                entry.waiting_room_reserved = len(entry.awaiting_labels) > 0
             except Exception as exc:
                 if isinstance(exc, WalDurabilityError) or not await self.store_reachable():
                     why = exc if isinstance(exc, WalDurabilityError) else "store unreachable"
@@ -701,7 +701,7 @@ class ModelRegistry:
                 name, info.version, replayed, time.perf_counter() - t0,
             )
             self._add(entry)
-            self.metrics.labels_pending.labels(model=name).set(len(entry.pending))
+            self.metrics.labels_pending.labels(model=name).set(len(entry.awaiting_labels))
             self.metrics.show_snapshot(name, info.nbytes, info.created_at)
             return
 

@@ -83,7 +83,7 @@ async def test_bad_ids_on_predict_are_refused_and_nothing_waits(app, client, cre
     r = await client.post("/v1/models/m/predict", json=body)
     assert r.status_code == 422 and message in r.json()["detail"]
     entry = await app.state.registry.get("m")
-    assert len(entry.pending) == 0
+    assert len(entry.awaiting_labels) == 0
 
 
 async def test_bad_labels_leave_the_rows_waiting(client, create_model, make_data):
@@ -442,7 +442,7 @@ async def test_a_prediction_whose_rows_cannot_be_logged_is_refused_and_nothing_w
     plain = await client.post("/v1/models/m/predict", json={"features": X})
     assert refused.status_code == 503 and "with the same ids" in refused.json()["detail"]
     assert plain.status_code == 200
-    assert len(entry.pending) == 0
+    assert len(entry.awaiting_labels) == 0
 
 
 async def test_a_wait_entry_logged_behind_a_failed_append_is_applied_before_new_learning(
