@@ -677,6 +677,12 @@ class ModelEntry:
         for entry in self.wal.read_after(self.name, self.applied_id):
             self._apply_logged(entry)
             count += 1
+        if self.applied_id is not None and not self.wal.reaches(self.name, self.applied_id):
+            # The log ends before the model's snapshot: moved to a new directory, or emptied.
+            # New entries must follow the snapshot's, or a restore would skip them as learned.
+            log.warning("the log of %r ends before its snapshot's entry %s (a new or emptied "
+                        "log); its entries continue after that one", self.name, self.applied_id)
+            self.wal.continue_after(self.name, self.applied_id)
         self._log_end = self.wal.last_id(self.name)
         self._log_in_doubt = False
         self.durability_shortfall = None

@@ -320,43 +320,56 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
             cut = min(cut, state.last_id)
             if cut <= state.trimmed_through and not any(r.id <= cut for r in state.records):
                 return  # nothing to drop, nothing new to record
-            kept = [r for r in state.records if r.id > cut]
-            now = time.time()
-            live = {
-                key: found
-                for key, found in state.keys.items()
-                if self._key_live(state, key, now) is not None
-            }
-            trimmed_through = max(state.trimmed_through, cut)
-            base = _frame({
-                "kind": "base", "v": FORMAT, "last_id": state.last_id,
-                "trimmed_through": trimmed_through, "keys": live,
-            })
-            path.parent.mkdir(exist_ok=True)
-            start = kept[0].offset if kept else state.end
+            self._rewrite(state, path, max(state.trimmed_through, cut), state.last_id)
 
-            def write_trimmed(out: BinaryIO) -> None:
-                out.write(base)
-                if kept:
-                    with open(path, "rb") as src:
-                        src.seek(start)
-                        remaining = state.end - start
-                        while remaining:
-                            block = src.read(min(_COPY_BYTES, remaining))
-                            if not block:
-                                raise WalCorruptError(f"{path} shrank while being trimmed")
-                            out.write(block)
-                            remaining -= len(block)
+    def continue_after(self, name: str, entry_id: str) -> None:
+        """Number later entries after ``entry_id``: the file is rewritten as a base record
+        that says the log was trimmed through it (any older records go)."""
+        wanted = _parse_file_id(entry_id)
+        with self._state(name) as (state, path):
+            if state.last_id < wanted:
+                self._rewrite(state, path, wanted, wanted)
 
-            replace_atomically(path, write_trimmed, tmp_prefix=_TMP_PREFIX)
-            if state.fd is not None:
-                os.close(state.fd)
-                state.fd = None
-            shift = len(base) - start
-            state.records = [_Record(r.id, r.offset + shift, r.size) for r in kept]
-            state.end += shift
-            state.trimmed_through = trimmed_through
-            state.keys = live
+    def _rewrite(self, state: _FileState, path: Path, trimmed_through: int, last_id: int) -> None:
+        """(model lock) Replace the file by a base record (``last_id``, ``trimmed_through`` and
+        the live keys) followed by the records after ``trimmed_through``."""
+        kept = [r for r in state.records if r.id > trimmed_through]
+        now = time.time()
+        live = {
+            key: found
+            for key, found in state.keys.items()
+            if self._key_live(state, key, now) is not None
+        }
+        base = _frame({
+            "kind": "base", "v": FORMAT, "last_id": last_id,
+            "trimmed_through": trimmed_through, "keys": live,
+        })
+        path.parent.mkdir(exist_ok=True)
+        start = kept[0].offset if kept else state.end
+
+        def write_trimmed(out: BinaryIO) -> None:
+            out.write(base)
+            if kept:
+                with open(path, "rb") as src:
+                    src.seek(start)
+                    remaining = state.end - start
+                    while remaining:
+                        block = src.read(min(_COPY_BYTES, remaining))
+                        if not block:
+                            raise WalCorruptError(f"{path} shrank while being trimmed")
+                        out.write(block)
+                        remaining -= len(block)
+
+        replace_atomically(path, write_trimmed, tmp_prefix=_TMP_PREFIX)
+        if state.fd is not None:
+            os.close(state.fd)
+            state.fd = None
+        shift = len(base) - start
+        state.records = [_Record(r.id, r.offset + shift, r.size) for r in kept]
+        state.end += shift
+        state.last_id = last_id
+        state.trimmed_through = trimmed_through
+        state.keys = live
 
     def last_id(self, name: str) -> str | None:
         """The newest id appended (kept across trims by the base record), None if none."""

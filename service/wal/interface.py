@@ -157,6 +157,13 @@ class WriteAheadLog(Protocol):
         """Drop every entry up to and including ``entry_id`` (ids keep increasing after)."""
         ...
 
+    def continue_after(self, name: str, entry_id: str) -> None:
+        """Make the log's newest id at least ``entry_id``, so that every later entry follows
+        it: for a log that is behind the model's snapshot (a log directory moved or
+        emptied), whose new entries would otherwise get ids the snapshot already covers and
+        that a restore would skip. Entries up to ``entry_id`` count as trimmed."""
+        ...
+
     def last_id(self, name: str) -> str | None:
         """Id of the newest entry ever appended (even if trimmed since), None if none."""
         ...

@@ -454,6 +454,22 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
         self._client.transaction(trim, marker)
 
+    def continue_after(self, name: str, entry_id: str) -> None:
+        """Add an entry of id ``entry_id`` (the stream then generates only later ids, even
+        with the clock behind it) and trim through it, marking it the newest and the trimmed
+        through, in one MULTI/EXEC; nothing if the stream already reaches it."""
+        wanted = _parse_redis_id(entry_id)
+        if self.reaches(name, entry_id):
+            return
+        stream = self._stream_key(name)
+        cut_id = f"{wanted[0]}-{wanted[1]}"
+        pipe = self._client.pipeline(transaction=True)
+        pipe.xadd(stream, {"meta": b"", "x": b"", "y": b""}, id=cut_id)
+        pipe.xtrim(stream, minid=_next_redis_id(cut_id), approximate=False)
+        pipe.set(f"{stream}:last", cut_id)
+        pipe.set(f"{stream}:trimmed", cut_id)
+        pipe.execute()
+
     def last_id(self, name: str) -> str | None:
         """The stream's last generated id (it survives XTRIM), None without a stream."""
         stream = self._stream_key(name)

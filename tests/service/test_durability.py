@@ -623,3 +623,43 @@ async def test_a_model_ahead_of_its_log_is_rebuilt_and_a_lost_request_learned_on
         reference.learn(np.asarray(X, dtype=np.float32), np.asarray(y))
     assert rebuilt_bytes == reference.to_bytes()
     assert "gln_wal_rebuilds_total 1.0" in metrics
+
+
+@pytest.mark.parametrize("how", ["moved", "emptied"])
+async def test_learning_acknowledged_on_a_log_behind_the_snapshot_survives_a_crash(
+    serve, small_config, create_model, make_data, tmp_path, how: str
+):
+    """A clean stop snapshots and trims the log; the next start finds no log behind it (a new
+    GLN_WAL_DIR, or the file removed). What that server acknowledges is logged after the
+    snapshot's entry, so a crash and a restart replay it rather than skip it as learned."""
+    first = Settings(snapshot_dir=str(tmp_path / "snapshots"), wal_dir=str(tmp_path / "wal-1"),
+                     snapshot_interval_s=3600)
+    batches = [make_data(6, seed=1), make_data(4, seed=2)]
+
+    async def learn(client, batch):
+        X, y = batch
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200, r.text
+
+    async with serve(create_app(first)) as client:
+        await create_model(client, "m", small_config)
+        await learn(client, batches[0])
+    if how == "moved":
+        later = first.model_copy(update={"wal_dir": str(tmp_path / "wal-2")})
+    else:
+        later = first
+        (tmp_path / "wal-1" / "m" / "wal.log").unlink()
+    app = create_app(later)
+    async with serve(app) as client:
+        await learn(client, batches[1])
+        skip_shutdown_snapshots(app)  # a crash: only the log holds the second batch
+    restarted = create_app(later)
+    async with serve(restarted) as client:
+        examples_seen = (await client.get("/v1/models/m")).json()["examples_seen"]
+        restored_bytes = await model_bytes(restarted, "m")
+
+    assert examples_seen == 10
+    reference = GLN(**small_config)
+    for X, y in batches:
+        reference.learn(np.array(X), np.array(y))
+    assert restored_bytes == reference.to_bytes()

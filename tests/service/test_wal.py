@@ -316,6 +316,28 @@ def test_replay_from_before_the_trim_point_is_a_gap(wal: WriteAheadLog) -> None:
     assert issubclass(WalGapError, WalCorruptError)
 
 
+def test_continue_after_makes_later_entries_follow_a_snapshots_id(backend: Backend) -> None:
+    """A log behind the model's snapshot (a new or emptied log) numbers its next entries
+    after the snapshot's, so a restore that replays after that id finds them; for Redis
+    even an id ahead of its clock."""
+    ahead = "1000" if backend.kind == "file" else f"{int(time.time() * 1000) + 10**9}-0"
+    wal = backend.make()
+    early = [wal.append("m", *tagged(i)) for i in range(2)]
+    wal.continue_after("m", ahead)
+    assert wal.last_id("m") == ahead and wal.reaches("m", ahead)
+    assert list(wal.read_after("m", ahead)) == []
+    new_id = wal.append("m", *tagged(7), follows=ahead)
+    wal.continue_after("m", early[0])  # the log reaches it already: nothing changes
+    wal.close()
+    reopened = backend.make()
+    assert [(e.id, int(e.labels[0])) for e in reopened.read_after("m", ahead)] == [(new_id, 7)]
+    assert tags(reopened.read_after("m", None)) == [7]  # the older entries count as trimmed
+    with pytest.raises(WalGapError):
+        reopened.read_after("m", early[1])
+    assert reopened.last_id("m") == new_id
+    reopened.close()
+
+
 def test_log_survives_reopening(backend: Backend) -> None:
     first = backend.make()
     ids = [first.append("m", *tagged(i), [f"key-{i}"]) for i in range(6)]
