@@ -314,8 +314,11 @@ class ModelRegistry:
                 raise InvalidRequest(f"{invalid}: {exc}") from exc
             entry = self._entry(name, model, None)
             try:
-                if self.wal is not None:  # a log left by a crash during an earlier delete
-                    await self._run(self.wal.delete, name)
+                # A log left by a crash during an earlier delete, in the log this server
+                # writes or in the one it ignores (which a later start may use).
+                for opened in (self.wal, self.ignored_log):
+                    if opened is not None:
+                        await self._run(opened.delete, name)
                 await entry.save_snapshot(self.store, force=True)
             except Exception as exc:
                 self.metrics.snapshot_failures.inc()

@@ -360,6 +360,32 @@ async def test_with_the_log_disabled_a_model_with_unapplied_entries_is_not_serve
     assert restored == 0
 
 
+async def test_a_create_with_the_log_disabled_clears_a_log_left_by_an_earlier_life(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """A crash between a delete's removal of the snapshots and of the log leaves the log alone;
+    a create of the name with GLN_WAL_ENABLED=false clears it, so turning the log back on
+    does not replay the earlier life's learning into the new model."""
+    import shutil
+
+    settings = Settings(snapshot_dir=str(tmp_path / "snaps"), wal_dir=str(tmp_path / "wal"),
+                        snapshot_interval_s=3600)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        X, y = make_data(5)
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200
+        skip_shutdown_snapshots(app)
+    shutil.rmtree(tmp_path / "snaps" / "m")  # the delete's first half, then the crash
+
+    async with serve(create_app(settings.model_copy(update={"wal_enabled": False}))) as client:
+        await create_model(client, "m", small_config)
+    async with serve(create_app(settings)) as client:
+        restored = (await client.get("/v1/models/m")).json()["examples_seen"]
+    assert restored == 0
+
+
 async def test_models_per_server_are_limited(tmp_path, serve, small_config, create_model):
     settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600, max_models=2)
     async with serve(create_app(settings)) as client:
