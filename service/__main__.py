@@ -104,12 +104,13 @@ def _settings_errors(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")  # pydantic's, for our own checks
         if field in SECRET_SETTINGS:  # its value may hold a password: never echo it
-            lines.append(f"  GLN_{field.upper()}: {error['msg']}")
+            lines.append(f"  GLN_{field.upper()}: {message}")
         elif field:
-            lines.append(f"  GLN_{field.upper()}: {error['msg']} (got {error.get('input')!r})")
+            lines.append(f"  GLN_{field.upper()}: {message} (got {error.get('input')!r})")
         else:  # a rule across settings; its message names them
-            lines.append(f"  {error['msg']}")
+            lines.append(f"  {message}")
     return "\n".join(lines)
 
 

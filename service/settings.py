@@ -184,6 +184,21 @@ class Settings(BaseSettings):
             raise ValueError("GLN_WAL_REPLICAS needs the Redis log: set GLN_REDIS_URL")
         return self
 
+    @model_validator(mode="after")
+    def _log_dir_apart_from_snapshots(self) -> Self:
+        """The file log's directory is the snapshot directory or lies outside it: each
+        holds one subdirectory per model, so a log directory inside the snapshots would be
+        a model's directory, deleted with a model of its name (and the other way round)."""
+        if self.redis_url or not self.wal_dir:
+            return self
+        snapshots, log = Path(self.snapshot_dir).resolve(), Path(self.wal_dir).resolve()
+        if snapshots != log and (snapshots in log.parents or log in snapshots.parents):
+            raise ValueError(
+                f"GLN_WAL_DIR ({self.wal_dir}) and GLN_SNAPSHOT_DIR ({self.snapshot_dir}) must "
+                "be the same directory or apart, not one inside the other: each holds a "
+                "directory per model")
+        return self
+
     @property
     def buffered_bytes_limit(self) -> int:
         """``max_buffered_bytes``, or its default: room for the largest import, or for 16

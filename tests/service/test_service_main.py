@@ -163,7 +163,7 @@ def test_a_durability_redis_cannot_give_stops_the_server_at_start_up(
     assert b"Traceback" not in done.stderr
 
 
-def test_a_wrong_setting_exits_2_naming_each_variable(monkeypatch, capsys):
+def test_a_wrong_setting_exits_2_naming_each_variable(monkeypatch, capsys, tmp_path):
     """A misconfigured server says which ``GLN_*`` variables are wrong, one line each, and
     exits 2 before it serves anything (not with a validation traceback)."""
     from service.__main__ import main
@@ -174,7 +174,7 @@ def test_a_wrong_setting_exits_2_naming_each_variable(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("gln-service: invalid configuration:")
     assert "GLN_PORT: Input should be a valid integer" in err and "(got 'abc')" in err
-    assert "GLN_REDIS_URL: Value error, each Sentinel is host[:port]" in err
+    assert "GLN_REDIS_URL: each Sentinel is host[:port]" in err
     assert "Traceback" not in err
 
     monkeypatch.delenv("GLN_PORT")
@@ -182,6 +182,14 @@ def test_a_wrong_setting_exits_2_naming_each_variable(monkeypatch, capsys):
     monkeypatch.setenv("GLN_WAL_REPLICAS", "1")
     assert main([]) == 2
     assert "GLN_WAL_REPLICAS needs the Redis log: set GLN_REDIS_URL" in capsys.readouterr().err
+
+    monkeypatch.delenv("GLN_WAL_REPLICAS")
+    monkeypatch.setenv("GLN_SNAPSHOT_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GLN_WAL_DIR", str(tmp_path / "data" / "wal"))
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "  GLN_WAL_DIR (" in err and "must be the same directory or apart" in err
+    assert "Value error" not in err
 
 
 def test_a_misspelt_variable_is_named_with_the_setting_it_looks_like():
@@ -237,3 +245,25 @@ def test_the_open_files_limit_is_raised_to_the_hard_one():
                           text=True, timeout=60, check=True)
     soft, hard = map(int, done.stdout.split())
     assert soft == hard
+
+
+@pytest.mark.parametrize(("snapshots", "log", "accepted"), [
+    ("data", "data", True), ("data", "data/./", True), ("data/snapshots", "data/wal", True),
+    ("data", "data/wal", False), ("data/snapshots", "data", False),
+])
+def test_the_log_directory_is_the_snapshot_directory_or_apart_from_it(
+    tmp_path, snapshots: str, log: str, accepted: bool
+):
+    """Both hold a directory per model: nested, a model could be named like the inner one."""
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    def settings() -> Settings:
+        return Settings(snapshot_dir=str(tmp_path / snapshots), wal_dir=str(tmp_path / log))
+
+    if accepted:
+        settings()
+    else:
+        with pytest.raises(ValidationError, match="not one inside the other"):
+            settings()
