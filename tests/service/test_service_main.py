@@ -227,7 +227,7 @@ def test_a_wrong_redis_url_is_not_repeated_in_the_error(monkeypatch, capsys):
     monkeypatch.setenv("GLN_REDIS_URL", "redis+sentinel://user:hunter2@h1:port/gln")
     assert main([]) == 2
     err = capsys.readouterr().err
-    assert "GLN_REDIS_URL: Value error" in err and "hunter2" not in err
+    assert "GLN_REDIS_URL: each Sentinel is host[:port]" in err and "hunter2" not in err
 
 
 def test_the_open_files_limit_is_raised_to_the_hard_one():
