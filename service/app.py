@@ -15,7 +15,8 @@ Lifespan:
   since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
 
 Pure-ASGI middlewares wrap the app, outermost first, each in a module of its own: the request's
-metrics (``service.request_metrics``), its id (``service.request_id``), the Host header
+metrics (``service.request_metrics``), its id (``service.request_id``), the answer to a request
+cancelled by a shutdown (``service.shutdown_answer``), the Host header
 (``service.host_check``), the bearer token (``service.auth``) and the body's size and pace
 (``service.body_limit``). Pure ASGI because they run on every request: a FastAPI dependency or
 ``BaseHTTPMiddleware`` costs far more per call. Errors are answered by
@@ -45,6 +46,7 @@ from service.request_id import RequestIdMiddleware
 from service.request_metrics import RequestMetricsMiddleware
 from service.routes import router
 from service.settings import Settings
+from service.shutdown_answer import ShutdownAnswerMiddleware
 from service.store import open_store
 from service.wal import WalDurabilityError, WriteAheadLog, open_wal
 
@@ -82,6 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_buffered_bytes=settings.buffered_bytes_limit)
     app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
                        protect_reads=settings.token_for_reads)
+    # Outside the body limit: a request waiting for its turn to be parsed is answered too.
+    app.add_middleware(ShutdownAnswerMiddleware)
     app.add_middleware(HostCheckMiddleware, allowed=allowed_hosts_for(
         settings.host, settings.allowed_host_names))
     app.add_middleware(RequestIdMiddleware)

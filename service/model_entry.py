@@ -104,7 +104,7 @@ class _Verb(enum.Enum):
     EXPIRE = "expire waiting rows"  # drop rows whose label never came (label_rows; X empty)
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: compared by identity (its queue withdraws it)
 class _Job:
     verb: _Verb
     X: np.ndarray
@@ -306,11 +306,34 @@ class ModelEntry:
                 self._queued_learn_rows -= len(y)
             raise ModelNotFound(self.name)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Job(verb, X, y, future, **fields))
+        job = _Job(verb, X, y, future, **fields)
+        self._queue.append(job)
         self._wake.set()
-        # Once queued, a request is carried out even if its client goes away: shield the
-        # future so a cancelled handler does not cancel it (its answer is simply dropped).
-        return await asyncio.shield(future)
+        # A client that goes away does not cancel its handler: its request is carried out
+        # and the answer dropped. A handler is cancelled when a shutdown stops waiting for
+        # it: a request still queued is then withdrawn (and answered 503), while one the
+        # worker is carrying out is waited for, so that its client learns the outcome
+        # (shield: the worker's run must not be cancelled halfway).
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if self._withdraw(job):
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return await asyncio.shield(future)
+
+    def _withdraw(self, job: _Job) -> bool:
+        """Take ``job`` out of the queue; False if the worker has taken it already."""
+        try:
+            self._queue.remove(job)
+        except ValueError:
+            return False
+        if job.verb is _Verb.LEARN:
+            self._queued_learn_rows -= job.queued_rows
+        job.future.cancel()
+        return True
 
     async def _work(self) -> None:
         """The single writer: serve queued requests batch by batch, in arrival order."""

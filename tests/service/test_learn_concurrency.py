@@ -157,3 +157,66 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
             assert r.status_code == 200 and r.json()["sequence"] == 0
             info = (await client.get("/v1/models/m")).json()
             assert info["examples_seen"] == 3 and info["pending_examples"] == 0
+
+
+async def test_a_request_a_shutdown_stops_waiting_for_is_withdrawn_and_answered_503(
+    app, serve, create_model, make_data
+):
+    """uvicorn cancels the handlers still open when GLN_SHUTDOWN_TIMEOUT_S has passed: a
+    request still queued is withdrawn (not learned by the shutdown's drain) and answered with
+    a JSON 503 that says so, not uvicorn's plain-text 500; the one being learned completes."""
+    import json
+    import threading
+
+    async with serve(app) as client:
+        await create_model(client)
+        entry = await app.state.registry.get("m")
+        gate = threading.Event()
+        learn = entry.model.learn
+
+        def held(X, y):
+            gate.wait(10)
+            return learn(X, y)
+
+        entry.model.learn = held
+        X, y = make_data(3)
+        body = json.dumps({"features": X, "labels": y}).encode()
+        first = asyncio.create_task(client.post("/v1/models/m/learn", content=body, headers={
+            "content-type": "application/json"}))
+        for _ in range(100):  # until the worker holds it
+            await asyncio.sleep(0.01)
+            if not entry._queue and entry.pending_examples == 3:
+                break
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/models/m/learn", "raw_path": b"/v1/models/m/learn",
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+            "server": ("localhost", 80), "headers": [
+                (b"host", b"localhost"), (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode())],
+        }
+        second = asyncio.create_task(app(scope, receive, send))
+        for _ in range(100):  # until it is queued behind the held one
+            await asyncio.sleep(0.01)
+            if entry.pending_examples == 6:
+                break
+        assert entry.pending_examples == 6
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        gate.set()
+        assert (await first).status_code == 200
+        info = (await client.get("/v1/models/m")).json()
+        scrape = (await client.get("/metrics")).text
+    assert sent[0]["status"] == 503
+    assert json.loads(sent[1]["body"])["detail"].startswith("the server is shutting down")
+    assert info["examples_seen"] == 3 and info["pending_examples"] == 0
+    assert 'route="/v1/models/{name}/learn",status="503"' in scrape
