@@ -24,6 +24,7 @@ from types import FrameType
 import uvicorn
 from pydantic import ValidationError
 
+from gln.backend import resolve_device
 from service.app import create_app, refuse_unavailable_durability
 from service.dir_lock import DirectoryInUseError, lock_data_directories
 from service.request_id import RequestIdLogFilter
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdLogFilter())
+    try:  # a server that cannot build a model must not start and blame its clients for it
+        resolve_device(settings.device)
+    except ValueError as exc:
+        print(f"gln-service: GLN_DEVICE={settings.device}: {exc}", file=sys.stderr)
+        return 2
     log = logging.getLogger("service")
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)

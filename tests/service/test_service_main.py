@@ -267,3 +267,21 @@ def test_the_log_directory_is_the_snapshot_directory_or_apart_from_it(
     else:
         with pytest.raises(ValidationError, match="not one inside the other"):
             settings()
+
+
+def test_a_device_the_machine_lacks_stops_the_server_at_start_up(monkeypatch, capsys):
+    """GLN_DEVICE=cuda without CuPy and a GPU: no model could be built, so the server does not
+    start (it used to serve, and answer every create with a 422 its clients could not fix)."""
+    from gln.backend import resolve_device
+    from service.__main__ import main
+
+    try:
+        resolve_device("cuda")
+    except ValueError:
+        pass
+    else:
+        pytest.skip("this machine has a CUDA GPU")
+    monkeypatch.setenv("GLN_DEVICE", "cuda")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gln-service: GLN_DEVICE=cuda: device='cuda' needs CuPy and a CUDA GPU")
