@@ -228,8 +228,10 @@ class ModelRegistry:
         try:
             await asyncio.wait_for(self._restored.wait(), self.settings.restore_wait_s)
         except TimeoutError:
+            why = "" if await self.store_reachable() else (
+                " (the snapshot store is unreachable; retrying: GET /readyz says more)")
             raise Unavailable(
-                "models are still being restored from snapshots; retry shortly"
+                f"models are still being restored from snapshots{why}; retry shortly"
             ) from None
 
     async def get(self, name: str) -> ModelEntry:
@@ -298,7 +300,11 @@ class ModelRegistry:
         """Check ``name`` and the room for a model of ``config``, ``build`` it, store its
         first snapshot and start serving it; ``invalid`` prefixes the 422 of a refused one."""
         async with self._names_lock:
-            if name in self._models or name in self._failed:
+            if name in self._failed:
+                raise ModelExists(
+                    f"model {name!r} is stored but could not be restored "
+                    f"({self._failed[name]}); DELETE /v1/models/{name} removes it")
+            if name in self._models:
                 raise ModelExists(f"model {name!r} already exists")
             try:
                 # Sized before it is built: an oversized config must never be allocated.

@@ -259,9 +259,16 @@ async def test_an_unreadable_snapshot_is_a_degraded_readiness_until_deleted(
         assert broken.status_code == 404
         assert "could not be restored" in broken.json()["detail"]
         assert "DELETE /v1/models/broken" in broken.json()["detail"]
-        # Its name stays taken until the operator deletes the bad snapshot.
+        # Its name stays taken until the operator deletes the bad snapshot, and a create or an
+        # import of it says so.
         r = await client.post("/v1/models", json={"name": "broken", "config": {"num_features": 2}})
         assert r.status_code == 409
+        assert r.json()["detail"].startswith("model 'broken' is stored but could not be restored")
+        assert r.json()["detail"].endswith("DELETE /v1/models/broken removes it")
+        blob = await client.get("/v1/models/good/export")
+        r = await client.post("/v1/models/broken/import", content=blob.content,
+                              headers={"content-type": "application/octet-stream"})
+        assert r.status_code == 409 and "could not be restored" in r.json()["detail"]
         assert (await client.delete("/v1/models/broken")).status_code == 204
         assert (await client.get("/readyz")).json() == {"status": "ready", "problems": []}
         assert "gln_models_unrestored 0.0" in (await client.get("/metrics")).text
@@ -295,12 +302,19 @@ async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", snapshot_dir=str(tmp_path))
+    settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", snapshot_dir=str(tmp_path),
+                        restore_wait_s=0.1)
     async with serve(create_app(settings), wait_restored=False) as client:
         assert (await client.get("/healthz")).status_code == 200
         r = await client.get("/readyz")
         assert r.status_code == 503
         assert "snapshot store is unreachable" in r.json()["detail"]
+        # The API says why it waits, too.
+        r = await client.get("/v1/models")
+        assert r.status_code == 503
+        assert r.json()["detail"] == (
+            "models are still being restored from snapshots (the snapshot store is "
+            "unreachable; retrying: GET /readyz says more); retry shortly")
 
 
 async def test_store_failure_after_start(
