@@ -171,6 +171,11 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(False, description="Log every request (metrics already count them).")
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_in_any_case(cls, level: object) -> object:
+        return level.lower() if isinstance(level, str) else level
+
     @field_validator("redis_url")
     @classmethod
     def _sentinel_url_is_whole(cls, url: str | None) -> str | None:

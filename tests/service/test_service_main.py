@@ -285,3 +285,14 @@ def test_a_device_the_machine_lacks_stops_the_server_at_start_up(monkeypatch, ca
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gln-service: GLN_DEVICE=cuda: device='cuda' needs CuPy and a CUDA GPU")
+
+
+def test_a_log_level_is_taken_in_any_case():
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    assert [Settings(log_level=level).log_level for level in ("INFO", "Debug", "warning")] == [
+        "info", "debug", "warning"]
+    with pytest.raises(ValidationError, match="'critical', 'error', 'warning', 'info' or"):
+        Settings(log_level="loud")
