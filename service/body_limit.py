@@ -125,7 +125,7 @@ class BodyLimitMiddleware:
         # authorised for) keeps the small limit, else it could make the server buffer a GiB.
         method, path = scope["method"], scope["path"]
         if method == "POST" and is_model_action(path, "import"):
-            return self.import_max_bytes, "GLN_MAX_MODEL_BYTES"
+            return self.import_max_bytes, "an import: GLN_MAX_MODEL_BYTES plus room for its header"
         if method in _BODILESS_METHODS:
             return 0, f"{method} takes no body"
         if method == "POST" and is_model_action(path, "snapshot"):

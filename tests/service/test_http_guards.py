@@ -200,7 +200,8 @@ async def test_an_import_may_exceed_the_body_limit_up_to_the_model_limit(
         r = await client.post("/v1/models/other/import", content=padded, headers=OCTETS)
         assert r.status_code == 413
         assert r.json()["detail"] == (
-            f"request body larger than {tiny.import_max_bytes} bytes (GLN_MAX_MODEL_BYTES)"
+            f"request body larger than {tiny.import_max_bytes} bytes (an import: "
+            "GLN_MAX_MODEL_BYTES plus room for its header)"
         )
         assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["m"]
         # Only a POST is an import: other methods on its path keep GLN_MAX_BODY_BYTES, or
