@@ -224,6 +224,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         """Raise WalDurabilityError unless the server can give ``durability`` and ``replicas``;
         else no-op (with ``waitaof``, a warning where each WAITAOF waits long)."""
         if self.durability == "everysec" and not self.replicas:
+            self._warn_if_aof_is_off()
             self._checked = True
             return
         problems = []
@@ -250,6 +251,15 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         if self.durability == "waitaof":
             self._warn_if_waitaof_is_slow()
         self._checked = True
+
+    def _warn_if_aof_is_off(self) -> None:
+        """Say so where Redis keeps no AOF (its default): the log then survives the service,
+        but not Redis itself, which loses everything since its last RDB save."""
+        if not int(self._client.info("persistence").get("aof_enabled", 0)):
+            log.warning(
+                "Redis has no append-only file ('appendonly no'): the log survives this "
+                "service's crash, but if Redis itself stops, every learn since its last RDB "
+                "save is lost. Set 'appendonly yes' (docs/durability.md).")
 
     def _replicas_acknowledging_a_write(self) -> int:
         """How many replicas acknowledge a write (of a short-lived probe key) in time."""

@@ -709,6 +709,23 @@ def test_redis_waitaof_refused_with_a_clear_error(redis_url: str, redis_key_pref
         wal.check_durability()
 
 
+@pytest.mark.parametrize("appendonly", [False, True])
+def test_the_default_durability_warns_where_redis_keeps_no_aof(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, appendonly: bool
+) -> None:
+    """Redis' own default is no AOF: the log then survives the service but not Redis, which
+    the start-up check says (and starts all the same, as asked)."""
+    try:
+        server = RedisProcess(tmp_path, appendonly=appendonly)
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server, caplog.at_level(logging.WARNING, logger="service.wal.redis_log"):
+        wal = RedisWriteAheadLog(server.url)
+        wal.check_durability()
+        wal.close()
+    assert ("'appendonly no'" in caplog.text) is not appendonly
+
+
 def test_redis_always_refused_without_aof(redis_url: str, redis_key_prefix: str) -> None:
     if _server_facts(redis_url)[1]:
         pytest.skip("this Redis has AOF on")
