@@ -121,7 +121,8 @@ class WriteAheadLog(Protocol):
 
         ``idempotency_keys`` has one item per request of the chunk (None where a request has
         no key). A key already remembered keeps its original entry id; callers check
-        :meth:`seen_keys` first so that a retried request is not logged (or learned) again.
+        :meth:`logged_requests` first so that a retried request is not logged (or learned)
+        again.
         ``request_rows`` (optional, one count per request, summing to n) records how the
         chunk splits into requests, so that a replay can give each request its own answer.
         ``request_digests`` (optional, one per request, like the keys) is remembered with
