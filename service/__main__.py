@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from gln.backend import resolve_device
 from service.app import create_app, refuse_unavailable_durability
 from service.dir_lock import DirectoryInUseError, lock_data_directories
+from service.listen import bind_listeners
 from service.request_id import RequestIdLogFilter
 from service.settings import Settings, unknown_variables
 from service.wal import WalDurabilityError
@@ -62,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"gln-service: GLN_DEVICE={settings.device}: {exc}", file=sys.stderr)
         return 2
+    try:  # before the start-up restores anything: a taken port is one line, at once
+        listeners = bind_listeners(settings.host, settings.port)
+    except OSError as exc:
+        print(f"gln-service: cannot listen on {settings.host}:{settings.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 3
     log = logging.getLogger("service")
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     # re-raise a no-op, so a graceful stop exits with our status instead of "killed by 15".
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_stop)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -97,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
         server_header=False,
     )
+    server = uvicorn.Server(config)
+    server.run(sockets=listeners)
+    if not server.started:  # its start-up failed, and said why in the log
+        return 3
     return 0 if app.state.shutdown_clean is not False else 1
 
 

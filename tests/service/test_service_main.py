@@ -296,3 +296,22 @@ def test_a_log_level_is_taken_in_any_case():
         "info", "debug", "warning"]
     with pytest.raises(ValidationError, match="'critical', 'error', 'warning', 'info' or"):
         Settings(log_level="loud")
+
+
+def test_a_taken_port_stops_the_server_at_once(monkeypatch, capsys, tmp_path):
+    """The address is bound before the start-up restores anything: a second server on a port
+    in use exits 3 in one line, without restoring the stored models first."""
+    import socket
+
+    from service.__main__ import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("GLN_PORT", str(port))
+        monkeypatch.setenv("GLN_SNAPSHOT_DIR", str(tmp_path / "snapshots"))
+        assert main([]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"gln-service: cannot listen on 127.0.0.1:{port}: ")
+    assert "in use" in err and "Traceback" not in err
