@@ -169,7 +169,7 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
         index = int(np.argmin(valid))
         raise ValueError(
             f"labels must be class indices in [0, {num_classes}); "
-            f"label {index} is {labels[index].item()!r}"
+            f"labels[{index}] is {labels[index].item()!r}"
         )
     return as_float.astype(np.int64)
 
@@ -180,7 +180,7 @@ def _class_index(label: Any, num_classes: int, index: int) -> int:
     integral = isinstance(label, int) or (isinstance(label, float) and label.is_integer())
     if isinstance(label, bool) or not integral or not 0 <= label < num_classes:
         raise ValueError(
-            f"labels must be class indices in [0, {num_classes}); label {index} is "
+            f"labels must be class indices in [0, {num_classes}); labels[{index}] is "
             f"{_shown(label)}"
         )
     return int(label)

@@ -177,14 +177,14 @@ BAD_FEATURES = [
     ([[0.0] * 6, [0.0] * 6, [0.0] * 7], [0, 1, 2], "row 2 has 7"),  # ragged
 ]
 BAD_LABELS = [
-    (np.zeros((2, 6)), [0, 3], r"\[0, 3\)"),
+    (np.zeros((2, 6)), [0, 3], r"^labels must be class indices in \[0, 3\); labels\[1\] is 3$"),
     (np.zeros((2, 6)), [0, -1], r"\[0, 3\)"),
-    (np.zeros((2, 6)), [0, 1.5], r"\[0, 3\)"),
+    (np.zeros((2, 6)), [0, 1.5], r"\[0, 3\); labels\[1\] is 1.5$"),
     (np.zeros((2, 6)), [0], "one label per row"),
     # Beyond int64 (a JSON client may send them): named like any other label.
-    (np.zeros((2, 6)), [0, 10**20], r"label 1 is 100000000000000000000$"),
-    (np.zeros((2, 6)), [10**400, 0], "label 0 is an integer of 401 digits"),
-    (np.zeros((2, 6)), [0, None], "label 1 is None"),
+    (np.zeros((2, 6)), [0, 10**20], r"labels\[1\] is 100000000000000000000$"),
+    (np.zeros((2, 6)), [10**400, 0], r"labels\[0\] is an integer of 401 digits"),
+    (np.zeros((2, 6)), [0, None], r"labels\[1\] is None"),
     (np.zeros((2, 6)), None, "learn needs labels"),  # None is no labels: learn must refuse it
 ]
 
@@ -356,7 +356,7 @@ def test_the_size_estimate_refuses_what_the_constructor_refuses(overrides):
 
 
 def test_a_bad_label_is_shown_as_the_client_wrote_it():
-    with pytest.raises(ValueError, match=r"label 1 is 7$"):
+    with pytest.raises(ValueError, match=r"labels\[1\] is 7$"):
         small_model().learn(np.zeros((2, 6)), np.array([0, 7]))
 
 

@@ -110,7 +110,7 @@ async def test_every_label_is_checked_and_named_by_its_place_in_the_request(
     for labels, index in (([9, y[0]], 0), ([y[0], 9], 1)):
         r = await client.post("/v1/models/m/labels", json={"ids": ["zz", "a"], "labels": labels})
         assert r.status_code == 422
-        assert f"label {index} is 9" in r.json()["detail"]
+        assert f"labels[{index}] is 9" in r.json()["detail"]
     assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
     r = await client.post("/v1/models/m/labels", json={"ids": ["zz", "a"], "labels": [0, y[0]]})
     assert r.json()["learned"] == 1
