@@ -37,6 +37,7 @@ from service.schemas import (
     Readiness,
     SnapshotOut,
     Status,
+    readable_errors,
 )
 from service.wal import check_idempotency_key
 
@@ -99,7 +100,8 @@ def _json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
-    """The request's JSON body validated as ``model``; 422 (RequestValidationError) if not.
+    """The request's JSON body validated as ``model``; 422 (RequestValidationError) if not,
+    its errors as :func:`~service.schemas.readable_errors` words them.
 
     NaN and Infinity tokens parse as floats on purpose: the model check rejects them with a
     clear message, rather than a generic JSON error.
@@ -111,7 +113,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
             return await asyncio.to_thread(model.model_validate_json, raw)
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+        raise RequestValidationError(readable_errors(exc.errors(include_url=False))) from None
 
 
 JSON, OCTETS = "application/json", "application/octet-stream"

@@ -4,10 +4,17 @@ Shapes only: whether a row has the model's width, whether values are finite and 
 class indices depends on the model, so ``GLN.check_input`` decides that (in the registry).
 Floats accept NaN and infinity here on purpose, so such a request reaches that check and gets
 its clear 422 message instead of a generic parse error.
+
+What a client reads when a body does not have its shape is decided here too: the model name
+says what a name may be (its validator), and :func:`readable_errors` rewrites the data bodies'
+errors (ids, a single row sent without its outer brackets). That runs only once
+validation has failed, so a valid request pays nothing for it.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,7 +24,11 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
 )
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 # Not starting with '.': '.' and '..' mean something else in URLs and directories, and a
 # server's own files in a data directory (its lock, temporary files) start with one.
@@ -28,9 +39,30 @@ Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
 
 
 NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -, not starting with '.'"
+# What NAME_PATTERN and ID_PATTERN allow, in words, for the error that names a value outside.
+NAME_RULE = ("a model name is 1 to 64 ASCII letters, digits, '_', '-' or '.', not starting "
+             "with '.'")
+ID_RULE = "an id is 1 to 200 visible ASCII characters without spaces"
+SINGLE_ROW = "a list of rows, got a list of numbers (wrap a single row as [[x1, x2, ...]])"
+SHOWN_CHARS = 40  # of a client's string quoted in an error
+
+
+def _named_model(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+    """``handler(value)`` (the name's pattern), its error saying what a name may be.
+
+    A Python call per name is fine here: names are validated on create and import only.
+    """
+    try:
+        return str(handler(value))
+    except ValidationError:
+        raise PydanticCustomError(
+            "model_name", "{rule}, got {got}", {"rule": NAME_RULE, "got": _shown(value)}
+        ) from None
+
+
 # The name of a new model (create's body, import's path). Existing names are looked up by
 # service.storage.is_model_name, which still serves a model named before the leading '.' rule.
-ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN), WrapValidator(_named_model)]
 
 
 class _Body(BaseModel):
@@ -190,3 +222,59 @@ class Readiness(BaseModel):
 
     status: Literal["ready", "degraded"]
     problems: list[str] = Field(default_factory=list)
+
+
+# -- errors a client reads -------------------------------------------------------------------------
+def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
+    """A request body's validation errors (``include_input=True``) as a client should read them.
+
+    Places are written as in Python (``ids[0]``, ``features[3][1]``); an id that is not one
+    says what one is and shows the value, as does a row that is not a list; a single row sent
+    as ``features`` (``[0.1, ...]`` for ``[[0.1, ...]]``) is one error, not one per number.
+    The inputs are not kept: the handler never echoes a body whole.
+    """
+    single_row = any(error["loc"][:2] == ("features", 0) and _is_bare_number(error)
+                     for error in errors)
+    readable: dict[str, dict[str, Any]] = {}  # by place: a single row's numbers become one
+    for error in errors:
+        loc, msg = error["loc"], error["msg"]
+        field = loc[0] if loc else None
+        if single_row and field == "features" and _is_bare_number(error):
+            loc, msg = ("features",), SINGLE_ROW
+        elif field == "features" and len(loc) == 2 and error["type"] == "list_type":
+            msg = f"a row is a list of numbers, got {_shown(error.get('input'))}"
+        elif field == "ids" and len(loc) > 1:
+            msg = f"{ID_RULE}, got {_shown(error.get('input'))}"
+        where = _where(loc)
+        readable.setdefault(where, {"loc": (where,) if where else (), "msg": msg,
+                                    "type": error["type"]})
+    return list(readable.values())
+
+
+def _is_bare_number(error: ErrorDetails) -> bool:
+    """Whether ``error`` is a number standing where a row should be (``features[i]``)."""
+    value = error.get("input")
+    return (len(error["loc"]) == 2 and error["type"] == "list_type"
+            and isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """An error's place as Python writes it: ``labels[0]``, ``config.seed``."""
+    parts = [f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc]
+    return "".join(parts).removeprefix(".")
+
+
+def _shown(value: Any) -> str:
+    """A client's value as a short piece of an error: strings cut, containers by their kind
+    (either may be megabytes), the rest as JSON writes it."""
+    if isinstance(value, str):
+        if len(value) > SHOWN_CHARS:
+            return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
+        return repr(value)
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "a very large integer"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "a list" if isinstance(value, list) else "an object"
