@@ -7,8 +7,9 @@ its clear 422 message instead of a generic parse error.
 
 What a client reads when a body does not have its shape is decided here too: the model name
 says what a name may be (its validator), and :func:`readable_errors` rewrites the data bodies'
-errors (ids, a single row sent without its outer brackets). That runs only once
-validation has failed, so a valid request pays nothing for it.
+errors (ids, labels, a single row sent without its outer brackets). That runs only once
+validation has failed, so a valid request pays nothing for it. Labels sent as whole floats
+(1.0) are taken as class indices.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -26,6 +28,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -43,6 +46,7 @@ NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -, not starting with '.
 NAME_RULE = ("a model name is 1 to 64 ASCII letters, digits, '_', '-' or '.', not starting "
              "with '.'")
 ID_RULE = "an id is 1 to 200 visible ASCII characters without spaces"
+LABEL_RULE = "a label is a class index (an integer)"
 SINGLE_ROW = "a list of rows, got a list of numbers (wrap a single row as [[x1, x2, ...]])"
 SHOWN_CHARS = 40  # of a client's string quoted in an error
 
@@ -63,6 +67,23 @@ def _named_model(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
 # The name of a new model (create's body, import's path). Existing names are looked up by
 # service.storage.is_model_name, which still serves a model named before the leading '.' rule.
 ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN), WrapValidator(_named_model)]
+
+
+def _integral(label: float) -> int:
+    """A label sent as a float (NumPy and pandas users send 1.0) as the int it stands for;
+    past 2^53 a float is no longer exact, and no class index is that large."""
+    if not (label.is_integer() and abs(label) < 2**53):
+        raise ValueError(f"{LABEL_RULE}, got {label!r}")
+    return int(label)
+
+
+# An int, or a float with nothing after the point (as JSON Schema's "integer" allows). Ints
+# take the first branch: the float branch's Python call is paid only by labels sent as floats.
+Label = Annotated[
+    StrictInt | Annotated[StrictFloat, AfterValidator(_integral)],
+    Field(union_mode="left_to_right"),
+    WithJsonSchema({"type": "integer"}),
+]
 
 
 class _Body(BaseModel):
@@ -109,8 +130,9 @@ class LabelsRequest(_Body):
 
     ids: list[RowId] = Field(min_length=1, examples=[["txn-1"]],
                              description="Ids given to predict, each at most once.")
-    labels: list[StrictInt] = Field(min_length=1, examples=[[0]],
-                                    description="Class index for each id, in [0, num_classes).")
+    labels: list[Label] = Field(min_length=1, examples=[[0]],
+                                description="Class index for each id, in [0, num_classes) "
+                                "(a whole float such as 1.0 counts as 1).")
 
 
 class LabelResult(BaseModel):
@@ -131,8 +153,9 @@ class LabelsResponse(BaseModel):
 class LearnRequest(FeaturesRequest):
     """Labelled rows to learn, in order."""
 
-    labels: list[StrictInt] = Field(min_length=1, examples=[[1]],
-                              description="Class index of each row, in [0, num_classes).")
+    labels: list[Label] = Field(min_length=1, examples=[[1]],
+                                description="Class index of each row, in [0, num_classes) "
+                                "(a whole float such as 1.0 counts as 1).")
 
 
 class PredictResponse(BaseModel):
@@ -228,14 +251,15 @@ class Readiness(BaseModel):
 def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
     """A request body's validation errors (``include_input=True``) as a client should read them.
 
-    Places are written as in Python (``ids[0]``, ``features[3][1]``); an id that is not one
-    says what one is and shows the value, as does a row that is not a list; a single row sent
-    as ``features`` (``[0.1, ...]`` for ``[[0.1, ...]]``) is one error, not one per number.
-    The inputs are not kept: the handler never echoes a body whole.
+    Places are written as in Python (``ids[0]``, ``features[3][1]``); an id or a label that
+    is not one says what one is and shows the value, as does a row that is not a list; a
+    label's union branches are one error; a single row sent as ``features`` (``[0.1, ...]``
+    for ``[[0.1, ...]]``) is one error, not one per number. The inputs are not kept: the
+    handler never echoes a body whole.
     """
     single_row = any(error["loc"][:2] == ("features", 0) and _is_bare_number(error)
                      for error in errors)
-    readable: dict[str, dict[str, Any]] = {}  # by place: a single row's numbers become one
+    readable: dict[str, dict[str, Any]] = {}  # by place: a label's branches become one
     for error in errors:
         loc, msg = error["loc"], error["msg"]
         field = loc[0] if loc else None
@@ -243,8 +267,9 @@ def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
             loc, msg = ("features",), SINGLE_ROW
         elif field == "features" and len(loc) == 2 and error["type"] == "list_type":
             msg = f"a row is a list of numbers, got {_shown(error.get('input'))}"
-        elif field == "ids" and len(loc) > 1:
-            msg = f"{ID_RULE}, got {_shown(error.get('input'))}"
+        elif field in ("ids", "labels") and len(loc) > 1 and isinstance(loc[1], int):
+            rule = ID_RULE if field == "ids" else LABEL_RULE
+            loc, msg = loc[:2], f"{rule}, got {_shown(error.get('input'))}"
         where = _where(loc)
         readable.setdefault(where, {"loc": (where,) if where else (), "msg": msg,
                                     "type": error["type"]})

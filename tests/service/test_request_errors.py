@@ -11,6 +11,7 @@ JSON = {"content-type": "application/json"}
 ID_RULE = "an id is 1 to 200 visible ASCII characters without spaces"
 NAME_RULE = ("a model name is 1 to 64 ASCII letters, digits, '_', '-' or '.', not starting "
              "with '.'")
+LABEL_RULE = "a label is a class index (an integer)"
 SINGLE_ROW = ("features: a list of rows, got a list of numbers (wrap a single row as "
               "[[x1, x2, ...]])")
 
@@ -72,6 +73,15 @@ async def test_a_single_row_without_its_outer_brackets_is_one_clause(
     assert await _nothing_learned(client)
 
 
+async def test_a_single_row_clause_keeps_the_body_s_other_mistakes(
+    client: httpx.AsyncClient, create_model
+):
+    await create_model(client)
+    r = await client.post("/v1/models/m/learn", json={"features": [1, 2.5, 3], "labels": ["0"]})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == f"{SINGLE_ROW}; labels[0]: {LABEL_RULE}, got '0'"
+
+
 @pytest.mark.parametrize("bad, shown", [(5, "5"), ("row", "'row'"), ({"a": 1}, "an object")])
 async def test_a_row_that_is_not_a_list_is_named_by_its_place(
     client: httpx.AsyncClient, create_model, make_data, bad, shown: str
@@ -81,3 +91,64 @@ async def test_a_row_that_is_not_a_list_is_named_by_its_place(
     r = await client.post("/v1/models/m/predict", json={"features": [X[0], bad]})
     assert r.status_code == 422, r.text
     assert r.json()["detail"] == f"features[1]: a row is a list of numbers, got {shown}"
+
+
+# -- labels ---------------------------------------------------------------------------------------
+async def test_labels_sent_as_whole_floats_are_learned_as_class_indices(
+    client: httpx.AsyncClient, create_model, make_data
+):
+    """NumPy and pandas clients send labels as 1.0: learned as 1, the same answer as ints."""
+    await create_model(client, "ints")
+    await create_model(client, "floats")
+    X, y = make_data(20)
+    as_ints = await client.post("/v1/models/ints/learn", json={"features": X, "labels": y})
+    as_floats = await client.post("/v1/models/floats/learn",
+                                  json={"features": X, "labels": [float(label) for label in y]})
+    assert as_floats.status_code == 200, as_floats.text
+    assert as_floats.json()["probabilities"] == as_ints.json()["probabilities"]
+    assert as_floats.json()["log_loss"] == as_ints.json()["log_loss"]
+
+
+async def test_delayed_labels_sent_as_whole_floats_are_learned(
+    client: httpx.AsyncClient, create_model, make_data
+):
+    await create_model(client)
+    X, y = make_data(2)
+    await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+    r = await client.post("/v1/models/m/labels",
+                          json={"ids": ["a", "b"], "labels": [float(label) for label in y]})
+    assert r.status_code == 200, r.text
+    assert r.json()["learned"] == 2
+
+
+@pytest.mark.parametrize("token, shown", [
+    ("1.5", "1.5"), ('"1"', "'1'"), ("true", "true"), ("null", "null"), ("[1]", "a list"),
+    ("NaN", "nan"), ("1e300", "1e+300"),
+])
+@pytest.mark.parametrize("route", ["learn", "labels"])
+async def test_a_label_that_is_not_an_integer_is_one_clause_showing_it(
+    client: httpx.AsyncClient, create_model, route: str, token: str, shown: str
+):
+    await create_model(client)
+    rows = '"features": [[0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]'
+    if route == "labels":
+        rows = '"ids": ["a", "b"]'
+    body = f'{{{rows}, "labels": [0, {token}]}}'
+    r = await client.post(f"/v1/models/m/{route}", content=body.encode(), headers=JSON)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == f"labels[1]: {LABEL_RULE}, got {shown}"
+    assert await _nothing_learned(client)
+
+
+@pytest.mark.parametrize("label", [3, 3.0, -1])
+async def test_a_label_out_of_range_is_named_by_its_place_not_read_as_a_class(
+    client: httpx.AsyncClient, create_model, make_data, label
+):
+    await create_model(client)
+    X, _ = make_data(2)
+    r = await client.post("/v1/models/m/learn", json={"features": X, "labels": [0, label]})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == (
+        f"labels must be class indices in [0, 3); labels[1] is {int(label)}"
+    )
+    assert await _nothing_learned(client)
