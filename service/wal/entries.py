@@ -32,11 +32,13 @@ _DIGEST_RE = re.compile(r"[0-9a-f]{1,128}")
 
 
 def check_idempotency_key(key: object) -> str:
-    """``key`` if it is a valid idempotency key: 1-200 visible ASCII characters; else ValueError."""
+    """``key`` if it is a valid idempotency key: 1-200 visible ASCII characters; else ValueError
+    saying what one is, and showing (the start of) what came."""
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-        raise ValueError(
-            f"idempotency key must be 1-200 visible ASCII characters, got {key!r}"
-        )
+        shown = repr(key) if not isinstance(key, str) or len(key) <= 40 else (
+            f"{key[:40]!r}... ({len(key)} characters)")
+        raise ValueError("an idempotency key is 1 to 200 visible ASCII "
+                         f"characters without spaces, got {shown}")
     return key
 
 
