@@ -372,10 +372,9 @@ class GLN:
         """Validate a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
 
         Raises ``ValueError`` naming the problem for a wrong shape, a non-finite value (NaN,
-        inf, or a magnitude beyond float32), a value outside [0, 1] with
-        ``input_scaling="unit"``, or a label that is not a class index.
+        inf, or a magnitude beyond float32), or a label that is not a class index.
         """
-        X32 = checks.checked_features(X, self.num_features, self.input_scaling == "unit")
+        X32 = checks.checked_features(X, self.num_features)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])
@@ -558,11 +557,10 @@ class GLN:
 
         The rows of a float32 or float64 batch are rounded to float32 as they are staged (the
         rounding ``check_input`` makes) and checked by the device: a value that is not finite,
-        or beyond float32's range, is not finite there (nor in [0, 1], which ``"unit"`` asks).
-        Two passes of the host over the rows cost about as much as the device's work on them.
-        Those of other batches are checked by the host, chunk by chunk. Prediction changes
-        nothing, so a bad value found late loses nothing: the error is the whole batch's host
-        check's, naming its first bad value."""
+        or beyond float32's range, is not finite there. Two passes of the host over the rows
+        cost about as much as the device's work on them. Those of other batches are checked by
+        the host, chunk by chunk. Prediction changes nothing, so a bad value found late loses
+        nothing: the error is the whole batch's host check's, naming its first bad value."""
         xp = self._xp
         staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
         outputs, finite = [], []
@@ -578,14 +576,13 @@ class GLN:
                         self.check_input(X)
                         raise
                 packed, rows32 = self._sent(rows, None, uploads)
-                if not checked_here:  # in [0, 1] is finite too (NaN compares False)
-                    finite.append(((rows32 >= 0) & (rows32 <= 1)).all()
-                                  if self.input_scaling == "unit" else xp.isfinite(rows32).all())
+                if not checked_here:
+                    finite.append(xp.isfinite(rows32).all())
                 outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
                 if uploads is not None:
                     uploads.consumed()
             if finite and not bool(xp.stack(finite).all()):
-                self.check_input(X)  # raises, naming the first value out of its domain
+                self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
 
     def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
