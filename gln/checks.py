@@ -109,9 +109,10 @@ def image_shape(shape: Any, num_features: int) -> tuple[int, int] | None:
 
 
 # ------------------------------------------------------------------ input batches
-def checked_features(X: Any, num_features: int) -> np.ndarray:
+def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> np.ndarray:
     """Features as C-contiguous float32 (n, num_features), or ``ValueError`` naming the first
-    bad value: a wrong shape, a ragged row, NaN, inf or a magnitude beyond float32.
+    bad value: a wrong shape, a ragged row, NaN, inf or a magnitude beyond float32, or, with
+    ``unit_interval``, a value outside [0, 1].
 
     Valid batches cost two reductions (min and max propagate NaN and show inf or a value
     beyond float32), not a mask per check: a 4,096-row batch is checked in a fraction of
@@ -140,6 +141,11 @@ def checked_features(X: Any, num_features: int) -> np.ndarray:
         low, high = float(values.min()), float(values.max())
         if not (-FLOAT32_MAX <= low and high <= FLOAT32_MAX):  # False for NaN too
             _raise_first_bad_feature(values.astype(np.float64))
+        if unit_interval and not (0.0 <= low and high <= 1.0):
+            row, col = np.argwhere((values < 0) | (values > 1))[0]
+            raise ValueError(
+                f"input_scaling='unit' takes features in [0, 1]: row {row}, column {col} is "
+                f"{values[row, col]} (scale them to [0, 1], or use input_scaling='standardize')")
     return np.ascontiguousarray(values, dtype=np.float32)
 
 

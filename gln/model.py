@@ -368,13 +368,19 @@ class GLN:
         return int(sum(a.nbytes for a in arrays)) + copies
 
     # ------------------------------------------------------------------ input checks
-    def check_input(self, X: Any, y: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+    def check_input(
+        self, X: Any, y: Any = None, *, strict: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Validate a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
 
         Raises ``ValueError`` naming the problem for a wrong shape, a non-finite value (NaN,
-        inf, or a magnitude beyond float32), or a label that is not a class index.
+        inf, or a magnitude beyond float32), or a label that is not a class index; with
+        ``strict``, also for a value outside [0, 1] when ``input_scaling="unit"`` (learning
+        clips those to [eps, 1 - eps]: a pixel sent as 0-255 would count as 1). The service
+        checks its clients' rows strictly.
         """
-        X32 = checks.checked_features(X, self.num_features)
+        unit = strict and self.input_scaling == "unit"
+        X32 = checks.checked_features(X, self.num_features, unit)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])

@@ -478,10 +478,13 @@ class ModelRegistry:
                 f"labels: {len(labels)} labels for {len(features)} feature rows; "
                 "give one label per row"
             )
+        # Strict: a unit model's clients are told of a value outside [0, 1], which learning
+        # would clip (rows logged or waiting from before are learned as they are).
+        check = functools.partial(entry.model.check_input, features, labels, strict=True)
         try:
             if len(features) * len(features[0]) > _INLINE_CHECK_VALUES:
-                return await asyncio.to_thread(entry.model.check_input, features, labels)
-            return entry.model.check_input(features, labels)
+                return await asyncio.to_thread(check)
+            return check()
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
 

@@ -206,6 +206,22 @@ def test_bad_input_raises_value_error_and_changes_nothing(X, y, message, bad_fea
             model.predict_proba(X)
 
 
+def test_a_strict_check_refuses_what_unit_scaling_would_clip():
+    """``input_scaling="unit"`` clips inputs to [eps, 1 - eps]; ``check_input(strict=True)``
+    (the service's check of its clients' rows) names a value outside [0, 1] instead, and
+    says nothing of one for a standardising model. 0 and 1 themselves are in."""
+    unit = small_model(input_scaling="unit")
+    rows = np.full((3, 6), 0.5)
+    rows[0, :2] = [0.0, 1.0]
+    unit.check_input(rows, strict=True)
+    rows[1, 2] = 255.0
+    with pytest.raises(ValueError, match=r"^input_scaling='unit' takes features in \[0, 1\]: "
+                                         r"row 1, column 2 is 255.0 \(scale them"):
+        unit.check_input(rows, strict=True)
+    unit.check_input(rows)  # not strict: learning would clip it
+    small_model().check_input(rows, strict=True)
+
+
 @pytest.mark.parametrize("bad_rate", [math.nan, -0.1, 0.0, math.inf])
 def test_a_callable_rate_that_is_no_rate_is_refused_before_anything_is_learned(bad_rate):
     """A user's schedule is checked for the whole call first: a bad rate late in a long

@@ -689,3 +689,37 @@ async def test_learning_acknowledged_on_a_log_behind_the_snapshot_survives_a_cra
     for X, y in batches:
         reference.learn(np.array(X), np.array(y))
     assert restored_bytes == reference.to_bytes()
+
+
+async def test_a_unit_model_refuses_new_rows_outside_0_1_but_replays_logged_ones(
+    settings: Settings, serve, create_model
+):
+    """Its clients' rows outside [0, 1] (which learning would clip) are refused with a 422,
+    on learn, predict and explain alike; rows the log already holds (accepted by an earlier
+    version, which clipped them) replay as they are after a crash, not fail the restore."""
+    config = {"num_features": 3, "num_classes": 2, "layer_sizes": [8, 1],
+              "input_scaling": "unit", "seed": 1}
+    logged = np.array([[0.2, 255.0, 0.5], [0.9, 0.1, -3.0]], np.float32)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", config)
+        refused = [await client.post(f"/v1/models/m/{verb}", json=body) for verb, body in [
+            ("learn", {"features": logged.tolist(), "labels": [0, 1]}),
+            ("predict", {"features": logged.tolist()}),
+            ("explain", {"features": logged.tolist()})]]
+        entry = await app.state.registry.get("m")
+        entry.wal.append("m", logged, np.array([0, 1]))  # as an earlier version logged them
+        skip_shutdown_snapshots(app)
+    restarted = create_app(settings)
+    async with serve(restarted) as client:
+        examples_seen = (await client.get("/v1/models/m")).json()["examples_seen"]
+        restored_bytes = await model_bytes(restarted, "m")
+
+    assert [r.status_code for r in refused] == [422, 422, 422]
+    assert all(r.json()["detail"] == "input_scaling='unit' takes features in [0, 1]: row 0, "
+               "column 1 is 255.0 (scale them to [0, 1], or use input_scaling='standardize')"
+               for r in refused)
+    assert examples_seen == 2
+    reference = GLN(**config)
+    reference.learn(logged, np.array([0, 1]))
+    assert restored_bytes == reference.to_bytes()
