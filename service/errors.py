@@ -6,6 +6,8 @@ The registry and the model workers raise these; ``service.error_handlers`` maps 
 
 from __future__ import annotations
 
+import asyncio
+
 
 class RegistryError(Exception):
     """An error with an HTTP status; ``str(error)`` is the client-facing message."""
@@ -74,3 +76,8 @@ class LimitExceeded(RegistryError):
     """Creating the model would pass GLN_MAX_MODELS or GLN_MAX_TOTAL_MODEL_BYTES."""
 
     status_code = 409
+
+
+class RequestWithdrawn(asyncio.CancelledError):
+    """A request taken back from its model's queue, not carried out, because a shutdown
+    stopped waiting for it (``service.shutdown_answer`` says so to its client)."""

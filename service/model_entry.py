@@ -41,7 +41,13 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from gln import GLN, SnapshotBuffer
-from service.errors import IdempotencyKeyReused, ModelNotFound, RegistryError, Unavailable
+from service.errors import (
+    IdempotencyKeyReused,
+    ModelNotFound,
+    RegistryError,
+    RequestWithdrawn,
+    Unavailable,
+)
 from service.learn_answers import AnswerCache, LearnResult, scored_rows
 from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
@@ -229,7 +235,10 @@ class ModelEntry:
         self._closing = True
         self._wake.set()
         if self._worker is not None:
-            await self._worker
+            # Shielded: a cancelled caller (a DELETE a shutdown stopped waiting for) must not
+            # cancel the worker halfway through a batch, whose requests would then go
+            # unanswered although carried out.
+            await asyncio.shield(self._worker)
             self._worker = None
 
     @property
@@ -318,7 +327,7 @@ class ModelEntry:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             if self._withdraw(job):
-                raise
+                raise RequestWithdrawn() from None
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()

@@ -3,8 +3,10 @@
 After a SIGTERM, uvicorn waits ``GLN_SHUTDOWN_TIMEOUT_S`` for open requests, then cancels
 their handlers and would answer each with a plain-text 500. A request still queued then is
 withdrawn from its model's queue, not carried out (``ModelEntry``; one being carried out is
-waited for and answered as usual): :class:`ShutdownAnswerMiddleware` says so, in the service's
-error shape, as a 503 that invites the retry.
+waited for and answered as usual), and :class:`ShutdownAnswerMiddleware` says so, in the
+service's error shape, as a 503 that invites the retry. Of any other request cancelled before
+its answer (one still being read, or a create or delete under way) nothing is known for sure,
+and its 503 says that.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import contextlib
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.asgi_replies import send_json
+from service.errors import RequestWithdrawn
 
-DETAIL = (
-    "the server is shutting down and stopped waiting for this request (GLN_SHUTDOWN_TIMEOUT_S); "
-    "it was not carried out: retry it"
+_STOPPED = ("the server is shutting down and stopped waiting for this request "
+            "(GLN_SHUTDOWN_TIMEOUT_S)")
+WITHDRAWN = f"{_STOPPED}; it was not carried out: retry it"
+UNKNOWN = (
+    f"{_STOPPED}; whether it was carried out is not known: retry a learn with the same "
+    "Idempotency-Key, and look up a model before creating or deleting it again"
 )
 
 
@@ -34,8 +40,9 @@ class ShutdownAnswerMiddleware:
         # request. An answer that started refuses a second start, and is left as it is.
         try:
             await self.app(scope, receive, send)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             if scope["type"] == "http":
+                detail = WITHDRAWN if isinstance(cancelled, RequestWithdrawn) else UNKNOWN
                 with contextlib.suppress(Exception):
-                    await send_json(send, 503, DETAIL, [(b"connection", b"close")])
+                    await send_json(send, 503, detail, [(b"connection", b"close")])
             raise

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
+from service.shutdown_answer import UNKNOWN, WITHDRAWN
 from service.store import open_store
 
 CLIENTS = 8
@@ -217,6 +218,59 @@ async def test_a_request_a_shutdown_stops_waiting_for_is_withdrawn_and_answered_
         info = (await client.get("/v1/models/m")).json()
         scrape = (await client.get("/metrics")).text
     assert sent[0]["status"] == 503
-    assert json.loads(sent[1]["body"])["detail"].startswith("the server is shutting down")
+    assert json.loads(sent[1]["body"])["detail"] == WITHDRAWN
     assert info["examples_seen"] == 3 and info["pending_examples"] == 0
     assert 'route="/v1/models/{name}/learn",status="503"' in scrape
+
+
+async def test_a_delete_a_shutdown_stops_waiting_for_lets_the_batch_under_way_finish(
+    app, serve, create_model, make_data
+):
+    """Cancelling a DELETE's handler must not cancel the model's worker halfway through the
+    batch it waits for: that batch's requests are answered (they were carried out), and the
+    DELETE's client is told its outcome is unknown."""
+    import json
+    import threading
+
+    async with serve(app) as client:
+        await create_model(client)
+        entry = await app.state.registry.get("m")
+        gate = threading.Event()
+        learn = entry.model.learn
+
+        def held(X, y):
+            gate.wait(10)
+            return learn(X, y)
+
+        entry.model.learn = held
+        X, y = make_data(3)
+        first = asyncio.create_task(client.post("/v1/models/m/learn", json={
+            "features": X, "labels": y}))
+        for _ in range(100):  # until the worker holds it
+            await asyncio.sleep(0.01)
+            if not entry._queue and entry.pending_examples == 3:
+                break
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "DELETE", "scheme": "http", "path": "/v1/models/m",
+            "raw_path": b"/v1/models/m", "query_string": b"", "root_path": "",
+            "client": ("127.0.0.1", 1), "server": ("localhost", 80),
+            "headers": [(b"host", b"localhost")],
+        }
+        delete = asyncio.create_task(app(scope, receive, send))
+        await asyncio.sleep(0.1)  # the delete waits for the worker's batch
+        delete.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await delete
+        gate.set()
+        answer = await asyncio.wait_for(first, 10)
+    assert answer.status_code == 200 and answer.json()["examples"] == 3
+    assert sent[0]["status"] == 503 and json.loads(sent[1]["body"])["detail"] == UNKNOWN
