@@ -182,9 +182,12 @@ class ModelEntry:
         self.wal = wal
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
         self._log_in_doubt = False
-        # Why the log's latest answer fell short of the configured durability (its
-        # WalDurabilityError's words), or None: learning is refused while it does (/readyz).
-        self.durability_shortfall: str | None = None
+        # Why the log's latest answer to this model fell short of the configured durability
+        # (its WalDurabilityError's words) and when (monotonic), or None; and when the log
+        # last confirmed an entry of this model. /readyz reports a shortfall until the log
+        # confirms an entry of any model after it: durability is the log's, not the model's.
+        self.durability_shortfall: tuple[str, float] | None = None
+        self.log_confirmed_at = 0.0
         # Where the log ended when this writer last appended to it or read it (ANY_END: not
         # known yet); each append must follow it, or the log lost entries (a failover).
         self._log_end: str | None = ANY_END
@@ -662,11 +665,12 @@ class ModelEntry:
         self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
         self._log_end = entry_id
         self.durability_shortfall = None
+        self.log_confirmed_at = time.monotonic()
         return entry_id
 
     def _note_shortfall(self, exc: Exception) -> None:
         if isinstance(exc, WalDurabilityError):
-            self.durability_shortfall = str(exc)
+            self.durability_shortfall = (str(exc), time.monotonic())
 
     def _log_unavailable(self, exc: Exception) -> Unavailable:
         """The 503 for a log that could not be read before anything was learned (the cause
@@ -718,6 +722,7 @@ class ModelEntry:
         self._log_end = self.wal.last_id(self.name)
         self._log_in_doubt = False
         self.durability_shortfall = None
+        self.log_confirmed_at = time.monotonic()
         return count
 
     def _rebuild(self) -> int:

@@ -187,10 +187,15 @@ class ModelRegistry:
         if not await self.store_reachable():
             problems.append("snapshot store or write-ahead log unreachable: learn requests and "
                             "snapshots fail until it answers")
-        # The log fell short of the configured durability at its latest answer to a model:
-        # that model's learn requests are refused until it gives it.
-        shortfalls = {entry.durability_shortfall for entry in self._models.values()}
-        problems += [f"learn requests are refused: {why}" for why in sorted(shortfalls - {None})]
+        # The log fell short of the configured durability at its latest answer to a model,
+        # and has confirmed no entry of any model since: learn requests are refused.
+        entries = list(self._models.values())
+        confirmed = max((entry.log_confirmed_at for entry in entries), default=0.0)
+        problems += [
+            f"learn requests of {entry.name!r} are refused: {entry.durability_shortfall[0]}"
+            for entry in sorted(entries, key=lambda entry: entry.name)
+            if entry.durability_shortfall is not None and entry.durability_shortfall[1] > confirmed
+        ]
         return problems
 
     async def store_reachable(self) -> bool:

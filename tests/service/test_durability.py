@@ -524,7 +524,7 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
     assert statuses == [200, 200, 503, 503, 200]
     assert "reached 0 of the 1 replica" in refused.json()["detail"]
     assert short["status"] == "degraded"
-    assert [p for p in short["problems"] if p.startswith("learn requests are refused: ")
+    assert [p for p in short["problems"] if p.startswith("learn requests of 'm' are refused: ")
             and "reached 0 of the 1 replica" in p] != []
     assert recovered == {"status": "ready", "problems": []}
     assert restored == 16
@@ -723,3 +723,26 @@ async def test_a_unit_model_refuses_new_rows_outside_0_1_but_replays_logged_ones
     reference = GLN(**config)
     reference.learn(logged, np.array([0, 1]))
     assert restored_bytes == reference.to_bytes()
+
+
+async def test_a_durability_shortfall_is_reported_until_the_log_confirms_any_models_entry(
+    settings: Settings, serve, small_config, create_model, make_data
+):
+    """Durability is the log's: once it confirms an entry of another model, the shortfall met
+    by a model that has not learned since is no longer reported (staged on the file log)."""
+    import time
+
+    app = create_app(settings)
+    async with serve(app) as client:
+        for name in ("a", "b"):
+            await create_model(client, name, small_config)
+        entry = await app.state.registry.get("a")
+        entry.durability_shortfall = ("the replica did not answer", time.monotonic())
+        short = (await client.get("/readyz")).json()
+        X, y = make_data(2)
+        r = await client.post("/v1/models/b/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200
+        recovered = (await client.get("/readyz")).json()
+    assert short == {"status": "degraded", "problems": [
+        "learn requests of 'a' are refused: the replica did not answer"]}
+    assert recovered == {"status": "ready", "problems": []}
