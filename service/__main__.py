@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except WalDurabilityError as exc:
         print(f"gln-service: {exc}", file=sys.stderr)
         return 3
+    app.state.durability_checked = True
     _raise_open_files_limit()
     _tune_gc()
     # uvicorn handles SIGTERM/SIGINT while serving (graceful shutdown), then restores the

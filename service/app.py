@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = None
     app.state.shutdown_clean = None
     app.state.directory_locks = None  # held by the host, if it locked them before serving
+    app.state.durability_checked = False  # True if the host checked it just before serving
     app.include_router(router)
     add_error_handlers(app)
     # The last added is the outermost: metrics see every answer, including the guards' 401
@@ -132,7 +133,7 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="gln-worker")
     store = open_store(settings.redis_url, settings.snapshot_dir,
                        key_prefix=settings.redis_key_prefix)
-    wal = await asyncio.to_thread(_open_log, settings)
+    wal = await asyncio.to_thread(_open_log, settings, not app.state.durability_checked)
     # Without a log, the one it would be is still opened: deleting a model deletes its log
     # there too, so that turning the log back on cannot replay a deleted model's entries.
     ignored_log = None if settings.wal_enabled else await asyncio.to_thread(_log_of, settings)
@@ -168,8 +169,9 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         await asyncio.to_thread(executor.shutdown, wait=True)
 
 
-def _open_log(settings: Settings) -> WriteAheadLog | None:
-    """The write-ahead log the settings ask for (None when disabled), checked.
+def _open_log(settings: Settings, check: bool = True) -> WriteAheadLog | None:
+    """The write-ahead log the settings ask for (None when disabled), checked unless its
+    host has just done so (``check``; the check's warnings are then said once).
 
     A server that cannot give the configured durability refuses to start
     (WalDurabilityError); one that cannot be reached yet is checked at the first append.
@@ -177,6 +179,8 @@ def _open_log(settings: Settings) -> WriteAheadLog | None:
     if not settings.wal_enabled:
         return None
     wal = _log_of(settings)
+    if not check:
+        return wal
     try:
         wal.check_durability()
     except WalDurabilityError:

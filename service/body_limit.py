@@ -125,6 +125,8 @@ class BodyLimitMiddleware:
         # authorised for) keeps the small limit, else it could make the server buffer a GiB.
         method, path = scope["method"], scope["path"]
         if method == "POST" and is_model_action(path, "import"):
+            if self.import_max_bytes == self.max_bytes:  # the body limit is the larger
+                return self.max_bytes, "GLN_MAX_BODY_BYTES"
             return self.import_max_bytes, "an import: GLN_MAX_MODEL_BYTES plus room for its header"
         if method in _BODILESS_METHODS:
             return 0, f"{method} takes no body"
