@@ -10,6 +10,8 @@ a state in the middle of a chunk.
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 
 import httpx
 import numpy as np
@@ -160,51 +162,61 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
             assert info["examples_seen"] == 3 and info["pending_examples"] == 0
 
 
+async def _a_learn_held_by_the_worker(app, client, body: bytes):
+    """Start learning ``body`` on model "m" and return (its task, the gate that releases it)
+    once the worker holds it; a raw ASGI call (its task, its sent messages) follows."""
+    entry = await app.state.registry.get("m")
+    gate = threading.Event()
+    learn = entry.model.learn
+
+    def held(X, y):
+        gate.wait(10)
+        return learn(X, y)
+
+    entry.model.learn = held
+    first = asyncio.create_task(client.post("/v1/models/m/learn", content=body, headers={
+        "content-type": "application/json"}))
+    for _ in range(100):  # until the worker holds it
+        await asyncio.sleep(0.01)
+        if not entry._queue and entry.pending_examples > 0:
+            break
+    return first, gate
+
+
+def _raw_call(app, method: str, path: str, body: bytes = b""):
+    """``app`` called as uvicorn calls it, in a task (which a test may cancel, as a shutdown
+    does): the task and the list its answer's messages go to."""
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("localhost", 80),
+        "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+    }
+    return asyncio.create_task(app(scope, receive, send)), sent
+
+
 async def test_a_request_a_shutdown_stops_waiting_for_is_withdrawn_and_answered_503(
     app, serve, create_model, make_data
 ):
     """uvicorn cancels the handlers still open when GLN_SHUTDOWN_TIMEOUT_S has passed: a
     request still queued is withdrawn (not learned by the shutdown's drain) and answered with
     a JSON 503 that says so, not uvicorn's plain-text 500; the one being learned completes."""
-    import json
-    import threading
-
+    X, y = make_data(3)
+    body = json.dumps({"features": X, "labels": y}).encode()
     async with serve(app) as client:
         await create_model(client)
         entry = await app.state.registry.get("m")
-        gate = threading.Event()
-        learn = entry.model.learn
-
-        def held(X, y):
-            gate.wait(10)
-            return learn(X, y)
-
-        entry.model.learn = held
-        X, y = make_data(3)
-        body = json.dumps({"features": X, "labels": y}).encode()
-        first = asyncio.create_task(client.post("/v1/models/m/learn", content=body, headers={
-            "content-type": "application/json"}))
-        for _ in range(100):  # until the worker holds it
-            await asyncio.sleep(0.01)
-            if not entry._queue and entry.pending_examples == 3:
-                break
-        sent = []
-
-        async def send(message):
-            sent.append(message)
-
-        async def receive():
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/v1/models/m/learn", "raw_path": b"/v1/models/m/learn",
-            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
-            "server": ("localhost", 80), "headers": [
-                (b"host", b"localhost"), (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode())],
-        }
-        second = asyncio.create_task(app(scope, receive, send))
+        first, gate = await _a_learn_held_by_the_worker(app, client, body)
+        second, sent = _raw_call(app, "POST", "/v1/models/m/learn", body)
         for _ in range(100):  # until it is queued behind the held one
             await asyncio.sleep(0.01)
             if entry.pending_examples == 6:
@@ -229,43 +241,12 @@ async def test_a_delete_a_shutdown_stops_waiting_for_lets_the_batch_under_way_fi
     """Cancelling a DELETE's handler must not cancel the model's worker halfway through the
     batch it waits for: that batch's requests are answered (they were carried out), and the
     DELETE's client is told its outcome is unknown."""
-    import json
-    import threading
-
+    X, y = make_data(3)
     async with serve(app) as client:
         await create_model(client)
-        entry = await app.state.registry.get("m")
-        gate = threading.Event()
-        learn = entry.model.learn
-
-        def held(X, y):
-            gate.wait(10)
-            return learn(X, y)
-
-        entry.model.learn = held
-        X, y = make_data(3)
-        first = asyncio.create_task(client.post("/v1/models/m/learn", json={
-            "features": X, "labels": y}))
-        for _ in range(100):  # until the worker holds it
-            await asyncio.sleep(0.01)
-            if not entry._queue and entry.pending_examples == 3:
-                break
-        sent = []
-
-        async def send(message):
-            sent.append(message)
-
-        async def receive():
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-            "method": "DELETE", "scheme": "http", "path": "/v1/models/m",
-            "raw_path": b"/v1/models/m", "query_string": b"", "root_path": "",
-            "client": ("127.0.0.1", 1), "server": ("localhost", 80),
-            "headers": [(b"host", b"localhost")],
-        }
-        delete = asyncio.create_task(app(scope, receive, send))
+        first, gate = await _a_learn_held_by_the_worker(
+            app, client, json.dumps({"features": X, "labels": y}).encode())
+        delete, sent = _raw_call(app, "DELETE", "/v1/models/m")
         await asyncio.sleep(0.1)  # the delete waits for the worker's batch
         delete.cancel()
         with pytest.raises(asyncio.CancelledError):
