@@ -106,6 +106,28 @@ class SnapshotInfo:
     sha256: str
     metadata: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def from_head(cls, head: Mapping[str, Any], where: str) -> SnapshotInfo:
+        """The info a store's head holds (its fields as text or as JSON values);
+        SnapshotCorruptError naming ``where`` if they are missing or unreadable."""
+        try:
+            return cls(
+                version=int(head["version"]),
+                created_at=float(head["created_at"]),
+                nbytes=int(head["nbytes"]),
+                sha256=str(head["sha256"]),
+                metadata=_parse_metadata(head.get("metadata")),
+            )
+        except SnapshotCorruptError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotCorruptError(f"{where} is unreadable: {dict(head)!r}") from exc
+
+    def head_fields(self) -> dict[str, Any]:
+        """The fields a store's head keeps of this info (``from_head`` reads them back)."""
+        return {"version": self.version, "nbytes": self.nbytes, "sha256": self.sha256,
+                "created_at": self.created_at, "metadata": self.metadata}
+
 
 @runtime_checkable
 class SnapshotStore(Protocol):
@@ -342,14 +364,11 @@ class RedisSnapshotStore(RedisClient):
     def _switch_head(self, name: str, info: SnapshotInfo, nchunks: int) -> bool:
         """Point the head at ``info`` atomically unless it already holds a newer version."""
         head_key = self._model_key(name, "head")
-        mapping = {
-            "version": str(info.version),
-            "nchunks": str(nchunks),
-            "nbytes": str(info.nbytes),
-            "sha256": info.sha256,
-            "created_at": repr(info.created_at),
-            "metadata": json.dumps(info.metadata, sort_keys=True),
-        }
+        # A hash holds text: numbers as their repr, the metadata as JSON.
+        mapping = {key: value if isinstance(value, str) else repr(value)
+                   for key, value in info.head_fields().items() if key != "metadata"}
+        mapping["metadata"] = json.dumps(info.metadata, sort_keys=True)
+        mapping["nchunks"] = str(nchunks)
 
         def switch(pipe: redis.client.Pipeline) -> bool:
             current = pipe.hget(head_key, "version")
@@ -379,21 +398,13 @@ class RedisSnapshotStore(RedisClient):
 
     def _parse_head(self, name: str, head: dict[bytes, bytes]) -> tuple[SnapshotInfo, int]:
         """Turn the raw head hash into a SnapshotInfo and the chunk count."""
+        where = f"head of {name!r}"
         try:
             fields = {k.decode(): v.decode() for k, v in head.items()}
-            info = SnapshotInfo(
-                version=int(fields["version"]),
-                created_at=float(fields["created_at"]),
-                nbytes=int(fields["nbytes"]),
-                sha256=fields["sha256"],
-                metadata=_parse_metadata(fields.get("metadata")),
-            )
             nchunks = int(fields["nchunks"])
         except (KeyError, ValueError) as exc:
-            if isinstance(exc, SnapshotCorruptError):
-                raise
-            raise SnapshotCorruptError(f"head of {name!r} is unreadable: {head!r}") from exc
-        return info, nchunks
+            raise SnapshotCorruptError(f"{where} is unreadable: {head!r}") from exc
+        return SnapshotInfo.from_head(fields, where), nchunks
 
     def _read_chunks(self, name: str, info: SnapshotInfo, nchunks: int) -> bytes:
         """GET the chunks in pipelines, join them, check length and SHA-256."""
@@ -521,16 +532,7 @@ class DirectorySnapshotStore(ClosingMixin):
                 metadata=meta,
             )
             _write_atomically(model_dir / f"v{version}.snap", view)
-            head_json = json.dumps(
-                {
-                    "version": info.version,
-                    "nbytes": info.nbytes,
-                    "sha256": info.sha256,
-                    "created_at": info.created_at,
-                    "metadata": info.metadata,
-                },
-                sort_keys=True,
-            )
+            head_json = json.dumps(info.head_fields(), sort_keys=True)
             _write_atomically(model_dir / "HEAD", head_json.encode())
             for entry in model_dir.iterdir():
                 match = self._VERSION_RE.fullmatch(entry.name)
@@ -547,18 +549,7 @@ class DirectorySnapshotStore(ClosingMixin):
             head = self._read_head(model_dir)
             if head is None:
                 return None
-            try:
-                info = SnapshotInfo(
-                    version=int(head["version"]),
-                    created_at=float(head["created_at"]),
-                    nbytes=int(head["nbytes"]),
-                    sha256=str(head["sha256"]),
-                    metadata=_parse_metadata(head.get("metadata")),
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                if isinstance(exc, SnapshotCorruptError):
-                    raise
-                raise SnapshotCorruptError(f"{model_dir / 'HEAD'} is unreadable: {head!r}") from exc
+            info = SnapshotInfo.from_head(head, str(model_dir / "HEAD"))
             try:
                 blob = (model_dir / f"v{info.version}.snap").read_bytes()
                 _verify(name, info, blob)

@@ -9,6 +9,7 @@ complete and checksum-valid, and nothing is left behind.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -206,6 +207,20 @@ def test_tampered_bytes_are_detected(store: SnapshotStore, backend: Backend) -> 
     with pytest.raises(SnapshotCorruptError, match="sha256"):
         store.load("m")
     assert issubclass(SnapshotCorruptError, ValueError)
+
+
+def test_a_head_missing_a_field_is_corruption(store: SnapshotStore, backend: Backend) -> None:
+    """Both stores read their head through one parser: a field gone is named corruption."""
+    store.save("m", b"payload", {"k": "v"})
+    if isinstance(backend, RedisBackend):
+        backend.client.hdel(f"{backend.prefix}:model:m:head", "sha256")
+    else:
+        head_file = backend.root / "m" / "HEAD"
+        head = json.loads(head_file.read_text())
+        del head["sha256"]
+        head_file.write_text(json.dumps(head))
+    with pytest.raises(SnapshotCorruptError, match="is unreadable"):
+        store.load("m")
 
 
 def test_blob_spanning_many_chunks(backend: Backend) -> None:
