@@ -12,12 +12,14 @@ and its 503 says that.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.asgi_replies import send_json
 from service.errors import RequestWithdrawn
+
+log = logging.getLogger(__name__)
 
 _STOPPED = ("the server is shutting down and stopped waiting for this request "
             "(GLN_SHUTDOWN_TIMEOUT_S)")
@@ -29,8 +31,10 @@ UNKNOWN = (
 
 
 class ShutdownAnswerMiddleware:
-    """A JSON 503 for a request cancelled before its answer started (then the cancellation
-    goes on); nothing for one cancelled mid-answer, whose client sees the connection close."""
+    """A JSON 503 for a request cancelled before its answer started, which then ends as
+    answered (with a line in the log, not the traceback uvicorn writes for each cancelled
+    request: a shutdown may cancel many); nothing for one cancelled mid-answer, whose
+    client sees the connection close."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -41,8 +45,17 @@ class ShutdownAnswerMiddleware:
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError as cancelled:
-            if scope["type"] == "http":
-                detail = WITHDRAWN if isinstance(cancelled, RequestWithdrawn) else UNKNOWN
-                with contextlib.suppress(Exception):
-                    await send_json(send, 503, detail, [(b"connection", b"close")])
-            raise
+            if scope["type"] != "http":
+                raise
+            withdrawn = isinstance(cancelled, RequestWithdrawn)
+            try:
+                await send_json(send, 503, WITHDRAWN if withdrawn else UNKNOWN,
+                                [(b"connection", b"close")])
+            except Exception:
+                raise cancelled from None  # its answer had started: uvicorn closes it
+            log.warning("%s %s answered 503: the shutdown stopped waiting for it (%s)",
+                        scope["method"], scope["path"],
+                        "withdrawn" if withdrawn else "outcome unknown")
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()

@@ -223,8 +223,7 @@ async def test_a_request_a_shutdown_stops_waiting_for_is_withdrawn_and_answered_
                 break
         assert entry.pending_examples == 6
         second.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await second
+        await second  # answered: it ends as a request does, not as a cancelled task
         gate.set()
         assert (await first).status_code == 200
         info = (await client.get("/v1/models/m")).json()
@@ -249,8 +248,7 @@ async def test_a_delete_a_shutdown_stops_waiting_for_lets_the_batch_under_way_fi
         delete, sent = _raw_call(app, "DELETE", "/v1/models/m")
         await asyncio.sleep(0.1)  # the delete waits for the worker's batch
         delete.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await delete
+        await delete
         gate.set()
         answer = await asyncio.wait_for(first, 10)
     assert answer.status_code == 200 and answer.json()["examples"] == 3
