@@ -25,7 +25,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from gln.backend import resolve_device
-from service.app import create_app, refuse_unavailable_durability
+from service.app import create_app, open_log
 from service.dir_lock import DirectoryInUseError, lock_data_directories
 from service.listen import bind_listeners
 from service.request_id import RequestIdLogFilter
@@ -84,11 +84,10 @@ def main(argv: list[str] | None = None) -> int:
               f"GLN_WAL_DIR): {exc.strerror}", file=sys.stderr)
         return 2
     try:  # likewise: a log that cannot give the durability asked for is one line, not a traceback
-        refuse_unavailable_durability(settings)
+        app.state.opened_log = open_log(settings)
     except WalDurabilityError as exc:
         print(f"gln-service: {exc}", file=sys.stderr)
         return 3
-    app.state.durability_checked = True
     _raise_open_files_limit()
     _tune_gc()
     # uvicorn handles SIGTERM/SIGINT while serving (graceful shutdown), then restores the

@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = None
     app.state.shutdown_clean = None
     app.state.directory_locks = None  # held by the host, if it locked them before serving
-    app.state.durability_checked = False  # True if the host checked it just before serving
+    app.state.opened_log = None  # the log its host opened and checked, if it did (open_log)
     app.include_router(router)
     add_error_handlers(app)
     # The last added is the outermost: metrics see every answer, including the guards' 401
@@ -133,7 +133,9 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="gln-worker")
     store = open_store(settings.redis_url, settings.snapshot_dir,
                        key_prefix=settings.redis_key_prefix)
-    wal = await asyncio.to_thread(_open_log, settings, not app.state.durability_checked)
+    wal = app.state.opened_log
+    if wal is None:
+        wal = await asyncio.to_thread(open_log, settings)
     # Without a log, the one it would be is still opened: deleting a model deletes its log
     # there too, so that turning the log back on cannot replay a deleted model's entries.
     ignored_log = None if settings.wal_enabled else await asyncio.to_thread(_log_of, settings)
@@ -169,18 +171,17 @@ async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
         await asyncio.to_thread(executor.shutdown, wait=True)
 
 
-def _open_log(settings: Settings, check: bool = True) -> WriteAheadLog | None:
-    """The write-ahead log the settings ask for (None when disabled), checked unless its
-    host has just done so (``check``; the check's warnings are then said once).
+def open_log(settings: Settings) -> WriteAheadLog | None:
+    """The write-ahead log the settings ask for (None when disabled), checked.
 
     A server that cannot give the configured durability refuses to start
     (WalDurabilityError); one that cannot be reached yet is checked at the first append.
+    ``gln-service`` opens it before it serves, so that a refusal is one line, and hands it to
+    the app (``app.state.opened_log``), which opens its own only for hosts that do not.
     """
     if not settings.wal_enabled:
         return None
     wal = _log_of(settings)
-    if not check:
-        return wal
     try:
         wal.check_durability()
     except WalDurabilityError:
@@ -189,15 +190,6 @@ def _open_log(settings: Settings, check: bool = True) -> WriteAheadLog | None:
     except Exception as exc:  # unreachable: the first append checks again
         log.warning("could not check the log's durability at start-up: %s", exc)
     return wal
-
-
-def refuse_unavailable_durability(settings: Settings) -> None:
-    """Raise ``WalDurabilityError`` now if the configured log cannot give the durability asked
-    for, so that ``gln-service`` refuses it in one line before it serves (the app's start-up
-    checks again, for hosts that run the app themselves)."""
-    wal = _open_log(settings)
-    if wal is not None:
-        wal.close()
 
 
 def _log_of(settings: Settings) -> WriteAheadLog:

@@ -555,14 +555,14 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
             assert r.status_code == 200, r.text
         skip_shutdown_snapshots(app)  # the restart replays all three entries from the log
 
-    open_log = service.app._open_log
+    open_log = service.app.open_log
 
     def open_log_then_pause_the_replica(settings: Settings, *args):
         wal = open_log(settings, *args)  # its start-up check passes: the replica answers
         replica.pause()
         return wal
 
-    monkeypatch.setattr(service.app, "_open_log", open_log_then_pause_the_replica)
+    monkeypatch.setattr(service.app, "open_log", open_log_then_pause_the_replica)
     restarted = create_app(settings)
     try:
         async with serve(restarted, wait_restored=False) as client:
