@@ -165,6 +165,12 @@ class ModelRegistry:
         """Stored models that could not be restored, with the reason."""
         return dict(self._failed)
 
+    def _snapshot_failed(self, what: str, name: str, exc: Exception) -> Unavailable:
+        """Count a snapshot that could not be stored (gln_snapshot_failures_total), then log
+        it and make its 503 as for any store failure."""
+        self.metrics.snapshot_failures.inc()
+        return _store_failed(what, name, exc)
+
     async def readiness_problems(self) -> list[str]:
         """What this process cannot do now, for ``/readyz`` (none: ready); Unavailable while
         the stored models are being restored."""
@@ -177,13 +183,12 @@ class ModelRegistry:
         if self._failed:
             if self.settings.api_token is not None and self.settings.token_for_reads:
                 # An open probe; why a model failed (its store's words) is for token holders.
-                failed = ", ".join(sorted(self._failed))
-                problems.append(f"could not restore stored model(s) ({failed}); GET "
-                                "/v1/models/<name> says why; fix or DELETE them")
+                listed, hint = ", ".join(sorted(self._failed)), "GET /v1/models/<name> says why; "
             else:
-                failed = "; ".join(f"{n}: {why}" for n, why in sorted(self._failed.items()))
-                problems.append(f"could not restore stored model(s) ({failed}); fix or DELETE "
-                                "them")
+                listed = "; ".join(f"{n}: {why}" for n, why in sorted(self._failed.items()))
+                hint = ""
+            problems.append(f"could not restore stored model(s) ({listed}); {hint}fix or "
+                            "DELETE them")
         if not await self.store_reachable():
             problems.append("snapshot store or write-ahead log unreachable: learn requests and "
                             "snapshots fail until it answers")
@@ -332,8 +337,7 @@ class ModelRegistry:
                         await self._run(opened.delete, name)
                 await entry.save_snapshot(self.store, force=True)
             except Exception as exc:
-                self.metrics.snapshot_failures.inc()
-                raise _store_failed("first snapshot of %r failed", name, exc) from exc
+                raise self._snapshot_failed("first snapshot of %r failed", name, exc) from exc
             self._add(entry)
             return entry
 
@@ -633,8 +637,7 @@ class ModelRegistry:
         except ModelNotFound:
             raise
         except Exception as exc:
-            self.metrics.snapshot_failures.inc()
-            raise _store_failed("snapshot of %r failed", name, exc) from exc
+            raise self._snapshot_failed("snapshot of %r failed", name, exc) from exc
         assert info is not None
         return info
 
@@ -650,8 +653,7 @@ class ModelRegistry:
                 pass  # deleted meanwhile
             except Exception as exc:  # the store is down, typically: say so, once per model
                 ok = False
-                self.metrics.snapshot_failures.inc()
-                _store_failed("snapshot of %r failed", entry.name, exc)
+                self._snapshot_failed("snapshot of %r failed", entry.name, exc)
         return ok
 
     async def snapshot_periodically(self, interval_s: float) -> None:
