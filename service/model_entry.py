@@ -182,10 +182,10 @@ class ModelEntry:
         self.wal = wal
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
         self._log_in_doubt = False
-        # Why the log's latest answer to this model fell short of the configured durability
-        # (its WalDurabilityError's words) and when (monotonic), or None; and when the log
-        # last confirmed an entry of this model. /readyz reports a shortfall until the log
-        # confirms an entry of any model after it: durability is the log's, not the model's.
+        # Why the log last fell short of the configured durability for this model (its
+        # WalDurabilityError's words) and when (monotonic), or None; and when the log last
+        # confirmed an entry of this model. /readyz reports a shortfall until the log confirms
+        # an entry of any model after it (this one's included): durability is the log's.
         self.durability_shortfall: tuple[str, float] | None = None
         self.log_confirmed_at = 0.0
         # Where the log ended when this writer last appended to it or read it (ANY_END: not
@@ -664,7 +664,6 @@ class ModelEntry:
             ) from exc
         self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
         self._log_end = entry_id
-        self.durability_shortfall = None
         self.log_confirmed_at = time.monotonic()
         return entry_id
 
@@ -721,7 +720,6 @@ class ModelEntry:
             self.wal.continue_after(self.name, self.applied_id)
         self._log_end = self.wal.last_id(self.name)
         self._log_in_doubt = False
-        self.durability_shortfall = None
         self.log_confirmed_at = time.monotonic()
         return count
 
