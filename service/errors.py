@@ -2,11 +2,14 @@
 
 The registry and the model workers raise these; ``service.error_handlers`` maps every one to a
 ``{"detail": str(error)}`` body with its ``status_code``, so routes never translate exceptions.
+:func:`shown` is how any of the service's messages quotes a value a client sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 
 class RegistryError(Exception):
@@ -81,3 +84,22 @@ class LimitExceeded(RegistryError):
 class RequestWithdrawn(asyncio.CancelledError):
     """A request taken back from its model's queue, not carried out, because a shutdown
     stopped waiting for it (``service.shutdown_answer`` says so to its client)."""
+
+
+SHOWN_CHARS = 40  # of a client's string quoted in an error
+
+
+def shown(value: Any) -> str:
+    """A client's value as a short piece of an error: strings cut, containers by their kind
+    (either may be megabytes), the rest as JSON writes it."""
+    if isinstance(value, str):
+        if len(value) > SHOWN_CHARS:
+            return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
+        return repr(value)
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "a very large integer"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "a list" if isinstance(value, list) else "an object"

@@ -14,7 +14,6 @@ validation has failed, so a valid request pays nothing for it. Labels sent as wh
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -33,6 +32,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from service.errors import shown
+
 # Not starting with '.': '.' and '..' mean something else in URLs and directories, and a
 # server's own files in a data directory (its lock, temporary files) start with one.
 NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
@@ -48,7 +49,6 @@ NAME_RULE = ("a model name is 1 to 64 ASCII letters, digits, '_', '-' or '.', no
 ID_RULE = "an id is 1 to 200 visible ASCII characters without spaces"
 LABEL_RULE = "a label is a class index (an integer)"
 SINGLE_ROW = "a list of rows, got a list of numbers (wrap a single row as [[x1, x2, ...]])"
-SHOWN_CHARS = 40  # of a client's string quoted in an error
 
 
 def _named_model(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
@@ -60,7 +60,7 @@ def _named_model(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
         return str(handler(value))
     except ValidationError:
         raise PydanticCustomError(
-            "model_name", "{rule}, got {got}", {"rule": NAME_RULE, "got": _shown(value)}
+            "model_name", "{rule}, got {got}", {"rule": NAME_RULE, "got": shown(value)}
         ) from None
 
 
@@ -266,10 +266,10 @@ def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
         if single_row and field == "features" and _is_bare_number(error):
             loc, msg = ("features",), SINGLE_ROW
         elif field == "features" and len(loc) == 2 and error["type"] == "list_type":
-            msg = f"a row is a list of numbers, got {_shown(error.get('input'))}"
+            msg = f"a row is a list of numbers, got {shown(error.get('input'))}"
         elif field in ("ids", "labels") and len(loc) > 1 and isinstance(loc[1], int):
             rule = ID_RULE if field == "ids" else LABEL_RULE
-            loc, msg = loc[:2], f"{rule}, got {_shown(error.get('input'))}"
+            loc, msg = loc[:2], f"{rule}, got {shown(error.get('input'))}"
         where = _where(loc)
         readable.setdefault(where, {"loc": (where,) if where else (), "msg": msg,
                                     "type": error["type"]})
@@ -287,19 +287,3 @@ def _where(loc: tuple[int | str, ...]) -> str:
     """An error's place as Python writes it: ``labels[0]``, ``config.seed``."""
     parts = [f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc]
     return "".join(parts).removeprefix(".")
-
-
-def _shown(value: Any) -> str:
-    """A client's value as a short piece of an error: strings cut, containers by their kind
-    (either may be megabytes), the rest as JSON writes it."""
-    if isinstance(value, str):
-        if len(value) > SHOWN_CHARS:
-            return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
-        return repr(value)
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, int) and value.bit_length() > 64:
-        return "a very large integer"
-    if isinstance(value, int | float):
-        return repr(value)
-    return "a list" if isinstance(value, list) else "an object"

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from service.errors import shown
 from service.wal.interface import ANY_END, LogEntry, LoggedRequest, WalCorruptError
 
 FORMAT = 1
@@ -35,10 +36,8 @@ def check_idempotency_key(key: object) -> str:
     """``key`` if it is a valid idempotency key: 1-200 visible ASCII characters; else ValueError
     saying what one is, and showing (the start of) what came."""
     if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-        shown = repr(key) if not isinstance(key, str) or len(key) <= 40 else (
-            f"{key[:40]!r}... ({len(key)} characters)")
         raise ValueError("an idempotency key is 1 to 200 visible ASCII "
-                         f"characters without spaces, got {shown}")
+                         f"characters without spaces, got {shown(key)}")
     return key
 
 
