@@ -7,7 +7,13 @@ test_crash_recovery.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
 from fastapi import FastAPI
+
+from gln import GLN
 
 
 def skip_shutdown_snapshots(app: FastAPI) -> None:
@@ -21,3 +27,12 @@ async def model_bytes(app: FastAPI, name: str) -> bytes:
     entry = await app.state.registry.get(name)
     with entry.lock:
         return entry.model.to_bytes()
+
+
+def learned_bytes(config: Mapping[str, Any], batches: Iterable[tuple[Any, Any]]) -> bytes:
+    """The bytes of a new ``GLN(**config)`` after learning ``batches`` ((rows, labels) pairs)
+    in order: what a server's model must equal once it has learned the same."""
+    reference = GLN(**config)
+    for X, y in batches:
+        reference.learn(np.asarray(X, dtype=np.float32), np.asarray(y))
+    return reference.to_bytes()

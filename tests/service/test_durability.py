@@ -21,7 +21,7 @@ from service.settings import Settings
 from service.snapshot_blob import WAL_ID
 from service.store import open_store
 from service.wal import open_wal
-from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
+from tests.service.staged_crash import learned_bytes, model_bytes, skip_shutdown_snapshots
 
 
 def _store(settings: Settings):
@@ -272,10 +272,7 @@ async def test_an_entry_logged_behind_a_failed_append_is_applied_before_new_lear
         crashed = await model_bytes(app, "m")
     assert r.json()["sequence"] == 3
     assert retry.json()["duplicate"] is True and retry.json()["sequence"] == 0
-    reference = GLN(**small_config)
-    reference.learn(np.asarray(landed_X, np.float32), np.asarray(landed_y))
-    reference.learn(np.asarray(X, np.float32), np.asarray(y))
-    assert crashed == reference.to_bytes()
+    assert crashed == learned_bytes(small_config, [(landed_X, landed_y), (X, y)])
 
 
 async def test_delete_removes_the_log_and_a_new_model_of_the_name_starts_empty(
@@ -528,10 +525,7 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
             and "reached 0 of the 1 replica" in p] != []
     assert recovered == {"status": "ready", "problems": []}
     assert restored == 16
-    reference = GLN(**small_config)
-    for X, y in batches:
-        reference.learn(np.array(X), np.array(y))
-    assert restored_bytes == reference.to_bytes()
+    assert restored_bytes == learned_bytes(small_config, batches)
 
 
 async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
@@ -579,10 +573,7 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
     assert unready.status_code == 503, unready.text
     assert ready.status_code == 200, ready.text
     assert examples_seen == 12
-    reference = GLN(**small_config)
-    for X, y in batches:
-        reference.learn(np.array(X), np.array(y))
-    assert restored_bytes == reference.to_bytes()
+    assert restored_bytes == learned_bytes(small_config, batches)
 
 
 def _lose_log_tail(redis_url: str, prefix: str, name: str, lost: list[str], keys: list[str]):
@@ -642,12 +633,8 @@ async def test_a_model_ahead_of_its_log_is_rebuilt_and_a_lost_request_learned_on
         assert refused.status_code == 200
     assert after_rebuild == 6 + (3 if detected_by == "catch-up" else 0)
     assert retried.status_code == 200 and not retried.json().get("duplicate")
-    reference = GLN(**small_config)
     order = "abcd" if detected_by == "append" else "abdc"
-    for key in order:
-        X, y = batches[key]
-        reference.learn(np.asarray(X, dtype=np.float32), np.asarray(y))
-    assert rebuilt_bytes == reference.to_bytes()
+    assert rebuilt_bytes == learned_bytes(small_config, [batches[key] for key in order])
     assert "gln_wal_rebuilds_total 1.0" in metrics
 
 
@@ -685,10 +672,7 @@ async def test_learning_acknowledged_on_a_log_behind_the_snapshot_survives_a_cra
         restored_bytes = await model_bytes(restarted, "m")
 
     assert examples_seen == 10
-    reference = GLN(**small_config)
-    for X, y in batches:
-        reference.learn(np.array(X), np.array(y))
-    assert restored_bytes == reference.to_bytes()
+    assert restored_bytes == learned_bytes(small_config, batches)
 
 
 async def test_a_unit_model_refuses_new_rows_outside_0_1_but_replays_logged_ones(
@@ -720,9 +704,7 @@ async def test_a_unit_model_refuses_new_rows_outside_0_1_but_replays_logged_ones
                "column 1 is 255.0 (scale them to [0, 1], or use input_scaling='standardize')"
                for r in refused)
     assert examples_seen == 2
-    reference = GLN(**config)
-    reference.learn(logged, np.array([0, 1]))
-    assert restored_bytes == reference.to_bytes()
+    assert restored_bytes == learned_bytes(config, [(logged, [0, 1])])
 
 
 async def test_a_durability_shortfall_is_reported_until_the_log_confirms_any_models_entry(
