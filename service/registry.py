@@ -316,6 +316,11 @@ class ModelRegistry:
                     f"({self._failed[name]}); DELETE /v1/models/{name} removes it")
             if name in self._models:
                 raise ModelExists(f"model {name!r} already exists")
+            other = self._name_differing_only_in_case(name)
+            if other is not None:
+                raise ModelExists(
+                    f"model {other!r} exists, and names that differ only in case are refused "
+                    f"(on a case-insensitive file system they would share their files)")
             try:
                 # Sized before it is built: an oversized config must never be allocated.
                 needed = GLN.estimate_nbytes(config)
@@ -340,6 +345,18 @@ class ModelRegistry:
                 raise self._snapshot_failed("first snapshot of %r failed", name, exc) from exc
             self._add(entry)
             return entry
+
+    def _name_differing_only_in_case(self, name: str) -> str | None:
+        """The name of a model, served or not restored, that is ``name`` but for case.
+
+        The directory store and the file log keep a model in a directory of its name, and on
+        a case-insensitive file system (macOS', Windows' defaults) ``Fraud`` and ``fraud``
+        would be one directory: one model's snapshots and log would overwrite the other's.
+        The rule holds on every store, so that a name valid on one server is valid on all.
+        """
+        folded = name.casefold()
+        return next((other for other in (*self._models, *self._failed)
+                     if other.casefold() == folded), None)
 
     async def export(self, name: str) -> memoryview:
         """``GLN.to_bytes()`` of ``name``: every learn request answered before it, included."""

@@ -65,6 +65,29 @@ async def test_create_existing_name_is_409_and_keeps_the_first(
     assert (await client.get("/v1/models/a")).json()["examples_seen"] == 3
 
 
+async def test_a_name_differing_only_in_case_is_409_until_the_first_is_deleted(
+    client: httpx.AsyncClient, small_config, create_model, make_data
+):
+    # On a case-insensitive file system the two would share one snapshot directory and log.
+    await create_model(client, "fraud")
+    X, y = make_data(3)
+    await client.post("/v1/models/fraud/learn", json={"features": X, "labels": y})
+    blob = (await client.get("/v1/models/fraud/export")).content
+    for refused in (
+        client.post("/v1/models", json={"name": "Fraud", "config": small_config}),
+        client.post("/v1/models/FRAUD/import", content=blob,
+                    headers={"content-type": "application/octet-stream"}),
+    ):
+        r = await refused
+        assert r.status_code == 409, r.text
+        assert "'fraud' exists" in r.json()["detail"] and "case" in r.json()["detail"]
+    names = [m["name"] for m in (await client.get("/v1/models")).json()]
+    assert names == ["fraud"]
+    assert (await client.get("/v1/models/fraud")).json()["examples_seen"] == 3
+    assert (await client.delete("/v1/models/fraud")).status_code == 204
+    assert (await create_model(client, "Fraud"))["name"] == "Fraud"
+
+
 @pytest.mark.parametrize("name", ["", "a b", "x" * 65, "sl/ash", "ü", "a:b", "a\n", "..", ".",
                                   ".gln-service.lock", ".tmp-x"])  # the server's own files
 async def test_create_invalid_name_is_422(client: httpx.AsyncClient, name: str, small_config):
