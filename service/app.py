@@ -14,8 +14,9 @@ Lifespan:
   lets every model's queued learn requests finish, then snapshots every model that changed
   since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
 
-Pure-ASGI middlewares wrap the app, outermost first, each in a module of its own: the request's
-metrics (``service.request_metrics``), its id (``service.request_id``), the answer to a request
+Pure-ASGI middlewares wrap the app, outermost first, each in a module of its own: a trailing
+slash dropped from the path (``service.trailing_slash``), the request's metrics
+(``service.request_metrics``), its id (``service.request_id``), the answer to a request
 cancelled by a shutdown (``service.shutdown_answer``), the Host header
 (``service.host_check``), the bearer token (``service.auth``) and the body's size and pace
 (``service.body_limit``). Pure ASGI because they run on every request: a FastAPI dependency or
@@ -48,6 +49,7 @@ from service.routes import router
 from service.settings import Settings
 from service.shutdown_answer import ShutdownAnswerMiddleware
 from service.store import open_store
+from service.trailing_slash import TrailingSlashMiddleware
 from service.wal import WalDurabilityError, WriteAheadLog, open_wal
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         RequestMetricsMiddleware, metrics=app.state.metrics, routes=list(router.routes)
     )
+    # Outermost: every layer below, routing included, sees the path without its slash.
+    app.add_middleware(TrailingSlashMiddleware)
     app.openapi = functools.partial(_openapi_with_bearer, app)  # type: ignore[method-assign]
     return app
 

@@ -54,8 +54,9 @@ def _body(body: dict | bytes | None, headers: dict[str, str]) -> dict:
     ],
     ids=["none", "wrong", "longer", "empty", "basic-scheme", "no-scheme"],
 )
+@pytest.mark.parametrize("slash", ["", "/"], ids=["", "trailing-slash"])
 async def test_mutating_routes_need_the_token(
-    token_client: httpx.AsyncClient, headers, small_config, make_data
+    token_client: httpx.AsyncClient, headers, slash: str, small_config, make_data
 ):
     good = bearer(TOKEN)
     r = await token_client.post(
@@ -75,7 +76,7 @@ async def test_mutating_routes_need_the_token(
         ("DELETE", "/v1/models/m", None),
     ]
     for method, path, body in attempts:
-        r = await token_client.request(method, path, **_body(body, headers))
+        r = await token_client.request(method, path + slash, **_body(body, headers))
         assert r.status_code == 401, (method, path, r.text)
         assert r.headers["www-authenticate"] == "Bearer"
         assert "bearer token" in r.json()["detail"]
@@ -86,8 +87,9 @@ async def test_mutating_routes_need_the_token(
     ]
 
 
+@pytest.mark.parametrize("slash", ["", "/"], ids=["", "trailing-slash"])
 async def test_the_right_token_opens_every_route(
-    token_client: httpx.AsyncClient, small_config, make_data
+    token_client: httpx.AsyncClient, slash: str, small_config, make_data
 ):
     good = bearer(TOKEN)
     X, y = make_data(2)
@@ -103,7 +105,7 @@ async def test_the_right_token_opens_every_route(
         ("DELETE", "/v1/models/m", None, 204),
     ]
     for method, path, body, expected in calls:
-        r = await token_client.request(method, path, **_body(body, good))
+        r = await token_client.request(method, path + slash, **_body(body, good))
         assert r.status_code == expected, (method, path, r.text)
 
 
