@@ -67,8 +67,9 @@ class ServiceMetrics:
             ["route", "method", "status"], registry=r,
         )
         self.http_duration = Histogram(
-            "gln_http_request_duration_seconds", "Time to answer an HTTP request.",
-            ["route", "method"], buckets=LATENCY_BUCKETS, registry=r,
+            "gln_http_request_duration_seconds",
+            "Time to answer an HTTP request; status_class is its status' class (2xx, 4xx, ...).",
+            ["route", "method", "status_class"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.examples_learned = Counter(
             "gln_examples_learned", "Examples learned.", ["model"], registry=r,

@@ -17,7 +17,8 @@ HTTP_METHODS = frozenset(
 
 
 class RequestMetricsMiddleware:
-    """Counts and times every HTTP request by route template, method and status."""
+    """Counts every HTTP request by route template, method and status, and times it by route
+    template, method and status class."""
 
     def __init__(
         self, app: ASGIApp, metrics: ServiceMetrics, routes: Sequence[BaseRoute] = ()
@@ -27,7 +28,7 @@ class RequestMetricsMiddleware:
         self.routes = routes  # to name requests refused before routing (401, 413)
         # Label children, looked up once per (route, method[, status]) instead of per request.
         self._counters: dict[tuple[str, str, int], Any] = {}
-        self._histograms: dict[tuple[str, str], Any] = {}
+        self._histograms: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,10 +56,11 @@ class RequestMetricsMiddleware:
                 counter = self.metrics.http_requests.labels(route, method, str(status_code))
                 self._counters[(route, method, status_code)] = counter
             counter.inc()
-            histogram = self._histograms.get((route, method))
+            histogram = self._histograms.get((route, method, status_code))
             if histogram is None:
-                histogram = self.metrics.http_duration.labels(route, method)
-                self._histograms[(route, method)] = histogram
+                histogram = self.metrics.http_duration.labels(
+                    route, method, f"{status_code // 100}xx")
+                self._histograms[(route, method, status_code)] = histogram
             histogram.observe(elapsed)
 
 

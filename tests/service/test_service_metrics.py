@@ -83,8 +83,8 @@ async def test_http_metrics_use_route_templates(settings, serve, create_model, m
     async with serve(app) as client:
         await create_model(client, "m")
         X, y = make_data(3)
-        for _ in range(3):
-            await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        for path in ("/v1/models/m/learn", "/v1/models/m/learn", "/v1/models/m/learn/"):
+            await client.post(path, json={"features": X, "labels": y})
         await client.post("/v1/models/m/learn", json={"features": X, "labels": [9, 9, 9]})
         await client.post("/v1/models/zzz/learn", json={"features": X, "labels": y})
         big, big_y = make_data(60)
@@ -102,15 +102,21 @@ async def test_http_metrics_use_route_templates(settings, serve, create_model, m
     assert value(s, total, route=learn, method="POST", status="413") == 1
     assert value(s, total, route="/v1/models", method="POST", status="201") == 1
     assert value(s, total, route="unmatched", method="GET", status="404") == 1
-    assert value(s, "gln_http_request_duration_seconds_count", route=learn, method="POST") == 6
+    # Timed by status class: a quick refusal does not pass for fast service.
+    duration = "gln_http_request_duration_seconds_count"
+    assert value(s, duration, route=learn, method="POST", status_class="2xx") == 3
+    assert value(s, duration, route=learn, method="POST", status_class="4xx") == 3
+    assert value(s, duration, route="unmatched", method="GET", status_class="4xx") == 1
     # Made-up methods share one label value (an HTTP parser may pass any token through).
     assert value(s, total, route="/v1/models", method="other", status="405") == 3
     # No concrete path ever becomes a label value.
     assert not [lbls for _, lbls in s if ("route", "/v1/models/m/learn") in lbls]
+    assert not [lbls for _, lbls in s if ("route", "/v1/models/m/learn/") in lbls]
     buckets = sorted(
         float(dict(lbls)["le"])
         for name, lbls in s
-        if name == "gln_http_request_duration_seconds_bucket" and ("route", learn) in lbls
+        if name == "gln_http_request_duration_seconds_bucket"
+        and {("route", learn), ("status_class", "2xx")} <= lbls
     )
     assert buckets[0] == 0.0001 and buckets[-2] == 30.0
     if Path("/proc/self/stat").exists():  # the process collector reads /proc
