@@ -54,8 +54,22 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 with one readable line per problem; never echoes the input (it may hold NaN)."""
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    problems = [f"{_place(error.get('loc', ()))}: {error.get('msg', 'invalid')}"
+                for error in exc.errors()]
     return JSONResponse({"detail": _shortened("; ".join(problems))}, status_code=422)
+
+
+def _place(loc: tuple[int | str, ...]) -> str:
+    """Where a problem is, in the client's words: ``labels.1`` in the body, ``name in the
+    path``, ``the Idempotency-Key header`` (not pydantic's ``path.name``)."""
+    part, *rest = loc or ("body",)
+    inside = ".".join(str(p) for p in rest)
+    if part == "path" and inside:
+        return f"{inside} in the path"
+    if part == "header" and inside:
+        return f"the {inside} header"
+    if part == "query" and inside:
+        return f"query parameter {inside}"
+    if part == "body":
+        return inside or "body"
+    return ".".join(str(p) for p in loc)

@@ -145,7 +145,7 @@ async def test_bytes_that_are_not_a_model_are_refused_and_create_nothing(
 async def test_an_import_under_an_invalid_name_is_refused(client, small_config, name):
     r = await import_blob(client, name, GLN(**small_config).to_bytes())
     assert r.status_code == 422, r.text
-    assert r.json()["detail"].startswith("path.name: ")
+    assert r.json()["detail"].startswith("name in the path: ")
     assert await names(client) == []
 
 

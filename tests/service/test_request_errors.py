@@ -56,7 +56,7 @@ async def test_an_invalid_name_to_import_under_says_what_a_name_is(client: httpx
     r = await client.post("/v1/models/.hidden/import", content=b"gln",
                           headers={"content-type": "application/octet-stream"})
     assert r.status_code == 422, r.text
-    assert r.json()["detail"] == f"path.name: {NAME_RULE}, got '.hidden'"
+    assert r.json()["detail"] == f"name in the path: {NAME_RULE}, got '.hidden'"
 
 
 # -- rows -----------------------------------------------------------------------------------------
