@@ -426,7 +426,7 @@ def test_loading_samples_nothing_and_owns_its_arrays(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("loading sampled hyperplanes")
 
-    monkeypatch.setattr("gln.model.sample_halfspaces", refuse)
+    monkeypatch.setattr("gln.state.sample_halfspaces", refuse)
     clone = GLN.from_bytes(blob)
     raw = np.frombuffer(blob, dtype=np.uint8)
     for name, array in clone._state_arrays().items():
