@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,19 +23,12 @@ import numpy as np
 from tqdm import tqdm
 
 from gln import checks
-from gln.backend import array_module, resolve_device, to_numpy
-from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
-from gln.kernels.replay import REPLAY_MAX_ROWS, CallReplays
+from gln.backend import to_numpy
+from gln.config import ConfigMixin
+from gln.kernels.replay import REPLAY_MAX_ROWS
 from gln.kernels.uploads import ChunkUploads
-from gln.scaling import (
-    INPUT_SCALINGS,
-    SIDE_INFOS,
-    RunningMoments,
-    gaussian_blur_matrix,
-    moments_before_each_row,
-    scale_inputs,
-)
-from gln.schedules import Evaluated, PerExample, make_schedule
+from gln.scaling import RunningMoments, moments_before_each_row, scale_inputs
+from gln.schedules import Evaluated, PerExample
 from gln.state import StateMixin
 
 # Rows per kernel call. On the CPU: large enough that a neuron's weights are reused across
@@ -57,14 +49,9 @@ PREDICT_CHUNK_ROWS_GPU = 2048
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
 # their rates and targets; longer ones as float32 (see GLN._staged).
 HOST_WIDENED_ROWS = 64
-# The neurons compute in float32: below 2**-24, 1 - pred_clip rounds to 1 and a saturated
-# prediction's logit is infinite (then NaN). A weight bound of 1e6 (and learning rates of at
-# most gln.schedules.MAX_RATE) keeps every mixed logit and update far inside float32.
-MIN_PRED_CLIP = 2.0**-24
-MAX_WEIGHT_CLIP = 1e6
 
 
-class GLN(StateMixin):
+class GLN(ConfigMixin, StateMixin):
     """A Gated Linear Network classifier that learns from one example at a time.
 
     Parameters (the configuration; stored as given, validated once):
@@ -130,137 +117,6 @@ class GLN(StateMixin):
         self._configure(**{name: value for name, value in locals().items() if name != "self"})
         with self._memory_as_value_error():
             self._init_state()
-
-    @classmethod
-    def _configured(cls, config: dict[str, Any], use_kernels: bool) -> GLN:
-        """A model of ``config``, checked as the constructor checks it, that holds no state yet:
-        for a loader that sets the state it reads, which would otherwise be sampled and then
-        overwritten (half the time of loading an MNIST-sized model). A key the constructor
-        does not take is a ``TypeError``, as it is for the constructor."""
-        arguments = inspect.signature(cls).bind(**config, use_kernels=use_kernels)
-        arguments.apply_defaults()
-        model = cls.__new__(cls)
-        model._configure(**arguments.arguments)
-        return model
-
-    def _configure(
-        self,
-        *,
-        num_features: int,
-        num_classes: int,
-        layer_sizes: Sequence[int],
-        context_dim: int,
-        learning_rate: Any,
-        pred_clip: float,
-        weight_clip: float,
-        bias: float,
-        offset_scale: float,
-        input_scaling: str,
-        min_std: float,
-        side_info: str,
-        side_info_blur: float,
-        image_shape: Sequence[int] | None,
-        gating_window: int,
-        seed: int,
-        device: str,
-        use_kernels: bool,
-    ) -> None:
-        """Check the constructor's arguments, keep them, and set up the device's code paths."""
-        self.num_features = checks.positive_int("num_features", num_features)
-        self.num_classes = checks.num_classes(num_classes)
-        self.layer_sizes = checks.layer_sizes(layer_sizes)
-        self.context_dim = checks.context_dim(context_dim)
-        self.schedule = make_schedule(learning_rate)
-        self.learning_rate = learning_rate
-        self.pred_clip = checks.number_in("pred_clip", pred_clip, 0.0, 0.5)
-        if self.pred_clip < MIN_PRED_CLIP:
-            raise ValueError(
-                f"pred_clip must be >= 2**-24 (about 6e-8), got {pred_clip}: below it 1 - eps "
-                "rounds to 1 in float32, and a saturated neuron's logit is infinite"
-            )
-        self.weight_clip = checks.number_in("weight_clip", weight_clip, 0.0, MAX_WEIGHT_CLIP)
-        self.bias = checks.number_in("bias", bias, 0.0, 1.0)
-        if not self.pred_clip <= self.bias <= 1.0 - self.pred_clip:
-            raise ValueError(
-                f"bias must be in [pred_clip, 1 - pred_clip] = [{self.pred_clip:g}, "
-                f"{1.0 - self.pred_clip:g}], got {self.bias:g}: the bias input is a clipped "
-                "probability too (the default, sigmoid(1) = 0.731, needs pred_clip <= 0.268)"
-            )
-        if self.bias == 0.5:
-            raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
-        self.offset_scale = checks.number_in("offset_scale", offset_scale, 0.0, math.inf,
-                                             closed=True)
-        if input_scaling not in INPUT_SCALINGS:
-            raise ValueError(
-                f"input_scaling must be one of {INPUT_SCALINGS}, got {input_scaling!r}"
-            )
-        self.input_scaling = input_scaling
-        self.min_std = checks.number_in("min_std", min_std, 0.0, math.inf)
-        if side_info not in SIDE_INFOS:
-            raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
-        self.side_info = side_info
-        self.side_info_blur = checks.number_in("side_info_blur", side_info_blur, 0.0, 100.0,
-                                               closed=True)
-        self.image_shape = checks.image_shape(image_shape, self.num_features)
-        if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
-            raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
-        self.gating_window = checks.integer("gating_window", gating_window)
-        if self.gating_window < 0:
-            raise ValueError(f"gating_window must be >= 0, got {gating_window}")
-        if self.gating_window:
-            if self.image_shape is None:
-                raise ValueError("gating_window needs an image_shape")
-            if not 1 <= self.gating_window <= min(self.image_shape):
-                raise ValueError(
-                    f"gating_window must be 0 or 1..{min(self.image_shape)} (the image's "
-                    f"shorter side), got {gating_window}"
-                )
-        self.seed = checks.integer("seed", seed)
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        self.device = device
-        self.use_kernels = bool(use_kernels)
-
-        self._device = resolve_device(device)
-        self._xp = array_module(self._device)
-        self._layer_contexts = contexts_for(self._xp, self.use_kernels)
-        self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
-        self._network_pass = network_pass_for(self._xp, self.use_kernels)
-        # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
-        self._replays = (CallReplays() if self._device == "cuda" and self.use_kernels
-                         else None)
-        self._blur = None
-        if self.side_info_blur > 0:
-            self._blur = tuple(
-                self._xp.asarray(gaussian_blur_matrix(k, self.side_info_blur))
-                for k in self.image_shape
-            )
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The constructor arguments, JSON-serialisable; ``GLN(**model.config)`` rebuilds it."""
-        rate = self.schedule.to_config()
-        if rate is None:
-            raise ValueError("a callable learning_rate cannot be serialised; use a number or dict")
-        return {
-            "num_features": self.num_features,
-            "num_classes": self.num_classes,
-            "layer_sizes": list(self.layer_sizes),
-            "context_dim": self.context_dim,
-            "learning_rate": rate,
-            "pred_clip": self.pred_clip,
-            "weight_clip": self.weight_clip,
-            "bias": self.bias,
-            "offset_scale": self.offset_scale,
-            "input_scaling": self.input_scaling,
-            "min_std": self.min_std,
-            "side_info": self.side_info,
-            "side_info_blur": self.side_info_blur,
-            "image_shape": None if self.image_shape is None else list(self.image_shape),
-            "gating_window": self.gating_window,
-            "seed": self.seed,
-            "device": self.device,
-        }
 
     # ------------------------------------------------------------------ input checks
     def check_input(
