@@ -27,6 +27,7 @@ from gln.backend import to_numpy
 from gln.config import ConfigMixin
 from gln.kernels.replay import REPLAY_MAX_ROWS
 from gln.kernels.uploads import ChunkUploads
+from gln.saliency import SaliencyMixin
 from gln.scaling import RunningMoments, moments_before_each_row, scale_inputs
 from gln.schedules import Evaluated, PerExample
 from gln.state import StateMixin
@@ -51,7 +52,7 @@ PREDICT_CHUNK_ROWS_GPU = 2048
 HOST_WIDENED_ROWS = 64
 
 
-class GLN(ConfigMixin, StateMixin):
+class GLN(ConfigMixin, StateMixin, SaliencyMixin):
     """A Gated Linear Network classifier that learns from one example at a time.
 
     Parameters (the configuration; stored as given, validated once):
@@ -194,45 +195,6 @@ class GLN(ConfigMixin, StateMixin):
                 outputs.append(self._outputs(X32[start:stop], labels[start:stop]))
                 bar.update(stop - start)
         return self._class_probabilities(np.concatenate(outputs) if outputs else None, len(X32))
-
-    def saliency(self, X: Any) -> np.ndarray:
-        """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
-
-        Shape (n, num_classes, num_features): entry [t, c, j] is how much the logit of base
-        prediction j moves class c's output logit for row t (paper, section "Linear
-        interpretability"). Bias inputs are not features: they enter as a constant term, so
-        where no output is clipped, ``sigmoid(S[t, c] . logit(p0[t]) + bias_term[t, c])``
-        equals the GLN's output (see ``saliency_terms``). For a binary model class 0's map
-        is the negative of class 1's. With more than two classes, class c's map is that of
-        its one-vs-all network's output logit, before ``predict_proba`` divides the networks'
-        outputs by their sum: it is not the slope of ``predict_proba``'s log-odds.
-        """
-        maps, _ = self.saliency_terms(X)
-        return maps
-
-    def saliency_terms(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Saliency maps (n, C, d) and the bias terms (n, C) that complete the output logit."""
-        X32, _ = self.check_input(X)
-        xp = self._xp
-        maps, biases = [], []
-        for start, stop in self._chunk_bounds(len(X32)):
-            chunk = X32[start:stop]
-            x64 = xp.asarray(chunk, dtype=xp.float64)
-            count = xp.full((1, 1), float(self.moments.count))
-            z, _, _ = self._scale(x64, count, learning=False)
-            contexts = self._contexts(z)
-            for t in range(len(chunk)):
-                chunk_map, chunk_bias = self._collapse(contexts, t)
-                maps.append(to_numpy(chunk_map))
-                biases.append(to_numpy(chunk_bias))
-        if not maps:
-            return (np.zeros((0, self.num_classes, self.num_features)),
-                    np.zeros((0, self.num_classes)))
-        maps_g, biases_g = np.stack(maps), np.stack(biases)
-        if self.num_glns == 1:
-            return (np.concatenate([-maps_g, maps_g], axis=1),
-                    np.concatenate([-biases_g, biases_g], axis=1))
-        return maps_g, biases_g
 
     # ------------------------------------------------------------------ internals
     @contextlib.contextmanager
@@ -450,27 +412,6 @@ class GLN(ConfigMixin, StateMixin):
     @property
     def _bias_logit(self) -> float:
         return float(np.float32(math.log(self.bias / (1.0 - self.bias))))
-
-    def _collapse(self, contexts: list[Any], t: int) -> tuple[Any, Any]:
-        """W_L(z) ... W_1(z) over feature columns, and the bias term, for row t: (G, d), (G,).
-
-        Multiplied from the output down: the output neuron's row times each layer below keeps
-        one row per GLN in hand, so a layer costs a vector-matrix product, not a matrix
-        product (for the MNIST network 1.2 million multiply-adds a row instead of 130 million).
-        """
-        xp = self._xp
-        glns = xp.arange(self.num_glns)[:, None]
-        row = bias_term = None  # (G, 1, K) and (G, 1): the output's logit in this layer's terms
-        for layer_weights, layer_contexts in zip(self.weights[::-1], contexts[::-1], strict=True):
-            neurons = xp.arange(layer_weights.shape[1])[None, :]
-            active = layer_weights[glns, neurons, layer_contexts[t]].astype(xp.float64)
-            from_bias = active[:, :, :1] * self._bias_logit  # (G, K, 1)
-            if row is None:
-                row, bias_term = active[:, :, 1:], from_bias[:, :, 0]
-            else:
-                bias_term = bias_term + (row @ from_bias)[:, :, 0]
-                row = row @ active[:, :, 1:]
-        return row[:, 0, :], bias_term[:, 0]
 
     def _class_probabilities(self, outputs: np.ndarray | None, n: int) -> np.ndarray:
         if outputs is None:
