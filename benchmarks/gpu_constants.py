@@ -9,7 +9,7 @@
 * ``PREDICT_ROWS_PER_WARP`` and ``PREDICT_ROWS_PER_BLOCK``: the values with which prediction
   is fastest, by the streaming and by the shared kernel, summed over the layers: for the
   streaming kernel at the longest measured chunk, for the shared one at the longest measured
-  chunk that prediction runs at once (``gln.model.PREDICT_CHUNK_ROWS_GPU``; 4,096-row calls are
+  chunk that prediction runs at once (``gln.staging.PREDICT_CHUNK_ROWS_GPU``; 4,096-row calls are
   predicted in chunks of that many rows).
 * ``PREDICT_SHARED_MIN_ROWS``: the shortest measured chunk from which the shared kernel (at its
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gln import model  # noqa: E402
+from gln import staging  # noqa: E402
 from gln.kernels import cuda  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def recommend(records: Iterable[dict]) -> dict:
         "RESIDENT_MIN_ROWS": resident_min_rows,
         "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {})),
         "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {}),
-                                                    model.PREDICT_CHUNK_ROWS_GPU),
+                                                    staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "current": {name: getattr(cuda, name) for name in (
             "RESIDENT_MIN_ROWS", "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",

@@ -62,6 +62,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gln.model  # noqa: E402
+import gln.staging  # noqa: E402
 from benchmarks.pygln_peer import add_pygln_argument, measure  # noqa: E402
 from gln import GLN  # noqa: E402
 
@@ -126,7 +127,7 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                       "rows": n, "rows_per_warp": rows_per_warp, "microseconds": seconds * 1e6,
                       "examples_per_second": n / seconds,
                       "active_weight_bytes_per_second": active / seconds}, device)
-            if n != gln.model.PREDICT_CHUNK_ROWS_GPU:
+            if n != gln.staging.PREDICT_CHUNK_ROWS_GPU:
                 continue
             def predict(arrays=arrays, probs=probs, next_inputs=next_inputs):
                 cuda_layer_pass(*arrays, 0.01, 5.0, False, probs, mode="shared",
@@ -223,7 +224,7 @@ def first_chunk_rows(model: GLN, rows: int | None) -> Iterator[None]:
     usual = model._chunk_bounds
 
     def bounds(n: int, size: int | None = None) -> list[tuple[int, int]]:
-        if size != gln.model.PREDICT_CHUNK_ROWS_GPU or n <= rows:
+        if size != gln.staging.PREDICT_CHUNK_ROWS_GPU or n <= rows:
             return usual(n, size)
         return [(0, rows), *((a + rows, b + rows) for a, b in usual(n - rows, size))]
 
@@ -251,7 +252,7 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
             with contextlib.ExitStack() as stack:
                 if path == "current_stream":
                     stack.enter_context(
-                        module_constant(gln.model, "ChunkUploads", CurrentStreamUploads))
+                        module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads))
                 else:
                     stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
                     stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="GLN_SUM_BATCH values to time the shared kernel with, at "
                              "PREDICT_CHUNK_ROWS_GPU rows")
     parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
-                        help="values of gln.model.PREDICT_CHUNK_ROWS_GPU to predict with")
+                        help="values of gln.staging.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],
                         help="STAGING_THREADS x STAGING_PIECES pairs of gln.kernels.uploads")
     parser.add_argument("--first-chunk-rows", type=int_list, default=[512, 1024],
@@ -395,10 +396,10 @@ def main(argv: list[str] | None = None) -> None:
         rates[("predict", name)] = predict_rate(model, predict_rows, args.chunk)
         emit({"measure": "predict", "implementation": name, "examples": len(predict_rows),
               "examples_per_second": rates[("predict", name)],
-              "predict_chunk_rows": gln.model.PREDICT_CHUNK_ROWS_GPU, **common}, device)
+              "predict_chunk_rows": gln.staging.PREDICT_CHUNK_ROWS_GPU, **common}, device)
         if name == "kernels":
             for rows in args.predict_chunk_rows:
-                with module_constant(gln.model, "PREDICT_CHUNK_ROWS_GPU", rows):
+                with module_constant(gln.staging, "PREDICT_CHUNK_ROWS_GPU", rows):
                     rate = predict_rate(model, predict_rows, args.chunk)
                 emit({"measure": "predict_by_chunk_rows", "implementation": name,
                       "predict_chunk_rows": rows, "examples_per_second": rate, **common},

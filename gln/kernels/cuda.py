@@ -56,7 +56,7 @@ PREDICT_ROWS_PER_WARP = 32
 # blocks keep several neurons' rows in shared memory and take this many examples each. On an
 # H100 (three layers summed) the shared kernel was ahead from 64 rows in every run (133 against
 # 154 us at 64, 2,338 against 4,976 at 4,096) and level or not below; 512 rows per block was
-# best at 1,024 and 2,048 rows (the lengths of gln.model.PREDICT_CHUNK_ROWS_GPU measured).
+# best at 1,024 and 2,048 rows (the lengths of gln.staging.PREDICT_CHUNK_ROWS_GPU measured).
 PREDICT_SHARED_MIN_ROWS = 64
 PREDICT_ROWS_PER_BLOCK = 512
 # At most this many neurons in a block of the shared kernel (as many as fit, up to it). A block

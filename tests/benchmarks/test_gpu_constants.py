@@ -2,7 +2,7 @@
 
 import json
 
-import gln.model
+import gln.staging
 from benchmarks.gpu_constants import main, recommend
 
 
@@ -30,9 +30,9 @@ def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers(monk
                                 (4096, 256, 20), (4096, 512, 25)):
         records.append(layer_pass("a", "shared", False, rows, us, per_block))
     records += [layer_pass("a", "streaming", False, 256, 50, 32)]
-    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 256)
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 256)
     assert recommend(records)["PREDICT_ROWS_PER_BLOCK"] == 512  # at 256 rows, the chunk
-    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 4096)
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 4096)
     chosen = recommend(records)
     assert chosen["RESIDENT_MIN_ROWS"] == 16
     assert chosen["learn_us_by_rows"][8] == {"streaming": 50, "resident": 55}

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-import gln.model
+import gln.staging
 from benchmarks.gpu_learn import first_chunk_rows, latency_profile, main
 from gln import GLN
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
@@ -31,7 +31,7 @@ def test_the_profile_ranks_functions_per_learn_call_with_learn_itself_among_them
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
     """Every kind of record, for the MNIST network, at the smallest sizes (timings meaningless)."""
-    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 1)  # the layer rows timed
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 1)  # the layer rows timed
     with emulated_cupy_installed():
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
@@ -75,8 +75,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 def test_a_short_first_chunk_changes_the_cut_not_the_predictions(monkeypatch):
-    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 8)
-    monkeypatch.setattr(gln.model, "HOST_WIDENED_ROWS", 2)  # every chunk through ChunkUploads
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through ChunkUploads
     rng = np.random.default_rng(0)
     X = rng.uniform(0, 1, (30, 6)).astype(np.float32)
     with emulated_cupy_installed():

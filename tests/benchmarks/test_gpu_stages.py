@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-import gln.model
+import gln.staging
 from benchmarks.gpu_stages import STAGES, main, staged
 from gln import GLN
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
@@ -24,8 +24,8 @@ def test_every_stage_of_learn_and_predict_is_timed_and_results_are_unchanged(mon
         staged(wrapped, cp, totals)
         np.testing.assert_array_equal(wrapped.learn(X, y), plain.learn(X, y))
         np.testing.assert_array_equal(wrapped.predict_proba(X), plain.predict_proba(X))
-        monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 8)  # the copy stream's way
-        monkeypatch.setattr(gln.model, "HOST_WIDENED_ROWS", 4)
+        monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)  # the copy stream's way
+        monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 4)
         X32 = X.astype(np.float32)
         np.testing.assert_array_equal(wrapped.predict_proba(X32), plain.predict_proba(X32))
     assert all(seconds > 0 for seconds in totals.values()), totals

@@ -667,15 +667,15 @@ def test_a_long_prediction_in_chunks_equals_one_chunk(cp, dtype, monkeypatch):
     (float32 and float64 rows checked by the device, float16 by the host): the same bytes as one
     chunk, and a bad value in a later chunk, or one beyond float32, is named by its row in the
     batch, with nothing changed."""
-    import gln.model  # noqa: PLC0415
+    import gln.staging  # noqa: PLC0415
 
     X, y = stream(60)
     X = X.astype(dtype)
     model = GLN(**CONFIG, device="cuda")
     model.learn(X[:30], y[:30])
     whole = model.predict_proba(X)
-    monkeypatch.setattr(gln.model, "PREDICT_CHUNK_ROWS_GPU", 16)
-    monkeypatch.setattr(gln.model, "HOST_WIDENED_ROWS", 8)  # 16-row chunks go as float32 rows
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)  # 16-row chunks go as float32 rows
     np.testing.assert_array_equal(model.predict_proba(X), whole)
     blob = model.to_bytes()
     for bad_value in (np.inf, np.nan, -1e39 if dtype == np.float64 else -np.inf):

@@ -1,0 +1,164 @@
+"""A chunk's way to the model's device and back, shaped for a GPU, where every copy and
+launch costs microseconds of its own.
+
+What the host adds to a chunk (the rows of a short chunk widened to float64, the example count
+before it, the learning rates and one-vs-all targets) is staged in one host buffer and sent in
+one copy (``_staged``, ``_unpacked``). The device's work for a staged chunk
+(``_chunk_on_device``) reads and writes only device arrays, so a short call's launches can be
+captured once as a CUDA graph and replayed (``_replayed``, ``gln.kernels.replay``). A long
+prediction goes in chunks, each sent on a copy stream while the device predicts the one before
+(``_predicted_by_chunk``, ``gln.kernels.uploads``), and the outputs come back in one copy at the
+end (``_fetched``). A CPU model stages its chunks the same way; its copies are none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+from gln.backend import to_numpy
+from gln.kernels.uploads import ChunkUploads
+from gln.scaling import RunningMoments
+
+# A long batch is predicted on the GPU in chunks of this many rows, each sent while the device
+# still predicts the one before: on an H100's host, copying 4,096 MNIST rows in cost 1.5 to 2.2
+# ms, a third to a half of what the device takes to predict them. 4,096-row calls predicted
+# 609k rows/s in chunks of 2,048, 509k of 1,024, 324k of 512 and 476k in one chunk
+# (docs/benchmarks.md).
+PREDICT_CHUNK_ROWS_GPU = 2048
+# Chunks up to this many rows go to the device already widened to float64, in one copy with
+# their rates and targets; longer ones as float32 (see GLN._staged).
+HOST_WIDENED_ROWS = 64
+
+
+class StagingMixin:
+    """The staging part of ``gln.model.GLN``: a chunk packed, sent, run on the device (by the
+    model's ``_scale``, ``_contexts`` and ``_network_pass``) and its outputs fetched."""
+
+    def _staged(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+        """What a chunk sends to the device, as one host buffer: its rows widened to float64
+        (chunks of at most ``HOST_WIDENED_ROWS``), the example count before it (float64), and
+        its learning rates (n,) and one-vs-all targets (n, G) as float32, zero when not
+        learning.
+
+        A short chunk goes in one copy, its rows widened here (exactly): each copy to a GPU,
+        and each launch that would widen the rows there, costs microseconds of its own, which
+        a single-example call feels. A long chunk's rows travel as float32, half the bytes, and
+        are widened on the device.
+        """
+        n, d = X32.shape
+        glns = self.num_glns
+        rows_bytes = 8 * n * d if n <= HOST_WIDENED_ROWS else 0
+        host = np.zeros(rows_bytes + 8 + 4 * n * (1 + glns), dtype=np.uint8)
+        if rows_bytes:
+            host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
+        host[rows_bytes:rows_bytes + 8].view(np.float64)[0] = self.moments.count
+        if labels is not None:
+            rates_and_targets = host[rows_bytes + 8:].view(np.float32)
+            steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
+            rates_and_targets[:n] = self.schedule(steps)
+            positive = 1 if glns == 1 else np.arange(glns)
+            rates_and_targets[n:] = (labels[:, None] == positive).ravel()
+        return host
+
+    def _unpacked(self, packed: Any, rows32: Any, n: int) -> tuple[Any, Any, Any, Any]:
+        """Views of a staged chunk on the device: rows (n, d) float64 (``rows32`` widened
+        when given), count (1, 1) float64, rates (n,) and targets (n, G) float32."""
+        xp, d = self._xp, self.num_features
+        rows_bytes = 0 if rows32 is not None else 8 * n * d
+        x64 = (rows32.astype(xp.float64) if rows32 is not None
+               else packed[:rows_bytes].view(xp.float64).reshape(n, d))
+        count = packed[rows_bytes:rows_bytes + 8].view(xp.float64).reshape(1, 1)
+        small = packed[rows_bytes + 8:].view(xp.float32)
+        return x64, count, small[:n], small[n:].reshape(n, self.num_glns)
+
+    def _sent(
+        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
+    ) -> tuple[Any, Any]:
+        """A chunk on the model's device: its staged buffer and, for a chunk too long to have
+        its rows staged, the rows as float32 (sent by ``uploads`` when given; they may then be
+        float64 rows, rounded on the way)."""
+        xp = self._xp
+        if len(X32) <= HOST_WIDENED_ROWS:
+            rows32 = None
+        else:
+            rows32 = uploads.send(X32) if uploads is not None else xp.asarray(X32)
+        return xp.asarray(self._staged(X32, labels)), rows32
+
+    def _chunk_on_device(
+        self, packed: Any, rows32: Any, n: int, learning: bool
+    ) -> tuple[Any, RunningMoments]:
+        """The device's work for a chunk staged by ``_staged`` (its float32 rows ``rows32``
+        when they were not staged): outputs (n, G) and the moments after the chunk.
+
+        Reads and writes only device arrays (the weights and, on the GPU, the moments' totals
+        in place) and changes nothing on the host, so a call's launches can be captured.
+        """
+        x64, count, rates, targets = self._unpacked(packed, rows32, n)
+        z, base_logits, after = self._scale(x64, count, learning)
+        contexts = self._contexts(z)
+        outputs = self._network_pass(
+            self.weights, contexts, base_logits, targets, rates, bias_logit=self._bias_logit,
+            pred_clip=self.pred_clip, weight_clip=self.weight_clip, learn=learning,
+        )
+        return outputs, after
+
+    def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
+        """``_run_chunk``'s outputs, on the host, from the call's captured graph, or None if it
+        has none (yet)."""
+        n, learning = len(X32), labels is not None
+        state = (*self.weights, self.normals, self.offsets, self.moments.total,
+                 self.moments.total_sq, self.moments_shift)
+        outputs = self._replays.replayed(
+            (n, learning), state, self._staged(X32, labels),
+            lambda packed: self._chunk_on_device(packed, None, n, learning)[0],
+        )
+        if outputs is not None and learning:  # the graph updated the totals in place
+            m = self.moments
+            self.moments = RunningMoments(m.count + n, m.total, m.total_sq)
+            self.examples_seen += n
+        return outputs
+
+    def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
+        """The network's outputs (n, G) for a long host batch on the GPU, in chunks, each sent
+        while the device predicts the one before (on a copy stream of their own,
+        ``gln.kernels.uploads``).
+
+        The rows of a float32 or float64 batch are rounded to float32 as they are staged (the
+        rounding ``check_input`` makes) and checked by the device: a value that is not finite,
+        or beyond float32's range, is not finite there. Two passes of the host over the rows
+        cost about as much as the device's work on them. Those of other batches are checked by
+        the host, chunk by chunk. Prediction changes nothing, so a bad value found late loses
+        nothing: the error is the whole batch's host check's, naming its first bad value."""
+        xp = self._xp
+        staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
+        outputs, finite = [], []
+        with (ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw
+              else contextlib.nullcontext()) as uploads:
+            for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
+                rows = X[start:stop]
+                checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
+                if checked_here:  # else sent as they are, checked by the device
+                    try:
+                        rows = self.check_input(rows)[0]
+                    except ValueError:
+                        self.check_input(X)
+                        raise
+                packed, rows32 = self._sent(rows, None, uploads)
+                if not checked_here:
+                    finite.append(xp.isfinite(rows32).all())
+                outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
+                if uploads is not None:
+                    uploads.consumed()
+            if finite and not bool(xp.stack(finite).all()):
+                self.check_input(X)  # raises, naming the first value that is not finite
+            return self._fetched(outputs)
+
+    def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
+        """The chunks' outputs on the host, in one copy after the last chunk: until then the
+        host prepares each next chunk while the device still runs the one before."""
+        if not outputs:
+            return None
+        return to_numpy(outputs[0] if len(outputs) == 1 else self._xp.concatenate(outputs))
