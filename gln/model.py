@@ -1,5 +1,11 @@
 """The public GLN class: one-vs-all classification, online input scaling, learn/predict.
 
+This module holds the verbs (learn, predict, the bytes) and how a call is cut into chunks.
+Each other part of ``GLN`` has a module of its own, mixed in: the configuration
+(``gln.config``), the state and its size (``gln.state``), saliency (``gln.saliency``) and a
+chunk's way to the device and back (``gln.staging``). The paper's Algorithm 1 is
+``gln.network``.
+
 >>> import numpy as np
 >>> from gln import GLN
 >>> model = GLN(num_features=2, num_classes=2, layer_sizes=(8, 1), seed=0)
