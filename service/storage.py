@@ -1,4 +1,4 @@
-"""What the snapshot stores (``service/store.py``) and the write-ahead logs (``service/wal/``)
+"""What the snapshot stores (``service/store/``) and the write-ahead logs (``service/wal/``)
 build on alike: model names that are safe as Redis key parts and directory names, one Redis
 client per store or log (of one server, or of the primary that Redis Sentinel names), and
 files replaced atomically and durably."""

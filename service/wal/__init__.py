@@ -1,6 +1,6 @@
 """Write-ahead log: every learned chunk is logged before it is applied, so a crash loses nothing.
 
-Snapshots (``service/store.py``) are taken every so often; the log covers the time between
+Snapshots (``service/store/``) are taken every so often; the log covers the time between
 them. The learn worker appends each coalesced chunk of examples to the model's log with one
 write, then applies it to the model, then answers every request in the chunk. A snapshot
 records the id of the last entry it includes (snapshot metadata); once the snapshot is the

@@ -1,0 +1,187 @@
+"""Snapshots as files: one file per version plus a ``HEAD`` pointer per model directory."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from service.storage import ClosingMixin, is_model_name, model_dir_in, replace_atomically
+from service.store.interface import (
+    SnapshotCorruptError,
+    SnapshotInfo,
+    as_bytes_view,
+    check_metadata,
+)
+from service.store.loading import LOAD_ATTEMPTS, verify
+
+try:  # POSIX advisory locks keep two processes from saving the same model at once.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: the in-process lock still applies
+    fcntl = None  # type: ignore[assignment]
+
+
+def _write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Replace ``path`` with ``data`` atomically (see ``replace_atomically``)."""
+    replace_atomically(path, lambda fh: fh.write(data))
+
+
+class DirectorySnapshotStore(ClosingMixin):
+    """Snapshots as files: ``{path}/{name}/v{version}.snap`` plus a ``HEAD`` JSON pointer.
+
+    ``HEAD`` holds version, nbytes, sha256, created_at and metadata. A save writes the version
+    file and then ``HEAD``, each atomically (temp + fsync + ``os.replace``), then removes
+    older version files and leftover temp files. Saves of one model are serialised by a lock
+    (in-process, plus an advisory ``flock`` on ``{name}/.lock`` where the OS has one), so two
+    processes sharing the directory do not collide. A reader whose version file vanished
+    because a save just switched ``HEAD`` starts over from the new ``HEAD``.
+
+    The directory is created if missing.
+    """
+
+    _VERSION_RE = re.compile(r"v(\d+)\.snap")
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"DirectorySnapshotStore({str(self.path)!r})"
+
+    def _model_dir(self, name: str) -> Path:
+        return model_dir_in(self.path, name)
+
+    @contextlib.contextmanager
+    def _locked(self, model_dir: Path) -> Iterator[None]:
+        """Hold the in-process lock and, where available, an flock on the model's lock file."""
+        with self._lock:
+            if fcntl is None:  # pragma: no cover - Windows
+                yield
+                return
+            with open(model_dir / ".lock", "a+b") as fh:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def _read_head(self, model_dir: Path) -> dict[str, Any] | None:
+        """The parsed HEAD file, or None when there is none."""
+        try:
+            raw = (model_dir / "HEAD").read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            head = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SnapshotCorruptError(f"{model_dir / 'HEAD'} is not JSON: {exc}") from exc
+        if not isinstance(head, dict):
+            raise SnapshotCorruptError(f"{model_dir / 'HEAD'} is not a JSON object")
+        return head
+
+    def _versions_on_disk(self, model_dir: Path) -> list[int]:
+        """Versions that have a ``v{N}.snap`` file."""
+        found = []
+        for entry in model_dir.iterdir():
+            match = self._VERSION_RE.fullmatch(entry.name)
+            if match:
+                found.append(int(match.group(1)))
+        return found
+
+    def save(
+        self, name: str, blob: bytes, metadata: Mapping[str, str] | None = None
+    ) -> SnapshotInfo:
+        """Write the next version file, switch ``HEAD`` to it, then remove older files."""
+        model_dir = self._model_dir(name)
+        meta = check_metadata(metadata)
+        view = as_bytes_view(blob)
+        sha256 = hashlib.sha256(view).hexdigest()
+        model_dir.mkdir(exist_ok=True)
+        with self._locked(model_dir):
+            head = self._read_head(model_dir)
+            previous = [*self._versions_on_disk(model_dir)]
+            if head is not None:
+                previous.append(int(head.get("version", 0)))
+            version = max(previous, default=0) + 1
+            info = SnapshotInfo(
+                version=version,
+                created_at=time.time(),
+                nbytes=view.nbytes,
+                sha256=sha256,
+                metadata=meta,
+            )
+            _write_atomically(model_dir / f"v{version}.snap", view)
+            head_json = json.dumps(info.head_fields(), sort_keys=True)
+            _write_atomically(model_dir / "HEAD", head_json.encode())
+            for entry in model_dir.iterdir():
+                match = self._VERSION_RE.fullmatch(entry.name)
+                stale = match is not None and int(match.group(1)) < version
+                if stale or entry.name.startswith(".tmp-"):
+                    with contextlib.suppress(FileNotFoundError):
+                        entry.unlink()
+        return info
+
+    def load(self, name: str) -> tuple[bytes, SnapshotInfo] | None:
+        """Read ``HEAD``, then its version file; verify length and SHA-256."""
+        model_dir = self._model_dir(name)
+        for _ in range(LOAD_ATTEMPTS):
+            head = self._read_head(model_dir)
+            if head is None:
+                return None
+            info = SnapshotInfo.from_head(head, str(model_dir / "HEAD"))
+            try:
+                blob = (model_dir / f"v{info.version}.snap").read_bytes()
+                verify(name, info, blob)
+            except (FileNotFoundError, SnapshotCorruptError) as exc:
+                if self._read_head(model_dir) != head:
+                    continue  # a concurrent save switched HEAD and removed our file
+                if isinstance(exc, FileNotFoundError):
+                    raise SnapshotCorruptError(
+                        f"snapshot {name!r} v{info.version}: file missing"
+                    ) from exc
+                raise
+            return blob, info
+        raise SnapshotCorruptError(
+            f"snapshot of {name!r} kept changing while being read ({LOAD_ATTEMPTS} attempts)"
+        )
+
+    def names(self) -> list[str]:
+        """Sorted names of the subdirectories that hold a ``HEAD``."""
+        out = []
+        for entry in self.path.iterdir():
+            if is_model_name(entry.name) and (entry / "HEAD").is_file():
+                out.append(entry.name)
+        return sorted(out)
+
+    def delete(self, name: str) -> None:
+        """Remove the model's directory (HEAD, version files, lock file)."""
+        model_dir = self._model_dir(name)
+        if not model_dir.exists():
+            return
+        with self._locked(model_dir):
+            shutil.rmtree(model_dir, ignore_errors=True)
+
+    def reconnect(self) -> None:
+        """Nothing to reconnect: files."""
+
+    def ping(self) -> bool:
+        """True when a file can be created (and removed) in the snapshot directory."""
+        try:
+            with tempfile.TemporaryFile(dir=self.path, prefix=".tmp-ping-"):
+                pass
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Nothing to release; present for the interface."""
