@@ -15,8 +15,9 @@ Two implementations share the :class:`SnapshotStore` interface (``interface.py``
 * :class:`DirectorySnapshotStore` (``directory_store.py``) writes one file per version and
   switches a ``HEAD`` file with temp file + fsync + ``os.replace``.
 
-Both read a snapshot back the same way (``loading.py``): the head, then the bytes it points
-to, checked against the head's length and SHA-256.
+Both load a snapshot the same way (``loading.py``): the head, then the bytes it points to,
+checked against the head's length and SHA-256, starting over when a concurrent save switched
+the head meanwhile.
 
 :func:`open_store` picks one from the service settings.
 

@@ -22,7 +22,7 @@ from service.store.interface import (
     as_bytes_view,
     check_metadata,
 )
-from service.store.loading import LOAD_ATTEMPTS, verify
+from service.store.loading import load_current
 
 try:  # POSIX advisory locks keep two processes from saving the same model at once.
     import fcntl
@@ -33,6 +33,14 @@ except ImportError:  # pragma: no cover - Windows: the in-process lock still app
 def _write_atomically(path: Path, data: bytes | memoryview) -> None:
     """Replace ``path`` with ``data`` atomically (see ``replace_atomically``)."""
     replace_atomically(path, lambda fh: fh.write(data))
+
+
+def _read_version(name: str, info: SnapshotInfo, path: Path) -> bytes:
+    """The bytes of a version file; SnapshotCorruptError where the file is missing."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        raise SnapshotCorruptError(f"snapshot {name!r} v{info.version}: file missing") from exc
 
 
 class DirectorySnapshotStore(ClosingMixin):
@@ -89,6 +97,11 @@ class DirectorySnapshotStore(ClosingMixin):
             raise SnapshotCorruptError(f"{model_dir / 'HEAD'} is not a JSON object")
         return head
 
+    def _parse_head(self, model_dir: Path, head: dict[str, Any]) -> tuple[SnapshotInfo, Path]:
+        """The info ``HEAD`` holds and the version file it points to."""
+        info = SnapshotInfo.from_head(head, str(model_dir / "HEAD"))
+        return info, model_dir / f"v{info.version}.snap"
+
     def _versions_on_disk(self, model_dir: Path) -> list[int]:
         """Versions that have a ``v{N}.snap`` file."""
         found = []
@@ -134,25 +147,11 @@ class DirectorySnapshotStore(ClosingMixin):
     def load(self, name: str) -> tuple[bytes, SnapshotInfo] | None:
         """Read ``HEAD``, then its version file; verify length and SHA-256."""
         model_dir = self._model_dir(name)
-        for _ in range(LOAD_ATTEMPTS):
-            head = self._read_head(model_dir)
-            if head is None:
-                return None
-            info = SnapshotInfo.from_head(head, str(model_dir / "HEAD"))
-            try:
-                blob = (model_dir / f"v{info.version}.snap").read_bytes()
-                verify(name, info, blob)
-            except (FileNotFoundError, SnapshotCorruptError) as exc:
-                if self._read_head(model_dir) != head:
-                    continue  # a concurrent save switched HEAD and removed our file
-                if isinstance(exc, FileNotFoundError):
-                    raise SnapshotCorruptError(
-                        f"snapshot {name!r} v{info.version}: file missing"
-                    ) from exc
-                raise
-            return blob, info
-        raise SnapshotCorruptError(
-            f"snapshot of {name!r} kept changing while being read ({LOAD_ATTEMPTS} attempts)"
+        return load_current(
+            name,
+            read_head=lambda: self._read_head(model_dir),
+            parse_head=lambda head: self._parse_head(model_dir, head),
+            read_blob=lambda info, path: _read_version(name, info, path),
         )
 
     def names(self) -> list[str]:

@@ -18,7 +18,7 @@ from service.store.interface import (
     as_bytes_view,
     check_metadata,
 )
-from service.store.loading import LOAD_ATTEMPTS, verify
+from service.store.loading import load_current
 
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 """Chunk size for Redis: far below Redis' 512 MB value limit, large enough to keep round trips
@@ -134,20 +134,11 @@ class RedisSnapshotStore(RedisClient):
         """
         check_name(name)
         head_key = self._model_key(name, "head")
-        for _ in range(LOAD_ATTEMPTS):
-            head = self._client.hgetall(head_key)
-            if not head:
-                return None
-            info, nchunks = self._parse_head(name, head)
-            try:
-                blob = self._read_chunks(name, info, nchunks)
-            except SnapshotCorruptError:
-                if self._client.hgetall(head_key) != head:
-                    continue  # a concurrent save switched the head and pruned our chunks
-                raise
-            return blob, info
-        raise SnapshotCorruptError(
-            f"snapshot of {name!r} kept changing while being read ({LOAD_ATTEMPTS} attempts)"
+        return load_current(
+            name,
+            read_head=lambda: self._client.hgetall(head_key) or None,
+            parse_head=lambda head: self._parse_head(name, head),
+            read_blob=lambda info, nchunks: self._read_chunks(name, info, nchunks),
         )
 
     def names(self) -> list[str]:
@@ -230,7 +221,7 @@ class RedisSnapshotStore(RedisClient):
         return SnapshotInfo.from_head(fields, where), nchunks
 
     def _read_chunks(self, name: str, info: SnapshotInfo, nchunks: int) -> bytes:
-        """GET the chunks in pipelines, join them, check length and SHA-256."""
+        """GET the chunks in pipelines and join them (``load_current`` checks the result)."""
         per_chunk = max(1, math.ceil(info.nbytes / nchunks)) if nchunks else 1
         batch = max(1, _PIPELINE_BYTES // per_chunk)
         pieces: list[bytes] = []
@@ -244,7 +235,4 @@ class RedisSnapshotStore(RedisClient):
                         f"snapshot {name!r} v{info.version}: chunk {index} of {nchunks} missing"
                     )
                 pieces.append(piece)
-        blob = b"".join(pieces)
-        del pieces
-        verify(name, info, blob)
-        return blob
+        return b"".join(pieces)

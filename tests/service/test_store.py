@@ -30,6 +30,7 @@ from service.store import (
     SnapshotStore,
     open_store,
 )
+from service.store.loading import LOAD_ATTEMPTS, load_current
 from tests.redis_process import free_port
 
 CHUNK = 64  # tiny chunks, so even small blobs span several Redis keys
@@ -323,6 +324,54 @@ def test_reader_sees_only_complete_versions_during_saves(backend: Backend) -> No
     else:
         assert backend.snapshot_parts("race") == [f"v{info.version}.snap"]
     store.close()
+
+
+# -- the load both stores share ------------------------------------------------------------
+
+
+def _load_over(
+    heads: list[int | None], kept: dict[int, bytes]
+) -> tuple[bytes, SnapshotInfo] | None:
+    """``load_current`` where the head's reads give ``heads`` in turn (a version each, None for
+    no snapshot), version ``v`` was saved as ``b"v<v>"``, and only ``kept`` is still stored."""
+    reads = iter(heads)
+
+    def parse_head(version: int) -> tuple[SnapshotInfo, int]:
+        saved = f"v{version}".encode()
+        return SnapshotInfo(version, 0.0, len(saved), _sha(saved)), version
+
+    def read_blob(info: SnapshotInfo, version: int) -> bytes:
+        if version not in kept:
+            raise SnapshotCorruptError(f"v{version} is gone")
+        return kept[version]
+
+    return load_current("m", lambda: next(reads), parse_head, read_blob)
+
+
+def test_load_without_a_head_is_none() -> None:
+    assert _load_over([None], {}) is None
+
+
+def test_load_starts_over_when_a_save_switched_the_head() -> None:
+    """v1 was pruned by the save that made v2 current: the load reads v2 instead."""
+    blob, info = _load_over([1, 2, 2], {2: b"v2"})
+    assert (blob, info.version) == (b"v2", 2)
+
+
+def test_load_raises_what_failed_while_the_head_stayed() -> None:
+    with pytest.raises(SnapshotCorruptError, match="v1 is gone"):
+        _load_over([1, 1], {})
+    with pytest.raises(SnapshotCorruptError, match="sha256"):
+        _load_over([1, 1], {1: b"v!"})
+
+
+def test_load_gives_up_on_a_head_that_keeps_changing() -> None:
+    heads = list(range(1, 2 * LOAD_ATTEMPTS + 1))
+    with pytest.raises(
+        SnapshotCorruptError,
+        match=rf"snapshot of 'm' kept changing while being read \({LOAD_ATTEMPTS} attempts\)",
+    ):
+        _load_over(heads, {})
 
 
 # -- Redis specifics -----------------------------------------------------------------------
