@@ -76,7 +76,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutdown_clean = None
     app.state.directory_locks = None  # held by the host, if it locked them before serving
     app.state.opened_log = None  # the log its host opened and checked, if it did (open_log)
-    app.include_router(router)
+    # The routes join the app's own list, ahead of FastAPI's documentation routes (the data
+    # routes are the hot ones, and routes are matched in order), rather than through
+    # include_router: FastAPI matches an included router's routes through a layer of its own,
+    # twice per request, which cost more than the rest of the routing.
+    app.router.routes[:0] = router.routes
     add_error_handlers(app)
     # The last added is the outermost: metrics see every answer, including the guards' 401
     # and 413; the token is checked before a byte of the body is read.
