@@ -26,6 +26,7 @@ So the log's order is the order of every change, and a restore gets the same row
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -79,6 +80,44 @@ def _log_failure(exc: Exception) -> str:
     return f"{type(exc).__name__}; see the service log"
 
 T = TypeVar("T")
+
+
+async def _in_thread(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``executor``, awaited: ``loop.run_in_executor`` with a lighter bridge.
+
+    ``run_in_executor`` wraps the executor's future in a second, asyncio one, chained by
+    callbacks both ways, and copies the outcome across on the loop: 50,000 instructions of
+    the 900,000 a single-row request costs outside the model. Here the thread hands its
+    outcome straight to the loop. As there, a call cancelled before a thread starts it is not
+    run.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as exc:  # handed to the awaiting task, as run_in_executor does
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for it
+            loop.call_soon_threadsafe(_settle, done, *outcome)
+
+    started = executor.submit(run)
+    try:
+        return await done
+    except asyncio.CancelledError:
+        started.cancel()
+        raise
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """(loop) Give ``future`` its outcome, unless it was cancelled meanwhile."""
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class StoredModel(NamedTuple):
@@ -268,7 +307,7 @@ class ModelEntry:
         return self._queued_learn_rows
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await _in_thread(self._executor, fn, *args)
 
     # -- the queue --
     async def learn(
