@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response, 
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.types import Receive, Scope, Send
 
 from service.errors import UnsupportedMediaType
 from service.registry import ModelRegistry
@@ -156,9 +157,22 @@ class DataRoute(APIRoute):
     single-example learn. The data routes need none of it: their only path parameter is the
     model name (a string, so nothing to validate), they parse and validate their bodies
     themselves (:func:`parse_body`), and they take the registry with :func:`registry_of`.
-    Everything around the handler is unchanged (middlewares, routing, exception handlers), and
+    Nor do they need what FastAPI wraps each route's handler in: two exit stacks for
+    dependencies with ``yield``, and exception handling of its own (the app's
+    ``ExceptionMiddleware``, around the router, answers an exception with the same handlers).
+    Everything around the route is unchanged (middlewares, routing, exception handlers), and
     the endpoint's signature still documents the route in OpenAPI.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        handler = self.get_route_handler()
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            response = await handler(Request(scope, receive, send))
+            await response(scope, receive, send)
+
+        self.app = app
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         endpoint = self.endpoint
