@@ -845,11 +845,8 @@ class ModelEntry:
             if is_learn:
                 assert group.learned is not None
                 if group.losses is not None and group.correct is not None:
-                    self.stats.add(group.losses, group.correct)
-                    self._metrics.observe_learned(
-                        self.name, len(group.losses), float(group.losses.sum()),
-                        int(group.correct.sum()),
-                    )
+                    loss_sum, hits = self.stats.add(group.losses, group.correct)
+                    self._metrics.observe_learned(self.name, len(group.losses), loss_sum, hits)
                 for job, result in zip(group.jobs, group.learned, strict=True):
                     if job.future.done():
                         continue

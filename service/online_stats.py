@@ -27,19 +27,26 @@ class OnlineStats:
         self.correct_sum = 0
         self.since = time.time()
 
-    def add(self, losses: np.ndarray, correct: np.ndarray) -> None:
-        """Count a chunk of examples, in stream order."""
+    def add(self, losses: np.ndarray, correct: np.ndarray) -> tuple[float, int]:
+        """Count a chunk of examples, in stream order; their summed loss and correct count."""
         n = len(losses)
+        loss_sum, hits = float(losses.sum()), int(correct.sum())
         self.examples += n
-        self.log_loss_sum += float(losses.sum())
-        self.correct_sum += int(correct.sum())
+        self.log_loss_sum += loss_sum
+        self.correct_sum += hits
         if n >= self.window:  # only the newest `window` examples survive
             losses, correct, n = losses[-self.window:], correct[-self.window:], self.window
-        idx = (self._next + np.arange(n)) % self.window
-        self._loss[idx] = losses
-        self._correct[idx] = correct
-        self._next = (self._next + n) % self.window
+        start = self._next
+        if start + n <= self.window:  # no wrap: slices, cheaper than an index array
+            self._loss[start:start + n] = losses
+            self._correct[start:start + n] = correct
+        else:
+            idx = (start + np.arange(n)) % self.window
+            self._loss[idx] = losses
+            self._correct[idx] = correct
+        self._next = (start + n) % self.window
         self._filled = min(self.window, self._filled + n)
+        return loss_sum, hits
 
     def summary(self) -> dict[str, Any]:
         """Means over the window and in total (None before the first example)."""
