@@ -191,9 +191,11 @@ def stubbed(app: Any, verb: str, level: str | None, classes: int, payload: bytes
         return answer(len(features))
 
     target = app
-    if "model" in chosen:
-        setattr(entry.model, "learn" if verb == "learn" else "predict_proba",
-                lambda X, *_: probabilities(len(X)))
+    if "model" in chosen:  # the public verb, and the one for checked rows that the queue calls
+        methods = (("learn", "_learn_checked") if verb == "learn"
+                   else ("predict_proba", "_predict_proba_checked"))
+        for method in methods:
+            setattr(entry.model, method, lambda X, *_: probabilities(len(X)))
     if "queue" in chosen:
         setattr(entry, "learn" if verb == "learn" else "predict_proba", queue_answer)
     if "registry" in chosen:

@@ -151,6 +151,13 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         X32, _ = self.check_input(X)
         return self._class_probabilities(self._outputs(X32, None), len(X32))
 
+    def _predict_proba_checked(self, X32: np.ndarray) -> np.ndarray:
+        """``predict_proba`` of rows that ``check_input`` returned, not checked again (see
+        ``_learn_checked``)."""
+        if self._device == "cuda" and len(X32) > staging.PREDICT_CHUNK_ROWS_GPU:
+            return self._class_probabilities(self._predicted_by_chunk(X32), len(X32))
+        return self._class_probabilities(self._outputs(X32, None), len(X32))
+
     def predict(self, X: Any) -> np.ndarray:
         """The most probable class of each row (n,)."""
         return np.argmax(self.predict_proba(X), axis=1)
@@ -178,10 +185,28 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
             raise ValueError("learn needs labels y, one class index per row (predict_proba "
                              "predicts without learning)")
         X32, labels = self.check_input(X, y)
-        with self._user_rates_checked(len(X32)):
-            if not progress:
-                return self._class_probabilities(self._outputs(X32, labels), len(X32))
+        return self._learn_checked(X32, labels, progress=progress)
+
+    def _learn_checked(
+        self, X32: np.ndarray, labels: np.ndarray, *, progress: bool = False
+    ) -> np.ndarray:
+        """``learn`` of rows and labels that ``check_input`` returned (C-contiguous float32
+        (n, num_features), every value finite; int64 class indices (n,)), not checked again.
+
+        For a caller that has checked them already: the service checks its clients' rows
+        (strictly) before they join a model's queue, and a single-row learn would otherwise
+        check them twice. Rows not so checked may fail halfway or learn garbage.
+        """
+        if isinstance(self.schedule, PerExample):
+            with self._user_rates_checked(len(X32)):
+                return self._learned(X32, labels, progress)
+        return self._learned(X32, labels, progress)
+
+    def _learned(self, X32: np.ndarray, labels: np.ndarray, progress: bool) -> np.ndarray:
+        """``learn``'s result for checked rows, with the model's rates ready to read."""
+        if progress:
             return self._learned_with_progress(X32, labels)
+        return self._class_probabilities(self._outputs(X32, labels), len(X32))
 
     def _learned_with_progress(self, X32: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """``learn``'s result for checked rows, in pieces of a few chunks under a progress
@@ -196,13 +221,14 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
     # ------------------------------------------------------------------ internals
     @contextlib.contextmanager
     def _user_rates_checked(self, n: int) -> Iterator[None]:
-        """For a call learning ``n`` examples: a user's callable schedule evaluated for all of
-        them at once (``ValueError`` naming a bad rate before anything is learned), then read
-        from that evaluation; nothing to do for the built-in schedules."""
+        """For a call learning ``n`` examples with a user's callable schedule (``PerExample``):
+        the schedule evaluated for all of them at once (``ValueError`` naming a bad rate before
+        anything is learned), then read from that evaluation. The built-in schedules need none
+        of this, and their calls skip it (a context manager costs a one-row call microseconds).
+        """
         schedule = self.schedule
-        if isinstance(schedule, PerExample):
-            first = self.examples_seen + 1
-            self.schedule = Evaluated(first, schedule(np.arange(first, first + n)))
+        first = self.examples_seen + 1
+        self.schedule = Evaluated(first, schedule(np.arange(first, first + n)))
         try:
             yield
         finally:

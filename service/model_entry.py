@@ -328,7 +328,8 @@ class ModelEntry:
                                   label_rows=label_rows)
 
     async def predict_proba(self, X: np.ndarray, ids: list[str] | None = None) -> np.ndarray:
-        """Class probabilities, after every learn request queued before this one.
+        """Class probabilities of checked rows (``check_input``'s), after every learn request
+        queued before this one.
 
         With ``ids`` (one per row), the rows and their predictions then wait for labels
         (:mod:`service.pending`), logged first: a prediction answered is a row that waits.
@@ -443,7 +444,7 @@ class ModelEntry:
             return
         if verb is _Verb.PREDICT_FOR_LABELS and self.wal is not None and self._log_in_doubt:
             self._catch_up_or_refuse()
-        group.output = self.model.predict_proba(X)
+        group.output = self.model._predict_proba_checked(X)  # the registry checked them
         if verb is _Verb.PREDICT_FOR_LABELS:
             self._put_to_wait(jobs, X, group.output)
 
@@ -515,7 +516,7 @@ class ModelEntry:
             assert y is not None
             label_rows = [row for job in run for row in job.label_rows or ()]
             entry_id = None if self.wal is None else self._append(run, X, y, label_rows)
-            start, probs, losses, correct = self._apply(X, y, entry_id)
+            start, probs, losses, correct = self._apply(X, y, entry_id, checked=True)
             self.awaiting_labels.remove_rows(label_rows)
             if any(job.scored is not None for job in run):
                 losses, correct = scored_rows(_scored_predictions(run, probs), y)
@@ -539,11 +540,18 @@ class ModelEntry:
         assert len(group.learned) == len(jobs)
 
     def _apply(
-        self, X: np.ndarray, y: np.ndarray, entry_id: str | None
+        self, X: np.ndarray, y: np.ndarray, entry_id: str | None, *, checked: bool = False
     ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        """(model lock) Learn rows; their first sequence, probabilities, losses, hits."""
+        """(model lock) Learn rows; their first sequence, probabilities, losses, hits.
+
+        ``checked``: the rows and labels are ``check_input``'s (a request's, checked by the
+        registry before they queued), which the model then does not check again. Rows read
+        back from the log are checked as any others.
+        """
         start = int(self.model.examples_seen)
-        probs = np.asarray(self.model.learn(X, y), dtype=np.float64)
+        model = self.model
+        learned = model._learn_checked(X, y) if checked else model.learn(X, y)
+        probs = np.asarray(learned, dtype=np.float64)
         self._updates += 1
         if entry_id is not None:
             self.applied_id = entry_id

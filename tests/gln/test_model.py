@@ -69,6 +69,50 @@ def test_a_progress_bar_shows_the_rows_and_changes_nothing_learned(monkeypatch, 
     assert shown.learn(X[:0], y[:0], progress=True).shape == (0, 3)
 
 
+@pytest.mark.parametrize("overrides", [
+    {}, {"num_classes": 2}, {"learning_rate": lambda t: 1.0 / (t + 20)},
+    {"learning_rate": {"schedule": "inverse_time", "scale": 10, "cap": 0.05}},
+    {"input_scaling": "unit"},
+])
+def test_rows_already_checked_learn_and_predict_the_bits_of_the_public_verbs(
+    monkeypatch, overrides
+):
+    """The service checks a request's rows once and hands ``check_input``'s arrays to
+    ``_learn_checked`` / ``_predict_proba_checked``, which skip the model's own check: the same
+    outputs and bytes as ``learn`` / ``predict_proba`` on the rows as sent, call by call."""
+    import gln.model
+
+    monkeypatch.setattr(gln.model, "CHUNK_ROWS", 16)  # the 40-row call is three chunks
+    classes = overrides.get("num_classes", 3)
+    X, y = stream(121, classes=classes)
+    if overrides.get("input_scaling") == "unit":
+        X = 1 / (1 + np.exp(-(X - 3)))
+    public, checked = small_model(**overrides), small_model(**overrides)
+    start = 0
+    for rows in (1, 1, 2, 3, 1, 8, 40, 1, 64):
+        sent = X[start:start + rows].tolist(), y[start:start + rows].tolist()  # as JSON gives
+        X32, labels = checked.check_input(*sent, strict=True)
+        assert np.array_equal(checked._learn_checked(X32, labels), public.learn(*sent))
+        assert np.array_equal(checked._predict_proba_checked(X32), public.predict_proba(sent[0]))
+        start += rows
+    for name, array in checked._state_arrays().items():  # to_bytes refuses a callable rate
+        assert np.array_equal(array, public._state_arrays()[name]), name
+    assert checked.examples_seen == public.examples_seen == start
+    assert np.array_equal(checked._learn_checked(X32[:0], labels[:0], progress=True),
+                          public.learn(X[:0], y[:0]))
+
+
+def test_the_public_verbs_still_check_their_rows():
+    model = small_model()
+    with pytest.raises(ValueError, match="row 0, column 1"):
+        model.learn([[0.0, np.inf, 0, 0, 0, 0]], [0])
+    with pytest.raises(ValueError, match="labels"):
+        model.learn(np.zeros((1, 6), np.float32), [3])
+    with pytest.raises(ValueError, match="6 features"):
+        model.predict_proba(np.zeros((1, 5), np.float32))
+    assert model.examples_seen == 0
+
+
 def test_same_seed_same_bytes_other_seed_other_hyperplanes():
     X, y = stream()
     a, b, c = small_model(), small_model(), small_model(seed=8)

@@ -203,6 +203,32 @@ async def test_learn_answers_prequential_probabilities_like_the_library(
     assert (await client.get("/v1/models/m")).json()["examples_seen"] == 40
 
 
+async def test_single_rows_learned_between_refused_ones_give_the_library_s_bits(
+    client: httpx.AsyncClient, small_config, create_model, make_data
+):
+    """The model learns and predicts the rows the registry checked without checking them
+    again: one-row requests, with refused ones between them (422, nothing of them learned),
+    leave the bytes of the library's public ``learn`` on the accepted rows."""
+    await create_model(client)
+    reference = GLN(**small_config)
+    X, y = make_data(12)
+    for i in range(12):
+        refused = await client.post("/v1/models/m/learn", json={
+            "features": [X[i][:3] + [1e39] + X[i][4:]], "labels": [y[i]]})
+        assert refused.status_code == 422 and "row 0, column 3" in refused.json()["detail"]
+        r = await client.post("/v1/models/m/learn", json={"features": [X[i]], "labels": [y[i]]})
+        assert r.status_code == 200, r.text
+        np.testing.assert_array_equal(np.array(r.json()["probabilities"]),
+                                      reference.learn(np.array([X[i]]), np.array([y[i]])))
+        r = await client.post("/v1/models/m/predict", json={"features": [X[(i + 5) % 12]]})
+        np.testing.assert_array_equal(np.array(r.json()["probabilities"]),
+                                      reference.predict_proba(np.array([X[(i + 5) % 12]])))
+    assert (await client.get("/v1/models/m")).json()["examples_seen"] == 12
+    r = await client.get("/v1/models/m/export")
+    assert r.status_code == 200, r.text
+    assert r.content == reference.to_bytes()
+
+
 async def test_online_metrics_window_and_total(client: httpx.AsyncClient, create_model, make_data):
     await create_model(client)
     X, y = make_data(30)
