@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Self
 
+import numpy as np
+
 from gln import checks
 from gln.backend import array_module, resolve_device
 from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
@@ -88,6 +90,8 @@ class ConfigMixin:
             )
         if self.bias == 0.5:
             raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
+        # The bias input of every layer, logit(beta) in float32; taken by every call.
+        self._bias_logit = float(np.float32(math.log(self.bias / (1.0 - self.bias))))
         self.offset_scale = checks.number_in("offset_scale", offset_scale, 0.0, math.inf,
                                              closed=True)
         if input_scaling not in INPUT_SCALINGS:

@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gln import checks, staging
+from gln.backend import to_numpy
 from gln.config import ConfigMixin
 from gln.kernels.replay import REPLAY_MAX_ROWS
 from gln.kernels.uploads import ChunkUploads
@@ -281,6 +282,8 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
             replayed = self._replayed(X32, labels)
             if replayed is not None:
                 return replayed
+        if n <= self._chunk_rows:  # one chunk (or none): no uploads to share, no list to join
+            return to_numpy(self._run_chunk(X32, labels)) if n else None
         chunks = self._chunk_bounds(n)
         several = self._device == "cuda" and len(chunks) > 1
         with (ChunkUploads(max(b - a for a, b in chunks), self.num_features) if several
@@ -306,16 +309,17 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
             self.examples_seen += n
         return outputs
 
-    @property
-    def _bias_logit(self) -> float:
-        return float(np.float32(math.log(self.bias / (1.0 - self.bias))))
-
     def _class_probabilities(self, outputs: np.ndarray | None, n: int) -> np.ndarray:
+        """The network's outputs (n, G) float32 as class probabilities (n, num_classes)."""
         if outputs is None:
             return np.zeros((n, self.num_classes))
+        if self.num_classes == 2:  # [1 - q, q], written in place (no list to concatenate)
+            probs = np.empty((n, 2))
+            q = probs[:, 1:]
+            q[...] = outputs
+            np.subtract(1.0, q, out=probs[:, :1])
+            return probs
         q = outputs.astype(np.float64)
-        if self.num_glns == 1:
-            return np.concatenate([1.0 - q, q], axis=1)
         return q / q.sum(axis=1, keepdims=True)
 
     # ------------------------------------------------------------------ bytes
