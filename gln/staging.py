@@ -52,15 +52,18 @@ class StagingMixin:
         glns = self.num_glns
         rows_bytes = 8 * n * d if n <= HOST_WIDENED_ROWS else 0
         host = np.zeros(rows_bytes + 8 + 4 * n * (1 + glns), dtype=np.uint8)
+        wide = host[:rows_bytes + 8].view(np.float64)  # the rows when staged, then the count
         if rows_bytes:
-            host[:rows_bytes].view(np.float64).reshape(n, d)[...] = X32
-        host[rows_bytes:rows_bytes + 8].view(np.float64)[0] = self.moments.count
+            wide[:-1] = X32.reshape(-1)
+        wide[-1] = self.moments.count
         if labels is not None:
             rates_and_targets = host[rows_bytes + 8:].view(np.float32)
-            steps = np.arange(self.examples_seen + 1, self.examples_seen + n + 1)
-            rates_and_targets[:n] = self.schedule(steps)
-            positive = 1 if glns == 1 else np.arange(glns)
-            rates_and_targets[n:] = (labels[:, None] == positive).ravel()
+            first = self.examples_seen + 1
+            rates_and_targets[:n] = self.schedule(np.arange(first, first + n))
+            if glns == 1:
+                rates_and_targets[n:] = labels == 1
+            else:
+                rates_and_targets[n:] = (labels[:, None] == np.arange(glns)).ravel()
         return host
 
     def _unpacked(self, packed: Any, rows32: Any, n: int) -> tuple[Any, Any, Any, Any]:
@@ -68,9 +71,9 @@ class StagingMixin:
         when given), count (1, 1) float64, rates (n,) and targets (n, G) float32."""
         xp, d = self._xp, self.num_features
         rows_bytes = 0 if rows32 is not None else 8 * n * d
-        x64 = (rows32.astype(xp.float64) if rows32 is not None
-               else packed[:rows_bytes].view(xp.float64).reshape(n, d))
-        count = packed[rows_bytes:rows_bytes + 8].view(xp.float64).reshape(1, 1)
+        wide = packed[:rows_bytes + 8].view(xp.float64)
+        x64 = rows32.astype(xp.float64) if rows32 is not None else wide[:-1].reshape(n, d)
+        count = wide[-1:].reshape(1, 1)
         small = packed[rows_bytes + 8:].view(xp.float32)
         return x64, count, small[:n], small[n:].reshape(n, self.num_glns)
 
