@@ -100,13 +100,17 @@ def network_pass(
             layer_weights, layer_contexts, inputs, targets, rates,
             pred_clip, weight_clip, learn, probs,
         )
-    return probs[:, :, 0]
+    return probs[..., 0]
 
 
 def with_bias(xp: ModuleType, values: Any, bias_logit: float, from_probs: bool) -> Any:
     """(n, G, K) logits, or probabilities when ``from_probs``, -> (n, G, K + 1) float32 layer
     inputs: the bias logit first, then the logits."""
     inputs = xp.empty((*values.shape[:2], values.shape[2] + 1), dtype=xp.float32)
-    inputs[:, :, 0] = bias_logit
-    inputs[:, :, 1:] = xp.log(values / (1.0 - values)) if from_probs else values
+    inputs[..., 0] = bias_logit
+    if from_probs:  # log(p / (1 - p)) in one temporary: a few-row call is mostly such calls
+        ratio = 1.0 - values
+        xp.divide(values, ratio, out=ratio)
+        values = xp.log(ratio, out=ratio)
+    inputs[..., 1:] = values
     return inputs
