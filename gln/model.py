@@ -150,7 +150,7 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
                 and len(X) > staging.PREDICT_CHUNK_ROWS_GPU):
             return self._class_probabilities(self._predicted_by_chunk(X), len(X))
         X32, _ = self.check_input(X)
-        return self._class_probabilities(self._outputs(X32, None), len(X32))
+        return self._predict_proba_checked(X32)
 
     def _predict_proba_checked(self, X32: np.ndarray) -> np.ndarray:
         """``predict_proba`` of rows that ``check_input`` returned, not checked again (see
