@@ -12,15 +12,20 @@ The kernel releases the GIL, so a server keeps answering while a model learns. N
 default threading layer must not be entered from two Python threads at once, so calls are
 serialised by a lock (each call already uses every core). Small calls (a few examples of a
 small network) run on one thread: waking a thread pool costs more than the work, and far more
-on a busy machine. Every neuron runs the same compiled code whatever the thread count, so the
-results do not depend on it.
+on a busy machine. They run a one-thread twin of the kernel (``ThreadedKernel``), compiled from
+the same Python function without ``parallel``, rather than the parallel kernel with Numba
+switched to one thread and back: that switch, taken from Python around each call, cost more
+than a small call's arithmetic. Each neuron's loop is the same source in both, compiled by the
+same compiler for the same CPU, so the results do not depend on the thread count (the tests
+hold the two to the same bytes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
+import types
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -34,6 +39,43 @@ _LOCK = threading.Lock()
 PARALLEL_MIN_WORK = 100_000
 
 
+class ThreadedKernel:
+    """A parallel Numba kernel (``parallel``) and its one-thread twin (``one_thread``), both
+    compiled from one Python function; calling it runs the twin that suits the work, under the
+    kernel lock.
+
+    The twin is Numba's compilation of the same function without ``parallel`` (``prange`` is
+    then ``range``): no thread pool to wake, and no thread count to switch. It is compiled from
+    a copy of the function under another name, so that Numba's cache keeps the two apart (the
+    cache tells kernels apart by name and bytecode, not by their options).
+    """
+
+    def __init__(self, func: Callable[..., Any], **options: Any) -> None:
+        self.parallel = numba.njit(parallel=True, **options)(func)
+        twin = types.FunctionType(func.__code__, func.__globals__, f"{func.__name__}_one_thread",
+                                  func.__defaults__, func.__closure__)
+        twin.__qualname__ = f"{func.__qualname__}_one_thread"
+        twin.__doc__ = func.__doc__
+        self.one_thread = numba.njit(**options)(twin)
+
+    @property
+    def dispatchers(self) -> tuple[Any, Any]:
+        """The two compiled kernels (Numba dispatchers)."""
+        return self.parallel, self.one_thread
+
+    def __call__(self, work: int, *args: Any) -> Any:
+        """Run the kernel on ``args``: on one thread when ``work`` (multiply-adds) is below
+        ``PARALLEL_MIN_WORK``, else on Numba's threads."""
+        kernel = self.one_thread if work < PARALLEL_MIN_WORK else self.parallel
+        with _LOCK:
+            return kernel(*args)
+
+
+def threaded_kernel(**options: Any) -> Callable[[Callable[..., Any]], ThreadedKernel]:
+    """Decorator: a ``ThreadedKernel`` of the function, compiled with Numba ``options``."""
+    return lambda func: ThreadedKernel(func, **options)
+
+
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 # Neurons of one GLN that run through the chunk together, reading each example's inputs once
 # for all of them: the inputs of a chunk come from the core's L2 cache, as the neurons' weight
@@ -43,7 +85,7 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 NEURONS_PER_BLOCK = 4
 
 
-@numba.njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)
+@threaded_kernel(nogil=True, cache=True, fastmath=_FASTMATH)
 def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs):
     n = contexts.shape[0]
     num_glns, num_neurons, _, _ = weights.shape
@@ -129,31 +171,16 @@ def _update4(w0, w1, w2, w3, x, s0, s1, s2, s3, bound):
         w3[j] = min(max(w3[j] - s3 * xj, -bound), bound)
 
 
-@contextlib.contextmanager
-def threads_for(work: int) -> Iterator[None]:
-    """Hold the kernel lock around a parallel Numba kernel; use one thread when ``work``
-    (multiply-adds) is too small to share."""
-    with _LOCK:
-        threads = numba.get_num_threads()
-        if work < PARALLEL_MIN_WORK:
-            numba.set_num_threads(1)
-        try:
-            yield
-        finally:
-            numba.set_num_threads(threads)
-
-
 def cpu_layer_pass(
     weights: np.ndarray, contexts: np.ndarray, inputs: np.ndarray, targets: np.ndarray,
     rates: np.ndarray, pred_clip: float, weight_clip: float, learn: bool, probs: np.ndarray,
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
     work = contexts.shape[0] * weights.shape[0] * weights.shape[1] * weights.shape[3]
-    with threads_for(work):
-        _layer_pass(
-            weights, contexts, inputs, targets, rates,
-            np.float32(pred_clip), np.float32(weight_clip), bool(learn), probs,
-        )
+    _layer_pass(
+        work, weights, contexts, inputs, targets, rates,
+        np.float32(pred_clip), np.float32(weight_clip), bool(learn), probs,
+    )
 
 
 # No fastmath here: the float64 sums must run in a fixed order.

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from gln.gating import dot_rounding_bound, halfspace_contexts, row_norms
-from gln.kernels.cpu import cpu_exact_dots, threads_for
+from gln.kernels.cpu import cpu_exact_dots, threaded_kernel
 
 _INT16_MAX = 32767
 # Below float32's largest value (3.4e38), whatever the rounding of the partial sums.
@@ -62,12 +62,11 @@ def int16_normals(normals: np.ndarray) -> Int16Normals:
                         np.empty(count, np.float64), np.empty(count, np.float64))
     # The float64 sums of squares are each within d ulps; this covers them and the square root.
     slack = 1.0 + 4.0 * (dim + 2) * 2.0**-53
-    with threads_for(count * dim):
-        _quantize(np.ascontiguousarray(normals, dtype=np.float32), slack, *copy)
+    _quantize(count * dim, np.ascontiguousarray(normals, dtype=np.float32), slack, *copy)
     return copy
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@threaded_kernel(nogil=True, cache=True)
 def _quantize(normals, slack, values, scales, residual_norms, norms):
     for p in numba.prange(normals.shape[0]):
         row = normals[p]
@@ -94,8 +93,7 @@ def _quantize(normals, slack, values, scales, residual_norms, norms):
         norms[p] = np.sqrt(norm) * slack
 
 
-@numba.njit(parallel=True, nogil=True, cache=True,
-            fastmath={"reassoc", "contract", "nsz", "arcp"})
+@threaded_kernel(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def _int16_products(z, values, scales, out):
     # Hyperplane-major: a normal's 16-bit row is read from memory once and widened once per
     # four rows of z, which share it (four accumulators), so a few rows cost about one row's
@@ -133,9 +131,8 @@ def int16_products(z: np.ndarray, normals16: Int16Normals) -> np.ndarray:
     """``z @ (values * scales).T`` in float32, (n, P), on the kernel threads."""
     n, d = z.shape
     out = np.empty((n, normals16.values.shape[0]), dtype=np.float32)
-    with threads_for(n * normals16.values.shape[0] * d):
-        _int16_products(np.ascontiguousarray(z, dtype=np.float32), normals16.values,
-                        normals16.scales, out)
+    _int16_products(n * normals16.values.shape[0] * d, np.ascontiguousarray(z, dtype=np.float32),
+                    normals16.values, normals16.scales, out)
     return out
 
 

@@ -8,6 +8,10 @@ time, so the images run this while they are built:
 
     NUMBA_CACHE_DIR=/var/cache/gln/numba python -m gln.kernels.precompile
 
+A kernel that has a one-thread twin (``gln.kernels.cpu.ThreadedKernel``) runs one or the other
+by the size of a call; each twin is compiled for every signature either was called with, so a
+model of another size finds both in the cache.
+
 Numba keys cached code by the CPU it was compiled for: an image built on one CPU model and run
 on another compiles again at its first call (and caches that, where the directory is
 writable), as it would have without this.
@@ -36,13 +40,21 @@ def compiled_kernels() -> dict[str, int]:
 
 
 def cached_kernels() -> list:
-    """The Numba dispatchers of the CPU path whose machine code Numba caches."""
+    """The Numba dispatchers of the CPU path whose machine code Numba caches (both twins of
+    each ``ThreadedKernel``)."""
     found = {
         id(kernel): kernel
         for module in KERNEL_MODULES
-        for kernel in vars(module).values()
+        for value in vars(module).values()
+        for kernel in (value.dispatchers if isinstance(value, cpu.ThreadedKernel) else (value,))
         if getattr(getattr(kernel, "stats", None), "cache_path", None)
     }
+    return list(found.values())
+
+
+def _threaded_kernels() -> list[cpu.ThreadedKernel]:
+    found = {id(value): value for module in KERNEL_MODULES for value in vars(module).values()
+             if isinstance(value, cpu.ThreadedKernel)}
     return list(found.values())
 
 
@@ -63,6 +75,11 @@ def compile_cpu_kernels() -> dict[str, int]:
     # arrays np.nonzero gives them: contiguous for one margin, strided views for several.
     for close in (np.ones((1, 1), dtype=bool), np.ones((2, 2), dtype=bool)):
         cpu.cpu_exact_dots(X, model.normals, *np.nonzero(close))
+    for kernel in _threaded_kernels():  # what a call of the other size would run
+        signatures = {sig for twin in kernel.dispatchers for sig in twin.signatures}
+        for twin in kernel.dispatchers:
+            for signature in signatures - set(twin.signatures):
+                twin.compile(signature)
     return compiled_kernels()
 
 

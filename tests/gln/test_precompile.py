@@ -13,15 +13,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # A model of another shape, scaling and side information than the precompiled one, through
-# calls of every length class, a forced re-check of close margins and saliency; then each
-# cached kernel's cache hits and misses in this process.
+# calls of every length class, a forced re-check of close margins and saliency, each kernel on
+# its one-thread twin where the work is small and then on its parallel twin whatever the work;
+# then each cached kernel's cache hits and misses in this process.
 WORKLOAD = """
 import json
 import numpy as np
+import gln.kernels.cpu
 from gln import GLN
 from gln.kernels.precompile import cached_kernels
 rng = np.random.default_rng(1)
-for options in ({}, {"input_scaling": "unit", "side_info": "per_row"}):
+for options, all_parallel in (
+    ({}, False),
+    ({"input_scaling": "unit", "side_info": "per_row"}, False),
+    ({}, True),
+):
+    if all_parallel:
+        gln.kernels.cpu.PARALLEL_MIN_WORK = 0
     model = GLN(num_features=30, num_classes=4, layer_sizes=(6, 3, 1), context_dim=3, **options)
     model.offsets[:] = 0.0  # a first row of zeros then sits on every hyperplane: re-checked
     X = rng.uniform(0, 1, (300, 30)).astype(np.float32)
@@ -49,7 +57,9 @@ def _run(args: list[str], cache: Path) -> dict:
 def test_a_process_on_a_precompiled_cache_compiles_no_kernel(tmp_path: Path) -> None:
     compiled = _run(["-m", "gln.kernels.precompile"], tmp_path)["kernels"]
     called = {name.rsplit(".", 1)[-1] for name, count in compiled.items() if count}
-    assert {"_layer_pass", "_decide", "_quantize", "_int16_products", "_exact_dots"} <= called
+    threaded = {"_layer_pass", "_quantize", "_int16_products"}
+    assert threaded | {f"{name}_one_thread" for name in threaded} <= called
+    assert {"_decide", "_exact_dots"} <= called
     assert any(tmp_path.rglob("*.nbi")), "nothing was written to the cache"
 
     stats = _run(["-c", WORKLOAD], tmp_path)

@@ -1,0 +1,60 @@
+"""The CPU kernels' one-thread twins compute what their parallel kernels compute, bit for bit."""
+
+import numpy as np
+import pytest
+
+from gln.kernels import cpu
+from gln.kernels.cpu_int16_gating import _int16_products, _quantize, int16_normals
+from tests.gln.layer_data import random_layer
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learn", "predict"])
+@pytest.mark.parametrize(("glns", "neurons", "inputs", "n", "shared"), [
+    (1, 8, 7, 1, True),
+    (1, 13, 41, 5, True),  # three blocks of four neurons and one alone; vector remainders
+    (3, 6, 9, 20, False),
+    (10, 128, 785, 3, True),  # an MNIST-sized first layer
+    (10, 32, 129, 64, False),
+])
+def test_the_layer_pass_twins_give_the_same_bytes(learn, glns, neurons, inputs, n, shared):
+    rng = np.random.default_rng(inputs)
+    w, ctx, x, targets, rates = random_layer(rng, glns, neurons, 16, inputs, n, shared)
+    results = []
+    for kernel in cpu._layer_pass.dispatchers:
+        weights, probs = w.copy(), np.empty((n, glns, neurons), np.float32)
+        kernel(weights, ctx, x, targets, rates, np.float32(0.01), np.float32(5.0), learn, probs)
+        results.append((weights.tobytes(), probs.tobytes()))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(("planes", "dim", "n"), [(39, 6, 1), (120, 30, 5), (640, 784, 3)])
+def test_the_16_bit_kernels_twins_give_the_same_bytes(planes, dim, n):
+    rng = np.random.default_rng(planes)
+    normals = rng.normal(size=(planes, dim)).astype(np.float32)
+    z = rng.normal(size=(n, dim)).astype(np.float32)
+    copy = int16_normals(normals)
+    slack = 1.0 + 4.0 * (dim + 2) * 2.0**-53
+    results = []
+    for quantize, products in zip(_quantize.dispatchers, _int16_products.dispatchers,
+                                  strict=True):
+        values, scales = np.empty_like(copy.values), np.empty_like(copy.scales)
+        residuals, norms = np.empty_like(copy.norms), np.empty_like(copy.norms)
+        quantize(normals, slack, values, scales, residuals, norms)
+        out = np.empty((n, planes), np.float32)
+        products(z, values, scales, out)
+        results.append(b"".join(a.tobytes() for a in (values, scales, residuals, norms, out)))
+    assert results[0] == results[1]
+
+
+def test_the_twin_runs_by_the_size_of_the_work(monkeypatch):
+    """Below ``PARALLEL_MIN_WORK`` a call runs the one-thread twin, from there the parallel one;
+    the threshold is read at each call."""
+    ran = []
+    kernel = cpu.ThreadedKernel(lambda a: None)
+    monkeypatch.setattr(kernel, "parallel", lambda a: ran.append("parallel"))
+    monkeypatch.setattr(kernel, "one_thread", lambda a: ran.append("one_thread"))
+    kernel(cpu.PARALLEL_MIN_WORK - 1, None)
+    kernel(cpu.PARALLEL_MIN_WORK, None)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 0)
+    kernel(0, None)
+    assert ran == ["one_thread", "parallel", "parallel"]
