@@ -59,7 +59,9 @@ SIDE_INFOS = ("scaled", "per_row")
 
 
 class FusedScaling(NamedTuple):
-    """Single-kernel versions of the scaling steps, for devices where launches are dear.
+    """Single-kernel versions of the scaling steps, for devices where launches are dear (the
+    GPU), or where array calls cost more than a short chunk's arithmetic (the CPU, whose
+    ``standardize`` is compiled and whose other two steps are the array code).
 
     ``standardize(x64, counts, sums, sums_sq, min_std, logit_cap, shift) -> (z, logits)``
     gives the bits of ``standardized``; ``unit(x64, counts, sums, sums_sq, min_std, pred_clip,
@@ -89,12 +91,25 @@ def moments_before_each_row(
     Returns counts (n, 1), sums (n, d), sums of squares (n, d) and the updated moments, all of
     ``x64 - shift`` (of ``x64`` without a ``shift``). On the GPU the updated totals are
     ``moments``' arrays, changed in place, and ``count`` (optional, ``moments.count`` as a
-    one-element device array) is where the kernel reads the count.
+    one-element device array) is where the kernel reads the count. Both devices fold the rows
+    in one compiled pass (``gln.kernels.cuda``, ``gln.kernels.cpu_scaling``) that gives the bits
+    of ``array_moments_before_each_row``.
     """
     if xp.__name__ == "cupy":  # CuPy's cumsum is a parallel scan; keep the sequential fold
         from gln.kernels.cuda import moments_before_each_row as sequential  # noqa: PLC0415
 
         return sequential(moments, x64, count, shift)
+    if xp.__name__ == "numpy":  # one compiled pass, the same additions in the same order
+        from gln.kernels.cpu_scaling import cpu_moments_before_each_row  # noqa: PLC0415
+
+        return cpu_moments_before_each_row(moments, x64, shift)
+    return array_moments_before_each_row(xp, moments, x64, shift)
+
+
+def array_moments_before_each_row(
+    xp: ModuleType, moments: RunningMoments, x64: Any, shift: Any = None
+) -> tuple[Any, Any, Any, RunningMoments]:
+    """``moments_before_each_row`` in array code: the specification of the devices' folds."""
     if shift is not None:
         x64 = x64 - shift
     n = x64.shape[0]

@@ -15,7 +15,7 @@ import numpy as np
 
 from gln.gating import layer_contexts
 from gln.network import LayerPass, network_pass, reference_layer_pass
-from gln.scaling import FusedScaling
+from gln.scaling import FusedScaling, per_row_side_info, unit_scaled
 
 
 def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
@@ -48,6 +48,11 @@ def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]
 
 def fused_scaling_for(xp: ModuleType, use_kernels: bool = True) -> FusedScaling | None:
     """The single-kernel scaling steps for ``scale_inputs`` on ``xp``, or None (array code)."""
+    if use_kernels and xp is np:  # the standardisation in one compiled pass
+        from gln.kernels.cpu_scaling import cpu_standardize  # noqa: PLC0415 - loads Numba
+
+        return FusedScaling(cpu_standardize, functools.partial(unit_scaled, np),
+                            functools.partial(per_row_side_info, np))
     if use_kernels and xp.__name__ == "cupy":
         from gln.kernels.cuda import (  # noqa: PLC0415
             cuda_per_row_side_info,

@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from gln.kernels import cpu, cpu_gating, cpu_int16_gating
+from gln.kernels import cpu, cpu_gating, cpu_int16_gating, cpu_scaling
 
-KERNEL_MODULES = (cpu, cpu_gating, cpu_int16_gating)
+KERNEL_MODULES = (cpu, cpu_gating, cpu_int16_gating, cpu_scaling)
 
 
 def compiled_kernels() -> dict[str, int]:
