@@ -33,7 +33,12 @@ import numpy as np
 
 from gln.gating import rounding_tolerances, split_by_layer
 from gln.kernels.cpu import exact_dot
-from gln.kernels.cpu_int16_gating import Int16Normals, int16_halfspace_contexts, int16_normals
+from gln.kernels.cpu_int16_gating import (
+    Int16Normals,
+    context_layout,
+    int16_layer_contexts,
+    int16_normals,
+)
 
 # Rows per call up to which the products come from the 16-bit normals on the kernel threads
 # (``gln.kernels.cpu_int16_gating``). A call of a few rows is bound by reading the normals;
@@ -173,6 +178,8 @@ class CpuLayerContexts:
         # (a weak reference to the normals it copies, the copy): replaced in one assignment,
         # so threads that call at once see one pair or the other.
         self._copy: tuple[weakref.ref, Int16Normals] | None = None
+        # ((num_glns, layer_sizes), their context_layout), likewise.
+        self._layout: tuple[tuple[int, tuple[int, ...]], np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -184,11 +191,19 @@ class CpuLayerContexts:
         num_glns: int, layer_sizes: Sequence[int],
     ) -> list[np.ndarray]:
         if 0 < z.shape[0] <= INT16_MAX_ROWS:
-            indices = int16_halfspace_contexts(z, normals, offsets, context_dim,
-                                               self._normals16(normals))
-        else:
-            indices = cpu_halfspace_contexts(z, normals, offsets, context_dim)
+            return int16_layer_contexts(z, normals, offsets, context_dim, num_glns, layer_sizes,
+                                        self._normals16(normals),
+                                        self._context_layout(num_glns, layer_sizes))
+        indices = cpu_halfspace_contexts(z, normals, offsets, context_dim)
         return split_by_layer(np, indices, num_glns, layer_sizes)
+
+    def _context_layout(self, num_glns: int, layer_sizes: Sequence[int]) -> np.ndarray:
+        key = (num_glns, tuple(layer_sizes))
+        layout = self._layout
+        if layout is None or layout[0] != key:
+            layout = (key, context_layout(num_glns, layer_sizes))
+            self._layout = layout
+        return layout[1]
 
     def _normals16(self, normals: np.ndarray) -> Int16Normals:
         copy = self._copy

@@ -9,20 +9,27 @@ product and take the cores from the layer pass that follows.
 
 The copy is not the normals: ``v16 = v - r`` with a residual ``r`` whose norm is known per
 hyperplane. That norm widens the margin within which a float32 decision cannot be trusted
-(``Int16Normals.tolerances``), and those margins are re-checked in float64 against the float32
-normals, as every decision in ``gln.gating`` is. So the contexts are exactly
+(``Int16Normals``), and those margins are re-checked in float64 against the float32 normals,
+as every decision in ``gln.gating`` is. So the contexts are exactly
 ``gln.gating.halfspace_contexts``, bit for bit, whatever the call size.
+
+A short call's gating is one compiled pass over the neurons (``int16_layer_contexts``): the
+products of a neuron's hyperplanes, their decisions and re-checks, and its context index
+written straight into its layer's array. The array code's dozen NumPy calls on a few rows
+(product, subtraction, tolerances, comparisons, ``nonzero``, folding the bits, one copy per
+layer) cost more than the arithmetic of a small network's gating.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numba
 import numpy as np
 
-from gln.gating import dot_rounding_bound, halfspace_contexts, row_norms
-from gln.kernels.cpu import cpu_exact_dots, threaded_kernel
+from gln.gating import dot_rounding_bound, halfspace_contexts, split_by_layer
+from gln.kernels.cpu import cpu_exact_dots, exact_dot, threaded_kernel
 
 _INT16_MAX = 32767
 # Below float32's largest value (3.4e38), whatever the rounding of the partial sums.
@@ -30,7 +37,14 @@ _NO_OVERFLOW = 1e38
 
 
 class Int16Normals(NamedTuple):
-    """Normals (P, d) as ``values * scales[:, None]``, within ``residual_norms`` of float32."""
+    """Normals (P, d) as ``values * scales[:, None]``, within ``residual_norms`` of float32.
+
+    The tolerance of a margin: beyond ``2 (gamma_d ||z|| ||v16|| + ||z|| ||r||)`` the sign of
+    ``z . (values * scale) - b`` in float32 (any summation order) is that of the float64
+    re-check against the float32 normals, since ``|fl32(z . v16) - z . v| <= gamma_d ||z||
+    ||v16|| + ||z|| ||r||`` (Cauchy-Schwarz); doubled, as ``gln.gating.rounding_tolerances``
+    is, to cover the subtraction of the offset and the float64 re-check.
+    """
 
     values: np.ndarray  # (P, d) int16
     scales: np.ndarray  # (P,) float32, powers of two, so values * scale is exact in float32
@@ -42,17 +56,6 @@ class Int16Normals(NamedTuple):
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self)
-
-    def tolerances(self, z: np.ndarray) -> np.ndarray:
-        """(n, P) margins beyond which the sign of ``z . (values * scale) - b`` in float32 (any
-        summation order) is that of the float64 re-check against the float32 normals.
-
-        ``|fl32(z . v16) - z . v| <= gamma_d ||z|| ||v16|| + ||z|| ||r||`` (Cauchy-Schwarz);
-        doubled, as ``gln.gating.rounding_tolerances`` is, to cover the subtraction of the
-        offset and the float64 re-check.
-        """
-        per_norm = dot_rounding_bound(z.shape[1]) * self.norms + self.residual_norms
-        return 2.0 * row_norms(np, z)[:, None] * per_norm[None, :] + 1e-30
 
 
 def int16_normals(normals: np.ndarray) -> Int16Normals:
@@ -93,64 +96,114 @@ def _quantize(normals, slack, values, scales, residual_norms, norms):
         norms[p] = np.sqrt(norm) * slack
 
 
-@threaded_kernel(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _int16_products(z, values, scales, out):
-    # Hyperplane-major: a normal's 16-bit row is read from memory once and widened once per
-    # four rows of z, which share it (four accumulators), so a few rows cost about one row's
-    # memory traffic. The sum's order does not matter: the tolerance holds for any order.
+@numba.njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _plane_products(z, row, scale, out):
+    # A normal's 16-bit row is read from memory once and widened once per four rows of z,
+    # which share it (four accumulators), so a few rows cost about one row's memory traffic.
+    # The sum's order does not matter: the tolerance holds for any order. Not inlined into
+    # the decisions, which must not be reordered: its fast-math flags stay its own.
     n, d = z.shape
-    for p in numba.prange(values.shape[0]):
-        row = values[p]
-        scale = scales[p]
-        t = 0
-        while t + 4 <= n:
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            for i in range(d):
-                v = np.float32(row[i]) * scale
-                a0 += z[t, i] * v
-                a1 += z[t + 1, i] * v
-                a2 += z[t + 2, i] * v
-                a3 += z[t + 3, i] * v
-            out[t, p] = a0
-            out[t + 1, p] = a1
-            out[t + 2, p] = a2
-            out[t + 3, p] = a3
-            t += 4
-        while t < n:
-            acc = np.float32(0.0)
-            for i in range(d):
-                acc += z[t, i] * (np.float32(row[i]) * scale)
-            out[t, p] = acc
-            t += 1
+    t = 0
+    while t + 4 <= n:
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for i in range(d):
+            v = np.float32(row[i]) * scale
+            a0 += z[t, i] * v
+            a1 += z[t + 1, i] * v
+            a2 += z[t + 2, i] * v
+            a3 += z[t + 3, i] * v
+        out[t] = a0
+        out[t + 1] = a1
+        out[t + 2] = a2
+        out[t + 3] = a3
+        t += 4
+    while t < n:
+        acc = np.float32(0.0)
+        for i in range(d):
+            acc += z[t, i] * (np.float32(row[i]) * scale)
+        out[t] = acc
+        t += 1
 
 
-def int16_products(z: np.ndarray, normals16: Int16Normals) -> np.ndarray:
-    """``z @ (values * scales).T`` in float32, (n, P), on the kernel threads."""
+# No fastmath: each margin is float32 ``product - offset`` and compared as the array code does.
+@threaded_kernel(nogil=True, cache=True)
+def _int16_contexts(z, values, scales, residual_norms, norms, normals, offsets, gamma,
+                    context_dim, layout, contexts):
     n, d = z.shape
-    out = np.empty((n, normals16.values.shape[0]), dtype=np.float32)
-    _int16_products(n * normals16.values.shape[0] * d, np.ascontiguousarray(z, dtype=np.float32),
-                    normals16.values, normals16.scales, out)
-    return out
+    row_norms = np.empty(n)
+    largest = 0.0
+    for t in range(n):
+        total = 0.0
+        for i in range(d):
+            v = np.float64(z[t, i])
+            total += v * v
+            largest = max(largest, abs(v))
+        row_norms[t] = np.sqrt(total)
+    if largest * _INT16_MAX * d >= _NO_OVERFLOW:
+        return False
+    products = np.empty((values.shape[0], n), dtype=np.float32)
+    for neuron in numba.prange(values.shape[0] // context_dim):
+        first = neuron * context_dim
+        for p in range(first, first + context_dim):
+            _plane_products(z, values[p], scales[p], products[p])
+        out = layout[0, neuron] * n + layout[1, neuron]
+        for t in range(n):
+            index = np.int32(0)
+            for j in range(context_dim):
+                p = first + j
+                margin = products[p, t] - offsets[p]
+                above = margin >= 0
+                # Int16Normals' bound: beyond it, the sign is that of the float64 re-check.
+                tolerance = 2.0 * row_norms[t] * (gamma * norms[p] + residual_norms[p]) + 1e-30
+                if abs(margin) <= tolerance:  # decided in float64, as gln.gating does
+                    above = exact_dot(z[t], normals[p]) >= np.float64(offsets[p])
+                index |= np.int32(above) << j
+            contexts[out + t * layout[2, neuron]] = index
+    return True
 
 
-def int16_halfspace_contexts(
+def context_layout(num_glns: int, layer_sizes: Sequence[int]) -> np.ndarray:
+    """Where each neuron's contexts go when every layer's (n, G, K_l) array is a piece of one
+    flat buffer, layer after layer: (3, G * sum K) int64, for neuron q (GLN by GLN, layer by
+    layer) the start of its layer's piece per row of the call, its place in a row of that
+    piece, and the length of such a row (t's index is ``start * n + place + t * length``)."""
+    layout = np.empty((3, num_glns, sum(layer_sizes)), dtype=np.int64)
+    first = 0
+    for size in layer_sizes:
+        neurons = slice(first, first + size)
+        layout[0, :, neurons] = num_glns * first
+        layout[1, :, neurons] = np.arange(num_glns * size).reshape(num_glns, size)
+        layout[2, :, neurons] = num_glns * size
+        first += size
+    return layout.reshape(3, -1)
+
+
+def int16_layer_contexts(
     z: np.ndarray, normals: np.ndarray, offsets: np.ndarray, context_dim: int,
-    normals16: Int16Normals,
-) -> np.ndarray:
-    """``gln.gating.halfspace_contexts`` with the products from ``normals16``, the 16-bit copy
-    of ``normals``; the re-checks read ``normals`` themselves.
+    num_glns: int, layer_sizes: Sequence[int], normals16: Int16Normals, layout: np.ndarray,
+) -> list[np.ndarray]:
+    """``gln.gating.layer_contexts`` with the products from ``normals16``, the 16-bit copy of
+    ``normals``, in one compiled pass over the neurons (``layout``: ``context_layout``): the
+    products, every decision (the close ones re-checked in float64 against ``normals``
+    themselves), the context indices, and each layer's (n, G, K_l) array.
 
     The kernel may multiply a row by the int16 values before their scale (the order of the
     factors is free under its fast-math flags), so rows large enough for that to overflow
     float32 take the float32 normals instead.
     """
-    if z.size and float(np.abs(z).max()) * _INT16_MAX * z.shape[1] >= _NO_OVERFLOW:
-        return halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
-    return halfspace_contexts(
-        np, z, normals, offsets, context_dim, dots=cpu_exact_dots,
-        products=lambda rows, _: int16_products(rows, normals16),
-        tolerances=normals16.tolerances,
-    )
+    z = np.ascontiguousarray(z, dtype=np.float32)
+    n, d = z.shape
+    contexts = np.empty(n * layout.shape[1], dtype=np.int32)
+    if not _int16_contexts(n * normals.shape[0] * d, z, *normals16, normals, offsets,
+                           dot_rounding_bound(d), context_dim, layout, contexts):
+        indices = halfspace_contexts(np, z, normals, offsets, context_dim, dots=cpu_exact_dots)
+        return split_by_layer(np, indices, num_glns, layer_sizes)
+    layers, first = [], 0
+    for size in layer_sizes:
+        piece = n * num_glns * size
+        layers.append(contexts[first:first + piece].reshape(n, num_glns, size))
+        first += piece
+    return layers

@@ -71,8 +71,9 @@ def compile_cpu_kernels() -> dict[str, int]:
     model.learn(X, y)  # a long call: the float32 product, decided in one pass
     model.predict_proba(X[:1])
     model.predict_proba(X)
-    # A short call's re-checks of close margins (which data meets rarely), with the index
-    # arrays np.nonzero gives them: contiguous for one margin, strided views for several.
+    # The re-checks of close margins of a short call whose rows are too large for the 16-bit
+    # products (which data meets rarely), with the index arrays np.nonzero gives them:
+    # contiguous for one margin, strided views for several.
     for close in (np.ones((1, 1), dtype=bool), np.ones((2, 2), dtype=bool)):
         cpu.cpu_exact_dots(X, model.normals, *np.nonzero(close))
     for kernel in _threaded_kernels():  # what a call of the other size would run

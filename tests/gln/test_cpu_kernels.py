@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from gln.gating import dot_rounding_bound, sample_halfspaces
 from gln.kernels import cpu
-from gln.kernels.cpu_int16_gating import _int16_products, _quantize, int16_normals
+from gln.kernels.cpu_int16_gating import _int16_contexts, _quantize, context_layout, int16_normals
 from tests.gln.layer_data import random_layer
 
 
@@ -27,21 +28,26 @@ def test_the_layer_pass_twins_give_the_same_bytes(learn, glns, neurons, inputs, 
     assert results[0] == results[1]
 
 
-@pytest.mark.parametrize(("planes", "dim", "n"), [(39, 6, 1), (120, 30, 5), (640, 784, 3)])
-def test_the_16_bit_kernels_twins_give_the_same_bytes(planes, dim, n):
-    rng = np.random.default_rng(planes)
-    normals = rng.normal(size=(planes, dim)).astype(np.float32)
+@pytest.mark.parametrize(("neurons", "m", "dim", "n"), [(13, 3, 6, 1), (40, 3, 30, 5),
+                                                    (160, 4, 784, 3)])
+def test_the_16_bit_kernels_twins_give_the_same_bytes(neurons, m, dim, n):
+    rng = np.random.default_rng(neurons)
+    planes = neurons * m
+    normals, offsets = sample_halfspaces(rng, planes, dim, 1.0)
     z = rng.normal(size=(n, dim)).astype(np.float32)
+    offsets[::7] = z[0] @ normals[::7].T  # close margins: re-checked
     copy = int16_normals(normals)
     slack = 1.0 + 4.0 * (dim + 2) * 2.0**-53
+    layout = context_layout(1, [neurons])
     results = []
-    for quantize, products in zip(_quantize.dispatchers, _int16_products.dispatchers,
+    for quantize, contexts in zip(_quantize.dispatchers, _int16_contexts.dispatchers,
                                   strict=True):
         values, scales = np.empty_like(copy.values), np.empty_like(copy.scales)
         residuals, norms = np.empty_like(copy.norms), np.empty_like(copy.norms)
         quantize(normals, slack, values, scales, residuals, norms)
-        out = np.empty((n, planes), np.float32)
-        products(z, values, scales, out)
+        out = np.empty(n * neurons, np.int32)
+        assert contexts(z, values, scales, residuals, norms, normals, offsets,
+                        dot_rounding_bound(dim), m, layout, out)
         results.append(b"".join(a.tobytes() for a in (values, scales, residuals, norms, out)))
     assert results[0] == results[1]
 

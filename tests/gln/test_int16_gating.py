@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from gln.gating import dot_rounding_bound, halfspace_contexts, sample_halfspaces
+from gln.gating import dot_rounding_bound, halfspace_contexts, layer_contexts, sample_halfspaces
 from gln.kernels import contexts_for
-from gln.kernels.cpu_int16_gating import int16_normals, int16_products
+from gln.kernels.cpu import cpu_exact_dots
+from gln.kernels.cpu_int16_gating import context_layout, int16_normals
 
 
 def _contexts(layer_contexts, z, normals, offsets, m):
@@ -73,7 +74,8 @@ def test_margins_the_16_bit_rounding_gets_wrong_are_rechecked():
     planes = np.array(planes)
     exact = (z.astype(np.float64) * normals[planes].astype(np.float64)).sum(axis=1)
     exact -= offsets[planes]
-    approximate = int16_products(z, copy)[np.arange(len(z)), planes] - offsets[planes]
+    rebuilt = copy.values.astype(np.float32) * copy.scales[:, None]  # exact in float32
+    approximate = (z @ rebuilt.T)[np.arange(len(z)), planes] - offsets[planes]
     wrong = np.sign(approximate) != np.sign(exact)
     assert wrong.mean() > 0.9  # the 16-bit products get these signs wrong ...
     float32_bound = 2 * dot_rounding_bound(d) * np.linalg.norm(z.astype(np.float64), axis=1)
@@ -110,3 +112,56 @@ def test_rows_too_large_for_16_bit_products_take_the_float32_normals():
     for rows in (z, z * 1e6):  # the 16-bit path, then the float32 one
         got = _contexts(contexts_for(np), rows, normals, offsets, m)
         assert np.array_equal(got, halfspace_contexts(np, rows, normals, offsets, m))
+
+
+@pytest.mark.parametrize(("glns", "layer_sizes", "m", "d"), [
+    (1, (8, 4, 1), 3, 6),
+    (5, (16, 16, 1), 4, 20),
+    (3, (13, 1), 5, 30),
+    (2, (5, 1), 1, 3),
+    (1, (4, 1), 16, 10),
+    (10, (128, 128, 1), 4, 784),
+])
+def test_short_calls_give_each_layer_its_contexts_as_the_reference(glns, layer_sizes, m, d):
+    """One pass writes each layer's (n, G, K_l) int32 array, C-contiguous, with the reference's
+    contexts, for rows on hyperplanes and rows away from them, one to 32 rows at a time."""
+    rng = np.random.default_rng(d)
+    planes = glns * sum(layer_sizes) * m
+    normals, offsets = sample_halfspaces(rng, planes, d, 1.0)
+    z = rng.normal(size=(32, d))
+    for t in range(0, 32, 3):  # some rows on a hyperplane
+        p = rng.integers(planes)
+        v = normals[p].astype(np.float64)
+        z[t] += (offsets[p] - z[t] @ v) * v
+    z = z.astype(np.float32)
+    for t in range(1, 32, 3):  # and some hyperplanes through a row
+        offsets[rng.integers(planes)] = np.float32(z[t].astype(np.float64)
+                                                   @ normals[rng.integers(planes)])
+    layer_contexts_of = contexts_for(np)
+    for n in (1, 2, 3, 4, 5, 9, 32):
+        for start in range(0, 32 - n + 1, max(n, 7)):
+            rows = z[start:start + n]
+            expected = layer_contexts(np, rows, normals, offsets, m, glns, layer_sizes,
+                                      dots=cpu_exact_dots)
+            got = layer_contexts_of(rows, normals, offsets, m, glns, layer_sizes)
+            assert len(got) == len(layer_sizes)
+            for layer, want in zip(got, expected, strict=True):
+                assert layer.dtype == np.int32 and layer.flags.c_contiguous
+                assert layer.shape == want.shape and np.array_equal(layer, want)
+
+
+def test_the_layout_places_each_neuron_in_its_layer():
+    glns, layer_sizes, n = 3, (4, 2, 1), 5
+    layout = context_layout(glns, layer_sizes)
+    flat = np.full(n * glns * sum(layer_sizes), -1)
+    for q in range(glns * sum(layer_sizes)):
+        for t in range(n):
+            flat[layout[0, q] * n + layout[1, q] + t * layout[2, q]] = t * 1000 + q
+    first = 0
+    for a, b in ((0, 4), (4, 6), (6, 7)):
+        piece = flat[first:first + n * glns * (b - a)].reshape(n, glns, b - a)
+        for t in range(n):
+            for g in range(glns):
+                expected = t * 1000 + g * sum(layer_sizes) + np.arange(a, b)
+                assert np.array_equal(piece[t, g], expected)
+        first += n * glns * (b - a)

@@ -39,6 +39,14 @@ for options, all_parallel in (
         model.learn(X[start:stop], y[start:stop])
         model.predict_proba(X[start:stop])
     model.saliency(X[:3])
+# A short call of rows too large for the 16-bit products (a value near float32's range, scaled
+# to Z_LIMIT, in a row of 4,000 features), decided from the float32 normals; the first row,
+# all zeros, sits on every hyperplane: re-checked.
+wide = GLN(num_features=4000, num_classes=2, layer_sizes=(2, 1), context_dim=1)
+wide.offsets[:] = 0.0
+X = np.zeros((2, 4000), dtype=np.float32)
+X[1, 0] = 3e38
+wide.learn(X, [0, 1])
 print(json.dumps({
     kernel.py_func.__qualname__: [sum(kernel.stats.cache_hits.values()),
                                   sum(kernel.stats.cache_misses.values())]
@@ -57,7 +65,7 @@ def _run(args: list[str], cache: Path) -> dict:
 def test_a_process_on_a_precompiled_cache_compiles_no_kernel(tmp_path: Path) -> None:
     compiled = _run(["-m", "gln.kernels.precompile"], tmp_path)["kernels"]
     called = {name.rsplit(".", 1)[-1] for name, count in compiled.items() if count}
-    threaded = {"_layer_pass", "_quantize", "_int16_products"}
+    threaded = {"_layer_pass", "_quantize", "_int16_contexts"}
     assert threaded | {f"{name}_one_thread" for name in threaded} <= called
     assert {"_decide", "_exact_dots"} <= called
     assert any(tmp_path.rglob("*.nbi")), "nothing was written to the cache"
