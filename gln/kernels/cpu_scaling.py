@@ -51,21 +51,24 @@ def cpu_moments_before_each_row(
 
 @numba.njit(nogil=True, cache=True)
 def _standardize(x64, counts, sums, sums_sq, min_std, logit_cap, shift, z, logits):
-    # The array code, element by element: statistics of row t (or of one frozen set for every
-    # row, when predicting), mean and variance as _mean_and_variance, then z and its two clips.
+    # The array code, element by element: the mean and the divisor of row t's statistics (or of
+    # one frozen set for every row, when predicting, taken once), then z and its two clips.
     n, d = x64.shape
+    per_row = counts.shape[0] == n
+    mean, divisor = np.empty(d), np.empty(d)
     for t in range(n):
-        r = t if counts.shape[0] == n else 0
+        r = t if per_row else 0
         count = counts[r, 0]
         seen = count > 0.0
-        safe_count = max(count, 1.0)
+        if seen and (per_row or t == 0):  # as _mean_and_variance
+            safe_count = max(count, 1.0)
+            for i in range(d):
+                mean[i] = sums[r, i] / safe_count
+                variance = max(sums_sq[r, i] / safe_count - mean[i] * mean[i], 0.0)
+                divisor[i] = max(np.sqrt(variance), min_std)
         for i in range(d):
-            if seen:
-                mean = sums[r, i] / safe_count
-                variance = max(sums_sq[r, i] / safe_count - mean * mean, 0.0)
-                value = (x64[t, i] - shift[i] - mean) / max(np.sqrt(variance), min_std)
-            else:  # nothing seen yet: no scale to judge a value by
-                value = 0.0
+            # nothing seen yet: no scale to judge a value by
+            value = (x64[t, i] - shift[i] - mean[i]) / divisor[i] if seen else 0.0
             z[t, i] = np.float32(min(max(value, -Z_LIMIT), Z_LIMIT))
             logits[t, i] = np.float32(min(max(value, -logit_cap), logit_cap))
 
