@@ -23,7 +23,7 @@ def test_the_layer_pass_twins_give_the_same_bytes(learn, glns, neurons, inputs, 
     results = []
     for kernel in cpu._layer_pass.dispatchers:
         weights, probs = w.copy(), np.empty((n, glns, neurons), np.float32)
-        kernel(weights, ctx, x, targets, rates, np.float32(0.01), np.float32(5.0), learn, probs)
+        kernel(weights, ctx, x, targets, rates, 0.01, 5.0, learn, probs)
         results.append((weights.tobytes(), probs.tobytes()))
     assert results[0] == results[1]
 
