@@ -40,7 +40,7 @@ def _moments(count, total, total_sq, x64, shift, counts, sums, sums_sq, after, a
 def cpu_moments_before_each_row(
     moments: RunningMoments, x64: np.ndarray, shift: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, RunningMoments]:
-    """``gln.scaling.moments_before_each_row`` for NumPy arrays, bit for bit."""
+    """``gln.scaling.moments_before_each_row`` for float64 NumPy arrays, bit for bit."""
     n, d = x64.shape
     counts, sums, sums_sq = np.empty((n, 1)), np.empty((n, d)), np.empty((n, d))
     after = RunningMoments(moments.count + n, np.empty(d), np.empty(d))
@@ -77,19 +77,15 @@ def cpu_standardize(
     x64: np.ndarray, counts: np.ndarray, sums: np.ndarray, sums_sq: np.ndarray, min_std: float,
     logit_cap: float, shift: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``gln.scaling.standardized`` for NumPy arrays, bit for bit: ``counts`` (n, 1) with sums
-    (n, d) per row, or (1, 1) and (1, d) for every row."""
+    """``gln.scaling.standardized`` for float64 NumPy arrays, bit for bit: ``counts`` (n, 1)
+    with sums (n, d) per row, or (1, 1) and (1, d) for every row."""
     n, d = x64.shape
     z, logits = np.empty((n, d), np.float32), np.empty((n, d), np.float32)
-    _standardize(x64, _c(counts), _c(sums), _c(sums_sq), float(min_std), float(logit_cap),
-                 _shift_or_zeros(shift, d), z, logits)
+    _standardize(x64, counts, sums, sums_sq, min_std, logit_cap, _shift_or_zeros(shift, d), z,
+                 logits)
     return z, logits
 
 
 def _shift_or_zeros(shift: Any, d: int) -> np.ndarray:
     # x - 0.0 is x, bit for bit (-0.0 included): no shift is a shift of zeros.
-    return np.zeros(d) if shift is None else _c(shift)
-
-
-def _c(array: Any) -> np.ndarray:
-    return np.ascontiguousarray(array, dtype=np.float64)
+    return np.zeros(d) if shift is None else shift

@@ -121,3 +121,18 @@ def test_random_chunks_scale_as_the_array_code_does(seed, n, d, count, kind, shi
     expected = standardized(np, x, counts, sums, sums_sq, min_std, logit_cap, shift)
     scaled = cpu_standardize(x, counts, sums, sums_sq, min_std, logit_cap, shift)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(scaled, expected, strict=True))
+
+
+def test_strided_inputs_scale_as_contiguous_ones():
+    rng = np.random.default_rng(5)
+    x = _rows(rng, 9, 22, "normal")
+    moments = _moments(rng, 11, 7)
+    strided = x[:, ::2]  # every other column: a view that is not contiguous
+    want = array_moments_before_each_row(np, moments, strided, strided[0])
+    _same(cpu_moments_before_each_row(moments, strided, strided[0]), want)
+    counts, sums, sums_sq, _ = want
+    expected = standardized(np, strided, counts, sums, sums_sq, 1e-9, 4.59,
+                            strided[0])
+    got = cpu_standardize(strided, counts, sums, sums_sq, 1e-9, 4.59,
+                          strided[0])
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, expected, strict=True))
