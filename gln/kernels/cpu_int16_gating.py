@@ -97,35 +97,39 @@ def _quantize(normals, slack, values, scales, residual_norms, norms):
 
 
 @numba.njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _plane_products(z, row, scale, out):
-    # A normal's 16-bit row is read from memory once and widened once per four rows of z,
-    # which share it (four accumulators), so a few rows cost about one row's memory traffic.
-    # The sum's order does not matter: the tolerance holds for any order. Not inlined into
-    # the decisions, which must not be reordered: its fast-math flags stay its own.
+def _plane_products(z, values, scales, first, last, products):
+    # The products of planes first..last-1, one call per neuron: not inlined into the
+    # decisions, which must not be reordered, so that its fast-math flags stay its own, and a
+    # call passes every array's shape and strides. A normal's 16-bit row is read from memory
+    # once and widened once per four rows of z, which share it (four accumulators), so a few
+    # rows cost about one row's memory traffic. The sum's order does not matter: the
+    # tolerance holds for any order.
     n, d = z.shape
-    t = 0
-    while t + 4 <= n:
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        for i in range(d):
-            v = np.float32(row[i]) * scale
-            a0 += z[t, i] * v
-            a1 += z[t + 1, i] * v
-            a2 += z[t + 2, i] * v
-            a3 += z[t + 3, i] * v
-        out[t] = a0
-        out[t + 1] = a1
-        out[t + 2] = a2
-        out[t + 3] = a3
-        t += 4
-    while t < n:
-        acc = np.float32(0.0)
-        for i in range(d):
-            acc += z[t, i] * (np.float32(row[i]) * scale)
-        out[t] = acc
-        t += 1
+    for p in range(first, last):
+        scale = scales[p]
+        t = 0
+        while t + 4 <= n:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for i in range(d):
+                v = np.float32(values[p, i]) * scale
+                a0 += z[t, i] * v
+                a1 += z[t + 1, i] * v
+                a2 += z[t + 2, i] * v
+                a3 += z[t + 3, i] * v
+            products[p, t] = a0
+            products[p, t + 1] = a1
+            products[p, t + 2] = a2
+            products[p, t + 3] = a3
+            t += 4
+        while t < n:
+            acc = np.float32(0.0)
+            for i in range(d):
+                acc += z[t, i] * (np.float32(values[p, i]) * scale)
+            products[p, t] = acc
+            t += 1
 
 
 # No fastmath: each margin is float32 ``product - offset`` and compared as the array code does.
@@ -147,8 +151,7 @@ def _int16_contexts(z, values, scales, residual_norms, norms, normals, offsets, 
     products = np.empty((values.shape[0], n), dtype=np.float32)
     for neuron in numba.prange(values.shape[0] // context_dim):
         first = neuron * context_dim
-        for p in range(first, first + context_dim):
-            _plane_products(z, values[p], scales[p], products[p])
+        _plane_products(z, values, scales, first, first + context_dim, products)
         out = layout[0, neuron] * n + layout[1, neuron]
         for t in range(n):
             index = np.int32(0)
