@@ -16,12 +16,15 @@ on a busy machine. They run a one-thread twin of the kernel (``ThreadedKernel``)
 the same Python function without ``parallel``, rather than the parallel kernel with Numba
 switched to one thread and back: that switch, taken from Python around each call, cost more
 than a small call's arithmetic. Each neuron's loop is the same source in both, compiled by the
-same compiler for the same CPU, so the results do not depend on the thread count (the tests
-hold the two to the same bytes).
+same compiler for the same CPU, and the tests hold the two to the same bytes; since fast-math
+lets LLVM vectorise each build's sums its own way, a process also checks once that they agree
+on its CPU (``layer_pass_twins_agree``) and runs only the parallel kernel where they do not, so
+the results never depend on the thread count or on how a stream is cut into calls.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from collections.abc import Callable
@@ -176,10 +179,39 @@ def cpu_layer_pass(
     rates: np.ndarray, pred_clip: float, weight_clip: float, learn: bool, probs: np.ndarray,
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
+    work = contexts.size * weights.shape[3]
+    if work < PARALLEL_MIN_WORK and not layer_pass_twins_agree():
+        work = PARALLEL_MIN_WORK  # the parallel kernel only: the bits must not depend on size
     # The clips go as float64, rounded to float32 in the kernel (the same rounding as
     # np.float32's, which costs more here than the rest of a small call's set-up).
-    _layer_pass(contexts.size * weights.shape[3], weights, contexts, inputs, targets, rates,
-                float(pred_clip), float(weight_clip), bool(learn), probs)
+    _layer_pass(work, weights, contexts, inputs, targets, rates, float(pred_clip),
+                float(weight_clip), bool(learn), probs)
+
+
+@functools.cache
+def layer_pass_twins_agree() -> bool:
+    """Whether the layer pass's one-thread twin gives its parallel kernel's bytes on this CPU.
+
+    The two are compiled apart from one source with fast-math reassociation, so their sums
+    agree only if LLVM vectorises each neuron's loops the same way in both builds: true where
+    the tests run, not promised everywhere. Checked once per process, on a layer whose sizes
+    leave vector remainders, learning and predicting; where they differ, every call runs the
+    parallel kernel, so that a stream learned in calls of any size gives the same bytes.
+    """
+    rng = np.random.default_rng(0)
+    glns, neurons, contexts, inputs, n = 2, 9, 16, 77, 5
+    weights = rng.uniform(-0.2, 0.2, (glns, neurons, contexts, inputs)).astype(np.float32)
+    ctx = rng.integers(0, contexts, (n, glns, neurons)).astype(np.int32)
+    x = rng.normal(0, 2, (n, glns, inputs)).astype(np.float32)
+    targets = rng.integers(0, 2, (n, glns)).astype(np.float32)
+    rates = rng.uniform(0.001, 0.1, n).astype(np.float32)
+    results = []
+    for kernel in _layer_pass.dispatchers:
+        w, probs = weights.copy(), np.empty((n, glns, neurons), np.float32)
+        with _LOCK:
+            kernel(w, ctx, x, targets, rates, 0.01, 5.0, True, probs)
+        results.append(w.tobytes() + probs.tobytes())
+    return results[0] == results[1]
 
 
 # No fastmath here: the float64 sums must run in a fixed order.

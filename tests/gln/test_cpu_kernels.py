@@ -64,3 +64,50 @@ def test_the_twin_runs_by_the_size_of_the_work(monkeypatch):
     monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 0)
     kernel(0, None)
     assert ran == ["one_thread", "parallel", "parallel"]
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_a_small_layer_pass_runs_the_twin_only_where_the_twins_agree(monkeypatch, agree):
+    """Where the one-thread twin's bits differ from the parallel kernel's on this CPU, every
+    call runs the parallel kernel, so the bytes never depend on a call's size."""
+    ran = []
+    monkeypatch.setattr(cpu, "layer_pass_twins_agree", lambda: agree)
+    monkeypatch.setattr(cpu._layer_pass, "parallel", lambda *a: ran.append("parallel"))
+    monkeypatch.setattr(cpu._layer_pass, "one_thread", lambda *a: ran.append("one_thread"))
+    rng = np.random.default_rng(1)
+    w, ctx, x, targets, rates = random_layer(rng, 1, 8, 16, 7, 1, True)
+    probs = np.empty((1, 1, 8), np.float32)
+    cpu.cpu_layer_pass(w, ctx, x, targets, rates, 0.01, 5.0, True, probs)
+    assert ran == ["one_thread" if agree else "parallel"]
+
+
+def test_the_twins_agreement_is_checked_on_both_kernels_once(monkeypatch):
+    """The check runs both compiled kernels on the same layer and compares every byte they
+    write: a twin that changes one weight's last bit is caught."""
+    cpu.layer_pass_twins_agree.cache_clear()
+    real = cpu._layer_pass.one_thread
+
+    def off_by_one_bit(weights, *args):
+        real(weights, *args)
+        weights.view(np.uint32)[0, 0, 0, 0] ^= 1
+
+    monkeypatch.setattr(cpu._layer_pass, "one_thread", off_by_one_bit)
+    try:
+        assert cpu._layer_pass.dispatchers[1] is off_by_one_bit
+        assert not cpu.layer_pass_twins_agree()
+        monkeypatch.setattr(cpu._layer_pass, "one_thread", real)
+        cpu.layer_pass_twins_agree.cache_clear()
+        assert cpu.layer_pass_twins_agree() == _twins_give_the_same_bytes()
+    finally:
+        cpu.layer_pass_twins_agree.cache_clear()
+
+
+def _twins_give_the_same_bytes():
+    rng = np.random.default_rng(5)
+    w, ctx, x, targets, rates = random_layer(rng, 2, 9, 16, 77, 5, False)
+    results = []
+    for kernel in cpu._layer_pass.dispatchers:
+        weights, probs = w.copy(), np.empty((5, 2, 9), np.float32)
+        kernel(weights, ctx, x, targets, rates, 0.01, 5.0, True, probs)
+        results.append(weights.tobytes() + probs.tobytes())
+    return results[0] == results[1]
