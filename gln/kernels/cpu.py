@@ -8,18 +8,20 @@ Neurons of a layer are independent given the layer's inputs, so the threads need
 synchronisation, and the result does not depend on the number of threads or on how a stream is
 cut into chunks.
 
-The kernel releases the GIL, so a server keeps answering while a model learns. Numba's
-default threading layer must not be entered from two Python threads at once, so calls are
-serialised by a lock (each call already uses every core). Small calls (a few examples of a
-small network) run on one thread: waking a thread pool costs more than the work, and far more
-on a busy machine. They run a one-thread twin of the kernel (``ThreadedKernel``), compiled from
-the same Python function without ``parallel``, rather than the parallel kernel with Numba
-switched to one thread and back: that switch, taken from Python around each call, cost more
-than a small call's arithmetic. Each neuron's loop is the same source in both, compiled by the
-same compiler for the same CPU, and the tests hold the two to the same bytes; since fast-math
-lets LLVM vectorise each build's sums its own way, a process also checks once that they agree
-on its CPU (``layer_pass_twins_agree``) and runs only the parallel kernel where they do not, so
-the results never depend on the thread count or on how a stream is cut into calls.
+The kernel releases the GIL, so a server keeps answering while a model learns. Numba's default
+threading layer must not be entered from two Python threads at once, so parallel calls are
+serialised by a lock (each already uses every core); a one-thread call (below) never enters
+that layer and takes no lock, so two models' small calls run side by side. Small calls (a few
+examples of a small network) run on one thread: waking a thread pool costs more than the work,
+and far more on a busy machine. They run a one-thread twin of the kernel (``ThreadedKernel``),
+compiled from the same Python function without ``parallel``, rather than the parallel kernel
+with Numba switched to one thread and back: that switch, taken from Python around each call,
+cost more than a small call's arithmetic. Each neuron's loop is the same source in both,
+compiled by the same compiler for the same CPU, and the tests hold the two to the same bytes;
+since fast-math lets LLVM vectorise each build's sums its own way, a process also checks once
+that they agree on its CPU (``layer_pass_twins_agree``) and runs only the parallel kernel where
+they do not, so the results never depend on the thread count or on how a stream is cut into
+calls.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ PARALLEL_MIN_WORK = 100_000
 
 class ThreadedKernel:
     """A parallel Numba kernel (``parallel``) and its one-thread twin (``one_thread``), both
-    compiled from one Python function; calling it runs the twin that suits the work, under the
-    kernel lock.
+    compiled from one Python function; calling it runs the twin that suits the work (the
+    parallel one under the kernel lock).
 
     The twin is Numba's compilation of the same function without ``parallel`` (``prange`` is
     then ``range``): no thread pool to wake, and no thread count to switch. It is compiled from
@@ -68,10 +70,11 @@ class ThreadedKernel:
 
     def __call__(self, work: int, *args: Any) -> Any:
         """Run the kernel on ``args``: on one thread when ``work`` (multiply-adds) is below
-        ``PARALLEL_MIN_WORK``, else on Numba's threads."""
-        kernel = self.one_thread if work < PARALLEL_MIN_WORK else self.parallel
+        ``PARALLEL_MIN_WORK``, else on Numba's threads (under the lock: see the module)."""
+        if work < PARALLEL_MIN_WORK:  # never enters the threading layer: needs no lock
+            return self.one_thread(*args)
         with _LOCK:
-            return kernel(*args)
+            return self.parallel(*args)
 
 
 def threaded_kernel(**options: Any) -> Callable[[Callable[..., Any]], ThreadedKernel]:

@@ -1,5 +1,7 @@
 """The CPU kernels' one-thread twins compute what their parallel kernels compute, bit for bit."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,27 @@ def _twins_give_the_same_bytes():
         kernel(weights, ctx, x, targets, rates, 0.01, 5.0, True, probs)
         results.append(weights.tobytes() + probs.tobytes())
     return results[0] == results[1]
+
+
+def test_only_a_parallel_call_takes_the_kernel_lock(monkeypatch):
+    """Numba's threading layer takes one caller at a time, so a parallel call holds the lock;
+    a one-thread call never enters that layer and runs while another thread holds it (two
+    models' small calls on a server then run side by side)."""
+    held = []
+    monkeypatch.setattr(cpu._layer_pass, "parallel", lambda *a: held.append(cpu._LOCK.locked()))
+    rng = np.random.default_rng(2)
+    w, ctx, x, targets, rates = random_layer(rng, 1, 8, 16, 7, 1, True)
+    probs = np.empty((1, 1, 8), np.float32)
+    cpu._layer_pass(cpu.PARALLEL_MIN_WORK, w, ctx, x, targets, rates, 0.01, 5.0, True, probs)
+    assert held == [True]
+    done = threading.Event()
+
+    def small_call():
+        cpu._layer_pass(0, w, ctx, x, targets, rates, 0.01, 5.0, True, probs)
+        done.set()
+
+    with cpu._LOCK:  # as a parallel call of another model would hold it
+        worker = threading.Thread(target=small_call, daemon=True)
+        worker.start()
+        assert done.wait(timeout=30), "a one-thread call waited for the kernel lock"
+    assert np.all((probs > 0) & (probs < 1))
