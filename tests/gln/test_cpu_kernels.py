@@ -99,20 +99,9 @@ def test_the_twins_agreement_is_checked_on_both_kernels_once(monkeypatch):
         assert not cpu.layer_pass_twins_agree()
         monkeypatch.setattr(cpu._layer_pass, "one_thread", real)
         cpu.layer_pass_twins_agree.cache_clear()
-        assert cpu.layer_pass_twins_agree() == _twins_give_the_same_bytes()
+        assert cpu.layer_pass_twins_agree()  # as the twins' byte tests above hold them here
     finally:
         cpu.layer_pass_twins_agree.cache_clear()
-
-
-def _twins_give_the_same_bytes():
-    rng = np.random.default_rng(5)
-    w, ctx, x, targets, rates = random_layer(rng, 2, 9, 16, 77, 5, False)
-    results = []
-    for kernel in cpu._layer_pass.dispatchers:
-        weights, probs = w.copy(), np.empty((5, 2, 9), np.float32)
-        kernel(weights, ctx, x, targets, rates, 0.01, 5.0, True, probs)
-        results.append(weights.tobytes() + probs.tobytes())
-    return results[0] == results[1]
 
 
 def test_only_a_parallel_call_takes_the_kernel_lock(monkeypatch):
