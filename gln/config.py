@@ -17,7 +17,7 @@ import numpy as np
 
 from gln import checks
 from gln.backend import array_module, resolve_device
-from gln.kernels import contexts_for, fused_scaling_for, network_pass_for
+from gln.kernels import contexts_for, fused_scaling_for, moments_fold_for, network_pass_for
 from gln.kernels.replay import CallReplays
 from gln.scaling import INPUT_SCALINGS, SIDE_INFOS, gaussian_blur_matrix
 from gln.schedules import make_schedule
@@ -129,6 +129,7 @@ class ConfigMixin:
         self._xp = array_module(self._device)
         self._layer_contexts = contexts_for(self._xp, self.use_kernels)
         self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
+        self._moments_fold = moments_fold_for(self._xp, self.use_kernels)
         self._network_pass = network_pass_for(self._xp, self.use_kernels)
         # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
         self._replays = (CallReplays() if self._device == "cuda" and self.use_kernels

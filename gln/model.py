@@ -34,7 +34,7 @@ from gln.config import ConfigMixin
 from gln.kernels.replay import REPLAY_MAX_ROWS
 from gln.kernels.uploads import ChunkUploads
 from gln.saliency import SaliencyMixin
-from gln.scaling import RunningMoments, moments_before_each_row, scale_inputs
+from gln.scaling import RunningMoments, scale_inputs
 from gln.schedules import Evaluated, PerExample
 from gln.staging import StagingMixin
 from gln.state import StateMixin
@@ -251,7 +251,7 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         ``moments.count`` as a (1, 1) float64 array on the model's device)."""
         xp, m, shift = self._xp, self.moments, self.moments_shift
         if learning:
-            counts, sums, sums_sq, after = moments_before_each_row(xp, m, x64, count, shift)
+            counts, sums, sums_sq, after = self._moments_fold(m, x64, count, shift)
         else:
             counts, sums, sums_sq, after = count, m.total[None, :], m.total_sq[None, :], m
         z, base_logits = scale_inputs(

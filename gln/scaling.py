@@ -84,32 +84,14 @@ class RunningMoments:
 
 
 def moments_before_each_row(
-    xp: ModuleType, moments: RunningMoments, x64: Any, count: Any = None, shift: Any = None
+    xp: ModuleType, moments: RunningMoments, x64: Any, shift: Any = None
 ) -> tuple[Any, Any, Any, RunningMoments]:
     """Statistics seen by each row of a chunk (before it), and the statistics after the chunk.
 
     Returns counts (n, 1), sums (n, d), sums of squares (n, d) and the updated moments, all of
-    ``x64 - shift`` (of ``x64`` without a ``shift``). On the GPU the updated totals are
-    ``moments``' arrays, changed in place, and ``count`` (optional, ``moments.count`` as a
-    one-element device array) is where the kernel reads the count. Both devices fold the rows
-    in one compiled pass (``gln.kernels.cuda``, ``gln.kernels.cpu_scaling``) that gives the bits
-    of ``array_moments_before_each_row``.
+    ``x64 - shift`` (of ``x64`` without a ``shift``). This array code is the specification:
+    the devices' compiled folds (``gln.kernels.moments_fold_for``) give its bits.
     """
-    if xp.__name__ == "cupy":  # CuPy's cumsum is a parallel scan; keep the sequential fold
-        from gln.kernels.cuda import moments_before_each_row as sequential  # noqa: PLC0415
-
-        return sequential(moments, x64, count, shift)
-    if xp.__name__ == "numpy":  # one compiled pass, the same additions in the same order
-        from gln.kernels.cpu_scaling import cpu_moments_before_each_row  # noqa: PLC0415
-
-        return cpu_moments_before_each_row(moments, x64, shift)
-    return array_moments_before_each_row(xp, moments, x64, shift)
-
-
-def array_moments_before_each_row(
-    xp: ModuleType, moments: RunningMoments, x64: Any, shift: Any = None
-) -> tuple[Any, Any, Any, RunningMoments]:
-    """``moments_before_each_row`` in array code: the specification of the devices' folds."""
     if shift is not None:
         x64 = x64 - shift
     n = x64.shape[0]

@@ -15,7 +15,13 @@ import numpy as np
 
 from gln.gating import layer_contexts
 from gln.network import LayerPass, network_pass, reference_layer_pass
-from gln.scaling import FusedScaling, per_row_side_info, unit_scaled
+from gln.scaling import (
+    FusedScaling,
+    RunningMoments,
+    moments_before_each_row,
+    per_row_side_info,
+    unit_scaled,
+)
 
 
 def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
@@ -62,6 +68,28 @@ def fused_scaling_for(xp: ModuleType, use_kernels: bool = True) -> FusedScaling 
 
         return FusedScaling(cuda_standardize, cuda_unit_scaling, cuda_per_row_side_info)
     return None
+
+
+MomentsFold = Callable[[RunningMoments, Any, Any, Any], tuple[Any, Any, Any, RunningMoments]]
+
+
+def moments_fold_for(xp: ModuleType, use_kernels: bool = True) -> MomentsFold:
+    """``f(moments, x64, count, shift)``: ``gln.scaling.moments_before_each_row`` on ``xp``, with
+    the same bits. ``count`` is ``moments.count`` as a one-element device array, which only the
+    GPU's fold reads (from memory, so a captured launch can be replayed).
+
+    On the GPU the fold is the sequential kernel even without ``use_kernels``: CuPy's cumsum is
+    a parallel scan, which would sum in another order than NumPy and the CPU's fold.
+    """
+    if xp.__name__ == "cupy":
+        from gln.kernels.cuda import moments_before_each_row as sequential  # noqa: PLC0415
+
+        return sequential
+    if use_kernels and xp is np:  # one compiled pass, the same additions in the same order
+        from gln.kernels.cpu_scaling import cpu_moments_before_each_row  # noqa: PLC0415
+
+        return lambda moments, x64, count, shift: cpu_moments_before_each_row(moments, x64, shift)
+    return lambda moments, x64, count, shift: moments_before_each_row(xp, moments, x64, shift)
 
 
 def network_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:

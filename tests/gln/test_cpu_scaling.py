@@ -5,14 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gln.kernels import moments_fold_for
 from gln.kernels.cpu_scaling import cpu_moments_before_each_row, cpu_standardize
-from gln.scaling import (
-    Z_LIMIT,
-    RunningMoments,
-    array_moments_before_each_row,
-    moments_before_each_row,
-    standardized,
-)
+from gln.scaling import Z_LIMIT, RunningMoments, moments_before_each_row, standardized
 
 
 def _rows(rng, n, d, kind):
@@ -58,9 +53,9 @@ def test_the_moments_pass_equals_the_array_code_bit_for_bit(kind, n, count, shif
     x = _rows(rng, n, d, kind)
     shift = _rows(rng, 1, d, kind)[0] if shifted else None
     moments = _moments(rng, d, count)
-    want = array_moments_before_each_row(np, moments, x, shift)
+    want = moments_before_each_row(np, moments, x, shift)
     _same(cpu_moments_before_each_row(moments, x, shift), want)
-    _same(moments_before_each_row(np, moments, x, shift=shift), want)  # NumPy's dispatch
+    _same(moments_fold_for(np)(moments, x, None, shift), want)  # the model's pick on the CPU
     assert not np.shares_memory(want[3].total, moments.total)
 
 
@@ -77,7 +72,7 @@ def test_the_standardize_pass_equals_the_array_code_bit_for_bit(kind, n, count, 
     d = 11
     x = _rows(rng, n, d, kind)
     shift = x[0].copy() if shifted and n else (rng.normal(0, 3, d) if shifted else None)
-    counts, sums, sums_sq, after = array_moments_before_each_row(
+    counts, sums, sums_sq, after = moments_before_each_row(
         np, _moments(rng, d, count), x, shift)
     if frozen:
         counts, sums, sums_sq = (np.full((1, 1), float(after.count)), after.total[None],
@@ -94,12 +89,12 @@ def test_the_edges_are_met():
     """The cases above reach z = 0 before any row, -0.0, the Z_LIMIT bound and the cap."""
     rng = np.random.default_rng(0)
     x = _rows(rng, 64, 11, "extreme")
-    counts, sums, sums_sq, _ = array_moments_before_each_row(np, _moments(rng, 11, 0), x)
+    counts, sums, sums_sq, _ = moments_before_each_row(np, _moments(rng, 11, 0), x)
     z, logits = cpu_standardize(x, counts, sums, sums_sq, 1e-300, 1e3)
     assert (z[0] == 0).all() and (np.abs(z) == np.float32(Z_LIMIT)).any()
     assert (np.abs(logits) == np.float32(1e3)).any()
     x = np.array([[0.0, -0.0], [-0.0, -0.0]])
-    counts, sums, sums_sq, _ = array_moments_before_each_row(np, _moments(rng, 2, 0), x)
+    counts, sums, sums_sq, _ = moments_before_each_row(np, _moments(rng, 2, 0), x)
     z, _ = cpu_standardize(x, counts, sums, sums_sq, 1e-9, 4.59)
     assert np.signbit(z[1, 1])
 
@@ -114,7 +109,7 @@ def test_random_chunks_scale_as_the_array_code_does(seed, n, d, count, kind, shi
     x = _rows(rng, n, d, kind)
     shift = _rows(rng, 1, d, kind)[0] if shifted else None
     moments = _moments(rng, d, count)
-    want = array_moments_before_each_row(np, moments, x, shift)
+    want = moments_before_each_row(np, moments, x, shift)
     got = cpu_moments_before_each_row(moments, x, shift)
     _same(got, want)
     counts, sums, sums_sq, _ = want
@@ -128,7 +123,7 @@ def test_strided_inputs_scale_as_contiguous_ones():
     x = _rows(rng, 9, 22, "normal")
     moments = _moments(rng, 11, 7)
     strided = x[:, ::2]  # every other column: a view that is not contiguous
-    want = array_moments_before_each_row(np, moments, strided, strided[0])
+    want = moments_before_each_row(np, moments, strided, strided[0])
     _same(cpu_moments_before_each_row(moments, strided, strided[0]), want)
     counts, sums, sums_sq, _ = want
     expected = standardized(np, strided, counts, sums, sums_sq, 1e-9, 4.59,

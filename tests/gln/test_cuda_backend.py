@@ -32,7 +32,7 @@ from gln.scaling import (
     per_row_side_info,
     standardized,
 )
-from gln.scaling import moments_before_each_row as numpy_moments
+from gln.scaling import moments_before_each_row as numpy_moments  # the array code
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 from tests.gln.layer_data import random_layer
 

@@ -791,3 +791,25 @@ def test_the_size_counts_the_blur_matrices_of_image_side_info():
     assert GLN.estimate_nbytes(thin) > 8 * 60_000**2  # sized, not allocated
     with pytest.raises(ValueError, match="image_shape"):
         GLN.estimate_nbytes(dict(config, image_shape=(3, 5)))
+
+
+def test_a_reference_model_runs_none_of_the_compiled_passes(monkeypatch):
+    """``use_kernels=False`` is the array code that the kernels are checked against: it must not
+    lean on them, or a fault in one would go unseen by the comparison."""
+    import gln.kernels.cpu as cpu_kernels  # noqa: PLC0415
+    import gln.kernels.cpu_gating as cpu_gating  # noqa: PLC0415
+    import gln.kernels.cpu_scaling as cpu_scaling  # noqa: PLC0415
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a compiled pass ran for a use_kernels=False model")
+
+    for module, name in ((cpu_scaling, "cpu_moments_before_each_row"),
+                         (cpu_scaling, "cpu_standardize"), (cpu_kernels, "cpu_layer_pass"),
+                         (cpu_gating, "CpuLayerContexts")):
+        monkeypatch.setattr(module, name, refuse)
+    X, y = stream(40)
+    reference = small_model(use_kernels=False)
+    reference.learn(X, y)
+    assert reference.predict_proba(X).shape == (40, 3)
+    with pytest.raises(AssertionError, match="compiled pass"):
+        small_model().learn(X, y)
