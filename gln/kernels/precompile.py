@@ -42,20 +42,23 @@ def compiled_kernels() -> dict[str, int]:
 def cached_kernels() -> list:
     """The Numba dispatchers of the CPU path whose machine code Numba caches (both twins of
     each ``ThreadedKernel``)."""
-    found = {
-        id(kernel): kernel
-        for module in KERNEL_MODULES
-        for value in vars(module).values()
+    return [
+        kernel
+        for value in _kernel_module_values()
         for kernel in (value.dispatchers if isinstance(value, cpu.ThreadedKernel) else (value,))
         if getattr(getattr(kernel, "stats", None), "cache_path", None)
-    }
-    return list(found.values())
+    ]
 
 
 def _threaded_kernels() -> list[cpu.ThreadedKernel]:
-    found = {id(value): value for module in KERNEL_MODULES for value in vars(module).values()
-             if isinstance(value, cpu.ThreadedKernel)}
-    return list(found.values())
+    return [value for value in _kernel_module_values() if isinstance(value, cpu.ThreadedKernel)]
+
+
+def _kernel_module_values() -> list:
+    """What the kernel modules define or import, each object once (a kernel one module imports
+    from another is in both)."""
+    return list({id(value): value for module in KERNEL_MODULES
+                 for value in vars(module).values()}.values())
 
 
 def compile_cpu_kernels() -> dict[str, int]:
