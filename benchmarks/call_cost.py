@@ -18,18 +18,32 @@ round. On a shared machine, alternating rounds is what makes the two comparable;
 
     python benchmarks/call_cost.py
     python benchmarks/call_cost.py --models small --rows 1,2,8 --compare ../main --rounds 5
+
+Instructions are steadier than wall clock. ``--callgrind VERB``, under callgrind, counts only
+the timed calls of that verb (one model, one call size: through callgrind's client requests,
+from a small C shim compiled with ``cc`` against ``valgrind/callgrind.h``) and dumps them to
+``cg.PID.1``; instructions per call are that dump's ``summary:`` divided by the ``calls`` the
+script prints:
+
+    valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
+        --callgrind-out-file=cg.%p python benchmarks/call_cost.py --models small --rows 1 \\
+        --calls 1000 --callgrind learn
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +55,44 @@ MODELS = {
 }
 VERBS = ("learn", "predict", "learn_checked", "predict_checked")
 WARM_ROWS = 256  # learned before the timed calls: running statistics of some substance
+_CALLGRIND_SHIM = """
+#include <valgrind/callgrind.h>
+void start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION;
+                   CALLGRIND_TOGGLE_COLLECT; }
+void stop(void) { CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS;
+                  CALLGRIND_STOP_INSTRUMENTATION; }
+"""
 
 
-def call_times(config: dict[str, Any], verb: str, rows: int, calls: int) -> list[float]:
-    """Seconds of each of ``calls`` calls of ``rows`` rows on a fresh, warmed-up model."""
+@contextlib.contextmanager
+def callgrind_collecting() -> Iterator[None]:
+    """Callgrind instruments and counts only inside this block, then dumps the counts (outside
+    callgrind the client requests do nothing)."""
+    with tempfile.TemporaryDirectory() as directory:
+        source, library = Path(directory, "shim.c"), Path(directory, "shim.so")
+        source.write_text(_CALLGRIND_SHIM)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)],
+                       check=True)
+        shim = ctypes.CDLL(str(library))
+        shim.start()
+        try:
+            yield
+        finally:
+            shim.stop()
+
+
+def call_times(config: dict[str, Any], verb: str, rows: int, calls: int,
+               around: contextlib.AbstractContextManager | None = None) -> list[float]:
+    """Seconds of each of ``calls`` calls of ``rows`` rows on a fresh, warmed-up model; the
+    timed calls run inside ``around``, after one untimed call of the verb (so that what a first
+    call does once, such as loading a kernel, is in neither the times nor the counts)."""
     from gln import GLN  # noqa: PLC0415 - whichever checkout's gln this Python imports
 
     model = GLN(**config, seed=0)
     model.warm_up()
     rng = np.random.default_rng(0)
     d, classes = config["num_features"], config["num_classes"]
-    X = rng.normal(size=(WARM_ROWS + rows * calls, d)).astype(np.float32)
+    X = rng.normal(size=(WARM_ROWS + rows * (1 + calls), d)).astype(np.float32)
     y = rng.integers(0, classes, size=len(X))
     model.learn(X[:WARM_ROWS], y[:WARM_ROWS])
     X32, labels = model.check_input(X, y)  # what the service hands the checked calls
@@ -61,11 +102,13 @@ def call_times(config: dict[str, Any], verb: str, rows: int, calls: int) -> list
         "learn_checked": lambda a, b: model._learn_checked(X32[a:b], labels[a:b]),
         "predict_checked": lambda a, b: model._predict_proba_checked(X32[a:b]),
     }[verb]
+    call(WARM_ROWS, WARM_ROWS + rows)
     times = []
-    for start in range(WARM_ROWS, len(X), rows):
-        t0 = time.perf_counter()
-        call(start, start + rows)
-        times.append(time.perf_counter() - t0)
+    with around or contextlib.nullcontext():
+        for start in range(WARM_ROWS + rows, len(X), rows):
+            t0 = time.perf_counter()
+            call(start, start + rows)
+            times.append(time.perf_counter() - t0)
     return times
 
 
@@ -87,6 +130,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                       "us_per_row": round(1e6 * median / rows, 3),
                                       "calls": calls}
     return {"gln": str(Path(gln.__file__).resolve().parent), "results": results}
+
+
+def counted(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--callgrind`` verb's timed calls, collected by callgrind: what they were."""
+    if len(args.models) != 1 or len(args.rows) != 1:
+        raise SystemExit("--callgrind counts one model and one call size: give one of each")
+    import gln  # noqa: PLC0415
+
+    (name,), (rows,) = args.models, args.rows
+    calls = max(args.min_calls, min(args.calls, args.max_rows // rows))
+    call_times(MODELS[name], args.callgrind, rows, calls, around=callgrind_collecting())
+    return {"gln": str(Path(gln.__file__).resolve().parent), "callgrind": args.callgrind,
+            "model": name, "rows": rows, "calls": calls}
 
 
 def _own_argv(args: argparse.Namespace) -> list[str]:
@@ -155,8 +211,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compare", metavar="PATH", help="another checkout to time as well")
     parser.add_argument("--compare-python", help="its Python (default: PATH/.venv/bin/python)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of --compare")
+    parser.add_argument("--callgrind", choices=VERBS,
+                        help="under callgrind: collect only this verb's timed calls")
     args = parser.parse_args(argv)
-    result = compared(args) if args.compare else measure(args)
+    if args.callgrind:
+        result = counted(args)
+    else:
+        result = compared(args) if args.compare else measure(args)
     result.update(cpus=os.cpu_count(), python=platform.python_version(),
                   machine=platform.processor() or platform.machine())
     print(json.dumps(result), flush=True)
