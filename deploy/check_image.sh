@@ -26,17 +26,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
+wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds, polled twice a second
+  local seconds=$1 what=$2
+  shift 2
+  for _ in $(seq $((2 * seconds))); do
+    "$@" && return
+    sleep 0.5
+  done
+  fail "not $what within $seconds s"
+}
+
+ready() { curl -sf "$S/readyz" >/dev/null; }
+healthy() { [ "$(docker inspect --format '{{.State.Health.Status}}' "$NAME")" = healthy ]; }
+
 start() {
   local network=(-p "127.0.0.1:$PORT:8000")
   [ "$NETWORK" = host ] && network=(--network host -e GLN_PORT="$PORT")
   docker rm -f "$NAME" >/dev/null 2>&1 || true
   docker run -d --name "$NAME" "${network[@]}" -v "$VOLUME:/var/lib/gln/snapshots" "$IMAGE" \
     >/dev/null
-  for _ in $(seq 60); do
-    curl -sf "$S/readyz" >/dev/null && return
-    sleep 0.5
-  done
-  fail "not ready within 30 s"
+  wait_for 30 ready ready
 }
 
 examples_seen() {
@@ -66,12 +75,7 @@ learn 40
 answer=$(curl -sf -X POST "$S/v1/models/demo/predict" -H "$JSON" \
   -d '{"features": [[0.5, 0.0, 1.0]]}') || fail "predict"
 grep -q '"probabilities"' <<<"$answer" || fail "predict answered $answer"
-for _ in $(seq 40); do
-  [ "$(docker inspect --format '{{.State.Health.Status}}' "$NAME")" = healthy ] && break
-  sleep 1
-done
-[ "$(docker inspect --format '{{.State.Health.Status}}' "$NAME")" = healthy ] \
-  || fail "not healthy within 40 s"
+wait_for 40 healthy healthy
 echo "ready and healthy; 40 examples learned"
 
 docker stop "$NAME" >/dev/null

@@ -152,7 +152,10 @@ def _compose_v2() -> list[str] | None:
     return None
 
 
-@pytest.mark.skipif(_compose_v2() is None, reason="needs Docker Compose v2 (CI unpacks Debian's)")
+COMPOSE_V2 = _compose_v2()
+
+
+@pytest.mark.skipif(COMPOSE_V2 is None, reason="needs Docker Compose v2 (CI unpacks Debian's)")
 @pytest.mark.parametrize("files", [["docker-compose.yml"],
                                    ["docker-compose.yml", "deploy/compose.gpu.yml"]],
                          ids=["stack", "gpu-override"])
@@ -160,6 +163,6 @@ def test_docker_compose_accepts_the_files(files: list[str], repo: Path) -> None:
     """Compose's own reading of the files (its schema, interpolation, the override's merge),
     which the YAML checks above do not repeat; no Docker engine is needed for it."""
     options = [option for name in files for option in ("-f", name)]
-    checked = subprocess.run([*_compose_v2(), *options, "config", "--quiet"], cwd=repo,
+    checked = subprocess.run([*COMPOSE_V2, *options, "config", "--quiet"], cwd=repo,
                              capture_output=True, text=True, check=False)
     assert checked.returncode == 0, checked.stderr
