@@ -60,11 +60,11 @@ PREDICT_ROWS_PER_WARP = 32
 PREDICT_SHARED_MIN_ROWS = 64
 PREDICT_ROWS_PER_BLOCK = 512
 # At most this many neurons in a block of the shared kernel (as many as fit, up to it). A block
-# of MNIST's first layer holds 4 neurons' rows (201 KB), one block per SM, so loading a block's
-# rows overlaps no other block's work; fewer neurons per block let two blocks share an SM, at
-# the cost of reading each example's input for fewer neurons. Not measured yet: 32 (no cap)
-# is what the H100 figures ran with; gpu_learn.py's shared_neurons_per_block lines compare.
-PREDICT_MAX_NEURONS_PER_BLOCK = 32
+# of MNIST's first layer holds 4 neurons' rows (201 KB), one block per SM; its second layer's
+# rows (8 KB a neuron) fit 26 to a block, and 8 let several blocks share an SM, at the cost of
+# reading each example's input for fewer neurons: on the H100, 2,048 rows of the second layer
+# took 262 us with at most 8 a block against 283 with 32 (314 with 4), the same in two runs.
+PREDICT_MAX_NEURONS_PER_BLOCK = 8
 # Dot products the shared kernel sums at once (GLN_SUM_BATCH: a power of two up to 32); None
 # leaves it to the source, which takes as many as the registers allow for the row width.
 # Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).

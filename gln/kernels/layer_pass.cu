@@ -38,10 +38,12 @@
 //     memory and its warps take turns over the examples; a warp loads an example's input once
 //     and mixes it with every neuron of the block. The streaming kernel reads a row and an
 //     input from the caches for every neuron and example; this one reads the input once per
-//     block and the rows from shared memory. A warp mixes GLN_SUM_BATCH (neuron, example)
-//     pairs, then sums their dot products together, B - 1 shuffles for B sums by the same
-//     additions as the butterfly's (batched_warp_sums), and squashes them and writes their
-//     outputs at once, a lane each: per pair a warp spends its instructions on the products.
+//     block and the rows from shared memory. On narrow rows a warp mixes GLN_SUM_BATCH
+//     (neuron, example) pairs, then sums their dot products together, B - 1 shuffles for B
+//     sums by the same additions as the butterfly's (batched_warp_sums), and squashes them and
+//     writes their outputs at once, a lane each: per pair a warp spends its instructions on
+//     the products. On wide rows, where the products outweigh the butterfly, it sums each
+//     pair as it goes and squashes 32 finished sums at once.
 //
 // GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
 // and an input live in registers.
@@ -57,10 +59,13 @@
 #endif
 
 #define GLN_WARP 32
-// (neuron, example) pairs whose dot products gln_layer_predict_shared sums at once: as many
-// as the registers allow next to the row and inputs (nvcc 13, sm_90: no spill from 1 to 64).
+// (neuron, example) pairs whose dot products gln_layer_predict_shared sums at once; 1 keeps a
+// butterfly per pair in a plain loop over the block's neurons. On the H100 (2,048 rows of a
+// 10 x 128-neuron layer, docs/gpu.md) batches of 32 won up to 9 elements a lane (MNIST's
+// second layer, 5 a lane: 283 us against 373) and the plain loop from 13 (MNIST's first
+// layer, 25 a lane: 830 us against 1,121 batched by 8; 3,274 against 4,241 at 64 a lane).
 #ifndef GLN_SUM_BATCH
-#define GLN_SUM_BATCH (GLN_PER_LANE <= 13 ? 32 : GLN_PER_LANE <= 16 ? 16 : 8)
+#define GLN_SUM_BATCH (GLN_PER_LANE <= 12 ? 32 : 1)
 #endif
 #define GLN_FULL_MASK 0xffffffffu
 #define GLN_STREAM_WARPS 4  // warps (neurons) per block of the streaming kernel
@@ -472,6 +477,49 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const float* input0 = inputs + static_cast<long long>(source) * I;
     const long long per_example = static_cast<long long>(num_glns) * num_neurons;
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
+#if GLN_SUM_BATCH == 1
+    // Lane `held` keeps the next finished dot product with its neuron and example: once every
+    // lane holds one, the sigmoid, clipping and outputs of 32 (neuron, example) pairs run at
+    // once, a lane each, instead of a whole warp's worth of them per pair.
+    int held = 0, held_t = 0;
+    long long held_neuron = 0;
+    float held_dot = 0.0f;
+    int t = begin + warp;
+    if (t < end) load_input(x, input0 + t * input_stride, lane, I);
+    for (; t < end; t += warps) {
+        // Lane j holds the context of neuron k0 + j at example t (neurons_per_block <= 32).
+        const int mine = lane < count ? contexts[t * per_example + neuron0 + lane] &
+                                            (num_contexts - 1)
+                                      : 0;
+#if GLN_PREFETCH
+        float x_next[GLN_PER_LANE];
+        if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
+#endif
+        for (int j = 0; j < count; ++j) {
+            const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
+            load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
+            const float dot = warp_dot(w, x);
+            if (lane == held) {
+                held_dot = dot;
+                held_neuron = neuron0 + j;
+                held_t = t;
+            }
+            if (++held == GLN_WARP) {
+                write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
+                held = 0;
+            }
+        }
+        if (t + warps < end) {
+#if GLN_PREFETCH
+#pragma unroll
+            for (int i = 0; i < GLN_PER_LANE; ++i) x[i] = x_next[i];
+#else
+            load_input(x, input0 + (t + warps) * input_stride, lane, I);
+#endif
+        }
+    }
+    if (lane < held) write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
+#else
 #if GLN_PREFETCH
     float x_next[GLN_PER_LANE];
 #endif
@@ -523,4 +571,5 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
             write_outputs(a, my_neuron, g, my_t, squash(dot, lo, hi));
         }
     }
+#endif  // GLN_SUM_BATCH
 }

@@ -84,7 +84,9 @@ def test_launch_plan():
     assert (predict.grid, predict.neurons_per_block) == ((320, 4096 // 512), 4)
     assert predict.shared_bytes == 4 * 16 * 785 * 4 <= HOPPER_SHARED_BYTES
     second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
-    assert (second.grid[0], second.neurons_per_block) == (50, 26)  # 5 blocks a GLN, balanced
+    assert (second.grid[0], second.neurons_per_block) == (160, 8)  # 26 fit; the cap is 8
+    narrow = plan_layer_launch((10, 20, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert (narrow.grid[0], narrow.neurons_per_block) == (30, 7)  # 3 blocks a GLN, balanced
     few = plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES, "streaming")
     assert (few.kernel, few.grid, few.rows_per_warp) == (STREAMING, (320, 4), 32)
     assert plan_layer_launch(mnist_first, 100, False, HOPPER_SHARED_BYTES).kernel == SHARED
