@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_learn import NETWORK, load_data, mean_event_seconds  # noqa: E402
+from benchmarks.gpu_learn import NETWORK, load_data, mean_event_seconds, served_inputs  # noqa: E402
 from gln import GLN  # noqa: E402
 from gln.gating import dot_rounding_bound  # noqa: E402
 
@@ -127,10 +127,7 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
     X, y, data = load_data(args, 2 * args.rows)
     model = GLN(**NETWORK, device="cuda")
     model.learn(X[:args.rows], y[:args.rows])  # moments of real data, as a serving model has
-    x64 = cp.asarray(X[args.rows:], dtype=cp.float64)
-    count = cp.full((1, 1), float(model.moments.count))
-    z, _, _ = model._scale(x64, count, learning=False)
-    z = cp.ascontiguousarray(z, dtype=cp.float32)
+    z = served_inputs(cp, model, X[args.rows:])
     normals, offsets = model.normals, model.offsets
     exact = z.astype(cp.float64) @ normals.astype(cp.float64).T
     bound = 2.0 * dot_rounding_bound(z.shape[1])  # the library's, per unit of ||z||

@@ -163,6 +163,15 @@ def launch_constant(name: str, value: int | None) -> contextlib.AbstractContextM
     return module_constant(cuda, name, value)
 
 
+def served_inputs(cp, model: GLN, X: np.ndarray) -> Any:
+    """The float32 side information z of rows ``X`` as the model predicts them (its running
+    moments frozen), contiguous on the device: what its gating multiplies."""
+    x64 = cp.asarray(X, dtype=cp.float64)
+    count = cp.full((1, 1), float(model.moments.count))  # 0 would make every z 0
+    z, _, _ = model._scale(x64, count, learning=False)
+    return cp.ascontiguousarray(z, dtype=cp.float32)
+
+
 def mean_event_seconds(cp, fn, repeats: int) -> float:
     """Device seconds per call of ``fn``: ``repeats`` calls back to back between two events,
     so the device never waits for the host between them (small launches are otherwise timed

@@ -36,16 +36,17 @@ echo "gpu_learn: exit $?"
 grep -v '"layer_pass"' "$OUT/gpu_learn.jsonl"
 tail -5 "$OUT/gpu_learn.err"
 
+data_args=()
+[ -d .peers/mnist ] && data_args+=(--data-dir .peers/mnist)
+
 # Where one-row and 4,096-row calls spend their time, stage by stage, and the host's cost of
 # single CuPy operations.
-timeout 100 "$PYTHON" benchmarks/gpu_stages.py > "$OUT/gpu_stages.jsonl" 2>&1
+timeout 100 "$PYTHON" benchmarks/gpu_stages.py "${data_args[@]}" > "$OUT/gpu_stages.jsonl" 2>&1
 echo "gpu_stages: exit $?"
 cat "$OUT/gpu_stages.jsonl"
 
 # Whether the gating GEMM could run on tensor cores: TF32 products, plain and split in three,
 # their time and their error against the float64 product.
-data_args=()
-[ -d .peers/mnist ] && data_args+=(--data-dir .peers/mnist)
 timeout 60 "$PYTHON" benchmarks/gpu_gating_tf32.py "${data_args[@]}" \
     > "$OUT/gpu_gating_tf32.jsonl" 2>&1
 echo "gpu_gating_tf32: exit $?"

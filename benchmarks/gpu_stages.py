@@ -1,6 +1,6 @@
 """Where a GPU model's learn and predict calls spend their time, stage by stage.
 
-    python benchmarks/gpu_stages.py [--calls 200] [--rows 1,4096]
+    python benchmarks/gpu_stages.py [--calls 200] [--rows 1,4096] [--data-dir DIR]
 
 For one-row calls and for 4,096-row calls (the service's coalesced batches), learning and
 predicting, each stage of ``GLN._run_chunk`` (input check, the one copy in, scaling, contexts,
@@ -14,7 +14,10 @@ launch, small copies each way, the gating product), timed back to back without s
 which shows whether the latency of one-row calls is the host's or the device's. Last, the
 parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
 bounds, the contexts kernel with its float64 re-checks in place and listed; CUDA events) and
-the copy in (pageable against pinned host memory) next to the host's input check.
+the copy in (pageable against pinned host memory) next to the host's input check, on a model
+that has learned as many rows first, so that its inputs are standardised as in service (a new
+model's are all zero, and no margin of theirs is close to a hyperplane). MNIST's rows with
+``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise.
 
 Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
 """
@@ -34,7 +37,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_learn import NETWORK, int_list, mean_event_seconds  # noqa: E402
+from benchmarks.gpu_learn import (  # noqa: E402
+    NETWORK,
+    int_list,
+    load_data,
+    mean_event_seconds,
+    served_inputs,
+)
 from gln import GLN  # noqa: E402
 
 STAGES = ("check_input", "_sent", "_scale", "_contexts", "_network_pass", "_fetched")
@@ -116,15 +125,15 @@ def event_us(cp, operation: Callable, repeats: int = 20) -> float:
     return mean_event_seconds(cp, operation, repeats) * 1e6
 
 
-def long_call_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
-    """The gating's parts and the copy in of one ``rows``-row call, each timed alone."""
+def long_call_parts(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:
+    """The gating's parts and the copy in of one ``rows``-row call, each timed alone, after
+    the model has learned the ``rows`` rows before it."""
     from gln.kernels import cuda  # noqa: PLC0415
 
     model = GLN(**NETWORK, device="cuda")
-    chunk = np.ascontiguousarray(X[:rows])
-    x64 = cp.asarray(chunk, dtype=cp.float64)
-    z, _, _ = model._scale(x64, cp.full((1, 1), 0.0), learning=False)
-    z = cp.ascontiguousarray(z, dtype=cp.float32)
+    model.learn(X[:rows], y[:rows])
+    chunk = np.ascontiguousarray(X[rows:2 * rows])
+    z = served_inputs(cp, model, chunk)
     normals, offsets, sizes, m = model.normals, model.offsets, model.layer_sizes, model.context_dim
     products = z @ normals.T
     tolerance = cp.empty(len(z), dtype=cp.float32)
@@ -158,7 +167,8 @@ def long_call_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
 
     decide(True)
     listed = int(rechecks.count.get()[0])
-    emit({"measure": "long_call_parts", "rows": rows, "margins_rechecked": rechecked,
+    emit({"measure": "long_call_parts", "rows": rows, "learned_before": model.examples_seen,
+          "nonzero_inputs": float((z != 0).mean()), "margins_rechecked": rechecked,
           "margins_listed": listed, "list_capacity": rechecks.capacity,
           "device_us": {"gemm": event_us(cp, lambda: z @ normals.T),
                         "rounding_bounds": event_us(cp, bounds),
@@ -178,20 +188,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per measurement")
     parser.add_argument("--rows", type=int_list, default=[1, 4096], help="rows per call")
+    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
     args = parser.parse_args(argv)
 
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
 
     device = cp.cuda.runtime.getDeviceProperties(0)["name"]
     device = device.decode() if isinstance(device, bytes) else str(device)
-    rng = np.random.default_rng(0)
-    X = rng.random((max(args.rows) * 4 + 1, 784)).astype(np.float32)
-    y = rng.integers(0, 10, len(X))
+    X, y, _ = load_data(args, max(args.rows) * 4 + 1)
     for rows in args.rows:
         stage_times(cp, X, y, rows, args.calls if rows < 1024 else max(3, args.calls // 20),
                     device)
     host_costs(cp, args.calls, device)
-    long_call_parts(cp, X, max(args.rows), device)
+    long_call_parts(cp, X, y, max(args.rows), device)
 
 
 if __name__ == "__main__":

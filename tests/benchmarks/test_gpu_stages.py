@@ -42,6 +42,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     assert {"launch", "copy_in_6kb", "copy_out_40b", "gating_product_1_row"} <= costs
     parts = next(r for r in records if r["measure"] == "long_call_parts")
     assert parts["rows"] == 3 and 0 <= parts["margins_rechecked"] <= 1
+    assert parts["learned_before"] == 3 and parts["nonzero_inputs"] > 0.5  # not a new model's
     assert set(parts["device_us"]) == {
         "gemm", "rounding_bounds", "contexts_rechecking_in_place", "contexts_listing",
         "rechecks_of_the_list", "layer_contexts"}
