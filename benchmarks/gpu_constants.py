@@ -8,9 +8,11 @@
   A chunk runs every layer, so the times are summed over the layers.
 * ``PREDICT_ROWS_PER_WARP`` and ``PREDICT_ROWS_PER_BLOCK``: the values with which prediction
   is fastest, by the streaming and by the shared kernel, summed over the layers: for the
-  streaming kernel at the longest measured chunk, for the shared one at the longest measured
-  chunk that prediction runs at once (``gln.staging.PREDICT_CHUNK_ROWS_GPU``; 4,096-row calls are
-  predicted in chunks of that many rows).
+  streaming kernel at the longest measured chunk that it predicts (shorter than
+  ``PREDICT_SHARED_MIN_ROWS`` below, else the library's; longer ones go to the shared kernel),
+  for the shared one at the longest measured chunk that prediction runs at once
+  (``gln.staging.PREDICT_CHUNK_ROWS_GPU``; 4,096-row calls are predicted in chunks of that many
+  rows).
 * ``PREDICT_SHARED_MIN_ROWS``: the shortest measured chunk from which the shared kernel (at its
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 
@@ -53,9 +55,10 @@ def recommend(records: Iterable[dict]) -> dict:
     shared_min_rows, predict_by_rows = _crossing(
         {n: us for n, (_, us) in best.get("streaming", {}).items()},
         {n: us for n, (_, us) in best.get("shared", {}).items()})
+    streaming_below = (shared_min_rows or cuda.PREDICT_SHARED_MIN_ROWS) - 1
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
-        "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {})),
+        "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {}), streaming_below),
         "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {}),
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,

@@ -30,13 +30,17 @@ def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers(monk
                                 (4096, 256, 20), (4096, 512, 25)):
         records.append(layer_pass("a", "shared", False, rows, us, per_block))
     records += [layer_pass("a", "streaming", False, 256, 50, 32)]
+    for per_warp, us in ((8, 70), (32, 60), (128, 55)):  # the longest that streaming predicts
+        records.append(layer_pass("a", "streaming", False, 128, us, per_warp))
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 256)
     assert recommend(records)["PREDICT_ROWS_PER_BLOCK"] == 512  # at 256 rows, the chunk
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 4096)
     chosen = recommend(records)
     assert chosen["RESIDENT_MIN_ROWS"] == 16
     assert chosen["learn_us_by_rows"][8] == {"streaming": 50, "resident": 55}
-    assert chosen["PREDICT_ROWS_PER_WARP"] == 32  # at 4096 rows, not at 1
+    # At 128 rows, the longest below the shared kernel's 256: not at 4,096 (32 best), which
+    # the shared kernel predicts, nor at 1 (8 best).
+    assert chosen["PREDICT_ROWS_PER_WARP"] == 128
     assert chosen["PREDICT_ROWS_PER_BLOCK"] == 256  # at 4096 rows, not at 256
     assert chosen["PREDICT_SHARED_MIN_ROWS"] == 256
     # Each kernel at its best setting for the length (streaming summed over both layers).
