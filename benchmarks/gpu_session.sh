@@ -5,8 +5,10 @@
 #
 #   bash benchmarks/gpu_session.sh            # from the repository root, on a GPU machine
 #
-# Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise) and .peers/pygln
-# (a checkout of github.com/aiwabdn/pygln). Writes into $OUT (default ./gpu-out): device.txt,
+# Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise), .peers/pygln
+# (a checkout of github.com/aiwabdn/pygln) and .peers/base (the gln package of the commit last
+# measured, for benchmarks/gpu_compare.py's side-by-side predictions, whose lines are appended
+# to gpu_learn.jsonl: a call brings back 8 files). Writes into $OUT (default ./gpu-out): device.txt,
 # tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl,
 # constants.json, snapshot_bytes.jsonl. docs/gpu.md says how to set up .peers.
 set -u
@@ -38,6 +40,14 @@ tail -5 "$OUT/gpu_learn.err"
 
 data_args=()
 [ -d .peers/mnist ] && data_args+=(--data-dir .peers/mnist)
+
+# This checkout's predictions against the commit last measured, alternating, in one run.
+if [ -d .peers/base/gln ]; then
+    timeout 90 "$PYTHON" benchmarks/gpu_compare.py .peers/base . "${data_args[@]}" \
+        >> "$OUT/gpu_learn.jsonl" 2>> "$OUT/gpu_learn.err"
+    echo "gpu_compare: exit $?"
+    grep '"gpu_compare"' "$OUT/gpu_learn.jsonl"
+fi
 
 # Where one-row and 4,096-row calls spend their time, stage by stage, and the host's cost of
 # single CuPy operations.
