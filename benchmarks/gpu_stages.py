@@ -11,7 +11,10 @@ prediction's values are checked by the device, so its ``check_input`` stage is e
 sum exceeds an unwrapped call, which overlaps them; what matters is which stage dominates.
 Then the host cost of single CuPy operations that a one-row call is made of (an allocation, a
 launch, small copies each way, the gating product), timed back to back without synchronising,
-which shows whether the latency of one-row calls is the host's or the device's. Last, the
+which shows whether the latency of one-row calls is the host's or the device's. Then one
+4,096-row learn and predict call each as it runs, unsynchronised (``call_timeline``): when the
+host issued and left each stage, and when the device finished it (an event recorded after
+it), so that the device's idle gaps, and what the host was doing then, show. Last, the
 parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
 bounds, the contexts kernel with its float64 re-checks in place and listed; CUDA events) and
 the copy in (pageable against pinned host memory) next to the host's input check, on a model
@@ -32,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -87,6 +91,62 @@ def stage_times(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int, device:
         emit({"measure": "stages", "verb": "learn" if learning else "predict", "rows": rows,
               "calls": calls, "call_us": whole * 1e6,
               "stage_us": {name: totals[name] / calls * 1e6 for name in STAGES}}, device)
+
+
+TIMELINE_STAGES = ("_sent", "_scale", "_contexts", "_network_pass", "_fetched")
+
+
+def call_timeline(cp, model: GLN, call: Callable[[], Any]) -> dict:
+    """``call()`` on ``model`` without synchronising between its stages: each stage's host
+    entry and exit and the device's finish of its work (an event recorded on the current
+    stream as the stage returns), in microseconds from the call's start."""
+    marks: list[tuple[str, float, float, Any]] = []
+
+    def traced(name: str, method: Callable) -> Callable:
+        @functools.wraps(method)
+        def run(*args, **kwargs):
+            entered = time.perf_counter()
+            result = method(*args, **kwargs)
+            done = cp.cuda.Event()
+            done.record()
+            marks.append((name, entered, time.perf_counter(), done))
+            return result
+        return run
+
+    own = {name: model.__dict__[name] for name in TIMELINE_STAGES if name in model.__dict__}
+    for name in TIMELINE_STAGES:
+        setattr(model, name, traced(name, getattr(model, name)))
+    try:
+        cp.cuda.Device().synchronize()
+        start = cp.cuda.Event()
+        began = time.perf_counter()
+        start.record()
+        call()
+        ended = time.perf_counter()
+        cp.cuda.Device().synchronize()
+    finally:  # the model's own stages back (some are set per instance, some are methods)
+        for name in TIMELINE_STAGES:
+            delattr(model, name)
+        model.__dict__.update(own)
+    return {"call_us": (ended - began) * 1e6, "stages": [
+        {"stage": name, "host_entered_us": (entered - began) * 1e6,
+         "host_left_us": (left - began) * 1e6,
+         "device_done_us": cp.cuda.get_elapsed_time(start, done) * 1e3}
+        for name, entered, left, done in marks]}
+
+
+def timelines(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:
+    """``call_timeline`` of a ``rows``-row learn and predict call (after one of each)."""
+    model = GLN(**NETWORK, device="cuda")
+    model._replays = None  # short calls launch by launch, as long ones always do
+    model.learn(X[:rows], y[:rows])
+    model.predict_proba(X[:rows])
+    for verb, call in (
+        ("learn", lambda: model.learn(X[rows:2 * rows], y[rows:2 * rows])),
+        ("predict", lambda: model.predict_proba(X[2 * rows:3 * rows])),
+    ):
+        emit({"measure": "call_timeline", "verb": verb, "rows": rows,
+              **call_timeline(cp, model, call)}, device)
 
 
 def host_costs(cp, calls: int, device: str) -> None:
@@ -200,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         stage_times(cp, X, y, rows, args.calls if rows < 1024 else max(3, args.calls // 20),
                     device)
     host_costs(cp, args.calls, device)
+    timelines(cp, X, y, max(args.rows), device)
     long_call_parts(cp, X, y, max(args.rows), device)
 
 

@@ -31,7 +31,8 @@ from gln.backend import import_cupy, side_stream
 
 # Host threads that stage a chunk into pinned memory (1: the calling thread alone), and the
 # pieces a chunk is staged and copied in (the first piece's copy starts while the host stages
-# the rest). Neither is measured on a GPU host yet: benchmarks/gpu_learn.py compares them.
+# the rest). On the H100's host, 4,096-row MNIST predictions, 1 x 1, 1 x 4, 4 x 1 and 4 x 4
+# were within the runs' noise of each other (benchmarks/gpu_learn.py, docs/gpu.md).
 STAGING_THREADS = 1
 STAGING_PIECES = 4
 SLOTS = 2

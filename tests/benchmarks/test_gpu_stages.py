@@ -40,6 +40,18 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     assert all(set(r["stage_us"]) == set(STAGES) for r in stages.values())
     costs = {r["operation"] for r in records if r["measure"] == "host_cost"}
     assert {"launch", "copy_in_6kb", "copy_out_40b", "gating_product_1_row"} <= costs
+    timelines = {r["verb"]: r for r in records if r["measure"] == "call_timeline"}
+    assert set(timelines) == {"learn", "predict"}
+    for timeline in timelines.values():
+        stages = timeline["stages"]
+        names = [s["stage"] for s in stages]  # a one-chunk call copies its outputs directly
+        assert names in (["_sent", "_scale", "_contexts", "_network_pass"],
+                         ["_sent", "_scale", "_contexts", "_network_pass", "_fetched"])
+        entered = [s["host_entered_us"] for s in stages]
+        assert entered == sorted(entered) and entered[0] >= 0
+        assert all(s["host_entered_us"] <= s["host_left_us"] <= timeline["call_us"]
+                   for s in stages)
+        assert all(s["device_done_us"] >= 0 for s in stages)
     parts = next(r for r in records if r["measure"] == "long_call_parts")
     assert parts["rows"] == 3 and 0 <= parts["margins_rechecked"] <= 1
     assert parts["learned_before"] == 3 and parts["nonzero_inputs"] > 0.5  # not a new model's
