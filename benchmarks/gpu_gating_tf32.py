@@ -1,5 +1,6 @@
-"""Could the gating GEMM run on tensor cores? TF32 products, plain and split in three, against
-the float32 GEMM the library uses: device time and error, on one chunk of the MNIST network.
+"""Could the gating GEMM run on tensor cores? TF32 products, plain and split in three, and
+products of int8 slices, against the float32 GEMM the library uses: device time and error, on
+one chunk of the MNIST network.
 
     python benchmarks/gpu_gating_tf32.py [--data-dir DIR] [--rows 4096]
     python benchmarks/gpu_gating_tf32.py --emulated --rows 256 [--data-dir DIR]   # no GPU
@@ -15,12 +16,21 @@ product keeps most of float32's accuracy at three TF32 products' cost:
     TF32 changes nothing), z . v ~ zh . vh + zh . vl + zl . vh, one GEMM over [zh, zh, zl] and
     [vh, vl, vh], 3 d long.
 
-Prints one JSON line per product (``float32``, ``tf32``, ``tf32x3``): device microseconds (CUDA
-events, back to back), the largest and the 99.99th-percentile error against the float64
-product in units of the library's bound (the float32 GEMM must stay below 1), and for each
-multiple k of that bound the share of margins inside k bounds (what would be re-checked) and
-the margins outside them whose float32 sign is wrong (``wrong_outside``: a bound that lets one
-through is unsafe on this data; 0 is necessary, not sufficient: a bound must be proved).
+The int8 products (``int8_2slices``: 3 int8 GEMMs, ``int8_3slices``: 6) come with a bound of
+their own, proved (``benchmarks/int8_gating.py``): integer tensor cores add exactly, so only
+the slicing errs. Their lines add ``own_bound``: the largest error in units of that bound
+(above 1 would disprove it), the share of margins inside it (what the float64 re-check would
+take), the margins outside it whose sign is wrong (must be 0), and its median size in units of
+the library's float32 bound. Their time includes slicing the rows; the normals are sliced once
+per model.
+
+Prints one JSON line per product (``float32``, ``tf32``, ``tf32x3``, the int8 ones): device
+microseconds (CUDA events, back to back), the largest and the 99.99th-percentile error
+against the float64 product in units of the library's bound (the float32 GEMM must stay below
+1), and for each multiple k of that bound the share of margins inside k bounds (what would be
+re-checked) and the margins outside them whose float32 sign is wrong (``wrong_outside``: a
+bound that lets one through is unsafe on this data; 0 is necessary, not sufficient: a bound
+must be proved).
 Needs CuPy and a GPU, or ``--emulated``: the CPU's emulated device (tests/gln/emulated_cupy.py),
 TF32 products emulated by rounding the operands to TF32 and multiplying in float32; its shares
 of margins are the data's, its times and errors are not the tensor cores'.
@@ -40,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import int8_gating  # noqa: E402
 from benchmarks.gpu_learn import NETWORK, load_data, mean_event_seconds, served_inputs  # noqa: E402
 from gln import GLN  # noqa: E402
 from gln.gating import dot_rounding_bound  # noqa: E402
@@ -105,10 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.emulated:
         from tests.gln.emulated_cupy import emulated_cupy_installed  # noqa: PLC0415
 
-        with emulated_cupy_installed():
-            measure(args, rounded_operands_product)
+        with emulated_cupy_installed() as cp:
+            measure(args, rounded_operands_product, int8_gating.integer_product(cp))
     else:
-        measure(args, tf32_product)
+        import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
+
+        measure(args, tf32_product, int8_gating.cublas_int8_product(cp))
 
 
 def rounded_operands_product(cp: ModuleType, a: Any, b: Any) -> Any:
@@ -117,9 +130,10 @@ def rounded_operands_product(cp: ModuleType, a: Any, b: Any) -> Any:
     return tf32_part(cp, a) @ tf32_part(cp, b).T
 
 
-def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any]) -> None:
-    """The three products' lines for ``args``, on the ``cupy`` that imports now, ``tf32``
-    standing for ``tf32_product``."""
+def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any],
+            int8_product: Callable[[Any, Any, Any, bool], None]) -> None:
+    """The products' lines for ``args``, on the ``cupy`` that imports now, ``tf32`` standing
+    for ``tf32_product`` and ``int8_product`` for ``int8_gating.cublas_int8_product``'s."""
     import cupy as cp  # noqa: PLC0415 - a GPU's, or the emulation's
 
     device = cp.cuda.runtime.getDeviceProperties(0)["name"]
@@ -142,6 +156,43 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
               "planes": normals.shape[0], "features": z.shape[1], "data": data,
               "device_us": seconds * 1e6,
               **margin_errors(cp, run(), exact, offsets, tolerance)}, device)
+    for count in (2, 3):
+        emit(int8_record(cp, count, z, normals, offsets, exact, tolerance, int8_product,
+                         args.repeats, data), device)
+
+
+def int8_record(cp: ModuleType, count: int, z: Any, normals: Any, offsets: Any, exact: Any,
+                tolerance: Any, int8_product: Callable[[Any, Any, Any, bool], None],
+                repeats: int, data: str) -> dict:
+    """One int8 product's line: ``count`` slices a row, timed from the rows' slicing."""
+    name = f"int8_{count}slices"
+    record = {"measure": "gating_product", "product": name, "rows": len(z),
+              "planes": normals.shape[0], "features": z.shape[1], "data": data}
+    try:
+        planes = int8_gating.sliced(cp, normals, count)
+
+        def run() -> list[Any]:
+            return int8_gating.products_by_order(
+                cp, int8_gating.sliced(cp, z, count), planes, int8_product)
+
+        seconds = mean_event_seconds(cp, run, repeats)
+    except Exception as error:  # noqa: BLE001 - one product's failure is a line, not the end
+        return {**record, "error": f"{type(error).__name__}: {error}"}
+    rows = int8_gating.sliced(cp, z, count)
+    orders = int8_gating.products_by_order(cp, rows, planes, int8_product)
+    estimate = int8_gating.combined(cp, orders, rows, planes)
+    own = int8_gating.bound(cp, orders, rows, planes)
+    margins = estimate - offsets[None, :].astype(cp.float64)
+    inside = cp.abs(margins) <= own
+    wrong = (margins >= 0) != (exact >= offsets[None, :].astype(cp.float64))
+    return {**record, "device_us": seconds * 1e6,
+            **margin_errors(cp, estimate, exact, offsets, tolerance),
+            "own_bound": {
+                "max_error_in_own_bounds": float((cp.abs(estimate - exact) / own).max()),
+                "rechecked_share": float(inside.mean()),
+                "wrong_outside": int((wrong & ~inside).sum()),
+                "median_in_library_bounds": float(cp.median(own / tolerance[:, None])),
+            }}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The TF32 gating experiment runs end to end on the emulated device (TF32 products emulated by
 rounding the operands to TF32 and multiplying in float32), so that a GPU session does not find
-it broken, and its measures order the three products as their precision does."""
+it broken, and its measures order the products as their precision does."""
 
 import json
 
@@ -27,7 +27,7 @@ def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     experiment.main(["--emulated", "--rows", "48", "--repeats", "1"])
     records = {r["product"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert set(records) == {"float32", "tf32", "tf32x3"}
+    assert set(records) == {"float32", "tf32", "tf32x3", "int8_2slices", "int8_3slices"}
     assert {r["device"] for r in records.values()} == {"emulated (CPU)"}
     errors = {name: r["max_error_in_bounds"] for name, r in records.items()}
     assert errors["float32"] < 1 < errors["tf32"] and errors["tf32x3"] < errors["tf32"]
@@ -36,3 +36,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         assert shares == sorted(shares) and 0 <= shares[0] and shares[-1] <= 1
         assert record["device_us"] > 0
     assert all(b["wrong_outside"] == 0 for b in records["float32"]["by_bound_multiple"])
+    own = {name: records[name]["own_bound"] for name in ("int8_2slices", "int8_3slices")}
+    for bound in own.values():  # the int8 products' proved bounds hold, and decide alike
+        assert bound["max_error_in_own_bounds"] <= 1 and bound["wrong_outside"] == 0
+    assert own["int8_3slices"]["median_in_library_bounds"] < 1  # tighter than float32's
+    assert own["int8_3slices"]["rechecked_share"] <= own["int8_2slices"]["rechecked_share"]
