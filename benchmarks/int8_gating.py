@@ -29,6 +29,9 @@ from typing import Any
 BASE = 128.0  # one slice's step: 7 bits below the one before
 _ROUNDING_MARGIN = 1.0 + 2.0 ** -40  # the float64 arithmetic of the bound itself
 _SUM_ROUNDING = 2.0 ** -50  # of the float64 sum in ``combined``, relative to its terms' sizes
+# cuBLAS's and CUDA's enumerations (stable values of their C headers): operations, data types,
+# the int32 compute type, the default algorithm.
+_OP_N, _OP_T, _R_8I, _R_32I, _COMPUTE_32I, _GEMM_DEFAULT = 0, 1, 3, 10, 72, -1
 
 
 @dataclass
@@ -105,19 +108,17 @@ def cublas_int8_product(cp: ModuleType) -> Callable[[Any, Any, Any, bool], None]
     read with leading dimension d."""
     import numpy as np  # noqa: PLC0415
 
-    cublas, runtime = cp.cuda.cublas, cp.cuda.runtime
-    one, zero = np.ones(1, np.int32), np.zeros(1, np.int32)
+    one, zero = np.ones(1, np.int32), np.zeros(1, np.int32)  # host scalars, kept alive here
 
     def product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
         (n, d), planes = a.shape, b.shape[0]
         if d % 4:
             raise ValueError(f"int8 tensor cores need the length ({d}) a multiple of 4")
         beta = one if accumulate else zero
-        cublas.gemmEx(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_OP_T,
-                      cublas.CUBLAS_OP_N, planes, n, d, one.ctypes.data, b.data.ptr,
-                      runtime.CUDA_R_8I, d, a.data.ptr, runtime.CUDA_R_8I, d,
-                      beta.ctypes.data, out.data.ptr, runtime.CUDA_R_32I, planes,
-                      cublas.CUBLAS_COMPUTE_32I, cublas.CUBLAS_GEMM_DEFAULT)
+        cp.cuda.cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, planes, n, d,
+                              one.ctypes.data, b.data.ptr, _R_8I, d, a.data.ptr, _R_8I, d,
+                              beta.ctypes.data, out.data.ptr, _R_32I, planes, _COMPUTE_32I,
+                              _GEMM_DEFAULT)
 
     return product
 
