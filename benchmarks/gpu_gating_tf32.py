@@ -21,8 +21,9 @@ their own, proved (``benchmarks/int8_gating.py``): integer tensor cores add exac
 the slicing errs. Their lines add ``own_bound``: the largest error in units of that bound
 (above 1 would disprove it), the share of margins inside it (what the float64 re-check would
 take), the margins outside it whose sign is wrong (must be 0), and its median size in units of
-the library's float32 bound. Their time includes slicing the rows; the normals are sliced once
-per model.
+the library's float32 bound; ``own_row_bound`` the same for its largest value over the planes
+per row (``int8_gating.row_bound``), a tolerance the library's contexts kernel could take as it
+is. Their time includes slicing the rows; the normals are sliced once per model.
 
 Prints one JSON line per product (``float32``, ``tf32``, ``tf32x3``, the int8 ones): device
 microseconds (CUDA events, back to back), the largest and the 99.99th-percentile error
@@ -181,18 +182,28 @@ def int8_record(cp: ModuleType, count: int, z: Any, normals: Any, offsets: Any, 
     rows = int8_gating.sliced(cp, z, count)
     orders = int8_gating.products_by_order(cp, rows, planes, int8_product)
     estimate = int8_gating.combined(cp, orders, rows, planes)
-    own = int8_gating.bound(cp, orders, rows, planes)
     margins = estimate - offsets[None, :].astype(cp.float64)
-    inside = cp.abs(margins) <= own
     wrong = (margins >= 0) != (exact >= offsets[None, :].astype(cp.float64))
+    per_pair = int8_gating.bound(cp, orders, rows, planes)
+    per_row = cp.broadcast_to(int8_gating.row_bound(cp, rows, planes)[:, None], per_pair.shape)
     return {**record, "device_us": seconds * 1e6,
             **margin_errors(cp, estimate, exact, offsets, tolerance),
-            "own_bound": {
-                "max_error_in_own_bounds": float((cp.abs(estimate - exact) / own).max()),
-                "rechecked_share": float(inside.mean()),
-                "wrong_outside": int((wrong & ~inside).sum()),
-                "median_in_library_bounds": float(cp.median(own / tolerance[:, None])),
-            }}
+            "own_bound": own_bound_record(cp, per_pair, estimate, exact, margins, wrong,
+                                          tolerance),
+            "own_row_bound": own_bound_record(cp, per_row, estimate, exact, margins, wrong,
+                                              tolerance)}
+
+
+def own_bound_record(cp: ModuleType, own: Any, estimate: Any, exact: Any, margins: Any,
+                     wrong: Any, tolerance: Any) -> dict:
+    """How a proved bound ``own`` (n, P) fares: the largest error in its units (at most 1),
+    the margins it leaves to the float64 re-check, those outside it with the wrong sign (none),
+    and its median size in units of the library's float32 bound."""
+    inside = cp.abs(margins) <= own
+    return {"max_error_in_own_bounds": float((cp.abs(estimate - exact) / own).max()),
+            "rechecked_share": float(inside.mean()),
+            "wrong_outside": int((wrong & ~inside).sum()),
+            "median_in_library_bounds": float(cp.median(own / tolerance[:, None]))}
 
 
 if __name__ == "__main__":

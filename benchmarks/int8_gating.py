@@ -101,6 +101,29 @@ def bound(xp: ModuleType, orders: list[Any], z: Sliced, v: Sliced) -> Any:
         * z.scale[:, None] * v.scale[None, :]
 
 
+def row_bound(xp: ModuleType, z: Sliced, v: Sliced) -> Any:
+    """``bound``'s largest value over the planes, for each row, (n,): a tolerance per row, as
+    the library's float32 one is, so that the contexts kernel could take the int8 products'
+    estimate (as float32, whose rounding the kernel's caller would add) with no other change.
+    Each plane's factor is replaced by its largest over the planes, and the float64 sum's
+    terms by the slices' norms."""
+    count, features = len(z.slices), z.slices[0].shape[1]
+    largest = [(v.scale * v.slice_norms[j]).max() for j in range(count)]
+    dropped, sizes = xp.zeros_like(z.scale), xp.zeros_like(z.scale)
+    for i in range(count):
+        for j in range(count):
+            term = z.slice_norms[i] * largest[j] / BASE ** (i + j)
+            if i + j >= count:
+                dropped += term
+            else:
+                sizes += term
+    last = 0.5 / BASE ** (count - 1)
+    plane_scale = v.scale.max()
+    remainders = last * (z.kept_l1 * plane_scale + (v.scale * v.kept_l1).max()) \
+        + features * last * last * plane_scale
+    return ((dropped + remainders) * _ROUNDING_MARGIN + _SUM_ROUNDING * sizes) * z.scale
+
+
 def cublas_int8_product(cp: ModuleType) -> Callable[[Any, Any, Any, bool], None]:
     """``int8_product`` on a GPU: cuBLAS's ``gemmEx``, int8 operands, int32 accumulation
     (exact). The row-major (n, P) ``a @ b.T`` is the column-major (P, n) ``b @ a.T``, with

@@ -37,7 +37,9 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         assert record["device_us"] > 0
     assert all(b["wrong_outside"] == 0 for b in records["float32"]["by_bound_multiple"])
     own = {name: records[name]["own_bound"] for name in ("int8_2slices", "int8_3slices")}
-    for bound in own.values():  # the int8 products' proved bounds hold, and decide alike
+    rows = {name: records[name]["own_row_bound"] for name in own}
+    for bound in [*own.values(), *rows.values()]:  # the proved bounds hold, and decide alike
         assert bound["max_error_in_own_bounds"] <= 1 and bound["wrong_outside"] == 0
+    assert all(rows[name]["rechecked_share"] >= own[name]["rechecked_share"] for name in own)
     assert own["int8_3slices"]["median_in_library_bounds"] < 1  # tighter than float32's
     assert own["int8_3slices"]["rechecked_share"] <= own["int8_2slices"]["rechecked_share"]

@@ -42,7 +42,9 @@ def test_the_bound_holds_for_every_row_and_plane(count, seed):
     estimate = int8.combined(np, orders, rows, planes)
     exact = z.astype(np.float64) @ v.astype(np.float64).T
     error = np.abs(estimate - exact)
-    assert np.all(error <= int8.bound(np, orders, rows, planes))
+    pairs = int8.bound(np, orders, rows, planes)
+    assert np.all(error <= pairs)
+    assert np.all(pairs <= int8.row_bound(np, rows, planes)[:, None])  # the rows' largest
     assert np.all(error[0] == 0)  # a row of zeros is exact
 
 
