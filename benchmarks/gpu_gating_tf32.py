@@ -55,6 +55,7 @@ from benchmarks import int8_gating  # noqa: E402
 from benchmarks.gpu_learn import NETWORK, load_data, mean_event_seconds, served_inputs  # noqa: E402
 from gln import GLN  # noqa: E402
 from gln.gating import dot_rounding_bound  # noqa: E402
+from gln.kernels.int8_gating import int8_product  # noqa: E402
 
 BOUND_MULTIPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _LOW_13_BITS_CLEARED = np.uint32(0xFFFFE000)  # float32 -> a value TF32 holds exactly
@@ -117,12 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.emulated:
         from tests.gln.emulated_cupy import emulated_cupy_installed  # noqa: PLC0415
 
-        with emulated_cupy_installed() as cp:
-            measure(args, rounded_operands_product, int8_gating.integer_product(cp))
+        with emulated_cupy_installed():
+            measure(args, rounded_operands_product)
     else:
-        import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
-
-        measure(args, tf32_product, int8_gating.cublas_int8_product(cp))
+        measure(args, tf32_product)
 
 
 def rounded_operands_product(cp: ModuleType, a: Any, b: Any) -> Any:
@@ -131,10 +130,9 @@ def rounded_operands_product(cp: ModuleType, a: Any, b: Any) -> Any:
     return tf32_part(cp, a) @ tf32_part(cp, b).T
 
 
-def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any],
-            int8_product: Callable[[Any, Any, Any, bool], None]) -> None:
+def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any]) -> None:
     """The products' lines for ``args``, on the ``cupy`` that imports now, ``tf32`` standing
-    for ``tf32_product`` and ``int8_product`` for ``int8_gating.cublas_int8_product``'s."""
+    for ``tf32_product``."""
     import cupy as cp  # noqa: PLC0415 - a GPU's, or the emulation's
 
     device = cp.cuda.runtime.getDeviceProperties(0)["name"]
@@ -158,13 +156,46 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
               "device_us": seconds * 1e6,
               **margin_errors(cp, run(), exact, offsets, tolerance)}, device)
     for count in (2, 3):
-        emit(int8_record(cp, count, z, normals, offsets, exact, tolerance, int8_product,
-                         args.repeats, data), device)
+        emit(int8_record(cp, count, z, normals, offsets, exact, tolerance, args.repeats, data),
+             device)
+    emit(library_record(cp, z, normals, offsets, exact, tolerance, args.repeats, data), device)
+
+
+def library_record(cp: ModuleType, z: Any, normals: Any, offsets: Any, exact: Any,
+                   tolerance: Any, repeats: int, data: str) -> dict:
+    """The library's two gating paths as ``gln_halfspace_contexts`` takes them: the float32
+    GEMM with its bound, and ``gln.kernels.int8_gating.int8_products`` (slicing kernels, six
+    int8 GEMMs, the estimates and the per-row bound), timed alike, with the share of margins
+    each bound leaves to the float64 re-check and any outside it with the wrong sign."""
+    from gln.kernels.cuda import launch_rounding_tolerances  # noqa: PLC0415
+    from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
+
+    def float32_path() -> tuple[Any, Any]:
+        bound = cp.empty(len(z), dtype=cp.float32)
+        launch_rounding_tolerances(z, bound)
+        return z @ normals.T, bound
+
+    record = {"measure": "gating_paths", "rows": len(z), "planes": normals.shape[0],
+              "features": z.shape[1], "data": data}
+    truth = exact >= offsets[None, :].astype(cp.float64)
+    for name, path in (("float32", float32_path),
+                       ("int8", lambda: int8_products(z, normals, offsets))):
+        try:
+            seconds = mean_event_seconds(cp, path, repeats)
+            products, bound = path()
+        except Exception as error:  # noqa: BLE001 - one path's failure is a line, not the end
+            record[name] = {"error": f"{type(error).__name__}: {error}"}
+            continue
+        margins = products - offsets[None, :]  # float32, as the kernel subtracts
+        inside = cp.abs(margins) <= bound[:, None]
+        record[name] = {"device_us": seconds * 1e6, "rechecked_share": float(inside.mean()),
+                        "wrong_outside": int(((margins >= 0) != truth)[~inside].sum()),
+                        "median_bound_in_float32_bounds": float(cp.median(bound / tolerance))}
+    return record
 
 
 def int8_record(cp: ModuleType, count: int, z: Any, normals: Any, offsets: Any, exact: Any,
-                tolerance: Any, int8_product: Callable[[Any, Any, Any, bool], None],
-                repeats: int, data: str) -> dict:
+                tolerance: Any, repeats: int, data: str) -> dict:
     """One int8 product's line: ``count`` slices a row, timed from the rows' slicing."""
     name = f"int8_{count}slices"
     record = {"measure": "gating_product", "product": name, "rows": len(z),

@@ -53,6 +53,7 @@ import os
 import pstats
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,35 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
             for i, (path, threads, pieces, first) in enumerate(setups)]
 
 
+GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
+
+
+def rates_by_gating(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
+    """Learning and prediction rates with each gating product, alternating: a new model learns
+    one chunk (compiling what it needs), then up to four more timed, then predicts ``X``; the
+    medians of ``rounds`` rounds, and whether every product learned the float32 GEMM's
+    outputs to the last bit, as it must."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    rates: dict[tuple[str, str], list[float]] = defaultdict(list)
+    outputs = {}
+    rows = min(4 * chunk, len(X) - chunk)
+    for _ in range(rounds):
+        for product in GATING_PRODUCTS:
+            with module_constant(cuda, "GATING_PRODUCT", product):
+                model = GLN(**NETWORK, device="cuda")
+                model.learn(X[:chunk], y[:chunk])
+                rate, outputs[product] = learn_rate(model, X[chunk:chunk + rows],
+                                                    y[chunk:chunk + rows], chunk)
+                rates[("learn", product)].append(rate)
+                rates[("predict", product)].append(predict_rate(model, X, chunk))
+    same = all(np.array_equal(outputs[p], outputs[GATING_PRODUCTS[0]]) for p in outputs)
+    return [{"measure": f"{verb}_by_gating", "implementation": "kernels", "gating_product": p,
+             "examples_per_second": float(np.median(rates[(verb, p)])), "rounds": rounds,
+             "same_outputs_as_float32": same}
+            for verb in ("learn", "predict") for p in GATING_PRODUCTS]
+
+
 def latency_us(model: GLN, X: np.ndarray, y: np.ndarray | None, calls: int) -> dict:
     """Single-example ``learn`` calls (``predict_proba`` when ``y`` is None), timed one by one."""
     times = []
@@ -353,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-chunk-rows", type=int_list, default=[512, 1024],
                         help="first chunk lengths to predict with on the copy stream")
     parser.add_argument("--upload-rounds", type=int, default=5)
+    parser.add_argument("--gating-rounds", type=int, default=3,
+                        help="alternating rounds of each GATING_PRODUCT (0: none)")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)
@@ -417,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
                                           args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
+            for record in rates_by_gating(X, y, args.chunk, args.gating_rounds):
+                emit({**record, **common}, device)
         if name == "kernels":  # launch by launch, from the same state, then replayed
             uncaptured = GLN.from_bytes(model.to_bytes(), device="cuda")
             uncaptured._replays = None  # what the library did before it captured short calls

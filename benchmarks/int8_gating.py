@@ -15,8 +15,10 @@ Cauchy-Schwarz on the slices' norms, the remainders by the slices' L1 norms (``b
 that a margin's sign is certain wherever its distance from the offset exceeds the bound, as
 with the float32 bound ``2 gamma_d ||z||`` the library uses now.
 
-Array code for NumPy or CuPy (``xp``); the int8 product itself is passed in (``cuBLAS``'s
-``gemmEx`` on a GPU, an integer product on the emulated device).
+Array code for NumPy or CuPy (``xp``), the analysis behind ``gln.kernels.int8_gating`` (whose
+kernels cut the slices and bound the error per row, as ``sliced`` and ``row_bound`` do here);
+the int8 product itself is passed in (``gln.kernels.int8_gating.int8_product`` on CuPy, an
+integer product on NumPy).
 """
 
 from __future__ import annotations
@@ -29,9 +31,6 @@ from typing import Any
 BASE = 128.0  # one slice's step: 7 bits below the one before
 _ROUNDING_MARGIN = 1.0 + 2.0 ** -40  # the float64 arithmetic of the bound itself
 _SUM_ROUNDING = 2.0 ** -50  # of the float64 sum in ``combined``, relative to its terms' sizes
-# cuBLAS's and CUDA's enumerations (stable values of their C headers): operations, data types,
-# the int32 compute type, the default algorithm.
-_OP_N, _OP_T, _R_8I, _R_32I, _COMPUTE_32I, _GEMM_DEFAULT = 0, 1, 3, 10, 72, -1
 
 
 @dataclass
@@ -124,31 +123,8 @@ def row_bound(xp: ModuleType, z: Sliced, v: Sliced) -> Any:
     return ((dropped + remainders) * _ROUNDING_MARGIN + _SUM_ROUNDING * sizes) * z.scale
 
 
-def cublas_int8_product(cp: ModuleType) -> Callable[[Any, Any, Any, bool], None]:
-    """``int8_product`` on a GPU: cuBLAS's ``gemmEx``, int8 operands, int32 accumulation
-    (exact). The row-major (n, P) ``a @ b.T`` is the column-major (P, n) ``b @ a.T``, with
-    ``b`` transposed and ``a`` not (the "TN" layout that integer tensor cores take), both
-    read with leading dimension d."""
-    import numpy as np  # noqa: PLC0415
-
-    one, zero = np.ones(1, np.int32), np.zeros(1, np.int32)  # host scalars, kept alive here
-
-    def product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
-        (n, d), planes = a.shape, b.shape[0]
-        if d % 4:
-            raise ValueError(f"int8 tensor cores need the length ({d}) a multiple of 4")
-        beta = one if accumulate else zero
-        cp.cuda.cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, planes, n, d,
-                              one.ctypes.data, b.data.ptr, _R_8I, d, a.data.ptr, _R_8I, d,
-                              beta.ctypes.data, out.data.ptr, _R_32I, planes, _COMPUTE_32I,
-                              _GEMM_DEFAULT)
-
-    return product
-
-
 def integer_product(xp: ModuleType) -> Callable[[Any, Any, Any, bool], None]:
-    """``int8_product`` as plain integer array code: the same integers, exactly (for
-    machines without integer tensor cores, such as the emulated device)."""
+    """``int8_product`` as plain integer array code: the same integers, exactly."""
     def product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
         result = (a.astype(xp.int64) @ b.astype(xp.int64).T).astype(xp.int32)
         if accumulate:

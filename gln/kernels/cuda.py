@@ -74,6 +74,10 @@ GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
 # cuBLAS GEMM (a guess: the GEMM's host-side cost is what a one-row call feels).
 GATING_GEMM_MIN_ROWS = 16
+# The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (six int8
+# GEMMs of the rows' and normals' slices, gln.kernels.int8_gating); the same contexts either
+# way. float32 until a GPU run shows int8 faster end to end.
+GATING_PRODUCT = "float32"
 # Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN) to be listed for the
 # float64 re-check: about eight times what standardised inputs need (one in a thousand,
 # measured on an H100); a fuller list re-checks the rest in place, slower and with the same bits.
@@ -407,9 +411,7 @@ def cuda_layer_contexts(
         raise ValueError(f"{neurons} neurons' planes for {num_glns} GLNs of {list(layer_sizes)}")
     contexts = cp.empty(n * neurons, dtype=cp.int32)
     if contexts.size:
-        products = _gating_products(z, normals)
-        tolerance = cp.empty(n, dtype=cp.float32)
-        launch_rounding_tolerances(z, tolerance)
+        products, tolerance = _gating_products_and_bounds(z, normals, offsets)
         # Short chunks (replayed from CUDA graphs, which a zeroed counter would not fit)
         # re-check in place; long ones list their close margins for a second launch.
         rechecks = recheck_list(n * neurons * context_dim) if n >= GATING_GEMM_MIN_ROWS else None
@@ -489,6 +491,21 @@ def launch_halfspace_rechecks(
 def _layer_arguments(layer_sizes: Sequence[int], device_id: int) -> tuple[Any, np.int32]:
     """The gating kernels' ``layer_starts`` and ``layers``."""
     return _layer_starts(tuple(layer_sizes), device_id), np.int32(len(layer_sizes))
+
+
+def _gating_products_and_bounds(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
+    """The margins' float32 products (n, P) and each row's bound of their error (n,), by
+    ``GATING_PRODUCT`` for long chunks."""
+    if GATING_PRODUCT not in ("float32", "int8"):
+        raise ValueError(f"GATING_PRODUCT is 'float32' or 'int8', not {GATING_PRODUCT!r}")
+    if GATING_PRODUCT == "int8" and z.shape[0] >= GATING_GEMM_MIN_ROWS:
+        from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
+
+        return int8_products(z, normals, offsets)
+    products = _gating_products(z, normals)
+    tolerance = _cupy().empty(z.shape[0], dtype=np.float32)
+    launch_rounding_tolerances(z, tolerance)
+    return products, tolerance
 
 
 def _gating_products(z: Any, normals: Any) -> Any:

@@ -183,3 +183,158 @@ gln_halfspace_products(const float* __restrict__ z, const float* __restrict__ no
     }
     if (lane == 0) products[at] = total;
 }
+
+// ------------------------------------------------------------------------------------------
+// The gating products from int8 slices (gln.kernels.cuda.GATING_PRODUCT = "int8"). Integer
+// tensor cores add in int32 exactly, so a product of int8 slices errs only by the slicing, and
+// that error is bounded here per row: the products' estimate (as float32) and that bound feed
+// gln_halfspace_contexts in place of the float32 GEMM and gln_rounding_tolerances, and every
+// margin outside the bound has the exact sign, as with the float32 products. Each row of z and
+// each normal is scaled by the least power of two s with max |x| <= 127 s and cut into
+// GLN_INT8_SLICES slices of integers:
+//   x / s = A_0 + A_1 / 128 + ... + A_{K-1} / 128^(K-1) + R / 128^(K-1),   |R| <= 1/2,
+// A_0 in [-127, 127], the others in [-64, 64]. cuBLAS sums A_i . B_j for each order i + j < K
+// in int32 (at most 3 * 127^2 * d: no overflow below d = 44,000); the pairs of higher order
+// and the remainders are bounded by Cauchy-Schwarz on the slices' norms and by their L1 norms.
+#define GLN_INT8_SLICES 3
+#define GLN_INT8_BASE 128.0
+
+// Rows of x (rows, d) cut into slices (K, rows, stride), zeros from column d to stride (cuBLAS
+// takes lengths that are multiples of 4), with each row's scale, each slice's Euclidean norm
+// (K, rows), the L1 norm of the slices' weighted sum, and ||x||_2. One warp per row.
+extern "C" __global__ void __launch_bounds__(128)
+gln_int8_slices(const float* __restrict__ x, int rows, int d, int stride,
+                signed char* __restrict__ slices, double* __restrict__ scale,
+                double* __restrict__ norms, double* __restrict__ kept_l1,
+                double* __restrict__ length) {
+    const long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (t >= rows) return;  // whole warps: the block size is a multiple of 32
+    const float* __restrict__ row = x + t * d;
+    double largest = 0.0;
+    for (int i = lane; i < d; i += 32) largest = fmax(largest, fabs(static_cast<double>(row[i])));
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        largest = fmax(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+    }
+    double s = 1.0;  // a row of zeros keeps 1
+    if (largest > 0.0) {
+        int exponent = 0;
+        frexp(largest / 127.0, &exponent);  // a guess, within a factor of two
+        s = ldexp(1.0, exponent);
+        while (largest > 127.0 * s) s *= 2.0;  // exact comparisons from here
+        while (largest <= 63.5 * s) s *= 0.5;
+    }
+    double squares[GLN_INT8_SLICES] = {}, l1 = 0.0, sum_sq = 0.0;
+    for (int i = lane; i < stride; i += 32) {
+        const double value = i < d ? static_cast<double>(row[i]) : 0.0;
+        sum_sq = __dadd_rn(sum_sq, __dmul_rn(value, value));
+        double rest = value / s, kept = 0.0, unit = 1.0;  // exact: s is a power of two
+        for (int k = 0; k < GLN_INT8_SLICES; ++k) {
+            const double part = rint(rest);
+            slices[(static_cast<long long>(k) * rows + t) * stride + i] =
+                static_cast<signed char>(part);
+            squares[k] += part * part;  // integers far below 2^53: exact
+            kept += part * unit;        // exact: 24 bits at most
+            rest = (rest - part) * GLN_INT8_BASE;
+            unit /= GLN_INT8_BASE;
+        }
+        l1 += fabs(kept);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        for (int k = 0; k < GLN_INT8_SLICES; ++k) {
+            squares[k] += __shfl_xor_sync(0xffffffffu, squares[k], offset);
+        }
+        l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
+        sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    }
+    if (lane == 0) {
+        scale[t] = s;
+        for (int k = 0; k < GLN_INT8_SLICES; ++k) norms[k * rows + t] = sqrt(squares[k]);
+        kept_l1[t] = l1;
+        length[t] = sqrt(sum_sq);
+    }
+}
+
+// The planes' largest factors, for the rows' tolerance: terms[j] = max_p s_p |B_j,p| (j < K),
+// terms[K] = max_p s_p, terms[K + 1] = max_p s_p |kept_p|_1, terms[K + 2] = max_p |offset_p|.
+// One warp (maxima are exact in any order).
+extern "C" __global__ void __launch_bounds__(32)
+gln_int8_plane_terms(const double* __restrict__ scale, const double* __restrict__ norms,
+                     const double* __restrict__ kept_l1, const float* __restrict__ offsets,
+                     int planes, double* __restrict__ terms) {
+    const int lane = threadIdx.x & 31;
+    double most[GLN_INT8_SLICES + 3] = {};
+    for (int p = lane; p < planes; p += 32) {
+        for (int j = 0; j < GLN_INT8_SLICES; ++j) {
+            most[j] = fmax(most[j], scale[p] * norms[j * planes + p]);
+        }
+        most[GLN_INT8_SLICES] = fmax(most[GLN_INT8_SLICES], scale[p]);
+        most[GLN_INT8_SLICES + 1] = fmax(most[GLN_INT8_SLICES + 1], scale[p] * kept_l1[p]);
+        most[GLN_INT8_SLICES + 2] =
+            fmax(most[GLN_INT8_SLICES + 2], fabs(static_cast<double>(offsets[p])));
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        for (int j = 0; j < GLN_INT8_SLICES + 3; ++j) {
+            most[j] = fmax(most[j], __shfl_xor_sync(0xffffffffu, most[j], offset));
+        }
+    }
+    if (lane == 0) {
+        for (int j = 0; j < GLN_INT8_SLICES + 3; ++j) terms[j] = most[j];
+    }
+}
+
+// Each row's tolerance for the int8 estimate's float32 margins, rounded up to float32: the
+// dropped slice pairs, the remainders and the float64 sum of the estimate, over every plane
+// (its largest factors, terms), then the estimate's rounding to float32 and the kernel's float32
+// subtraction of the offset, 2^-24 of each size (|estimate| <= ||z|| ||v|| + bound, ||v|| = 1
+// up to float32's rounding of the unit normals). The products of scales and norms round by
+// 2^-53 each, which the 2^-40 margin covers.
+extern "C" __global__ void __launch_bounds__(128)
+gln_int8_row_tolerances(const double* __restrict__ scale, const double* __restrict__ norms,
+                        const double* __restrict__ kept_l1, const double* __restrict__ length,
+                        const double* __restrict__ terms, int rows, int d,
+                        float* __restrict__ tolerance) {
+    const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= rows) return;
+    double dropped = 0.0, sizes = 0.0, weight_i = 1.0;
+    for (int i = 0; i < GLN_INT8_SLICES; ++i, weight_i /= GLN_INT8_BASE) {
+        double weight = weight_i;
+        for (int j = 0; j < GLN_INT8_SLICES; ++j, weight /= GLN_INT8_BASE) {
+            const double term = norms[i * rows + t] * terms[j] * weight;
+            if (i + j >= GLN_INT8_SLICES) {
+                dropped += term;
+            } else {
+                sizes += term;
+            }
+        }
+    }
+    double last = 0.5;
+    for (int k = 1; k < GLN_INT8_SLICES; ++k) last /= GLN_INT8_BASE;
+    const double remainders = last * (kept_l1[t] * terms[GLN_INT8_SLICES] +
+                                      terms[GLN_INT8_SLICES + 1]) +
+                              d * last * last * terms[GLN_INT8_SLICES];
+    const double bound =
+        ((dropped + remainders) * (1.0 + 0x1p-40) + 0x1p-50 * sizes) * scale[t];
+    const double estimate = 1.001 * length[t] + bound;
+    const double total = (bound + 0x1p-23 * (estimate + terms[GLN_INT8_SLICES + 2])) * 1.001;
+    float rounded = static_cast<float>(total);
+    if (static_cast<double>(rounded) < total) rounded = nextafterf(rounded, 3.0e38f);
+    tolerance[t] = rounded;
+}
+
+// The estimate of z_t . v_p from the three orders' int32 sums, (rows, planes) float32:
+// ((o0 + o1 / 128) + o2 / 128^2) s_t s_p, the scales powers of two.
+extern "C" __global__ void __launch_bounds__(128)
+gln_int8_estimates(const int* __restrict__ order0, const int* __restrict__ order1,
+                   const int* __restrict__ order2, const double* __restrict__ row_scale,
+                   const double* __restrict__ plane_scale, int rows, int planes,
+                   float* __restrict__ products) {
+    const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (at >= static_cast<long long>(rows) * planes) return;
+    const long long t = at / planes;
+    const long long p = at - t * planes;
+    const double sum = __dadd_rn(
+        __dadd_rn(static_cast<double>(order0[at]), static_cast<double>(order1[at]) / 128.0),
+        static_cast<double>(order2[at]) / 16384.0);
+    products[at] = __double2float_rn(__dmul_rn(__dmul_rn(sum, row_scale[t]), plane_scale[p]));
+}

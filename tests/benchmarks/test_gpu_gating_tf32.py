@@ -26,7 +26,9 @@ def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
 
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     experiment.main(["--emulated", "--rows", "48", "--repeats", "1"])
-    records = {r["product"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (paths,) = [r for r in lines if r["measure"] == "gating_paths"]
+    records = {r["product"]: r for r in lines if r["measure"] == "gating_product"}
     assert set(records) == {"float32", "tf32", "tf32x3", "int8_2slices", "int8_3slices"}
     assert {r["device"] for r in records.values()} == {"emulated (CPU)"}
     errors = {name: r["max_error_in_bounds"] for name, r in records.items()}
@@ -41,5 +43,11 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     for bound in [*own.values(), *rows.values()]:  # the proved bounds hold, and decide alike
         assert bound["max_error_in_own_bounds"] <= 1 and bound["wrong_outside"] == 0
     assert all(rows[name]["rechecked_share"] >= own[name]["rechecked_share"] for name in own)
+    # The library's paths: the same decisions outside their bounds, int8's the tighter bound.
+    assert {"float32", "int8"} <= set(paths)
+    assert all(paths[name]["wrong_outside"] == 0 and paths[name]["device_us"] > 0
+               for name in ("float32", "int8"))
+    assert paths["int8"]["median_bound_in_float32_bounds"] < 1
+    assert paths["int8"]["rechecked_share"] <= paths["float32"]["rechecked_share"]
     assert own["int8_3slices"]["median_in_library_bounds"] < 1  # tighter than float32's
     assert own["int8_3slices"]["rechecked_share"] <= own["int8_2slices"]["rechecked_share"]

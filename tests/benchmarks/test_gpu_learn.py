@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 
+import gln.kernels.cuda
+import gln.model
 import gln.staging
 from benchmarks.gpu_learn import first_chunk_rows, latency_profile, main
 from gln import GLN
@@ -32,13 +34,18 @@ def test_the_profile_ranks_functions_per_learn_call_with_learn_itself_among_them
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
     """Every kind of record, for the MNIST network, at the smallest sizes (timings meaningless)."""
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 1)  # the layer rows timed
+    # The gating GEMMs (int8 among them) from 2 rows, and only one-row calls captured (the
+    # emulated device captures kernel launches alone).
+    monkeypatch.setattr(gln.kernels.cuda, "GATING_GEMM_MIN_ROWS", 2)
+    monkeypatch.setattr(gln.model, "REPLAY_MAX_ROWS", 1)
     with emulated_cupy_installed():
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
               "--predict-rows-per-warp", "8", "--predict-rows-per-block", "8", "--repeats", "1",
               "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
               "--first-chunk-rows", "3", "--upload-rounds", "1",
-              "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32"])
+              "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32",
+              "--gating-rounds", "1"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -49,6 +56,12 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
                  ("predict", "plain_cupy"), ("agreement", None),
                  ("predict_by_chunk_rows", "kernels")]:
         assert kind in kinds
+    by_gating = {(r["measure"], r["gating_product"]): r for r in records
+                 if r["measure"].endswith("_by_gating")}
+    assert set(by_gating) == {(f"{verb}_by_gating", product) for verb in ("learn", "predict")
+                              for product in ("float32", "int8")}
+    assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
+               for r in by_gating.values())
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
     assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
     by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"])

@@ -1,8 +1,6 @@
 """The int8-slice gating product and its bound, on NumPy: the slices rebuild the rows, the
 products are the exact integer sums, and the bound holds, also on rows built to strain it."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -75,52 +73,3 @@ def test_the_dropped_slice_pairs_are_bounded_too():
     orders = int8.products_by_order(np, rows, planes, int8.integer_product(np))
     error = np.abs(int8.combined(np, orders, rows, planes) - z.astype(np.float64) @ v.T)
     assert np.all(error <= int8.bound(np, orders, rows, planes))
-
-
-class _ColumnMajorBlas:
-    """cuBLAS's ``gemmEx`` as BLAS defines it, column-major, on host arrays found by address:
-    what ``cublas_int8_product`` asks of the GPU's library, checked without one."""
-
-    def __init__(self, *arrays: np.ndarray) -> None:
-        self.arrays = {a.ctypes.data: a for a in arrays}
-
-    def matrix(self, pointer: int, rows: int, columns: int, lead: int) -> np.ndarray:
-        flat = self.arrays[pointer].reshape(-1)
-        return flat[:lead * columns].reshape(columns, lead).T[:rows]
-
-    def gemmEx(self, handle, transa, transb, m, n, k, alpha, a, atype, lda, b, btype, ldb,
-               beta, c, ctype, ldc, compute, algo):  # noqa: N802 - cuBLAS's name
-        assert (atype, btype, ctype, compute) == (3, 3, 10, 72)  # int8 in, int32 out and sums
-        op_a = self.matrix(a, k, m, lda).T if transa == 1 else self.matrix(a, m, k, lda)
-        op_b = self.matrix(b, k, n, ldb) if transb == 0 else self.matrix(b, n, k, ldb).T
-        target = self.matrix(c, m, n, ldc)
-        target[...] = _host_int32(alpha) * (op_a.astype(np.int64) @ op_b.astype(np.int64)) \
-            + _host_int32(beta) * target
-
-
-def _host_int32(address: int) -> int:
-    """The int32 at a host address (cuBLAS's alpha and beta, passed by pointer)."""
-    return int(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_int32 * 1).from_address(address))[0])
-
-
-def _device_view(x: np.ndarray) -> SimpleNamespace:
-    """What ``cublas_int8_product`` reads of a CuPy array: its shape and address."""
-    return SimpleNamespace(shape=x.shape, data=SimpleNamespace(ptr=x.ctypes.data))
-
-
-def test_the_cublas_call_asks_for_the_row_major_product():
-    rng = np.random.default_rng(5)
-    a = rng.integers(-127, 128, (6, 8)).astype(np.int8)
-    b = rng.integers(-127, 128, (5, 8)).astype(np.int8)
-    out = np.full((6, 5), 7, dtype=np.int32)
-    blas = _ColumnMajorBlas(a, b, out)
-    cp = SimpleNamespace(cuda=SimpleNamespace(cublas=blas, device=SimpleNamespace(
-        get_cublas_handle=lambda: 0)))
-    product = int8.cublas_int8_product(cp)
-    product(_device_view(a), _device_view(b), _device_view(out), False)
-    expected = a.astype(np.int64) @ b.astype(np.int64).T
-    np.testing.assert_array_equal(out, expected)
-    product(_device_view(a), _device_view(b), _device_view(out), True)  # beta = 1: added
-    np.testing.assert_array_equal(out, 2 * expected)
-    with pytest.raises(ValueError, match="multiple of 4"):
-        product(_device_view(a[:, :7]), _device_view(b[:, :7]), _device_view(out), False)

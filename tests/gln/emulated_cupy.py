@@ -206,14 +206,15 @@ inline int launch(gln_dim3 grid, gln_dim3 block, size_t shared_bytes,
     return failed;
 }
 
-// A kernel parameter's kind: pointer to float / double / int / long long (F, D, I, L), or
-// float, double, int by value (f, d, i); '?' for anything else.
+// A kernel parameter's kind: pointer to float / double / int / long long / signed char (F, D,
+// I, L, C), or float, double, int by value (f, d, i); '?' for anything else.
 template <class T> constexpr char code() {
     using U = std::remove_cv_t<T>;
     if constexpr (std::is_pointer_v<U>) {
         using E = std::remove_cv_t<std::remove_pointer_t<U>>;
         return std::is_same_v<E, float> ? 'F' : std::is_same_v<E, double> ? 'D'
-             : std::is_same_v<E, int> ? 'I' : std::is_same_v<E, long long> ? 'L' : '?';
+             : std::is_same_v<E, int> ? 'I' : std::is_same_v<E, long long> ? 'L'
+             : std::is_same_v<E, signed char> ? 'C' : '?';
     } else {
         return std::is_same_v<U, float> ? 'f' : std::is_same_v<U, double> ? 'd'
              : std::is_same_v<U, int> ? 'i' : '?';
@@ -284,7 +285,8 @@ extern "C" int emu_launch_{name}(unsigned grid_x, unsigned grid_y, unsigned bloc
 """
 _SCALAR_TYPES = {"i": (np.int32, ctypes.c_int32), "f": (np.float32, ctypes.c_float),
                  "d": (np.float64, ctypes.c_double)}
-_POINTER_DTYPES = {"I": np.int32, "L": np.int64, "F": np.float32, "D": np.float64}
+_POINTER_DTYPES = {"I": np.int32, "L": np.int64, "F": np.float32, "D": np.float64,
+                   "C": np.int8}
 _LAUNCH_LOCK = threading.Lock()  # the emulator's state is global: one launch at a time
 _BUILD_DIRECTORY = tempfile.TemporaryDirectory(prefix="gln-emulated-cuda-")
 
@@ -558,6 +560,12 @@ class DeviceArray(NDArrayOperatorsMixin):
         return {"shape": self.host_view.shape, "typestr": self.host_view.dtype.str,
                 "data": (0, False), "version": 3}
 
+    @property
+    def data(self) -> types.SimpleNamespace:
+        """``cupy.ndarray.data``: its ``ptr`` is the address of the first element, which only
+        the emulated cuBLAS (``_gemm_ex``) reads through."""
+        return types.SimpleNamespace(ptr=self.host_view.ctypes.data)
+
     def get(self, out: np.ndarray | None = None) -> np.ndarray:
         """A host copy, or the copy into ``out`` (``cupy.ndarray.get(out=...)``: a NumPy array
         of the same dtype and shape, C-contiguous as this one is)."""
@@ -783,7 +791,10 @@ class EmulatedCupy(types.ModuleType):
                                           get_current_stream=_current_stream,
                                           MemoryPool=_MemoryPool,
                                           using_allocator=_using_allocator,
-                                          alloc_pinned_memory=bytearray)
+                                          alloc_pinned_memory=bytearray,
+                                          cublas=types.SimpleNamespace(gemmEx=_gemm_ex),
+                                          device=types.SimpleNamespace(
+                                              get_cublas_handle=lambda: 0))
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(np, name)
@@ -806,6 +817,35 @@ def _device_function(function: Callable, host_allowed: bool, *args: Any, **kwarg
     if function.__name__ not in _ALLOCATIONS:
         _count_if_new(function.__name__, result, *unwrapped)
     return _wrap(result)
+
+
+# cuBLAS's gemmEx as BLAS defines it (column-major, by address), for the types the library
+# asks for: int8 operands, int32 results and sums (exact), alpha and beta int32 on the host.
+_COMPUTE_32I = 72
+
+
+def _gemm_ex(handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: int,
+             a: int, atype: int, lda: int, b: int, btype: int, ldb: int, beta: int, c: int,
+             ctype: int, ldc: int, compute: int, algo: int) -> None:
+    if (atype, btype, ctype, compute) != (3, 3, 10, _COMPUTE_32I):
+        raise NotImplementedError(f"gemmEx of types {(atype, btype, ctype, compute)}")
+    if transa not in (0, 1) or transb not in (0, 1) or min(lda, ldb, ldc) < 1:
+        raise ValueError("gemmEx: operations N or T and positive leading dimensions")
+    _operation("cublas gemmEx")
+
+    def matrix(address: int, rows: int, columns: int, lead: int, kind: Any) -> np.ndarray:
+        if lead < rows:
+            raise ValueError(f"gemmEx: leading dimension {lead} below {rows} rows")
+        flat = np.ctypeslib.as_array((kind * (lead * columns)).from_address(address))
+        return flat.reshape(columns, lead).T[:rows]
+
+    op_a = matrix(a, k, m, lda, ctypes.c_int8).T if transa else matrix(a, m, k, lda, ctypes.c_int8)
+    op_b = matrix(b, n, k, ldb, ctypes.c_int8).T if transb else matrix(b, k, n, ldb, ctypes.c_int8)
+    scalars = [int(np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(p))[0])
+               for p in (alpha, beta)]
+    target = matrix(c, m, n, ldc, ctypes.c_int32)
+    total = scalars[0] * (op_a.astype(np.int64) @ op_b.astype(np.int64))
+    target[...] = (total + scalars[1] * target.astype(np.int64)).astype(np.int32)
 
 
 def _device_attribute(attribute: int, device_id: int) -> int:

@@ -234,6 +234,46 @@ def test_cuda_contexts_equal_numpy_contexts(cp, n, glns, layer_sizes, list_room,
         np.testing.assert_array_equal(layer.get(), want)
 
 
+@pytest.mark.parametrize(("n", "d"), [(300, 784), (40, 301)])  # 301: slices padded to 304
+def test_int8_gating_decides_every_context_as_float32_does(cp, n, d, monkeypatch):
+    """GATING_PRODUCT = "int8": the products from int8 slices with their own bound decide every
+    context as NumPy does, on rows of every scale, a row of zeros, a row with one huge value,
+    and margins of a few ulps that only the float64 re-check settles; and their bound is
+    tighter than float32's on most rows."""
+    import gln.kernels.cuda  # noqa: PLC0415
+    from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
+    from gln.kernels.cuda import cuda_layer_contexts, launch_rounding_tolerances  # noqa: PLC0415
+    from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
+
+    rng = np.random.default_rng(d)
+    m, glns, layer_sizes = 4, 2, (8, 5, 3)
+    z = (rng.normal(size=(n, d)) * rng.lognormal(0, 2, (n, 1))).astype(np.float32)
+    z[0] = 0.0
+    z[1, 3] = 3e4
+    normals, offsets = sample_halfspaces(rng, glns * sum(layer_sizes) * m, d, 0.05)
+    for t, p in zip(rng.integers(3, n, 30), rng.integers(0, len(offsets), 30), strict=True):
+        offsets[p] = np.float32(z[t].astype(np.float64) @ normals[p].astype(np.float64))
+    # A row the slices hold exactly, (1, -64, 64) in each element but the first, and a plane
+    # along it: all the error is in the slice pairs the int8 products leave out.
+    z[2] = 0.50390625
+    z[2, 0] = 127.0
+    normals[0] = z[2] / 128.0  # a norm just below 1
+    expected = layer_contexts(np, z, normals, offsets, m, glns, layer_sizes, dots=cpu_exact_dots)
+    monkeypatch.setattr(gln.kernels.cuda, "GATING_PRODUCT", "int8")
+    got = cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m, glns,
+                              layer_sizes)
+    for layer, want in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(layer.get(), want)
+    products, tolerance = int8_products(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets))
+    exact = z.astype(np.float64) @ normals.astype(np.float64).T
+    error = np.abs(products.get().astype(np.float64) - exact)
+    assert np.all(error <= tolerance.get()[:, None])  # the bound holds on every product
+    float32_bound = cp.empty(n, dtype=cp.float32)
+    launch_rounding_tolerances(cp.asarray(z), float32_bound)
+    rows = slice(3, None)  # the zero row, the huge one and the sliced one aside
+    assert np.median(tolerance.get()[rows] / float32_bound.get()[rows]) < 0.5
+
+
 @pytest.mark.parametrize("n", [0, 1, 300])
 @pytest.mark.parametrize("frozen", [False, True], ids=["learning", "frozen"])
 @pytest.mark.parametrize("shifted", [False, True], ids=["raw", "shifted"])
@@ -414,6 +454,26 @@ def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info, monkeyp
     row_probs = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(len(X))])
     np.testing.assert_array_equal(row_probs, chunk_probs)
     assert rows.to_bytes() == chunked.to_bytes()
+
+
+@pytest.mark.parametrize("side_info", [{}, PER_ROW], ids=["scaled", "per_row"])
+def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypatch):
+    """A model whose long chunks gate on int8 slices learns and predicts exactly as one on the
+    float32 GEMM: the same contexts, so the same bytes."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    X, y = stream_for(side_info, 300)
+    config = {**CONFIG, **side_info}
+    plain = GLN(**config, device="cuda")
+    learned, predicted = plain.learn(X, y), plain.predict_proba(X)
+    monkeypatch.setattr(cuda, "GATING_PRODUCT", "int8")
+    sliced = GLN(**config, device="cuda")
+    gemms_before = getattr(cp, "operations", {}).get("cublas gemmEx", 0)
+    np.testing.assert_array_equal(sliced.learn(X, y), learned)
+    np.testing.assert_array_equal(sliced.predict_proba(X), predicted)
+    assert sliced.to_bytes() == plain.to_bytes()
+    if hasattr(cp, "operations"):  # the emulated device counts them: the int8 GEMMs ran
+        assert cp.operations["cublas gemmEx"] >= gemms_before + 12
 
 
 def test_snapshots_move_between_gpu_and_cpu(cp):

@@ -1,0 +1,109 @@
+"""The gating products of a long chunk from int8 slices on integer tensor cores.
+
+``gln.kernels.cuda.GATING_PRODUCT = "int8"`` replaces the float32 GEMM and its rounding bound:
+each row of z and each hyperplane normal is cut into ``SLICES`` int8 slices
+(``gln_int8_slices`` in ``gating.cu``, which says how), cuBLAS sums the slices' products of
+each order in int32 (exactly: integer tensor cores round nothing), ``gln_int8_estimates`` makes
+the float32 estimate of every product, and ``gln_int8_row_tolerances`` a per-row bound of its
+error, proved from the slices' norms. ``gln_halfspace_contexts`` then takes both as it takes
+the float32 GEMM's products and bound: a margin beyond the bound has the exact sign, the rest
+are re-checked in float64, so the contexts are the same bits either way.
+
+Six int8 GEMMs (three slices) in place of one float32 GEMM: on an H100 the int8 rate is many
+times the float32 one, and the bound is tighter than float32's (``benchmarks/int8_gating.py``
+and ``benchmarks/gpu_gating_tf32.py`` measure both). Not the default until a GPU run shows it
+faster end to end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gln.backend import import_cupy as _cupy
+
+SLICES = 3  # GLN_INT8_SLICES in gating.cu
+THREADS = 128  # __launch_bounds__ of the slicing, tolerance and estimate kernels
+WARP = 32
+# cuBLAS's and CUDA's enumerations (stable values of their C headers): operations, data types,
+# the int32 compute type, the default algorithm.
+_OP_N, _OP_T, _R_8I, _R_32I, _COMPUTE_32I, _GEMM_DEFAULT = 0, 1, 3, 10, 72, -1
+_ONE, _ZERO = np.ones(1, np.int32), np.zeros(1, np.int32)  # alpha and beta, on the host
+
+
+@dataclass(frozen=True)
+class Int8Slices:
+    """Rows cut by ``gln_int8_slices``: the slices (K, rows, stride) int8, and per row its
+    scale, each slice's norm (K, rows), the L1 norm of the slices' sum and ``||x||_2``."""
+
+    slices: Any
+    scale: Any
+    norms: Any
+    kept_l1: Any
+    length: Any
+
+
+def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
+    """The float32 estimates of ``z @ normals.T`` (n, P) and each row's bound of their
+    margins' error (n,), for ``gln_halfspace_contexts``."""
+    cp = _cupy()
+    n, d = z.shape
+    planes = normals.shape[0]
+    stride = -(-d // 4) * 4  # int8 tensor cores take lengths that are multiples of 4
+    rows, plane = sliced(z, stride), sliced(normals, stride)
+    terms = cp.empty(SLICES + 3, dtype=cp.float64)
+    _kernel("gln_int8_plane_terms")(
+        (1,), (WARP,), (plane.scale, plane.norms, plane.kept_l1, offsets, np.int32(planes),
+                        terms))
+    tolerance = cp.empty(n, dtype=cp.float32)
+    _kernel("gln_int8_row_tolerances")(
+        (-(-n // THREADS),), (THREADS,),
+        (rows.scale, rows.norms, rows.kept_l1, rows.length, terms, np.int32(n), np.int32(d),
+         tolerance))
+    orders = [cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES)]
+    for order, out in enumerate(orders):
+        for i in range(order + 1):
+            int8_product(rows.slices[i], plane.slices[order - i], out, accumulate=i > 0)
+    products = cp.empty((n, planes), dtype=cp.float32)
+    _kernel("gln_int8_estimates")(
+        (-(-n * planes // THREADS),), (THREADS,),
+        (*orders, rows.scale, plane.scale, np.int32(n), np.int32(planes), products))
+    return products, tolerance
+
+
+def sliced(x: Any, stride: int) -> Int8Slices:
+    """``x`` (rows, d) float32 cut into ``SLICES`` int8 slices of ``stride`` columns."""
+    cp = _cupy()
+    rows, d = x.shape
+    cut = Int8Slices(cp.empty((SLICES, rows, stride), dtype=cp.int8),
+                     cp.empty(rows, dtype=cp.float64), cp.empty((SLICES, rows), cp.float64),
+                     cp.empty(rows, dtype=cp.float64), cp.empty(rows, dtype=cp.float64))
+    _kernel("gln_int8_slices")(
+        (-(-rows * WARP // THREADS),), (THREADS,),
+        (x, np.int32(rows), np.int32(d), np.int32(stride), cut.slices, cut.scale, cut.norms,
+         cut.kept_l1, cut.length))
+    return cut
+
+
+def int8_product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
+    """``a @ b.T`` of int8 (n, k) and (P, k) into int32 ``out`` (n, P), or added to it:
+    cuBLAS's ``gemmEx`` with int32 sums. The row-major ``a @ b.T`` is the column-major
+    (P, n) ``b @ a.T``, ``b`` transposed and ``a`` not (the "TN" layout integer tensor cores
+    take), both read with leading dimension k."""
+    cp = _cupy()
+    (n, k), planes = a.shape, b.shape[0]
+    if k % 4:
+        raise ValueError(f"int8 tensor cores need the length ({k}) a multiple of 4")
+    beta = _ONE if accumulate else _ZERO
+    cp.cuda.cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, planes, n, k,
+                          _ONE.ctypes.data, b.data.ptr, _R_8I, k, a.data.ptr, _R_8I, k,
+                          beta.ctypes.data, out.data.ptr, _R_32I, planes, _COMPUTE_32I,
+                          _GEMM_DEFAULT)
+
+
+def _kernel(name: str) -> Any:
+    from gln.kernels.cuda import _function  # noqa: PLC0415 - cuda.py imports this module
+
+    return _function("gating.cu", name)
