@@ -50,6 +50,9 @@ def sliced(xp: ModuleType, rows: Any, count: int) -> Sliced:
     largest = xp.abs(x).max(axis=1)
     exponent = xp.ceil(xp.log2(xp.where(largest > 0, largest, 127.0) / 127.0))  # 0: scale 1
     scale = xp.ldexp(xp.ones_like(largest), exponent.astype(xp.int32))
+    # The least power of two with largest <= 127 scale (the logarithm may round either way).
+    scale = xp.where(largest > 127.0 * scale, 2.0 * scale, scale)
+    scale = xp.where((largest > 0) & (largest <= 63.5 * scale), 0.5 * scale, scale)
     rest = x / scale[:, None]  # exact: a power of two
     slices, kept = [], xp.zeros_like(x)
     for k in range(count):

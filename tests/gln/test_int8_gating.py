@@ -26,3 +26,28 @@ def test_the_int8_product_is_the_row_major_product_and_beta_adds():
         assert cp.operations["cublas gemmEx"] == 2
         with pytest.raises(ValueError, match="multiple of 4"):
             int8_product(cp.asarray(a[:, :7].copy()), cp.asarray(b[:, :7].copy()), out, False)
+
+
+def test_the_slicing_kernel_cuts_rows_as_the_array_code_does():
+    """``gln_int8_slices`` against ``benchmarks.int8_gating.sliced`` (the array code the bound
+    was proved on): the same scales and slices, zeros in the padding, the same norms."""
+    from benchmarks import int8_gating as spec  # noqa: PLC0415
+    from gln.kernels.int8_gating import SLICES, sliced  # noqa: PLC0415
+
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((7, 45)) * rng.lognormal(0, 3, (7, 1))).astype(np.float32)
+    x[0] = 0.0
+    x[1] = 127.0 * 2.0 ** -3  # exactly on a scale's edge
+    x[2, 5] = -3e30
+    expected = spec.sliced(np, x, SLICES)
+    with emulated_cupy_installed() as cp:
+        got = sliced(cp.asarray(x), 48)
+        slices, scale = got.slices.get(), got.scale.get()
+        norms, kept_l1, length = got.norms.get(), got.kept_l1.get(), got.length.get()
+    np.testing.assert_array_equal(scale, expected.scale)
+    for k in range(SLICES):
+        np.testing.assert_array_equal(slices[k, :, :45], expected.slices[k])
+    assert not slices[:, :, 45:].any()
+    np.testing.assert_array_equal(norms, expected.slice_norms)
+    np.testing.assert_allclose(kept_l1, expected.kept_l1, rtol=1e-13)
+    np.testing.assert_allclose(length, np.linalg.norm(x.astype(np.float64), axis=1), rtol=1e-13)
