@@ -75,8 +75,8 @@ GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # cuBLAS GEMM (a guess: the GEMM's host-side cost is what a one-row call feels).
 GATING_GEMM_MIN_ROWS = 16
 # The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (six int8
-# GEMMs of the rows' and normals' slices, gln.kernels.int8_gating); the same contexts either
-# way. float32 until a GPU run shows int8 faster end to end.
+# GEMMs of the rows' and normals' slices, gln.kernels.int8_gating, where the planes number a
+# multiple of 4); the same contexts either way. float32 until a GPU run shows int8 faster.
 GATING_PRODUCT = "float32"
 # Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN) to be listed for the
 # float64 re-check: about eight times what standardised inputs need (one in a thousand,
@@ -498,7 +498,9 @@ def _gating_products_and_bounds(z: Any, normals: Any, offsets: Any) -> tuple[Any
     ``GATING_PRODUCT`` for long chunks."""
     if GATING_PRODUCT not in ("float32", "int8"):
         raise ValueError(f"GATING_PRODUCT is 'float32' or 'int8', not {GATING_PRODUCT!r}")
-    if GATING_PRODUCT == "int8" and z.shape[0] >= GATING_GEMM_MIN_ROWS:
+    # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.
+    if (GATING_PRODUCT == "int8" and z.shape[0] >= GATING_GEMM_MIN_ROWS
+            and normals.shape[0] % 4 == 0):
         from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
 
         return int8_products(z, normals, offsets)

@@ -456,6 +456,24 @@ def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info, monkeyp
     assert rows.to_bytes() == chunked.to_bytes()
 
 
+def test_int8_gating_leaves_planes_not_a_multiple_of_4_to_float32(cp, monkeypatch):
+    """Three planes a neuron, 15 in all: cuBLAS's int8 GEMMs would want 16, so the float32
+    GEMM decides them, to the same contexts."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+    from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
+
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(40, 24)).astype(np.float32)
+    normals, offsets = sample_halfspaces(rng, 15, 24, 0.05)
+    monkeypatch.setattr(cuda, "GATING_PRODUCT", "int8")
+    gemms = getattr(cp, "operations", {}).get("cublas gemmEx", 0)
+    (got,) = cuda.cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets),
+                                      3, 1, (5,))
+    (want,) = layer_contexts(np, z, normals, offsets, 3, 1, (5,), dots=cpu_exact_dots)
+    np.testing.assert_array_equal(got.get(), want)
+    assert getattr(cp, "operations", {}).get("cublas gemmEx", 0) == gemms
+
+
 @pytest.mark.parametrize("side_info", [{}, PER_ROW], ids=["scaled", "per_row"])
 def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypatch):
     """A model whose long chunks gate on int8 slices learns and predicts exactly as one on the
