@@ -314,9 +314,10 @@ gln_int8_row_tolerances(const double* __restrict__ scale, const double* __restri
                                       terms[GLN_INT8_SLICES + 1]) +
                               d * last * last * terms[GLN_INT8_SLICES];
     const double bound =
-        ((dropped + remainders) * (1.0 + 0x1p-40) + 0x1p-50 * sizes) * scale[t];
+        ((dropped + remainders) * (1.0 + ldexp(1.0, -40)) + ldexp(sizes, -50)) * scale[t];
     const double estimate = 1.001 * length[t] + bound;
-    const double total = (bound + 0x1p-23 * (estimate + terms[GLN_INT8_SLICES + 2])) * 1.001;
+    const double total =
+        (bound + ldexp(estimate + terms[GLN_INT8_SLICES + 2], -23)) * 1.001;
     float rounded = static_cast<float>(total);
     if (static_cast<double>(rounded) < total) rounded = nextafterf(rounded, 3.0e38f);
     tolerance[t] = rounded;

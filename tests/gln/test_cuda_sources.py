@@ -2,12 +2,18 @@
 
 ``nvcc`` compiles every ``gln/kernels/*.cu`` for Hopper (sm_90) with the options CuPy uses, for
 the row widths the models need, without register spills (skipped, with the reason, where nvcc
-is not on PATH). The kernels themselves run in ``test_cuda_backend.py``: on a GPU, and on the
-CPU under the emulation of ``emulated_cupy.py``.
+is not on PATH); so does NVRTC, the compiler CuPy itself calls, where its library is found
+(``GLN_NVRTC``, the ``nvidia-cuda-nvrtc-cu12`` wheel, or the system's; CI fetches the wheel).
+The kernels themselves run in ``test_cuda_backend.py``: on a GPU, and on the CPU under the
+emulation of ``emulated_cupy.py``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +41,63 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is
 PER_LANE_VALUES = (1, 2, 5, 25, 64)
 
 
+def _nvrtc() -> ctypes.CDLL | None:
+    """NVRTC's library: ``$GLN_NVRTC``, the nvidia-cuda-nvrtc wheel's, or the system's."""
+    candidates = [os.environ.get("GLN_NVRTC", "")]
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    except ModuleNotFoundError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidates += sorted(str(p) for p in Path(folder, "lib").glob("libnvrtc.so*"))
+    candidates.append(ctypes.util.find_library("nvrtc") or "")
+    for candidate in filter(None, candidates):
+        try:
+            return ctypes.CDLL(candidate)
+        except OSError:
+            continue
+    return None
+
+
+NVRTC = _nvrtc()
+needs_nvrtc = pytest.mark.skipif(
+    NVRTC is None, reason="NVRTC's library was not found (GLN_NVRTC, nvidia-cuda-nvrtc-cu12)")
+# (source, defines) of every module the library builds: each source, and the layer pass at each
+# row width and at each sum batch of the shared prediction kernel.
+MODULES = [(source, ()) for source in SOURCES]
+MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}",)) for p in PER_LANE_VALUES]
+MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={b}"))
+            for b in (1, 8, 32)]
+
+
+def nvrtc(source: Path, *defines: str) -> tuple[int, str]:
+    """NVRTC's status and log for ``source`` compiled to sm_90 code with CuPy's options."""
+    program = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(program), source.read_text().encode(),
+                                    source.name.encode(), 0, None, None) == 0
+    try:
+        options = [b"--gpu-architecture=sm_90", b"--ptxas-options=-v",
+                   *(o.encode() for o in (*COMPILE_OPTIONS, *defines))]
+        status = NVRTC.nvrtcCompileProgram(program, len(options),
+                                           (ctypes.c_char_p * len(options))(*options))
+        size = ctypes.c_size_t()
+        NVRTC.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        NVRTC.nvrtcGetProgramLog(program, log)
+        return status, log.value.decode(errors="replace")
+    finally:
+        NVRTC.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+def assert_no_spills(report: str, what: str) -> None:
+    """Register arrays must stay in registers: local memory would cost a round trip per
+    element per example."""
+    spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", report)
+    assert spills, report
+    assert all(s == ("0", "0") for s in spills), f"{what}: {report}"
+
+
 def nvcc(source: Path, out: Path, *defines: str) -> str:
     command = [NVCC, "-arch=sm_90", "-cubin", "-std=c++17", "-O3", *COMPILE_OPTIONS,
                "-Xptxas", "-v", *defines, "-o", str(out), str(source)]
@@ -57,19 +120,24 @@ def test_sources_need_no_headers(source):
 
 @needs_nvcc
 def test_every_source_compiles_for_hopper(tmp_path):
-    jobs = [(source, ()) for source in SOURCES]
-    jobs += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}",)) for p in PER_LANE_VALUES]
     with ThreadPoolExecutor(max_workers=4) as pool:
         reports = list(pool.map(
             lambda job: nvcc(job[1][0], tmp_path / f"{job[0]}.cubin", *job[1][1]),
-            enumerate(jobs),
+            enumerate(MODULES),
         ))
-    for (source, defines), report in zip(jobs, reports, strict=True):
-        # Register arrays must stay in registers: local memory would cost a round trip per
-        # element per example.
-        spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", report)
-        assert spills, report
-        assert all(s == ("0", "0") for s in spills), f"{source.name} {defines}: {report}"
+    for (source, defines), report in zip(MODULES, reports, strict=True):
+        assert_no_spills(report, f"{source.name} {defines}")
+
+
+@needs_nvrtc
+def test_every_source_compiles_with_nvrtc_as_cupy_compiles_it():
+    """What CuPy's RawModule runs on a GPU machine, here without one: every module compiles
+    for sm_90, and no kernel keeps a stack frame or spills."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda job: nvrtc(job[0], *job[1]), MODULES))
+    for (source, defines), (status, log) in zip(MODULES, results, strict=True):
+        assert status == 0, f"{source.name} {defines}: {log}"
+        assert_no_spills(log, f"{source.name} {defines}")
 
 
 def test_launch_plan():
