@@ -443,6 +443,14 @@ gln_layer_pass_resident(GLN_LAYER_KERNEL_PARAMETERS) {
     }
 }
 
+// The contexts of a shared-prediction block's neurons at example t: lane l holds neuron
+// neuron0 + l's (a block has at most 32 neurons), lanes beyond the block's count hold 0.
+__device__ __forceinline__ int block_context(const int* contexts, int t, long long per_example,
+                                             long long neuron0, int lane, int count,
+                                             int num_contexts) {
+    return lane < count ? contexts[t * per_example + neuron0 + lane] & (num_contexts - 1) : 0;
+}
+
 // Prediction only. Block (blockIdx.x, blockIdx.y) holds neurons k0 .. k0 + neurons_per_block - 1
 // of GLN g (blockIdx.x = g * blocks_per_gln + k0 / neurons_per_block) and examples
 // [blockIdx.y * rows_per_warp, ...) of at most rows_per_warp examples (here: per block); warp w
@@ -487,10 +495,8 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     int t = begin + warp;
     if (t < end) load_input(x, input0 + t * input_stride, lane, I);
     for (; t < end; t += warps) {
-        // Lane j holds the context of neuron k0 + j at example t (neurons_per_block <= 32).
-        const int mine = lane < count ? contexts[t * per_example + neuron0 + lane] &
-                                            (num_contexts - 1)
-                                      : 0;
+        const int mine =
+            block_context(contexts, t, per_example, neuron0, lane, count, num_contexts);
 #if GLN_PREFETCH
         float x_next[GLN_PER_LANE];
         if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
@@ -530,8 +536,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     int t = begin + warp, j = 0, mine = 0;
     if (t < end) {
         load_input(x, input0 + t * input_stride, lane, I);
-        // Lane l holds the context of neuron k0 + l at example t (neurons_per_block <= 32).
-        mine = lane < count ? contexts[t * per_example + neuron0 + lane] & (num_contexts - 1) : 0;
+        mine = block_context(contexts, t, per_example, neuron0, lane, count, num_contexts);
 #if GLN_PREFETCH
         if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
 #endif
@@ -563,8 +568,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
 #else
             load_input(x, input0 + t * input_stride, lane, I);
 #endif
-            mine = lane < count ? contexts[t * per_example + neuron0 + lane] & (num_contexts - 1)
-                                : 0;
+            mine = block_context(contexts, t, per_example, neuron0, lane, count, num_contexts);
         }
         const float dot = batched_warp_sums(part, lane);
         if (my_neuron >= 0 && lane % kLanesPerSum == 0) {
