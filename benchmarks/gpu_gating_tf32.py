@@ -52,7 +52,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import int8_gating  # noqa: E402
-from benchmarks.gpu_learn import NETWORK, load_data, mean_event_seconds, served_inputs  # noqa: E402
+from benchmarks.gpu_learn import (  # noqa: E402
+    GATING_PRODUCTS,
+    NETWORK,
+    load_data,
+    mean_event_seconds,
+    module_constant,
+    served_inputs,
+)
 from gln import GLN  # noqa: E402
 from gln.gating import dot_rounding_bound  # noqa: E402
 from gln.kernels.int8_gating import int8_product  # noqa: E402
@@ -163,26 +170,25 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
 
 def library_record(cp: ModuleType, z: Any, normals: Any, offsets: Any, exact: Any,
                    tolerance: Any, repeats: int, data: str) -> dict:
-    """The library's two gating paths as ``gln_halfspace_contexts`` takes them: the float32
-    GEMM with its bound, and ``gln.kernels.int8_gating.int8_products`` (slicing kernels, six
-    int8 GEMMs, the estimates and the per-row bound), timed alike, with the share of margins
-    each bound leaves to the float64 re-check and any outside it with the wrong sign."""
-    from gln.kernels.cuda import launch_rounding_tolerances  # noqa: PLC0415
-    from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
-
-    def float32_path() -> tuple[Any, Any]:
-        bound = cp.empty(len(z), dtype=cp.float32)
-        launch_rounding_tolerances(z, bound)
-        return z @ normals.T, bound
+    """The library's two gating paths as ``gln_halfspace_contexts`` takes them, each
+    ``GATING_PRODUCT``: the float32 GEMM with its bound, and ``gln.kernels.int8_gating``'s
+    (slicing kernels, six int8 GEMMs, the estimates and the per-row bound), timed alike, with
+    the share of margins each bound leaves to the float64 re-check and any outside it with the
+    wrong sign."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     record = {"measure": "gating_paths", "rows": len(z), "planes": normals.shape[0],
               "features": z.shape[1], "data": data}
     truth = exact >= offsets[None, :].astype(cp.float64)
-    for name, path in (("float32", float32_path),
-                       ("int8", lambda: int8_products(z, normals, offsets))):
+
+    def path() -> tuple[Any, Any]:
+        return cuda._gating_products_and_bounds(z, normals, offsets)
+
+    for name in GATING_PRODUCTS:
         try:
-            seconds = mean_event_seconds(cp, path, repeats)
-            products, bound = path()
+            with module_constant(cuda, "GATING_PRODUCT", name):
+                seconds = mean_event_seconds(cp, path, repeats)
+                products, bound = path()
         except Exception as error:  # noqa: BLE001 - one path's failure is a line, not the end
             record[name] = {"error": f"{type(error).__name__}: {error}"}
             continue

@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 
 from gln.backend import import_cupy as _cupy
+from gln.kernels.cuda import GATING_THREADS, WARP, _function
 
 SLICES = 3  # GLN_INT8_SLICES in gating.cu
-THREADS = 128  # __launch_bounds__ of the slicing, tolerance and estimate kernels
-WARP = 32
 # cuBLAS's and CUDA's enumerations (stable values of their C headers): operations, data types,
 # the int32 compute type, the default algorithm.
 _OP_N, _OP_T, _R_8I, _R_32I, _COMPUTE_32I, _GEMM_DEFAULT = 0, 1, 3, 10, 72, -1
@@ -59,7 +58,7 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
                         terms))
     tolerance = cp.empty(n, dtype=cp.float32)
     _kernel("gln_int8_row_tolerances")(
-        (-(-n // THREADS),), (THREADS,),
+        (-(-n // GATING_THREADS),), (GATING_THREADS,),
         (rows.scale, rows.norms, rows.kept_l1, rows.length, terms, np.int32(n), np.int32(d),
          tolerance))
     orders = [cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES)]
@@ -68,7 +67,7 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
             int8_product(rows.slices[i], plane.slices[order - i], out, accumulate=i > 0)
     products = cp.empty((n, planes), dtype=cp.float32)
     _kernel("gln_int8_estimates")(
-        (-(-n * planes // THREADS),), (THREADS,),
+        (-(-n * planes // GATING_THREADS),), (GATING_THREADS,),
         (*orders, rows.scale, plane.scale, np.int32(n), np.int32(planes), products))
     return products, tolerance
 
@@ -81,7 +80,7 @@ def sliced(x: Any, stride: int) -> Int8Slices:
                      cp.empty(rows, dtype=cp.float64), cp.empty((SLICES, rows), cp.float64),
                      cp.empty(rows, dtype=cp.float64), cp.empty(rows, dtype=cp.float64))
     _kernel("gln_int8_slices")(
-        (-(-rows * WARP // THREADS),), (THREADS,),
+        (-(-rows * WARP // GATING_THREADS),), (GATING_THREADS,),
         (x, np.int32(rows), np.int32(d), np.int32(stride), cut.slices, cut.scale, cut.norms,
          cut.kept_l1, cut.length))
     return cut
@@ -104,6 +103,4 @@ def int8_product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
 
 
 def _kernel(name: str) -> Any:
-    from gln.kernels.cuda import _function  # noqa: PLC0415 - cuda.py imports this module
-
     return _function("gating.cu", name)
