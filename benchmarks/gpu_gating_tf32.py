@@ -172,7 +172,7 @@ def library_record(cp: ModuleType, z: Any, normals: Any, offsets: Any, exact: An
                    tolerance: Any, repeats: int, data: str) -> dict:
     """The library's two gating paths as ``gln_halfspace_contexts`` takes them, each
     ``GATING_PRODUCT``: the float32 GEMM with its bound, and ``gln.kernels.int8_gating``'s
-    (slicing kernels, six int8 GEMMs, the estimates and the per-row bound), timed alike, with
+    (slicing kernels, three int8 GEMMs, the estimates and the per-row bound), timed alike, with
     the share of margins each bound leaves to the float64 re-check and any outside it with the
     wrong sign."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415

@@ -74,7 +74,7 @@ GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
 # cuBLAS GEMM (a guess: the GEMM's host-side cost is what a one-row call feels).
 GATING_GEMM_MIN_ROWS = 16
-# The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (six int8
+# The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (three int8
 # GEMMs of the rows' and normals' slices, gln.kernels.int8_gating, where the planes number a
 # multiple of 4); the same contexts either way. float32 until a GPU run shows int8 faster.
 GATING_PRODUCT = "float32"

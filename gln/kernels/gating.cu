@@ -194,16 +194,21 @@ gln_halfspace_products(const float* __restrict__ z, const float* __restrict__ no
 // GLN_INT8_SLICES slices of integers:
 //   x / s = A_0 + A_1 / 128 + ... + A_{K-1} / 128^(K-1) + R / 128^(K-1),   |R| <= 1/2,
 // A_0 in [-127, 127], the others in [-64, 64]. cuBLAS sums A_i . B_j for each order i + j < K
-// in int32 (at most 3 * 127^2 * d: no overflow below d = 44,000); the pairs of higher order
-// and the remainders are bounded by Cauchy-Schwarz on the slices' norms and by their L1 norms.
+// in int32, one GEMM an order (at most 3 * 127^2 * d: no overflow below d = 44,000); the pairs
+// of higher order and the remainders are bounded by Cauchy-Schwarz on the slices' norms and by
+// their L1 norms.
 #define GLN_INT8_SLICES 3
 #define GLN_INT8_BASE 128.0
 
-// Rows of x (rows, d) cut into slices (K, rows, stride), zeros from column d to stride (cuBLAS
-// takes lengths that are multiples of 4), with each row's scale, each slice's Euclidean norm
-// (K, rows), the L1 norm of the slices' weighted sum, and ||x||_2. One warp per row.
+// Rows of x (rows, d) cut into slices, side by side in (rows, K * stride): slice k of a row in
+// columns k * stride onwards, or, `reversed` (the planes), (K - 1 - k) * stride onwards, so that
+// the first (o + 1) * stride columns of the rows and the last of the planes pair the slices of
+// order o (A_0 B_o + ... + A_o B_0) in one GEMM; zeros from column d to stride (a multiple of
+// 16: cuBLAS's int8 GEMMs take lengths that are multiples of 4, and operands 16-byte aligned
+// for its fastest kernels). With each row's scale, each slice's Euclidean norm (K,
+// rows), the L1 norm of the slices' weighted sum, and ||x||_2. One warp per row.
 extern "C" __global__ void __launch_bounds__(128)
-gln_int8_slices(const float* __restrict__ x, int rows, int d, int stride,
+gln_int8_slices(const float* __restrict__ x, int rows, int d, int stride, int reversed,
                 signed char* __restrict__ slices, double* __restrict__ scale,
                 double* __restrict__ norms, double* __restrict__ kept_l1,
                 double* __restrict__ length) {
@@ -231,8 +236,8 @@ gln_int8_slices(const float* __restrict__ x, int rows, int d, int stride,
         double rest = value / s, kept = 0.0, unit = 1.0;  // exact: s is a power of two
         for (int k = 0; k < GLN_INT8_SLICES; ++k) {
             const double part = rint(rest);
-            slices[(static_cast<long long>(k) * rows + t) * stride + i] =
-                static_cast<signed char>(part);
+            const int column = (reversed ? GLN_INT8_SLICES - 1 - k : k) * stride + i;
+            slices[t * GLN_INT8_SLICES * stride + column] = static_cast<signed char>(part);
             squares[k] += part * part;  // integers far below 2^53: exact
             kept += part * unit;        // exact: 24 bits at most
             rest = (rest - part) * GLN_INT8_BASE;

@@ -9,9 +9,11 @@ error, proved from the slices' norms. ``gln_halfspace_contexts`` then takes both
 the float32 GEMM's products and bound: a margin beyond the bound has the exact sign, the rest
 are re-checked in float64, so the contexts are the same bits either way.
 
-Six int8 GEMMs (three slices) in place of one float32 GEMM: on an H100 the int8 rate is many
-times the float32 one, and the bound is tighter than float32's (``benchmarks/int8_gating.py``
-and ``benchmarks/gpu_gating_tf32.py`` measure both). Not the default until a GPU run shows it
+Three int8 GEMMs (three slices, one GEMM per order, the order's slice pairs side by side along
+the summed dimension, so each int32 result is written once and never read back to be added to)
+in place of one float32 GEMM: on an H100 the int8 rate is many times the float32 one, and the
+bound is tighter than float32's (``benchmarks/int8_gating.py`` and
+``benchmarks/gpu_gating_tf32.py`` measure both). Not the default until a GPU run shows it
 faster end to end.
 """
 
@@ -34,8 +36,10 @@ _ONE, _ZERO = np.ones(1, np.int32), np.zeros(1, np.int32)  # alpha and beta, on 
 
 @dataclass(frozen=True)
 class Int8Slices:
-    """Rows cut by ``gln_int8_slices``: the slices (K, rows, stride) int8, and per row its
-    scale, each slice's norm (K, rows), the L1 norm of the slices' sum and ``||x||_2``."""
+    """Rows cut by ``gln_int8_slices``: the slices side by side, (rows, K * stride) int8
+    (slice k at columns ``k * stride`` on, or ``(K - 1 - k) * stride`` on for ``reversed``
+    rows), and per row its scale, each slice's norm (K, rows), the L1 norm of the slices' sum
+    and ``||x||_2``."""
 
     slices: Any
     scale: Any
@@ -50,8 +54,8 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
     cp = _cupy()
     n, d = z.shape
     planes = normals.shape[0]
-    stride = -(-d // 4) * 4  # int8 tensor cores take lengths that are multiples of 4
-    rows, plane = sliced(z, stride), sliced(normals, stride)
+    stride = -(-d // 16) * 16  # lengths of 4 for the tensor cores, 16-byte aligned slices
+    rows, plane = sliced(z, stride), sliced(normals, stride, reversed=True)
     terms = cp.empty(SLICES + 3, dtype=cp.float64)
     _kernel("gln_int8_plane_terms")(
         (1,), (WARP,), (plane.scale, plane.norms, plane.kept_l1, offsets, np.int32(planes),
@@ -63,8 +67,10 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
          tolerance))
     orders = [cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES)]
     for order, out in enumerate(orders):
-        for i in range(order + 1):
-            int8_product(rows.slices[i], plane.slices[order - i], out, accumulate=i > 0)
+        # A_0 .. A_order against B_order .. B_0: the rows' first slices, the planes' last.
+        width = (order + 1) * stride
+        int8_product(rows.slices[:, :width], plane.slices[:, SLICES * stride - width:], out,
+                     accumulate=False)
     products = cp.empty((n, planes), dtype=cp.float32)
     _kernel("gln_int8_estimates")(
         (-(-n * planes // GATING_THREADS),), (GATING_THREADS,),
@@ -72,17 +78,18 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
     return products, tolerance
 
 
-def sliced(x: Any, stride: int) -> Int8Slices:
-    """``x`` (rows, d) float32 cut into ``SLICES`` int8 slices of ``stride`` columns."""
+def sliced(x: Any, stride: int, reversed: bool = False) -> Int8Slices:
+    """``x`` (rows, d) float32 cut into ``SLICES`` int8 slices of ``stride`` columns, side by
+    side, the last slice first where ``reversed``."""
     cp = _cupy()
     rows, d = x.shape
-    cut = Int8Slices(cp.empty((SLICES, rows, stride), dtype=cp.int8),
+    cut = Int8Slices(cp.empty((rows, SLICES * stride), dtype=cp.int8),
                      cp.empty(rows, dtype=cp.float64), cp.empty((SLICES, rows), cp.float64),
                      cp.empty(rows, dtype=cp.float64), cp.empty(rows, dtype=cp.float64))
     _kernel("gln_int8_slices")(
         (-(-rows * WARP // GATING_THREADS),), (GATING_THREADS,),
-        (x, np.int32(rows), np.int32(d), np.int32(stride), cut.slices, cut.scale, cut.norms,
-         cut.kept_l1, cut.length))
+        (x, np.int32(rows), np.int32(d), np.int32(stride), np.int32(reversed), cut.slices,
+         cut.scale, cut.norms, cut.kept_l1, cut.length))
     return cut
 
 
@@ -90,14 +97,18 @@ def int8_product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
     """``a @ b.T`` of int8 (n, k) and (P, k) into int32 ``out`` (n, P), or added to it:
     cuBLAS's ``gemmEx`` with int32 sums. The row-major ``a @ b.T`` is the column-major
     (P, n) ``b @ a.T``, ``b`` transposed and ``a`` not (the "TN" layout integer tensor cores
-    take), both read with leading dimension k."""
+    take). ``a`` and ``b`` may be column ranges of wider arrays: each is read from its first
+    element with its rows' stride as the leading dimension."""
     cp = _cupy()
     (n, k), planes = a.shape, b.shape[0]
     if k % 4:
         raise ValueError(f"int8 tensor cores need the length ({k}) a multiple of 4")
+    if a.strides[1] != 1 or b.strides[1] != 1 or not out.flags.c_contiguous:
+        raise ValueError("int8_product reads rows of contiguous columns into a contiguous out")
+    lda, ldb = a.strides[0], b.strides[0]  # int8: a stride in bytes is one in elements
     beta = _ONE if accumulate else _ZERO
     cp.cuda.cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, planes, n, k,
-                          _ONE.ctypes.data, b.data.ptr, _R_8I, k, a.data.ptr, _R_8I, k,
+                          _ONE.ctypes.data, b.data.ptr, _R_8I, ldb, a.data.ptr, _R_8I, lda,
                           beta.ctypes.data, out.data.ptr, _R_32I, planes, _COMPUTE_32I,
                           _GEMM_DEFAULT)
 

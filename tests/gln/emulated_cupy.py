@@ -834,10 +834,13 @@ def _gemm_ex(handle: int, transa: int, transb: int, m: int, n: int, k: int, alph
     _operation("cublas gemmEx")
 
     def matrix(address: int, rows: int, columns: int, lead: int, kind: Any) -> np.ndarray:
+        # Only the bytes BLAS reads: the last column ends `rows` elements after its start.
         if lead < rows:
             raise ValueError(f"gemmEx: leading dimension {lead} below {rows} rows")
-        flat = np.ctypeslib.as_array((kind * (lead * columns)).from_address(address))
-        return flat.reshape(columns, lead).T[:rows]
+        extent = lead * (columns - 1) + rows if columns else 0
+        flat = np.ctypeslib.as_array((kind * extent).from_address(address))
+        size = np.dtype(kind).itemsize
+        return np.lib.stride_tricks.as_strided(flat, (rows, columns), (size, lead * size))
 
     op_a = matrix(a, k, m, lda, ctypes.c_int8).T if transa else matrix(a, m, k, lda, ctypes.c_int8)
     op_b = matrix(b, n, k, ldb, ctypes.c_int8).T if transb else matrix(b, k, n, ldb, ctypes.c_int8)

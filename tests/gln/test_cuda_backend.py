@@ -491,7 +491,7 @@ def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypat
     np.testing.assert_array_equal(sliced.predict_proba(X), predicted)
     assert sliced.to_bytes() == plain.to_bytes()
     if hasattr(cp, "operations"):  # the emulated device counts them: the int8 GEMMs ran
-        assert cp.operations["cublas gemmEx"] >= gemms_before + 12
+        assert cp.operations["cublas gemmEx"] >= gemms_before + 6  # three a chunk
 
 
 def test_snapshots_move_between_gpu_and_cpu(cp):

@@ -28,6 +28,23 @@ def test_the_int8_product_is_the_row_major_product_and_beta_adds():
             int8_product(cp.asarray(a[:, :7].copy()), cp.asarray(b[:, :7].copy()), out, False)
 
 
+def test_the_int8_product_reads_column_ranges_of_wider_arrays():
+    """The int8 gating pairs slices as column ranges of side-by-side layouts: the first
+    columns of one array, the last of another, each read with its rows' stride."""
+    from gln.kernels.int8_gating import int8_product  # noqa: PLC0415
+
+    rng = np.random.default_rng(6)
+    a = rng.integers(-127, 128, (6, 24)).astype(np.int8)
+    b = rng.integers(-127, 128, (5, 24)).astype(np.int8)
+    expected = a[:, :16].astype(np.int64) @ b[:, 8:].astype(np.int64).T
+    with emulated_cupy_installed() as cp:
+        out = cp.full((6, 5), 7, dtype=cp.int32)
+        int8_product(cp.asarray(a)[:, :16], cp.asarray(b)[:, 8:], out, accumulate=False)
+        np.testing.assert_array_equal(out.get(), expected)
+        with pytest.raises(ValueError, match="contiguous"):
+            int8_product(cp.asarray(a)[:, ::2], cp.asarray(b)[:, ::2], out, False)
+
+
 def test_the_slicing_kernel_cuts_rows_as_the_array_code_does():
     """``gln_int8_slices`` against ``benchmarks.int8_gating.sliced`` (the array code the bound
     was proved on): the same scales and slices, zeros in the padding, the same norms."""
@@ -40,14 +57,18 @@ def test_the_slicing_kernel_cuts_rows_as_the_array_code_does():
     x[1] = 127.0 * 2.0 ** -3  # exactly on a scale's edge
     x[2, 5] = -3e30
     expected = spec.sliced(np, x, SLICES)
-    with emulated_cupy_installed() as cp:
-        got = sliced(cp.asarray(x), 48)
-        slices, scale = got.slices.get(), got.scale.get()
-        norms, kept_l1, length = got.norms.get(), got.kept_l1.get(), got.length.get()
-    np.testing.assert_array_equal(scale, expected.scale)
-    for k in range(SLICES):
-        np.testing.assert_array_equal(slices[k, :, :45], expected.slices[k])
-    assert not slices[:, :, 45:].any()
-    np.testing.assert_array_equal(norms, expected.slice_norms)
-    np.testing.assert_allclose(kept_l1, expected.kept_l1, rtol=1e-13)
-    np.testing.assert_allclose(length, np.linalg.norm(x.astype(np.float64), axis=1), rtol=1e-13)
+    for reversed_ in (False, True):
+        with emulated_cupy_installed() as cp:
+            got = sliced(cp.asarray(x), 48, reversed=reversed_)
+            slices, scale = got.slices.get(), got.scale.get()
+            norms, kept_l1, length = got.norms.get(), got.kept_l1.get(), got.length.get()
+        np.testing.assert_array_equal(scale, expected.scale)
+        side_by_side = slices.reshape(7, SLICES, 48)
+        for k in range(SLICES):
+            column = SLICES - 1 - k if reversed_ else k
+            np.testing.assert_array_equal(side_by_side[:, column, :45], expected.slices[k])
+        assert not side_by_side[:, :, 45:].any()
+        np.testing.assert_array_equal(norms, expected.slice_norms)
+        np.testing.assert_allclose(kept_l1, expected.kept_l1, rtol=1e-13)
+        np.testing.assert_allclose(length, np.linalg.norm(x.astype(np.float64), axis=1),
+                                   rtol=1e-13)
