@@ -95,13 +95,20 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Whether a lane's element i lies inside a row of num_inputs. The host compiles a module for
+// GLN_PER_LANE = ceil(I / 32) (gln.kernels.cuda.per_lane), so I > 32 (GLN_PER_LANE - 1) and
+// every element but the last is inside: with i a constant (unrolled loops) only the last one
+// costs a comparison and a predicated access, not all of them.
+__device__ __forceinline__ bool inside_row(int i, int lane, int num_inputs) {
+    return i < GLN_PER_LANE - 1 || lane + GLN_WARP * i < num_inputs;
+}
+
 // A lane's elements of a weight row (shared or global memory); zeros past the end.
 __device__ __forceinline__ void load_row(float (&r)[GLN_PER_LANE], const float* row, int lane,
                                          int num_inputs) {
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; ++i) {
-        const int j = lane + GLN_WARP * i;
-        r[i] = j < num_inputs ? row[j] : 0.0f;
+        r[i] = inside_row(i, lane, num_inputs) ? row[lane + GLN_WARP * i] : 0.0f;
     }
 }
 
@@ -109,8 +116,7 @@ __device__ __forceinline__ void store_row(float* row, const float (&r)[GLN_PER_L
                                           int num_inputs) {
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; ++i) {
-        const int j = lane + GLN_WARP * i;
-        if (j < num_inputs) row[j] = r[i];
+        if (inside_row(i, lane, num_inputs)) row[lane + GLN_WARP * i] = r[i];
     }
 }
 
@@ -121,8 +127,7 @@ __device__ __forceinline__ void load_input(float (&r)[GLN_PER_LANE],
                                            int num_inputs) {
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; ++i) {
-        const int j = lane + GLN_WARP * i;
-        r[i] = j < num_inputs ? __ldg(row + j) : 0.0f;
+        r[i] = inside_row(i, lane, num_inputs) ? __ldg(row + lane + GLN_WARP * i) : 0.0f;
     }
 }
 
