@@ -10,10 +10,6 @@ emulation of ``emulated_cupy.py``.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import importlib.util
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.nvrtc import compile_source
+from benchmarks.nvrtc import library as nvrtc_library
 from gln.kernels.cuda import (
     COMPILE_OPTIONS,
     RESIDENT,
@@ -41,28 +39,9 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is
 PER_LANE_VALUES = (1, 2, 5, 25, 64)
 
 
-def _nvrtc() -> ctypes.CDLL | None:
-    """NVRTC's library: ``$GLN_NVRTC``, the nvidia-cuda-nvrtc wheel's, or the system's."""
-    candidates = [os.environ.get("GLN_NVRTC", "")]
-    try:
-        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
-            candidates += sorted(str(p) for p in Path(folder, "lib").glob("libnvrtc.so*"))
-    candidates.append(ctypes.util.find_library("nvrtc") or "")
-    for candidate in filter(None, candidates):
-        try:
-            return ctypes.CDLL(candidate)
-        except OSError:
-            continue
-    return None
-
-
-NVRTC = _nvrtc()
 needs_nvrtc = pytest.mark.skipif(
-    NVRTC is None, reason="NVRTC's library was not found (GLN_NVRTC, nvidia-cuda-nvrtc-cu12)")
+    nvrtc_library() is None,
+    reason="NVRTC's library was not found (GLN_NVRTC, nvidia-cuda-nvrtc-cu12)")
 # (source, defines) of every module the library builds: each source, and the layer pass at each
 # row width and at each sum batch of the shared prediction kernel.
 MODULES = [(source, ()) for source in SOURCES]
@@ -73,21 +52,8 @@ MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={
 
 def nvrtc(source: Path, *defines: str) -> tuple[int, str]:
     """NVRTC's status and log for ``source`` compiled to sm_90 code with CuPy's options."""
-    program = ctypes.c_void_p()
-    assert NVRTC.nvrtcCreateProgram(ctypes.byref(program), source.read_text().encode(),
-                                    source.name.encode(), 0, None, None) == 0
-    try:
-        options = [b"--gpu-architecture=sm_90", b"--ptxas-options=-v",
-                   *(o.encode() for o in (*COMPILE_OPTIONS, *defines))]
-        status = NVRTC.nvrtcCompileProgram(program, len(options),
-                                           (ctypes.c_char_p * len(options))(*options))
-        size = ctypes.c_size_t()
-        NVRTC.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        NVRTC.nvrtcGetProgramLog(program, log)
-        return status, log.value.decode(errors="replace")
-    finally:
-        NVRTC.nvrtcDestroyProgram(ctypes.byref(program))
+    compiled = compile_source(source.read_text(), source.name, [*COMPILE_OPTIONS, *defines])
+    return compiled.status, compiled.log
 
 
 def assert_no_spills(report: str, what: str) -> None:
