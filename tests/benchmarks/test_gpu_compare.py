@@ -28,8 +28,10 @@ def test_each_checkout_runs_its_own_code_in_alternating_rounds(tmp_path, capsys,
         (checkouts[0], 1), (checkouts[1], 1), (checkouts[0], 2), (checkouts[1], 2)]
     assert all(r["gln"] == str(Path(r["checkout"]).resolve()) for r in records)
     assert len({r["first_call_digest"] for r in records}) == 1  # the same code, the same bytes
+    assert len({r["learn_digest"] for r in records}) == 1
     assert all(len(r["predict_per_second"]) == 3 and min(r["predict_per_second"]) > 0
                for r in records)
+    assert all(r["learn_per_second"] > 0 for r in records)  # 8 rows: a first call, then one
 
 
 def test_one_checkout_is_no_comparison():
