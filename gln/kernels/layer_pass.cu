@@ -95,6 +95,18 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// `p` as the compiler must take it: a register, its derivation forgotten. Elements at constant
+// offsets from it are then addressed as register + immediate, one instruction each, where the
+// compiler would otherwise keep each element's 64-bit index in a register of its own (hoisted
+// out of the loop) and rebuild every address from it, four instructions an element.
+template <typename T>
+__device__ __forceinline__ T* opaque(T* p) {
+#if defined(__CUDA_ARCH__)
+    asm("" : "+l"(p));
+#endif
+    return p;
+}
+
 // Whether a lane's element i lies inside a row of num_inputs. The host compiles a module for
 // GLN_PER_LANE = ceil(I / 32) (gln.kernels.cuda.per_lane), so I > 32 (GLN_PER_LANE - 1) and
 // every element but the last is inside: with i a constant (unrolled loops) only the last one
@@ -103,20 +115,23 @@ __device__ __forceinline__ bool inside_row(int i, int lane, int num_inputs) {
     return i < GLN_PER_LANE - 1 || lane + GLN_WARP * i < num_inputs;
 }
 
-// A lane's elements of a weight row (shared or global memory); zeros past the end.
+// A lane's elements of a weight row (shared or global memory); zeros past the end. The lane's
+// first element is addressed once and the others at constant offsets from it.
 __device__ __forceinline__ void load_row(float (&r)[GLN_PER_LANE], const float* row, int lane,
                                          int num_inputs) {
+    const float* mine = row + lane;
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; ++i) {
-        r[i] = inside_row(i, lane, num_inputs) ? row[lane + GLN_WARP * i] : 0.0f;
+        r[i] = inside_row(i, lane, num_inputs) ? mine[GLN_WARP * i] : 0.0f;
     }
 }
 
 __device__ __forceinline__ void store_row(float* row, const float (&r)[GLN_PER_LANE], int lane,
                                           int num_inputs) {
+    float* mine = row + lane;
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; ++i) {
-        if (inside_row(i, lane, num_inputs)) row[lane + GLN_WARP * i] = r[i];
+        if (inside_row(i, lane, num_inputs)) mine[GLN_WARP * i] = r[i];
     }
 }
 
@@ -125,9 +140,10 @@ __device__ __forceinline__ void store_row(float* row, const float (&r)[GLN_PER_L
 __device__ __forceinline__ void load_input(float (&r)[GLN_PER_LANE],
                                            const float* __restrict__ row, int lane,
                                            int num_inputs) {
+    const float* __restrict__ mine = opaque(row + lane);
 #pragma unroll
     for (int i = 0; i < GLN_PER_LANE; ++i) {
-        r[i] = inside_row(i, lane, num_inputs) ? __ldg(row + lane + GLN_WARP * i) : 0.0f;
+        r[i] = inside_row(i, lane, num_inputs) ? __ldg(mine + GLN_WARP * i) : 0.0f;
     }
 }
 
