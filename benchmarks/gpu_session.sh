@@ -7,10 +7,13 @@
 #
 # Reads, when present: .peers/mnist (MNIST's IDX files; random data otherwise), .peers/pygln
 # (a checkout of github.com/aiwabdn/pygln) and .peers/base (the gln package of the commit last
-# measured, for benchmarks/gpu_compare.py's side-by-side predictions, whose lines are appended
-# to gpu_learn.jsonl: a call brings back 8 files). Writes into $OUT (default ./gpu-out): device.txt,
-# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl,
-# constants.json, snapshot_bytes.jsonl. docs/gpu.md says how to set up .peers.
+# measured, for benchmarks/gpu_compare.py's side-by-side runs, whose lines are appended to
+# gpu_learn.jsonl: a call brings back 8 files). Writes into $OUT (default ./gpu-out): device.txt,
+# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl, ncu.txt
+# (Nsight Compute's reading of one prediction chunk's kernels, where ncu is found),
+# snapshot_bytes.jsonl; the launch constants read off gpu_learn.jsonl are printed
+# (benchmarks/gpu_constants.py reads them again from the file). docs/gpu.md says how to set up
+# .peers.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -63,7 +66,20 @@ echo "gpu_gating_tf32: exit $?"
 cat "$OUT/gpu_gating_tf32.jsonl"
 
 # The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
-"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$OUT/constants.json"
+"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl"
+
+# What bounds each kernel of one prediction chunk (bandwidths, issue, warp stalls, occupancy),
+# by Nsight Compute's counters, with the card's clocks left as they are.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if [ -n "$NCU" ]; then
+    timeout 150 "$NCU" --profile-from-start off --clock-control none \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats \
+        "$PYTHON" benchmarks/gpu_profile.py "${data_args[@]}" > "$OUT/ncu.txt" 2>&1
+    echo "ncu: exit $?"
+    grep -E "^  [a-z_]+|Duration|Memory Throughput|Compute \(SM\) Throughput" "$OUT/ncu.txt" \
+        | head -60
+fi
 
 # A GPU model's bytes both ways (a snapshot or export, a restore or import). Last: the least
 # needed, so that a run cut off at the call's limit loses only this.

@@ -21,3 +21,9 @@ def test_every_file_the_script_runs_exists():
     named = set(re.findall(r"\b((?:benchmarks|tests/gln)/\w+\.py)\b", SCRIPT.read_text()))
     assert {"benchmarks/gpu_learn.py", "benchmarks/gpu_compare.py"} <= named
     assert [path for path in sorted(named) if not (REPOSITORY / path).is_file()] == []
+
+
+def test_the_script_writes_at_most_the_eight_files_a_call_brings_back():
+    written = set(re.findall(r'"\$OUT/([\w.-]+)"', SCRIPT.read_text()))
+    assert {"tests.log", "gpu_learn.jsonl", "ncu.txt"} <= written
+    assert len(written) <= 8, sorted(written)

@@ -794,7 +794,10 @@ class EmulatedCupy(types.ModuleType):
                                           alloc_pinned_memory=bytearray,
                                           cublas=types.SimpleNamespace(gemmEx=_gemm_ex),
                                           device=types.SimpleNamespace(
-                                              get_cublas_handle=lambda: 0))
+                                              get_cublas_handle=lambda: 0),
+                                          profiler=types.SimpleNamespace(
+                                              start=lambda: _operation("profiler start"),
+                                              stop=lambda: _operation("profiler stop")))
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(np, name)
