@@ -269,6 +269,66 @@ __device__ __forceinline__ Window load_window(const LayerArgs& a, long long neur
     return s;
 }
 
+// Where run_neuron is in its chunk: the current example's context, and the window of per-example
+// scalars that holds it.
+struct NeuronCursor {
+    int c, window;
+    Window s;
+};
+
+// Example t of run_neuron: mixes (and learns) it with the row and input in `w` and `x`, and
+// leaves example t + 1's in `w_next` and `x_next`. With GLN_PREFETCH they are other registers,
+// loaded before the mixing of t (row c_next != c is not written at t; any earlier write to it
+// was issued earlier by this same lane), and run_neuron swaps the two pairs' roles from one
+// example to the next, so nothing is copied between them except the updated row when t + 1
+// has the same context (one time in 2^m). Without it (wide rows, where two pairs would not
+// fit in registers) they are the same registers, loaded after the store.
+__device__ __forceinline__ void neuron_step(float (&w)[GLN_PER_LANE], float (&x)[GLN_PER_LANE],
+                                            float (&w_next)[GLN_PER_LANE],
+                                            float (&x_next)[GLN_PER_LANE], float* rows,
+                                            const LayerArgs& a, const float* input0,
+                                            long long input_stride, long long neuron, int g,
+                                            int t, int end, int lane, NeuronCursor& at) {
+    const int I = a.num_inputs;
+    const float rate = __shfl_sync(GLN_FULL_MASK, at.s.rate, t - at.window);
+    const float target = __shfl_sync(GLN_FULL_MASK, at.s.target, t - at.window);
+    const bool more = t + 1 < end;
+    int c_next = at.c;
+    if (more) {
+        if (t + 1 - at.window == GLN_WARP) {
+            at.window += GLN_WARP;
+            at.s = load_window(a, neuron, g, at.window, end, lane);
+        }
+        c_next = __shfl_sync(GLN_FULL_MASK, at.s.context, t + 1 - at.window);
+#if GLN_PREFETCH
+        load_input(x_next, input0 + (t + 1) * input_stride, lane, I);
+        if (c_next != at.c) {
+            load_row(w_next, rows + static_cast<long long>(c_next) * I, lane, I);
+        }
+#endif
+    }
+
+    const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
+    if (lane == 0) write_outputs(a, neuron, g, t, p);
+    if (a.learn) store_row(rows + static_cast<long long>(at.c) * I, w, lane, I);
+
+    if (more) {
+#if GLN_PREFETCH
+        if (c_next == at.c) {  // the updated row, already in registers
+            // A branch taken one time in 2^m: the empty asm keeps the compiler from turning the
+            // copy into a select of every element on every example.
+            asm volatile("");
+#pragma unroll
+            for (int i = 0; i < GLN_PER_LANE; ++i) w_next[i] = w[i];
+        }
+#else
+        if (c_next != at.c) load_row(w_next, rows + static_cast<long long>(c_next) * I, lane, I);
+        load_input(x_next, input0 + (t + 1) * input_stride, lane, I);
+#endif
+        at.c = c_next;
+    }
+}
+
 // Neuron (g, k) through examples [begin, end) in order. `rows` is the neuron's S x I weights,
 // in global memory (streaming) or in shared memory (resident).
 __device__ __forceinline__ void run_neuron(float* rows, const LayerArgs& a, long long neuron,
@@ -278,55 +338,28 @@ __device__ __forceinline__ void run_neuron(float* rows, const LayerArgs& a, long
     const long long input_stride = static_cast<long long>(a.input_groups) * I;
     const float* input0 = a.inputs + static_cast<long long>(source) * I;
 
-    int window = begin;
-    Window s = load_window(a, neuron, g, window, end, lane);
-    int c = __shfl_sync(GLN_FULL_MASK, s.context, 0);
+    NeuronCursor at;
+    at.window = begin;
+    at.s = load_window(a, neuron, g, at.window, end, lane);
+    at.c = __shfl_sync(GLN_FULL_MASK, at.s.context, 0);
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
-    load_row(w, rows + static_cast<long long>(c) * I, lane, I);
+    load_row(w, rows + static_cast<long long>(at.c) * I, lane, I);
     load_input(x, input0 + begin * input_stride, lane, I);
 #if GLN_PREFETCH
     float w_next[GLN_PER_LANE], x_next[GLN_PER_LANE];
-#endif
-
-    for (int t = begin; t < end; ++t) {
-        const float rate = __shfl_sync(GLN_FULL_MASK, s.rate, t - window);
-        const float target = __shfl_sync(GLN_FULL_MASK, s.target, t - window);
-        const bool more = t + 1 < end;
-        int c_next = c;
-        if (more) {
-            if (t + 1 - window == GLN_WARP) {
-                window += GLN_WARP;
-                s = load_window(a, neuron, g, window, end, lane);
-            }
-            c_next = __shfl_sync(GLN_FULL_MASK, s.context, t + 1 - window);
-#if GLN_PREFETCH
-            // Loads for t + 1 go out before the mixing of t. Row c_next != c is not written at
-            // t; any earlier write to it was issued earlier by this same lane.
-            load_input(x_next, input0 + (t + 1) * input_stride, lane, I);
-            if (c_next != c) load_row(w_next, rows + static_cast<long long>(c_next) * I, lane, I);
-#endif
-        }
-
-        const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
-        if (lane == 0) write_outputs(a, neuron, g, t, p);
-        if (a.learn) store_row(rows + static_cast<long long>(c) * I, w, lane, I);
-
-        if (more) {
-            // Same context next: the registers already hold the updated row.
-#if GLN_PREFETCH
-            if (c_next != c) {
-#pragma unroll
-                for (int i = 0; i < GLN_PER_LANE; ++i) w[i] = w_next[i];
-            }
-#pragma unroll
-            for (int i = 0; i < GLN_PER_LANE; ++i) x[i] = x_next[i];
-#else
-            if (c_next != c) load_row(w, rows + static_cast<long long>(c_next) * I, lane, I);
-            load_input(x, input0 + (t + 1) * input_stride, lane, I);
-#endif
-            c = c_next;
+    for (int t = begin; t < end; t += 2) {  // the pairs' roles alternate
+        neuron_step(w, x, w_next, x_next, rows, a, input0, input_stride, neuron, g, t, end, lane,
+                    at);
+        if (t + 1 < end) {
+            neuron_step(w_next, x_next, w, x, rows, a, input0, input_stride, neuron, g, t + 1,
+                        end, lane, at);
         }
     }
+#else
+    for (int t = begin; t < end; ++t) {
+        neuron_step(w, x, w, x, rows, a, input0, input_stride, neuron, g, t, end, lane, at);
+    }
+#endif
 }
 
 __device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float* inputs,
@@ -472,6 +505,53 @@ __device__ __forceinline__ int block_context(const int* contexts, int t, long lo
     return lane < count ? contexts[t * per_example + neuron0 + lane] & (num_contexts - 1) : 0;
 }
 
+// Lane `count` of the warp keeps the next finished dot product with its neuron (j of the
+// block) and example: once every lane holds one, the sigmoid, clipping and outputs of 32
+// (neuron, example) pairs run at once, a lane each, instead of a whole warp's worth of them
+// per pair.
+struct HeldDots {
+    int count, j, t;
+    float dot;
+};
+
+// Example t of a shared-prediction warp on wide rows: its dot product with each of the block's
+// `count` neurons, one butterfly each, held until 32 are finished. With GLN_PREFETCH the next
+// example's input (t + warps) goes into `x_next` first, other registers, and the caller swaps
+// the two inputs' roles from one example to the next, so nothing is copied between them;
+// without it they are the same registers, loaded after the mixing.
+__device__ __forceinline__ void predict_example(float (&x)[GLN_PER_LANE],
+                                                float (&x_next)[GLN_PER_LANE],
+                                                float (&w)[GLN_PER_LANE], const float* rows,
+                                                const LayerArgs& a, const int* contexts,
+                                                const float* input0, long long input_stride,
+                                                long long per_example, long long neuron0, int g,
+                                                int count, int t, int warps, int end, int lane,
+                                                HeldDots& held) {
+    const int I = a.num_inputs;
+    const int mine =
+        block_context(contexts, t, per_example, neuron0, lane, count, a.num_contexts);
+#if GLN_PREFETCH
+    if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
+#endif
+    for (int j = 0; j < count; ++j) {
+        const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
+        load_row(w, rows + (j * static_cast<long long>(a.num_contexts) + c) * I, lane, I);
+        const float dot = warp_dot(w, x);
+        if (lane == held.count) {
+            held.dot = dot;
+            held.j = j;
+            held.t = t;
+        }
+        if (++held.count == GLN_WARP) {
+            write_outputs(a, neuron0 + held.j, g, held.t, squash(held.dot, a.lo, a.hi));
+            held.count = 0;
+        }
+    }
+#if !GLN_PREFETCH
+    if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
+#endif
+}
+
 // Prediction only. Block (blockIdx.x, blockIdx.y) holds neurons k0 .. k0 + neurons_per_block - 1
 // of GLN g (blockIdx.x = g * blocks_per_gln + k0 / neurons_per_block) and examples
 // [blockIdx.y * rows_per_warp, ...) of at most rows_per_warp examples (here: per block); warp w
@@ -507,45 +587,28 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const long long per_example = static_cast<long long>(num_glns) * num_neurons;
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
 #if GLN_SUM_BATCH == 1
-    // Lane `held` keeps the next finished dot product with its neuron and example: once every
-    // lane holds one, the sigmoid, clipping and outputs of 32 (neuron, example) pairs run at
-    // once, a lane each, instead of a whole warp's worth of them per pair.
-    int held = 0, held_t = 0;
-    long long held_neuron = 0;
-    float held_dot = 0.0f;
+    HeldDots held = {0, 0, 0, 0.0f};
     int t = begin + warp;
     if (t < end) load_input(x, input0 + t * input_stride, lane, I);
-    for (; t < end; t += warps) {
-        const int mine =
-            block_context(contexts, t, per_example, neuron0, lane, count, num_contexts);
 #if GLN_PREFETCH
-        float x_next[GLN_PER_LANE];
-        if (t + warps < end) load_input(x_next, input0 + (t + warps) * input_stride, lane, I);
-#endif
-        for (int j = 0; j < count; ++j) {
-            const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
-            load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
-            const float dot = warp_dot(w, x);
-            if (lane == held) {
-                held_dot = dot;
-                held_neuron = neuron0 + j;
-                held_t = t;
-            }
-            if (++held == GLN_WARP) {
-                write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
-                held = 0;
-            }
-        }
+    float x_next[GLN_PER_LANE];
+    for (; t < end; t += 2 * warps) {  // the two inputs' roles alternate
+        predict_example(x, x_next, w, rows, a, contexts, input0, input_stride, per_example,
+                        neuron0, g, count, t, warps, end, lane, held);
         if (t + warps < end) {
-#if GLN_PREFETCH
-#pragma unroll
-            for (int i = 0; i < GLN_PER_LANE; ++i) x[i] = x_next[i];
-#else
-            load_input(x, input0 + (t + warps) * input_stride, lane, I);
-#endif
+            predict_example(x_next, x, w, rows, a, contexts, input0, input_stride, per_example,
+                            neuron0, g, count, t + warps, warps, end, lane, held);
         }
     }
-    if (lane < held) write_outputs(a, held_neuron, g, held_t, squash(held_dot, lo, hi));
+#else
+    for (; t < end; t += warps) {
+        predict_example(x, x, w, rows, a, contexts, input0, input_stride, per_example, neuron0,
+                        g, count, t, warps, end, lane, held);
+    }
+#endif
+    if (lane < held.count) {
+        write_outputs(a, neuron0 + held.j, g, held.t, squash(held.dot, lo, hi));
+    }
 #else
 #if GLN_PREFETCH
     float x_next[GLN_PER_LANE];
