@@ -1,18 +1,22 @@
-"""One prediction chunk, marked for a profiler: what Nsight Compute reads the kernels of.
+"""One prediction chunk and one learning chunk, marked for a profiler: what Nsight Compute
+reads the kernels of.
 
     ncu --profile-from-start off --clock-control none [--section ...] \\
-        python benchmarks/gpu_profile.py [--rows 2048] [--data-dir DIR]
+        python benchmarks/gpu_profile.py [--rows 2048] [--learn-rows 4096] [--data-dir DIR]
 
 The MNIST network of ``gpu_learn.py`` learns ``--learn-rows`` rows (MNIST's with
 ``--data-dir`` or ``GLN_DATA_DIR``, random pixels otherwise), so that its inputs are
-standardised and some gating margins are close as in service, predicts ``--rows`` of them once
-to load every kernel, then predicts them again between ``cudaProfilerStart`` and
-``cudaProfilerStop``: with ``--profile-from-start off`` the profiler sees that call's kernels
-alone (one chunk of ``gln.staging.PREDICT_CHUNK_ROWS_GPU`` rows by default: the scaling, the
-gating GEMM and kernels, the three layer passes). ``benchmarks/gpu_session.sh`` runs it under
-ncu where ncu is found, for each kernel's achieved bandwidths, issue and warp stalls: whether
-a kernel is bound by memory, by issuing instructions or by latency says which change can
-speed it up. Prints one JSON line (the rows, the outputs' digest); needs CuPy and a GPU.
+standardised and some gating margins are close as in service, and predicts ``--rows`` of them,
+which loads every kernel. Then, each between ``cudaProfilerStart`` and ``cudaProfilerStop``,
+so that with ``--profile-from-start off`` the profiler sees those calls' kernels alone: a
+prediction of the ``--rows`` rows (one chunk of ``gln.staging.PREDICT_CHUNK_ROWS_GPU`` by
+default: the scaling, the gating GEMM and kernels, the shared prediction kernel's three layer
+passes), and a call learning the next ``--learn-rows`` rows (one chunk of
+``gln.model.CHUNK_ROWS_GPU`` by default, whose first two layers the resident kernel learns).
+``benchmarks/gpu_session.sh`` runs it under ncu where ncu is found, for each kernel's achieved
+bandwidths, issue and warp stalls: whether a kernel is bound by memory, by issuing
+instructions or by latency says which change can speed it up. Prints one JSON line per
+profiled call (its rows, its outputs' digest); needs CuPy and a GPU.
 """
 
 from __future__ import annotations
@@ -42,19 +46,25 @@ def main(argv: list[str] | None = None) -> None:
 
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
 
-    X, y, data = load_data(args, max(args.rows, args.learn_rows))
+    learned = args.learn_rows
+    X, y, data = load_data(args, max(args.rows, 2 * learned))
     model = GLN(**NETWORK, device="cuda")
-    model.learn(X[:args.learn_rows], y[:args.learn_rows])
+    model.learn(X[:learned], y[:learned])
     rows = X[:args.rows]
-    model.predict_proba(rows)  # every kernel compiled and loaded before the profiled call
-    cp.cuda.Device().synchronize()
-    cp.cuda.profiler.start()
-    outputs = np.asarray(model.predict_proba(rows))
-    cp.cuda.Device().synchronize()
-    cp.cuda.profiler.stop()
-    print(json.dumps({"benchmark": "gpu_profile", "data": data, "rows": args.rows,
-                      "outputs_digest": hashlib.sha256(outputs.tobytes()).hexdigest()[:16]}),
-          flush=True)
+    model.predict_proba(rows)  # every kernel compiled and loaded before the profiled calls
+    calls = [("predict", args.rows, lambda: model.predict_proba(rows)),
+             ("learn", learned, lambda: model.learn(X[learned:2 * learned],
+                                                    y[learned:2 * learned]))]
+    for verb, count, call in calls:
+        cp.cuda.Device().synchronize()
+        cp.cuda.profiler.start()
+        outputs = np.asarray(call())
+        cp.cuda.Device().synchronize()
+        cp.cuda.profiler.stop()
+        print(json.dumps({"benchmark": "gpu_profile", "data": data, "verb": verb,
+                          "rows": count,
+                          "outputs_digest": hashlib.sha256(outputs.tobytes()).hexdigest()[:16]}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,24 @@ from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 
 
-def test_one_prediction_is_profiled_and_its_outputs_are_the_models(capsys, monkeypatch):
+def digest(outputs) -> str:
+    return hashlib.sha256(np.asarray(outputs).tobytes()).hexdigest()[:16]
+
+
+def test_a_prediction_and_a_learning_call_are_profiled_with_the_models_outputs(capsys,
+                                                                              monkeypatch):
     monkeypatch.delenv("GLN_DATA_DIR", raising=False)  # random rows, whoever runs the tests
     with emulated_cupy_installed() as cp:
         main(["--rows", "3", "--learn-rows", "5"])
-        assert (cp.operations["profiler start"], cp.operations["profiler stop"]) == (1, 1)
-        (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert (cp.operations["profiler start"], cp.operations["profiler stop"]) == (2, 2)
+        records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         rng = np.random.default_rng(0)  # gpu_learn.load_data's random rows
-        X = rng.uniform(0, 1, (5, 784)).astype(np.float32)
-        y = rng.integers(0, 10, 5)
+        X = rng.uniform(0, 1, (10, 784)).astype(np.float32)
+        y = rng.integers(0, 10, 10)
         model = GLN(**NETWORK, device="cuda")
-        model.learn(X, y)
-        expected = np.asarray(model.predict_proba(X[:3]))
-    assert record["rows"] == 3 and record["data"] == "random"
-    assert record["outputs_digest"] == hashlib.sha256(expected.tobytes()).hexdigest()[:16]
+        model.learn(X[:5], y[:5])
+        predicted = model.predict_proba(X[:3])
+        learned = model.learn(X[5:], y[5:])
+    assert [(r["verb"], r["rows"], r["data"]) for r in records] == [
+        ("predict", 3, "random"), ("learn", 5, "random")]
+    assert [r["outputs_digest"] for r in records] == [digest(predicted), digest(learned)]
