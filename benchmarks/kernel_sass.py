@@ -6,7 +6,8 @@
 Compiles a source of ``gln/kernels`` for Hopper (sm_90) with the options CuPy is given
 (``gln.kernels.cuda.COMPILE_OPTIONS``), by NVRTC as CuPy does (``benchmarks/nvrtc.py``) or,
 without it, by nvcc, disassembles each kernel with cuobjdump (``$CUOBJDUMP``, PATH, NVIDIA's
-``nvidia-cuda-cuobjdump`` wheel, or the copy in Triton's), and prints one JSON line per loop (the
+``nvidia-cuda-cuobjdump`` wheel with ``nvidia-cuda-nvdisasm``, which it runs, or the copies in
+Triton's), and prints one JSON line per loop (the
 body of a backward branch, at least ``--min-instructions`` long): the kernel, the loop's
 addresses, its instructions, and how many of them move shared or global memory, multiply and
 add, shuffle or compare. With ``--compare REV`` the same source at git revision REV comes
@@ -87,7 +88,7 @@ def cuobjdump() -> str:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     raise FileNotFoundError("no cuobjdump: set CUOBJDUMP, put the CUDA toolkit's on PATH, or "
-                            "pip install nvidia-cuda-cuobjdump")
+                            "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
 
 
 def compiled(source: str, defines: list[str]) -> bytes:
@@ -112,12 +113,16 @@ def compiled(source: str, defines: list[str]) -> bytes:
 
 
 def disassemble(cubin: bytes, kernel: str, tool: str) -> str:
-    """``kernel`` of the machine code ``cubin``, as cuobjdump lists it."""
+    """``kernel`` of the machine code ``cubin``, as cuobjdump lists it (cuobjdump runs nvdisasm,
+    which it looks for beside itself, on PATH or at ``$NVDISASM_PATH``)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
-        return subprocess.run([tool, "-sass", "-fun", kernel, file.name], check=True,
-                              capture_output=True, text=True).stdout
+        done = subprocess.run([tool, "-sass", "-fun", kernel, file.name], capture_output=True,
+                              text=True)
+    if done.returncode:
+        raise RuntimeError(f"{tool}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def source_at(revision: str | None, name: str) -> str:

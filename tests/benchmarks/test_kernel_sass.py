@@ -54,7 +54,7 @@ def _tools_present() -> bool:
 
 
 @pytest.mark.skipif(not _tools_present(),
-                    reason="needs cuobjdump (nvidia-cuda-cuobjdump) and NVRTC or nvcc")
+                    reason="needs cuobjdump (nvidia-cuda-cuobjdump, -nvdisasm) and NVRTC or nvcc")
 def test_the_shared_kernels_row_loads_compare_only_the_last_element(capsys):
     """MNIST's first layer, 25 elements a lane: the inner loop loads a row from shared memory
     (25 loads) and checks only the last element against the row's end, not each of them."""
