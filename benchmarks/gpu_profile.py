@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> None:
                                                     y[learned:2 * learned]))]
     for verb, count, call in calls:
         cp.cuda.Device().synchronize()
-        cp.cuda.profiler.start()
+        cp.cuda.runtime.profilerStart()
         outputs = np.asarray(call())
         cp.cuda.Device().synchronize()
-        cp.cuda.profiler.stop()
+        cp.cuda.runtime.profilerStop()
         print(json.dumps({"benchmark": "gpu_profile", "data": data, "verb": verb,
                           "rows": count,
                           "outputs_digest": hashlib.sha256(outputs.tobytes()).hexdigest()[:16]}),

@@ -785,6 +785,8 @@ class EmulatedCupy(types.ModuleType):
             getDeviceProperties=lambda device_id: {"name": b"emulated (CPU)"},
             cudaDevAttrMaxSharedMemoryPerBlockOptin=MAX_SHARED_OPTIN_ATTRIBUTE,
             deviceGetAttribute=_device_attribute,
+            profilerStart=lambda: _operation("profiler start"),
+            profilerStop=lambda: _operation("profiler stop"),
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
                                           get_elapsed_time=_Event.elapsed_ms, Stream=_Stream,
@@ -794,10 +796,7 @@ class EmulatedCupy(types.ModuleType):
                                           alloc_pinned_memory=bytearray,
                                           cublas=types.SimpleNamespace(gemmEx=_gemm_ex),
                                           device=types.SimpleNamespace(
-                                              get_cublas_handle=lambda: 0),
-                                          profiler=types.SimpleNamespace(
-                                              start=lambda: _operation("profiler start"),
-                                              stop=lambda: _operation("profiler stop")))
+                                              get_cublas_handle=lambda: 0))
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(np, name)
