@@ -261,15 +261,19 @@ gln_int8_slices(const float* __restrict__ x, int rows, int d, int stride, int re
 }
 
 // The planes' largest factors, for the rows' tolerance: terms[j] = max_p s_p |B_j,p| (j < K),
-// terms[K] = max_p s_p, terms[K + 1] = max_p s_p |kept_p|_1, terms[K + 2] = max_p |offset_p|.
-// One warp (maxima are exact in any order).
-extern "C" __global__ void __launch_bounds__(32)
+// terms[K] = max_p s_p, terms[K + 1] = max_p s_p |kept_p|_1, terms[K + 2] = max_p |offset_p|,
+// as partial maxima, one set of K + 3 per warp of the grid (warps take every W-th plane, W the
+// grid's warps), which gln_int8_row_tolerances takes the maxima of (maxima are exact in any
+// order). A single warp over every plane waited on memory for each of its hundreds of turns.
+extern "C" __global__ void __launch_bounds__(128)
 gln_int8_plane_terms(const double* __restrict__ scale, const double* __restrict__ norms,
                      const double* __restrict__ kept_l1, const float* __restrict__ offsets,
-                     int planes, double* __restrict__ terms) {
+                     int planes, double* __restrict__ partial_terms) {
     const int lane = threadIdx.x & 31;
+    const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+    const int warps = static_cast<int>(gridDim.x * blockDim.x / 32);
     double most[GLN_INT8_SLICES + 3] = {};
-    for (int p = lane; p < planes; p += 32) {
+    for (int p = warp * 32 + lane; p < planes; p += warps * 32) {
         for (int j = 0; j < GLN_INT8_SLICES; ++j) {
             most[j] = fmax(most[j], scale[p] * norms[j * planes + p]);
         }
@@ -284,23 +288,32 @@ gln_int8_plane_terms(const double* __restrict__ scale, const double* __restrict_
         }
     }
     if (lane == 0) {
-        for (int j = 0; j < GLN_INT8_SLICES + 3; ++j) terms[j] = most[j];
+        for (int j = 0; j < GLN_INT8_SLICES + 3; ++j) {
+            partial_terms[warp * (GLN_INT8_SLICES + 3) + j] = most[j];
+        }
     }
 }
 
 // Each row's tolerance for the int8 estimate's float32 margins, rounded up to float32: the
 // dropped slice pairs, the remainders and the float64 sum of the estimate, over every plane
-// (its largest factors, terms), then the estimate's rounding to float32 and the kernel's float32
+// (its largest factors, the maxima of gln_int8_plane_terms's partials), then the estimate's rounding to float32 and the kernel's float32
 // subtraction of the offset, 2^-24 of each size (|estimate| <= ||z|| ||v|| + bound, ||v|| = 1
 // up to float32's rounding of the unit normals). The products of scales and norms round by
 // 2^-53 each, which the 2^-40 margin covers.
 extern "C" __global__ void __launch_bounds__(128)
 gln_int8_row_tolerances(const double* __restrict__ scale, const double* __restrict__ norms,
                         const double* __restrict__ kept_l1, const double* __restrict__ length,
-                        const double* __restrict__ terms, int rows, int d,
+                        const double* __restrict__ partial_terms, int partials, int rows, int d,
                         float* __restrict__ tolerance) {
     const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= rows) return;
+    double terms[GLN_INT8_SLICES + 3] = {};
+    for (int i = 0; i < partials; ++i) {
+#pragma unroll
+        for (int j = 0; j < GLN_INT8_SLICES + 3; ++j) {
+            terms[j] = fmax(terms[j], partial_terms[i * (GLN_INT8_SLICES + 3) + j]);
+        }
+    }
     double dropped = 0.0, sizes = 0.0, weight_i = 1.0;
     for (int i = 0; i < GLN_INT8_SLICES; ++i, weight_i /= GLN_INT8_BASE) {
         double weight = weight_i;

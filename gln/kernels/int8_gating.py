@@ -28,6 +28,9 @@ from gln.backend import import_cupy as _cupy
 from gln.kernels.cuda import GATING_THREADS, WARP, _function
 
 SLICES = 3  # GLN_INT8_SLICES in gating.cu
+# Warps that share the planes' largest factors (gln_int8_plane_terms), each leaving partial
+# maxima that every row's tolerance takes the maxima of; a multiple of GATING_THREADS / WARP.
+PLANE_TERM_WARPS = 64
 # cuBLAS's and CUDA's enumerations (stable values of their C headers): operations, data types,
 # the int32 compute type, the default algorithm.
 _OP_N, _OP_T, _R_8I, _R_32I, _COMPUTE_32I, _GEMM_DEFAULT = 0, 1, 3, 10, 72, -1
@@ -56,15 +59,15 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
     planes = normals.shape[0]
     stride = -(-d // 16) * 16  # lengths of 4 for the tensor cores, 16-byte aligned slices
     rows, plane = sliced(z, stride), sliced(normals, stride, reversed=True)
-    terms = cp.empty(SLICES + 3, dtype=cp.float64)
+    terms = cp.empty((PLANE_TERM_WARPS, SLICES + 3), dtype=cp.float64)  # partial maxima
     _kernel("gln_int8_plane_terms")(
-        (1,), (WARP,), (plane.scale, plane.norms, plane.kept_l1, offsets, np.int32(planes),
-                        terms))
+        (PLANE_TERM_WARPS * WARP // GATING_THREADS,), (GATING_THREADS,),
+        (plane.scale, plane.norms, plane.kept_l1, offsets, np.int32(planes), terms))
     tolerance = cp.empty(n, dtype=cp.float32)
     _kernel("gln_int8_row_tolerances")(
         (-(-n // GATING_THREADS),), (GATING_THREADS,),
-        (rows.scale, rows.norms, rows.kept_l1, rows.length, terms, np.int32(n), np.int32(d),
-         tolerance))
+        (rows.scale, rows.norms, rows.kept_l1, rows.length, terms, np.int32(PLANE_TERM_WARPS),
+         np.int32(n), np.int32(d), tolerance))
     orders = [cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES)]
     for order, out in enumerate(orders):
         # A_0 .. A_order against B_order .. B_0: the rows' first slices, the planes' last.

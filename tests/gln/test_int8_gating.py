@@ -72,3 +72,28 @@ def test_the_slicing_kernel_cuts_rows_as_the_array_code_does():
         np.testing.assert_allclose(kept_l1, expected.kept_l1, rtol=1e-13)
         np.testing.assert_allclose(length, np.linalg.norm(x.astype(np.float64), axis=1),
                                    rtol=1e-13)
+
+
+def test_the_row_tolerances_take_every_planes_largest_factors():
+    """3,000 planes, several turns for each warp that shares them out, the largest of every
+    factor on the last one: each row's tolerance is the array code's row bound with the
+    float32 rounding the kernel adds (``gln_int8_row_tolerances``), so no plane was missed."""
+    from benchmarks import int8_gating as spec  # noqa: PLC0415
+    from gln.kernels.int8_gating import SLICES, int8_products  # noqa: PLC0415
+
+    rng = np.random.default_rng(11)
+    z = rng.standard_normal((5, 40)).astype(np.float32)
+    normals = rng.standard_normal((3000, 40))
+    normals = (normals / np.linalg.norm(normals, axis=1, keepdims=True)).astype(np.float32)
+    normals[-1] *= 4.0  # a power of two: the same slices, four times the scale
+    offsets = rng.normal(0, 0.1, 3000).astype(np.float32)
+    offsets[-1] = 3.0
+    with emulated_cupy_installed() as cp:
+        _, tolerance = int8_products(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets))
+        tolerance = tolerance.get()
+    bound = spec.row_bound(np, spec.sliced(np, z, SLICES), spec.sliced(np, normals, SLICES))
+    length = np.linalg.norm(z.astype(np.float64), axis=1)
+    estimate = 1.001 * length + bound
+    expected = (bound + 2.0 ** -23 * (estimate + 3.0)) * 1.001
+    np.testing.assert_allclose(tolerance, expected, rtol=1e-6)
+    assert np.all(tolerance >= expected * (1 - 1e-7))  # rounded up, never down
