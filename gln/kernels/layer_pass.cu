@@ -628,7 +628,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     constexpr int kLanesPerSum = GLN_WARP / GLN_SUM_BATCH;
     while (t < end) {  // t is the same on every lane: the warp stays together
         float part[GLN_SUM_BATCH];
-        long long my_neuron = -1;
+        int my_j = -1;  // this lane's pair: neuron j of the block, of example my_t
         int my_t = 0;
 #pragma unroll
         for (int b = 0; b < GLN_SUM_BATCH; ++b) {
@@ -638,7 +638,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
             load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
             part[b] = lane_dot(w, x);
             if (lane / kLanesPerSum == b) {
-                my_neuron = neuron0 + j;
+                my_j = j;
                 my_t = t;
             }
             if (++j < count) continue;
@@ -655,8 +655,8 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
             mine = block_context(contexts, t, per_example, neuron0, lane, count, num_contexts);
         }
         const float dot = batched_warp_sums(part, lane);
-        if (my_neuron >= 0 && lane % kLanesPerSum == 0) {
-            write_outputs(a, my_neuron, g, my_t, squash(dot, lo, hi));
+        if (my_j >= 0 && lane % kLanesPerSum == 0) {
+            write_outputs(a, neuron0 + my_j, g, my_t, squash(dot, lo, hi));
         }
     }
 #endif  // GLN_SUM_BATCH
