@@ -165,33 +165,37 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
     for count in (2, 3):
         emit(int8_record(cp, count, z, normals, offsets, exact, tolerance, args.repeats, data),
              device)
-    emit(library_record(cp, z, normals, offsets, exact, tolerance, args.repeats, data), device)
+    emit(library_record(cp, model, z, exact, tolerance, args.repeats, data), device)
 
 
-def library_record(cp: ModuleType, z: Any, normals: Any, offsets: Any, exact: Any,
-                   tolerance: Any, repeats: int, data: str) -> dict:
-    """The library's two gating paths as ``gln_halfspace_contexts`` takes them, each
-    ``GATING_PRODUCT``: the float32 GEMM with its bound, and ``gln.kernels.int8_gating``'s
-    (slicing kernels, three int8 GEMMs, the estimates and the per-row bound), timed alike, with
-    the share of margins each bound leaves to the float64 re-check and any outside it with the
-    wrong sign."""
+def library_record(cp: ModuleType, model: GLN, z: Any, exact: Any, tolerance: Any,
+                   repeats: int, data: str) -> dict:
+    """The library's two gating paths for ``model``'s planes, each ``GATING_PRODUCT``: the
+    float32 GEMM with its bound, and ``gln.kernels.int8_gating``'s (slicing kernels, three
+    int8 GEMMs and the per-row bound, the estimates made by the contexts kernel), each timed
+    whole as the model gates a chunk (products, bounds, contexts, re-checks), with the share of
+    margins each bound leaves to the float64 re-check and any outside it with the wrong sign."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
+    normals, offsets = model.normals, model.offsets
     record = {"measure": "gating_paths", "rows": len(z), "planes": normals.shape[0],
               "features": z.shape[1], "data": data}
     truth = exact >= offsets[None, :].astype(cp.float64)
 
-    def path() -> tuple[Any, Any]:
-        return cuda._gating_products_and_bounds(z, normals, offsets)
+    def gating() -> list[Any]:
+        return cuda.cuda_layer_contexts(z, normals, offsets, model.context_dim, model.num_glns,
+                                        model.layer_sizes)
 
     for name in GATING_PRODUCTS:
         try:
             with module_constant(cuda, "GATING_PRODUCT", name):
-                seconds = mean_event_seconds(cp, path, repeats)
-                products, bound = path()
+                seconds = mean_event_seconds(cp, gating, repeats)
+                products, bound = cuda._gating_products_and_bounds(z, normals, offsets)
         except Exception as error:  # noqa: BLE001 - one path's failure is a line, not the end
             record[name] = {"error": f"{type(error).__name__}: {error}"}
             continue
+        if hasattr(products, "as_float32"):
+            products = products.as_float32()
         margins = products - offsets[None, :]  # float32, as the kernel subtracts
         inside = cp.abs(margins) <= bound[:, None]
         record[name] = {"device_us": seconds * 1e6, "rechecked_share": float(inside.mean()),

@@ -456,16 +456,20 @@ def launch_halfspace_contexts(
     products: Any, z: Any, normals: Any, offsets: Any, tolerance: Any, context_dim: int,
     layer_sizes: Sequence[int], contexts: Any, rechecks: RecheckList | None,
 ) -> None:
-    """Every context into ``contexts`` (``gln_halfspace_contexts``); the close margins are
-    listed in ``rechecks``, or re-checked in place where it is None."""
+    """Every context into ``contexts`` (``gln_halfspace_contexts`` on float32 ``products``, or
+    the kernel of products that make their own float32 estimates, such as
+    ``gln.kernels.int8_gating.Int8Products``); the close margins are listed in ``rechecks``, or
+    re-checked in place where it is None."""
     cp = _cupy()
     n, d = z.shape
     neurons = normals.shape[0] // context_dim
     if rechecks is None:  # the kernel takes the pointers but, with no room, never uses them
         rechecks = RecheckList(cp.empty(1, dtype=cp.int64), cp.empty(1, dtype=cp.int32), 0)
-    _function("gating.cu", "gln_halfspace_contexts")(
+    kernel = getattr(products, "contexts_kernel", "gln_halfspace_contexts")
+    leading = products.contexts_arguments if hasattr(products, "contexts_kernel") else (products,)
+    _function("gating.cu", kernel)(
         (-(-n * neurons // GATING_THREADS),), (GATING_THREADS,),
-        (products, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
+        (*leading, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
          np.int32(context_dim), np.int32(d), *_layer_arguments(layer_sizes, z.device.id),
          contexts, rechecks.pending, np.int32(rechecks.capacity), rechecks.count),
     )
@@ -494,8 +498,9 @@ def _layer_arguments(layer_sizes: Sequence[int], device_id: int) -> tuple[Any, n
 
 
 def _gating_products_and_bounds(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
-    """The margins' float32 products (n, P) and each row's bound of their error (n,), by
-    ``GATING_PRODUCT`` for long chunks."""
+    """The margins' products (n, P), float32 or ``Int8Products``, and each row's bound of
+    their float32 error (n,), by ``GATING_PRODUCT`` for long chunks: what
+    ``launch_halfspace_contexts`` takes."""
     if GATING_PRODUCT not in ("float32", "int8"):
         raise ValueError(f"GATING_PRODUCT is 'float32' or 'int8', not {GATING_PRODUCT!r}")
     # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.

@@ -54,14 +54,16 @@ __device__ __forceinline__ long long context_slot(long long t, long long k, int 
 // index t * planes + p, in pending[0 .. *pending_count)) and gln_halfspace_rechecks settles
 // them afterwards, a warp each, with no warp waiting; the bit written here is then the
 // float32 margin's. A list already full, and pending_capacity == 0 (a launch that is captured
-// into a CUDA graph, which must not need a zeroed counter), re-check in place.
-extern "C" __global__ void __launch_bounds__(128)
-gln_halfspace_contexts(const float* __restrict__ products, const float* __restrict__ z,
-                       const float* __restrict__ normals, const float* __restrict__ offsets,
-                       const float* __restrict__ tolerance, int n, int neurons, int context_dim,
-                       int num_features, const int* __restrict__ layer_starts, int layers,
-                       int* __restrict__ contexts, long long* __restrict__ pending,
-                       int pending_capacity, int* __restrict__ pending_count) {
+// into a CUDA graph, which must not need a zeroed counter), re-check in place. `Products`
+// gives the float32 product of row t and plane p: the GEMM's (Float32Products), or the int8
+// slices' estimate, made here from the orders' sums (Int8Products).
+template <typename Products>
+__device__ __forceinline__ void halfspace_contexts(
+    const Products& products, const float* __restrict__ z, const float* __restrict__ normals,
+    const float* __restrict__ offsets, const float* __restrict__ tolerance, int n, int neurons,
+    int context_dim, int num_features, const int* __restrict__ layer_starts, int layers,
+    int* __restrict__ contexts, long long* __restrict__ pending, int pending_capacity,
+    int* __restrict__ pending_count) {
     const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (at >= static_cast<long long>(n) * neurons) return;
     const long long t = at / neurons;
@@ -71,7 +73,7 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
     int context = 0;
     for (int j = 0; j < context_dim; ++j) {
         const long long p = k * context_dim + j;
-        const float margin = __fsub_rn(products[t * planes + p], offsets[p]);
+        const float margin = __fsub_rn(products.product(t, p, planes), offsets[p]);
         bool above = margin >= 0.0f;
         if (fabsf(margin) <= margin_bound) {
             const int slot = pending_capacity > 0 ? atomicAdd(pending_count, 1) : 0;
@@ -84,6 +86,25 @@ gln_halfspace_contexts(const float* __restrict__ products, const float* __restri
         context |= static_cast<int>(above) << j;
     }
     contexts[context_slot(t, k, n, neurons, layer_starts, layers)] = context;
+}
+
+struct Float32Products {
+    const float* __restrict__ products;  // (n, planes)
+    __device__ __forceinline__ float product(long long t, long long p, long long planes) const {
+        return products[t * planes + p];
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_halfspace_contexts(const float* __restrict__ products, const float* __restrict__ z,
+                       const float* __restrict__ normals, const float* __restrict__ offsets,
+                       const float* __restrict__ tolerance, int n, int neurons, int context_dim,
+                       int num_features, const int* __restrict__ layer_starts, int layers,
+                       int* __restrict__ contexts, long long* __restrict__ pending,
+                       int pending_capacity, int* __restrict__ pending_count) {
+    halfspace_contexts(Float32Products{products}, z, normals, offsets, tolerance, n, neurons,
+                       context_dim, num_features, layer_starts, layers, contexts, pending,
+                       pending_capacity, pending_count);
 }
 
 // The margins gln_halfspace_contexts listed, one warp each (a grid-stride loop: the host does
@@ -187,9 +208,10 @@ gln_halfspace_products(const float* __restrict__ z, const float* __restrict__ no
 // ------------------------------------------------------------------------------------------
 // The gating products from int8 slices (gln.kernels.cuda.GATING_PRODUCT = "int8"). Integer
 // tensor cores add in int32 exactly, so a product of int8 slices errs only by the slicing, and
-// that error is bounded here per row: the products' estimate (as float32) and that bound feed
-// gln_halfspace_contexts in place of the float32 GEMM and gln_rounding_tolerances, and every
-// margin outside the bound has the exact sign, as with the float32 products. Each row of z and
+// that error is bounded here per row: the products' estimate (as float32, made by
+// gln_int8_contexts as it reads each product) and that bound stand in for the float32 GEMM and
+// gln_rounding_tolerances, and every margin outside the bound has the exact sign, as with the
+// float32 products. Each row of z and
 // each normal is scaled by the least power of two s with max |x| <= 127 s and cut into
 // GLN_INT8_SLICES slices of integers:
 //   x / s = A_0 + A_1 / 128 + ... + A_{K-1} / 128^(K-1) + R / 128^(K-1),   |R| <= 1/2,
@@ -341,8 +363,47 @@ gln_int8_row_tolerances(const double* __restrict__ scale, const double* __restri
     tolerance[t] = rounded;
 }
 
-// The estimate of z_t . v_p from the three orders' int32 sums, (rows, planes) float32:
+// The estimate of z_t . v_p from the three orders' int32 sums, as float32:
 // ((o0 + o1 / 128) + o2 / 128^2) s_t s_p, the scales powers of two.
+__device__ __forceinline__ float int8_estimate(int order0, int order1, int order2,
+                                               double row_scale, double plane_scale) {
+    const double sum = __dadd_rn(
+        __dadd_rn(static_cast<double>(order0), static_cast<double>(order1) / 128.0),
+        static_cast<double>(order2) / 16384.0);
+    return __double2float_rn(__dmul_rn(__dmul_rn(sum, row_scale), plane_scale));
+}
+
+struct Int8Products {
+    const int* __restrict__ order0;  // (n, planes) each
+    const int* __restrict__ order1;
+    const int* __restrict__ order2;
+    const double* __restrict__ row_scale;
+    const double* __restrict__ plane_scale;
+    __device__ __forceinline__ float product(long long t, long long p, long long planes) const {
+        const long long at = t * planes + p;
+        return int8_estimate(order0[at], order1[at], order2[at], row_scale[t], plane_scale[p]);
+    }
+};
+
+// gln_halfspace_contexts on the int8 slices' orders, each estimate made where it is read: the
+// float32 estimates are never written out and read back (for MNIST, 84 MB each way a 2,048-row
+// chunk).
+extern "C" __global__ void __launch_bounds__(128)
+gln_int8_contexts(const int* __restrict__ order0, const int* __restrict__ order1,
+                  const int* __restrict__ order2, const double* __restrict__ row_scale,
+                  const double* __restrict__ plane_scale, const float* __restrict__ z,
+                  const float* __restrict__ normals, const float* __restrict__ offsets,
+                  const float* __restrict__ tolerance, int n, int neurons, int context_dim,
+                  int num_features, const int* __restrict__ layer_starts, int layers,
+                  int* __restrict__ contexts, long long* __restrict__ pending,
+                  int pending_capacity, int* __restrict__ pending_count) {
+    halfspace_contexts(Int8Products{order0, order1, order2, row_scale, plane_scale}, z, normals,
+                       offsets, tolerance, n, neurons, context_dim, num_features, layer_starts,
+                       layers, contexts, pending, pending_capacity, pending_count);
+}
+
+// Every estimate at once, (rows, planes) float32, the values gln_int8_contexts reads: for
+// checks of the bound and benchmarks, not the library's gating.
 extern "C" __global__ void __launch_bounds__(128)
 gln_int8_estimates(const int* __restrict__ order0, const int* __restrict__ order1,
                    const int* __restrict__ order2, const double* __restrict__ row_scale,
@@ -351,9 +412,6 @@ gln_int8_estimates(const int* __restrict__ order0, const int* __restrict__ order
     const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (at >= static_cast<long long>(rows) * planes) return;
     const long long t = at / planes;
-    const long long p = at - t * planes;
-    const double sum = __dadd_rn(
-        __dadd_rn(static_cast<double>(order0[at]), static_cast<double>(order1[at]) / 128.0),
-        static_cast<double>(order2[at]) / 16384.0);
-    products[at] = __double2float_rn(__dmul_rn(__dmul_rn(sum, row_scale[t]), plane_scale[p]));
+    products[at] = Int8Products{order0, order1, order2, row_scale, plane_scale}.product(
+        t, at - t * planes, planes);
 }

@@ -3,11 +3,12 @@
 ``gln.kernels.cuda.GATING_PRODUCT = "int8"`` replaces the float32 GEMM and its rounding bound:
 each row of z and each hyperplane normal is cut into ``SLICES`` int8 slices
 (``gln_int8_slices`` in ``gating.cu``, which says how), cuBLAS sums the slices' products of
-each order in int32 (exactly: integer tensor cores round nothing), ``gln_int8_estimates`` makes
-the float32 estimate of every product, and ``gln_int8_row_tolerances`` a per-row bound of its
-error, proved from the slices' norms. ``gln_halfspace_contexts`` then takes both as it takes
-the float32 GEMM's products and bound: a margin beyond the bound has the exact sign, the rest
-are re-checked in float64, so the contexts are the same bits either way.
+each order in int32 (exactly: integer tensor cores round nothing), and
+``gln_int8_row_tolerances`` makes a per-row bound of the error of their float32 estimate,
+proved from the slices' norms. ``gln_int8_contexts``, the contexts kernel of the float32
+products, then decides on each estimate as it makes it from the orders' sums, and on that
+bound: a margin beyond the bound has the exact sign, the rest are re-checked in float64, so the
+contexts are the same bits either way.
 
 Three int8 GEMMs (three slices, one GEMM per order, the order's slice pairs side by side along
 the summed dimension, so each int32 result is written once and never read back to be added to)
@@ -51,9 +52,37 @@ class Int8Slices:
     length: Any
 
 
-def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
-    """The float32 estimates of ``z @ normals.T`` (n, P) and each row's bound of their
-    margins' error (n,), for ``gln_halfspace_contexts``."""
+@dataclass(frozen=True)
+class Int8Products:
+    """The gating products ``z @ normals.T`` (n, P) as the three orders' int32 sums and the
+    rows' and planes' scales, of which ``gln_int8_contexts`` makes each float32 estimate where
+    it reads it (``contexts_kernel`` and ``contexts_arguments`` say how to launch it), or
+    ``as_float32`` all of them at once (checks and benchmarks)."""
+
+    orders: tuple[Any, Any, Any]
+    row_scale: Any
+    plane_scale: Any
+
+    contexts_kernel = "gln_int8_contexts"
+
+    @property
+    def contexts_arguments(self) -> tuple[Any, ...]:
+        return (*self.orders, self.row_scale, self.plane_scale)
+
+    def as_float32(self) -> Any:
+        """Every estimate, (n, P) float32: the values ``gln_int8_contexts`` decides on."""
+        cp = _cupy()
+        n, planes = self.orders[0].shape
+        products = cp.empty((n, planes), dtype=cp.float32)
+        _kernel("gln_int8_estimates")(
+            (-(-n * planes // GATING_THREADS),), (GATING_THREADS,),
+            (*self.contexts_arguments, np.int32(n), np.int32(planes), products))
+        return products
+
+
+def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Int8Products, Any]:
+    """The products of ``z @ normals.T`` (n, P) from int8 slices, and each row's bound of their
+    float32 estimates' margins' error (n,), for ``gln_int8_contexts``."""
     cp = _cupy()
     n, d = z.shape
     planes = normals.shape[0]
@@ -68,17 +97,13 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
         (-(-n // GATING_THREADS),), (GATING_THREADS,),
         (rows.scale, rows.norms, rows.kept_l1, rows.length, terms, np.int32(PLANE_TERM_WARPS),
          np.int32(n), np.int32(d), tolerance))
-    orders = [cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES)]
+    orders = tuple(cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES))
     for order, out in enumerate(orders):
         # A_0 .. A_order against B_order .. B_0: the rows' first slices, the planes' last.
         width = (order + 1) * stride
         int8_product(rows.slices[:, :width], plane.slices[:, SLICES * stride - width:], out,
                      accumulate=False)
-    products = cp.empty((n, planes), dtype=cp.float32)
-    _kernel("gln_int8_estimates")(
-        (-(-n * planes // GATING_THREADS),), (GATING_THREADS,),
-        (*orders, rows.scale, plane.scale, np.int32(n), np.int32(planes), products))
-    return products, tolerance
+    return Int8Products(orders, rows.scale, plane.scale), tolerance
 
 
 def sliced(x: Any, stride: int, reversed: bool = False) -> Int8Slices:

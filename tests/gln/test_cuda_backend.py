@@ -266,7 +266,7 @@ def test_int8_gating_decides_every_context_as_float32_does(cp, n, d, monkeypatch
         np.testing.assert_array_equal(layer.get(), want)
     products, tolerance = int8_products(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets))
     exact = z.astype(np.float64) @ normals.astype(np.float64).T
-    error = np.abs(products.get().astype(np.float64) - exact)
+    error = np.abs(products.as_float32().get().astype(np.float64) - exact)
     assert np.all(error <= tolerance.get()[:, None])  # the bound holds on every product
     float32_bound = cp.empty(n, dtype=cp.float32)
     launch_rounding_tolerances(cp.asarray(z), float32_bound)
