@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="chunk lengths for layer_pass timings")
     parser.add_argument("--predict-rows-per-warp", type=int_list,
                         default=[32, 128], help="PREDICT_ROWS_PER_WARP values to time")
-    parser.add_argument("--predict-rows-per-block", type=int_list, default=[256, 512, 2048],
+    parser.add_argument("--predict-rows-per-block", type=int_list, default=[256, 512, 1024, 2048],
                         help="PREDICT_ROWS_PER_BLOCK values to time")
     parser.add_argument("--predict-neurons-per-block", type=int_list,
                         default=[1, 2, 3, 4, 8, 13, 32],
