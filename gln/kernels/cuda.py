@@ -465,8 +465,9 @@ def launch_halfspace_contexts(
     neurons = normals.shape[0] // context_dim
     if rechecks is None:  # the kernel takes the pointers but, with no room, never uses them
         rechecks = RecheckList(cp.empty(1, dtype=cp.int64), cp.empty(1, dtype=cp.int32), 0)
-    kernel = getattr(products, "contexts_kernel", "gln_halfspace_contexts")
-    leading = products.contexts_arguments if hasattr(products, "contexts_kernel") else (products,)
+    own_estimates = hasattr(products, "contexts_kernel")  # e.g. Int8Products
+    kernel = products.contexts_kernel if own_estimates else "gln_halfspace_contexts"
+    leading = products.contexts_arguments if own_estimates else (products,)
     _function("gating.cu", kernel)(
         (-(-n * neurons // GATING_THREADS),), (GATING_THREADS,),
         (*leading, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
