@@ -83,6 +83,20 @@ def test_cuda_layer_pass_matches_reference(cp, layer, mode, shared, learn):
         np.testing.assert_array_equal(w_gpu, data[0])
 
 
+@pytest.mark.parametrize("layer", [LAYERS[1], LAYERS[4]], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", ["streaming", "resident"])
+def test_an_odd_chunk_ends_on_the_first_of_two_register_turns(cp, layer, mode):
+    """The learning kernels take examples in pairs, the register arrays swapping roles: 65
+    examples end on the first of a pair, past two windows of 32."""
+    rng = np.random.default_rng(65)
+    data = random_layer(rng, *layer, 65, True)
+    w_ref, p_ref = run_reference(data, True)
+    w_gpu, p_gpu = run_cuda(cp, data, True, mode)
+    assert not np.isnan(p_gpu).any(), "some outputs were never written"
+    np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
+    np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
+
+
 def test_mnist_sized_layer_matches_reference(cp):
     rng = np.random.default_rng(0)
     data = random_layer(rng, 10, 128, 16, 785, 64, True)
