@@ -31,7 +31,10 @@ against the float64 product in units of the library's bound (the float32 GEMM mu
 1), and for each multiple k of that bound the share of margins inside k bounds (what would be
 re-checked) and the margins outside them whose float32 sign is wrong (``wrong_outside``: a
 bound that lets one through is unsafe on this data; 0 is necessary, not sufficient: a bound
-must be proved).
+must be proved). Then a ``gating_paths`` line for each of ``--path-rows`` (the first rows of
+the same data): the library's two ``GATING_PRODUCT`` paths, each timed whole as a chunk of
+that many rows is gated (int8 slices the normals for every chunk, which short chunks feel:
+these lines say from how many rows it pays).
 Needs CuPy and a GPU, or ``--emulated``: the CPU's emulated device (tests/gln/emulated_cupy.py),
 TF32 products emulated by rounding the operands to TF32 and multiplying in float32; its shares
 of margins are the data's, its times and errors are not the tensor cores'.
@@ -55,6 +58,7 @@ from benchmarks import int8_gating  # noqa: E402
 from benchmarks.gpu_learn import (  # noqa: E402
     GATING_PRODUCTS,
     NETWORK,
+    int_list,
     load_data,
     mean_event_seconds,
     module_constant,
@@ -119,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--path-rows", type=int_list, default=[64, 256, 1024, 2048, 4096],
+                        help="chunk lengths to time the library's gating paths at")
     parser.add_argument("--emulated", action="store_true",
                         help="on the CPU's emulated device, TF32 emulated by rounding")
     args = parser.parse_args(argv)
@@ -165,7 +171,10 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
     for count in (2, 3):
         emit(int8_record(cp, count, z, normals, offsets, exact, tolerance, args.repeats, data),
              device)
-    emit(library_record(cp, model, z, exact, tolerance, args.repeats, data), device)
+    for rows in args.path_rows:
+        if rows <= len(z):
+            emit(library_record(cp, model, z[:rows], exact[:rows], tolerance[:rows],
+                                args.repeats, data), device)
 
 
 def library_record(cp: ModuleType, model: GLN, z: Any, exact: Any, tolerance: Any,

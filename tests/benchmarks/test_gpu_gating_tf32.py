@@ -25,9 +25,11 @@ def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
 
 
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
-    experiment.main(["--emulated", "--rows", "48", "--repeats", "1"])
+    experiment.main(["--emulated", "--rows", "48", "--repeats", "1", "--path-rows", "16,48,64"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    (paths,) = [r for r in lines if r["measure"] == "gating_paths"]
+    by_rows = {r["rows"]: r for r in lines if r["measure"] == "gating_paths"}
+    assert sorted(by_rows) == [16, 48]  # 64 is more rows than were served
+    paths = by_rows[48]
     records = {r["product"]: r for r in lines if r["measure"] == "gating_product"}
     assert set(records) == {"float32", "tf32", "tf32x3", "int8_2slices", "int8_3slices"}
     assert {r["device"] for r in records.values()} == {"emulated (CPU)"}
