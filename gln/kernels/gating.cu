@@ -211,9 +211,8 @@ gln_halfspace_products(const float* __restrict__ z, const float* __restrict__ no
 // that error is bounded here per row: the products' estimate (as float32, made by
 // gln_int8_contexts as it reads each product) and that bound stand in for the float32 GEMM and
 // gln_rounding_tolerances, and every margin outside the bound has the exact sign, as with the
-// float32 products. Each row of z and
-// each normal is scaled by the least power of two s with max |x| <= 127 s and cut into
-// GLN_INT8_SLICES slices of integers:
+// float32 products. Each row of z and each normal is scaled by the least power of two s with
+// max |x| <= 127 s and cut into GLN_INT8_SLICES slices of integers:
 //   x / s = A_0 + A_1 / 128 + ... + A_{K-1} / 128^(K-1) + R / 128^(K-1),   |R| <= 1/2,
 // A_0 in [-127, 127], the others in [-64, 64]. cuBLAS sums A_i . B_j for each order i + j < K
 // in int32, one GEMM an order (at most 3 * 127^2 * d: no overflow below d = 44,000); the pairs
@@ -318,10 +317,11 @@ gln_int8_plane_terms(const double* __restrict__ scale, const double* __restrict_
 
 // Each row's tolerance for the int8 estimate's float32 margins, rounded up to float32: the
 // dropped slice pairs, the remainders and the float64 sum of the estimate, over every plane
-// (its largest factors, the maxima of gln_int8_plane_terms's partials), then the estimate's rounding to float32 and the kernel's float32
-// subtraction of the offset, 2^-24 of each size (|estimate| <= ||z|| ||v|| + bound, ||v|| = 1
-// up to float32's rounding of the unit normals). The products of scales and norms round by
-// 2^-53 each, which the 2^-40 margin covers.
+// (its largest factors, the maxima of gln_int8_plane_terms's partials), then the estimate's
+// rounding to float32 and the kernel's float32 subtraction of the offset, 2^-24 of each size
+// (|estimate| <= ||z|| ||v|| + bound, ||v|| = 1 up to float32's rounding of the unit
+// normals). The products of scales and norms round by 2^-53 each, which the 2^-40 margin
+// covers.
 extern "C" __global__ void __launch_bounds__(128)
 gln_int8_row_tolerances(const double* __restrict__ scale, const double* __restrict__ norms,
                         const double* __restrict__ kept_l1, const double* __restrict__ length,
