@@ -58,6 +58,7 @@ from benchmarks import int8_gating  # noqa: E402
 from benchmarks.gpu_learn import (  # noqa: E402
     GATING_PRODUCTS,
     NETWORK,
+    device_name,
     int_list,
     load_data,
     mean_event_seconds,
@@ -148,8 +149,7 @@ def measure(args: argparse.Namespace, tf32: Callable[[ModuleType, Any, Any], Any
     for ``tf32_product``."""
     import cupy as cp  # noqa: PLC0415 - a GPU's, or the emulation's
 
-    device = cp.cuda.runtime.getDeviceProperties(0)["name"]
-    device = device.decode() if isinstance(device, bytes) else str(device)
+    device = device_name(cp)
     X, y, data = load_data(args, 2 * args.rows)
     model = GLN(**NETWORK, device="cuda")
     model.learn(X[:args.rows], y[:args.rows])  # moments of real data, as a serving model has

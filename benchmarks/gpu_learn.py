@@ -164,6 +164,12 @@ def launch_constant(name: str, value: int | None) -> contextlib.AbstractContextM
     return module_constant(cuda, name, value)
 
 
+def device_name(cp) -> str:
+    """The GPU's name, as every benchmark line names it (CuPy gives bytes or str)."""
+    name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def served_inputs(cp, model: GLN, X: np.ndarray) -> Any:
     """The float32 side information z of rows ``X`` as the model predicts them (its running
     moments frozen), contiguous on the device: what its gating multiplies."""
@@ -394,8 +400,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
 
-    device = cp.cuda.runtime.getDeviceProperties(0)["name"]
-    device = device.decode() if isinstance(device, bytes) else str(device)
+    device = device_name(cp)
     if args.model_chunk_rows:
         gln.model.CHUNK_ROWS_GPU = args.model_chunk_rows
     common = {"model_chunk_rows": gln.model.CHUNK_ROWS_GPU, "call_rows": args.chunk}

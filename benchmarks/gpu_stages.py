@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_learn import (  # noqa: E402
     NETWORK,
+    device_name,
     int_list,
     load_data,
     mean_event_seconds,
@@ -254,8 +255,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
 
-    device = cp.cuda.runtime.getDeviceProperties(0)["name"]
-    device = device.decode() if isinstance(device, bytes) else str(device)
+    device = device_name(cp)
     X, y, _ = load_data(args, max(args.rows) * 4 + 1)
     for rows in args.rows:
         stage_times(cp, X, y, rows, args.calls if rows < 1024 else max(3, args.calls // 20),
