@@ -6,6 +6,9 @@
 * ``RESIDENT_MIN_ROWS``: the shortest measured chunk from which the resident kernel learns the
   network at least as fast as the streaming one, at that length and every longer one measured.
   A chunk runs every layer, so the times are summed over the layers.
+* ``ROW_WARPS_MIN_ROWS``: likewise, where the row kernel learns at least as fast as the faster
+  of those two, on uneven contexts (as real data's are: the row kernel's chains are as long as
+  their context is common, which uniform contexts would flatter).
 * ``PREDICT_ROWS_PER_WARP`` and ``PREDICT_ROWS_PER_BLOCK``: the values with which prediction
   is fastest, by the streaming and by the shared kernel, summed over the layers: for the
   streaming kernel at the longest measured chunk that it predicts (shorter than
@@ -38,19 +41,22 @@ from gln.kernels import cuda  # noqa: E402
 
 def recommend(records: Iterable[dict]) -> dict:
     """The constants from ``layer_pass`` records (see the module docstring)."""
-    learn: dict[tuple[str, int], float] = defaultdict(float)
+    learn: dict[str, dict[str, dict[int, float]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(float)))  # contexts -> kernel -> rows -> us
     predict: dict[str, dict[tuple[int, int], float]] = defaultdict(lambda: defaultdict(float))
     for r in records:
         if r.get("measure") != "layer_pass":
             continue
         if r["learn"]:
-            learn[(r["kernel"], r["rows"])] += r["microseconds"]
+            learn[r.get("contexts", "uniform")][r["kernel"]][r["rows"]] += r["microseconds"]
         else:
             predict[r["kernel"]][(r["rows"], r["rows_per_warp"])] += r["microseconds"]
 
-    resident_min_rows, learn_by_rows = _crossing(
-        {n: learn[(kernel, n)] for kernel, n in learn if kernel == "streaming"},
-        {n: learn[(kernel, n)] for kernel, n in learn if kernel == "resident"})
+    uniform, uneven = learn["uniform"], learn["uneven"]
+    resident_min_rows, learn_by_rows = _crossing(uniform["streaming"], uniform["resident"])
+    either = {n: min(us, uneven["resident"][n]) for n, us in uneven["streaming"].items()
+              if n in uneven["resident"]}
+    row_warps_min_rows, uneven_by_rows = _crossing(either, uneven["rows"])
     best = {kernel: _best_by_rows(times) for kernel, times in predict.items()}
     shared_min_rows, predict_by_rows = _crossing(
         {n: us for n, (_, us) in best.get("streaming", {}).items()},
@@ -58,15 +64,18 @@ def recommend(records: Iterable[dict]) -> dict:
     streaming_below = (shared_min_rows or cuda.PREDICT_SHARED_MIN_ROWS) - 1
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
+        "ROW_WARPS_MIN_ROWS": row_warps_min_rows,
         "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {}), streaming_below),
         "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {}),
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "current": {name: getattr(cuda, name) for name in (
-            "RESIDENT_MIN_ROWS", "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
-            "PREDICT_SHARED_MIN_ROWS")},
+            "RESIDENT_MIN_ROWS", "ROW_WARPS_MIN_ROWS", "PREDICT_ROWS_PER_WARP",
+            "PREDICT_ROWS_PER_BLOCK", "PREDICT_SHARED_MIN_ROWS")},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
+        "uneven_learn_us_by_rows": {n: {"streaming or resident": a, "rows": b}
+                                    for n, (a, b) in uneven_by_rows.items()},
         "predict_us_by_rows": {n: {"streaming": a, "shared": b}
                                for n, (a, b) in predict_by_rows.items()},
     }

@@ -9,11 +9,12 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
 
 * ``layer_pass``: one launch of the CUDA layer pass alone (CUDA events around back-to-back
   launches, so the host's launch overhead is hidden) for each layer shape, kernel (streaming /
-  resident / shared), learn or predict, and chunk length, to set ``RESIDENT_MIN_ROWS`` (where
-  resident overtakes streaming) and, for prediction, ``PREDICT_SHARED_MIN_ROWS`` (where the
-  shared kernel overtakes streaming), each ``PREDICT_ROWS_PER_WARP`` of
-  ``--predict-rows-per-warp`` and each ``PREDICT_ROWS_PER_BLOCK`` of
-  ``--predict-rows-per-block``;
+  resident / rows / shared), learn or predict, and chunk length, to set ``RESIDENT_MIN_ROWS``
+  (where resident overtakes streaming), ``ROW_WARPS_MIN_ROWS`` (where a warp per row overtakes
+  both, timed on uneven contexts too: ``"contexts": "uneven"``, as real data's are) and, for
+  prediction, ``PREDICT_SHARED_MIN_ROWS`` (where the shared kernel overtakes streaming), each
+  ``PREDICT_ROWS_PER_WARP`` of ``--predict-rows-per-warp`` and each ``PREDICT_ROWS_PER_BLOCK``
+  of ``--predict-rows-per-block``;
 * ``shared_neurons_per_block``: the shared prediction kernel at ``PREDICT_CHUNK_ROWS_GPU`` rows
   with each ``PREDICT_MAX_NEURONS_PER_BLOCK`` of ``--predict-neurons-per-block`` (fewer
   neurons per block let two blocks share an SM), and ``shared_sum_batch`` with each
@@ -29,6 +30,10 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
   chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
+* ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
+  ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
+  alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
+  learn the same outputs (and, by kernel, the same snapshot);
 * ``learn_latency``: one ``learn`` call of a single example, median and p99 in microseconds:
   replayed from its captured CUDA graph (``kernels``, as the library runs it) and launch by
   launch (``kernels_uncaptured``), side by side on models in the same state;
@@ -48,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -92,6 +98,20 @@ def load_data(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray,
     return X, rng.integers(0, 10, n), "random"
 
 
+LEARNING_KERNELS = ("streaming", "resident", "rows")  # the layer pass's modes that learn
+
+
+def uneven_contexts(rng: np.random.Generator, n: int, glns: int, neurons: int) -> np.ndarray:
+    """(n, G, K) contexts of 4 bits, each bit of a neuron set with a chance of its own drawn
+    from U(0, 1): some contexts far more common than others, as real data's are (MNIST,
+    4,096 rows: a neuron's most common context takes about 1,500 of them in the median; here
+    about 1,200), which the row kernel, whose chains are as long as their context is common, feels
+    and uniform contexts (256 each) hide."""
+    chances = rng.random((4, glns, neurons))
+    bits = rng.random((4, n, glns, neurons)) < chances[:, None]
+    return sum(bits[b].astype(np.int32) << b for b in range(4))
+
+
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     """Each layer shape of the network through one launch, per kernel and chunk length; as in
     the model, every layer but the last also writes the next layer's inputs."""
@@ -110,11 +130,14 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             rates = cp.full(n, 1e-3, cp.float32)
             probs = cp.empty((n, glns, neurons), cp.float32)
             next_inputs = None if last else cp.empty((n, glns, neurons + 1), cp.float32)
-            arrays = (weights, contexts, x, targets, rates)
-            runs = [("streaming", True, None), ("resident", True, None)]
-            runs += [("streaming", False, rows) for rows in args.predict_rows_per_warp]
-            runs += [("shared", False, rows) for rows in args.predict_rows_per_block]
-            for mode, learn, rows_per_warp in runs:
+            uneven = cp.asarray(uneven_contexts(rng, n, glns, neurons), cp.int32)
+            runs = [(kernel, True, None, "uniform") for kernel in LEARNING_KERNELS]
+            runs += [("streaming", False, rows, "uniform") for rows in args.predict_rows_per_warp]
+            runs += [("shared", False, rows, "uniform") for rows in args.predict_rows_per_block]
+            runs += [(kernel, True, None, "uneven") for kernel in LEARNING_KERNELS]
+            for mode, learn, rows_per_warp, drawn in runs:
+                arrays = (weights, contexts if drawn == "uniform" else uneven, x, targets, rates)
+
                 def launch(arrays=arrays, probs=probs, mode=mode, learn=learn,
                            next_inputs=next_inputs):
                     cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode,
@@ -125,11 +148,13 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                     seconds = mean_event_seconds(cp, launch, args.repeats)
                 active = n * glns * neurons * inputs * 4 * (2 if learn else 1)
                 emit({"measure": "layer_pass", "layer": name, "kernel": mode, "learn": learn,
-                      "rows": n, "rows_per_warp": rows_per_warp, "microseconds": seconds * 1e6,
-                      "examples_per_second": n / seconds,
+                      "rows": n, "rows_per_warp": rows_per_warp, "contexts": drawn,
+                      "microseconds": seconds * 1e6, "examples_per_second": n / seconds,
                       "active_weight_bytes_per_second": active / seconds}, device)
             if n != gln.staging.PREDICT_CHUNK_ROWS_GPU:
                 continue
+            arrays = (weights, contexts, x, targets, rates)
+
             def predict(arrays=arrays, probs=probs, next_inputs=next_inputs):
                 cuda_layer_pass(*arrays, 0.01, 5.0, False, probs, mode="shared",
                                 next_inputs=next_inputs, bias_logit=1.0)
@@ -284,30 +309,67 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
 
 
-def rates_by_gating(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
-    """Learning and prediction rates with each gating product, alternating: a new model learns
-    one chunk (compiling what it needs), then up to four more timed, then predicts ``X``; the
-    medians of ``rounds`` rounds, and whether every product learned the float32 GEMM's
-    outputs to the last bit, as it must."""
-    import gln.kernels.cuda as cuda  # noqa: PLC0415
-
+def alternating_rates(settings: dict[str, Any], X: np.ndarray, y: np.ndarray, chunk: int,
+                      rounds: int) -> tuple[dict[tuple[str, str], float], bool]:
+    """Learning and prediction rates under each setting (a name and a function making a context
+    manager that holds it), alternating: a new model learns one chunk (compiling what it
+    needs), then up to four more timed, then predicts ``X``; the medians of ``rounds`` rounds
+    by (verb, setting), and whether every setting learned the first one's outputs and bytes to
+    the last bit, as each must."""
     rates: dict[tuple[str, str], list[float]] = defaultdict(list)
-    outputs = {}
+    learned = {}
     rows = min(4 * chunk, len(X) - chunk)
     for _ in range(rounds):
-        for product in GATING_PRODUCTS:
-            with module_constant(cuda, "GATING_PRODUCT", product):
+        for name, setting in settings.items():
+            with setting():
                 model = GLN(**NETWORK, device="cuda")
                 model.learn(X[:chunk], y[:chunk])
-                rate, outputs[product] = learn_rate(model, X[chunk:chunk + rows],
-                                                    y[chunk:chunk + rows], chunk)
-                rates[("learn", product)].append(rate)
-                rates[("predict", product)].append(predict_rate(model, X, chunk))
-    same = all(np.array_equal(outputs[p], outputs[GATING_PRODUCTS[0]]) for p in outputs)
+                rate, outputs = learn_rate(model, X[chunk:chunk + rows], y[chunk:chunk + rows],
+                                           chunk)
+                learned[name] = (outputs, model.to_bytes())
+                rates[("learn", name)].append(rate)
+                rates[("predict", name)].append(predict_rate(model, X, chunk))
+    first = learned[next(iter(settings))]
+    same = all(np.array_equal(o, first[0]) and b == first[1] for o, b in learned.values())
+    return {key: float(np.median(values)) for key, values in rates.items()}, same
+
+
+def rates_by_gating(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
+    """``learn_by_gating`` and ``predict_by_gating``: the rates with each gating product
+    (``alternating_rates``)."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    settings = {p: functools.partial(module_constant, cuda, "GATING_PRODUCT", p)
+                for p in GATING_PRODUCTS}
+    rates, same = alternating_rates(settings, X, y, chunk, rounds)
     return [{"measure": f"{verb}_by_gating", "implementation": "kernels", "gating_product": p,
-             "examples_per_second": float(np.median(rates[(verb, p)])), "rounds": rounds,
+             "examples_per_second": rates[(verb, p)], "rounds": rounds,
              "same_outputs_as_float32": same}
             for verb in ("learn", "predict") for p in GATING_PRODUCTS]
+
+
+def rates_by_learning_kernel(X: np.ndarray, y: np.ndarray, chunk: int,
+                             rounds: int) -> list[dict]:
+    """``learn_by_kernel``: the learning rate with the library's kernels (``ROW_WARPS_MIN_ROWS``
+    as it is) and with a warp per row for every chunk (``alternating_rates``), on the run's
+    data, whose contexts are as uneven as real ones are."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    @contextlib.contextmanager
+    def row_warps() -> Iterator[None]:
+        saved, cuda.ROW_WARPS_MIN_ROWS = cuda.ROW_WARPS_MIN_ROWS, 1
+        try:
+            yield
+        finally:
+            cuda.ROW_WARPS_MIN_ROWS = saved
+
+    settings = {"library": contextlib.nullcontext, "rows": row_warps}
+    rates, same = alternating_rates(settings, X, y, chunk, rounds)
+    return [{"measure": "learn_by_kernel", "implementation": "kernels", "kernels": name,
+             "row_warps_min_rows": cuda.ROW_WARPS_MIN_ROWS if name == "library" else 1,
+             "examples_per_second": rates[("learn", name)], "rounds": rounds,
+             "same_outputs_and_bytes": same}
+            for name in settings]
 
 
 def latency_us(model: GLN, X: np.ndarray, y: np.ndarray | None, calls: int) -> dict:
@@ -391,6 +453,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upload-rounds", type=int, default=5)
     parser.add_argument("--gating-rounds", type=int, default=3,
                         help="alternating rounds of each GATING_PRODUCT (0: none)")
+    parser.add_argument("--kernel-rounds", type=int, default=3,
+                        help="alternating rounds of the library's learning kernels and the row "
+                             "kernel (0: none)")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)
@@ -454,8 +519,10 @@ def main(argv: list[str] | None = None) -> None:
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
                                           args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
-            for record in rates_by_gating(X, y, args.chunk, args.gating_rounds):
-                emit({**record, **common}, device)
+            for rounds, rates_by in ((args.gating_rounds, rates_by_gating),
+                                     (args.kernel_rounds, rates_by_learning_kernel)):
+                for record in rates_by(X, y, args.chunk, rounds) if rounds else ():
+                    emit({**record, **common}, device)
         if name == "kernels":  # launch by launch, from the same state, then replayed
             uncaptured = GLN.from_bytes(model.to_bytes(), device="cuda")
             uncaptured._replays = None  # what the library did before it captured short calls

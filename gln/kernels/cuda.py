@@ -12,7 +12,9 @@ The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
   chunk equals learning its rows one call at a time, byte for byte;
 * two kernels share that per-example code: *streaming* (the active row read from and written
   to global memory per example; short chunks and prediction) and *resident* (the neuron's 2^m
-  rows held in shared memory for the whole chunk; long chunks);
+  rows held in shared memory for the whole chunk; long chunks); a third, *rows*, gives each
+  row a warp of its own, which takes only the examples of the row's context (opt-in,
+  ``ROW_WARPS_MIN_ROWS``);
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
   kernel itself, so gating never makes the host wait for the GPU;
 * the standardisation of a chunk is one launch instead of a dozen (bit for bit NumPy's), and
@@ -49,6 +51,12 @@ MAX_INPUTS = WARP * MAX_PER_LANE
 # memory. On an H100 (MNIST network, the three layers summed, docs/benchmarks.md) resident was
 # slower up to 1,024 rows (3,343 against 3,317 us) and faster from 2,048 (6,623 against 6,730).
 RESIDENT_MIN_ROWS = 2048
+# Chunks at least this long learn with a warp per row instead (gln_layer_pass_rows: each of a
+# neuron's 2^m rows in registers, through the examples of its context), so that all of a
+# layer's neurons run at once; None: never chosen by itself (mode="rows" forces it). The same
+# bytes; None until a GPU run times it on real contexts, whose rows are far from equally
+# common (MNIST, 4,096 rows: a neuron's most common context takes about 1,500 of them).
+ROW_WARPS_MIN_ROWS: int | None = None
 # Prediction writes nothing, so a neuron's examples are split over warps of this many rows
 # (streaming kernel) ...
 PREDICT_ROWS_PER_WARP = 32
@@ -92,8 +100,8 @@ INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 COMPILE_OPTIONS = ("--fmad=false", f"-DGLN_Z_LIMIT={Z_LIMIT!r}")
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
-SHARED = "gln_layer_predict_shared"
-MODES = ("auto", "streaming", "resident", "shared")
+SHARED, ROWS = "gln_layer_predict_shared", "gln_layer_pass_rows"
+MODES = ("auto", "streaming", "resident", "shared", "rows")
 
 
 @dataclass(frozen=True)
@@ -128,10 +136,11 @@ def plan_layer_launch(
 ) -> LayerLaunch:
     """Choose the kernel and its launch shape for a layer of ``weights_shape`` over n rows.
 
-    ``mode`` forces ``"streaming"``, ``"resident"`` or (prediction only) ``"shared"`` (tests
-    and benchmarks); ``"auto"`` picks resident when learning at least ``RESIDENT_MIN_ROWS``
-    rows, shared when predicting at least ``PREDICT_SHARED_MIN_ROWS``, where a neuron's rows fit
-    in ``max_shared_bytes`` of shared memory. All give the same bytes.
+    ``mode`` forces ``"streaming"``, ``"resident"``, ``"rows"`` or (prediction only)
+    ``"shared"`` (tests and benchmarks); ``"auto"`` picks rows when learning at least
+    ``ROW_WARPS_MIN_ROWS`` rows (when set), else resident from ``RESIDENT_MIN_ROWS``, and
+    shared when predicting at least ``PREDICT_SHARED_MIN_ROWS``, where a neuron's rows fit in
+    ``max_shared_bytes`` of shared memory. All give the same bytes.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -159,6 +168,9 @@ def plan_layer_launch(
         return LayerLaunch(SHARED, (num_glns * blocks_per_gln, max(1, -(-n // rows))),
                            (WARP * predict_warps(lanes),), per_block * shared_bytes, lanes, rows,
                            per_block)
+    if mode == "rows" or (mode == "auto" and learn and ROW_WARPS_MIN_ROWS is not None
+                          and n >= ROW_WARPS_MIN_ROWS):
+        return LayerLaunch(ROWS, (neurons * num_contexts, 1), (WARP,), 0, lanes, max(n, 1))
     resident = mode == "resident" or (
         mode == "auto" and learn and n >= RESIDENT_MIN_ROWS and fits
     )
@@ -280,8 +292,8 @@ def cuda_layer_pass(
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
 
-    One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"`` or, when
-    predicting, ``"shared"``); all give the same bytes. ``next_inputs``
+    One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"``, ``"rows"``
+    or, when predicting, ``"shared"``); all give the same bytes. ``next_inputs``
     (n, G, K + 1) float32, when given, receives the next layer's inputs
     (``cuda_layer_inputs(probs, bias_logit, True)``, bit for bit) from the same launch. Layers
     wider than ``MAX_INPUTS`` inputs take the reference pass.

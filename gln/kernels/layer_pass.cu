@@ -33,7 +33,13 @@
 //   gln_layer_pass_resident: the neuron's 2^m rows are copied to shared memory once (cp.async),
 //     the chunk runs against them, and they are written back once. Weight traffic per chunk is
 //     then 2 x S x I x 4 bytes per neuron instead of 2 x I x 4 bytes per example.
-// and prediction of long chunks has a third, which calls the same mixing code:
+// A third learns with the same mixing code (mix_and_learn) and no run_neuron:
+//   gln_layer_pass_rows: a warp per row, not per neuron. Row c of a neuron changes only at the
+//     examples whose context is c, and nothing else reads it, so its warp takes those examples
+//     alone, in order, with the row in registers throughout: a neuron's chunk becomes 2^m
+//     independent chains, as long as their contexts are common, and no shared memory holds
+//     rows, so every neuron of a layer runs at once (the resident kernel fits a few per SM).
+// and prediction of long chunks has a fourth, which calls the same mixing code:
 //   gln_layer_predict_shared: a block holds the rows of several neurons of one GLN in shared
 //     memory and its warps take turns over the examples; a warp loads an example's input once
 //     and mixes it with every neuron of the block. The streaming kernel reads a row and an
@@ -73,6 +79,10 @@
 // (three register arrays per lane: the row, the input and the next input, and the parts of
 // GLN_SUM_BATCH dot products; nvcc 13 for sm_90 spills none up to 64 per lane with these).
 #define GLN_PREDICT_WARPS (GLN_PER_LANE <= 26 ? 16 : 8)
+// Blocks (one warp each) of gln_layer_pass_rows an SM should hold: caps the registers a lane
+// may take (65,536 / (32 x blocks)), 128 where the row and two inputs fit in them (116 for
+// MNIST's first layer, 25 a lane; nvcc 13 spills at 32 a lane), 256 for wider rows.
+#define GLN_ROW_BLOCKS (GLN_PER_LANE <= 26 ? 16 : 8)
 
 #ifndef GLN_HOST_EMULATION
 // Dynamic shared memory of the resident and shared-prediction kernels, 16-byte aligned for
@@ -495,6 +505,129 @@ gln_layer_pass_resident(GLN_LAYER_KERNEL_PARAMETERS) {
         __syncwarp();
         rows_to_global(global_rows, rows, size, lane);
     }
+}
+
+// Where a row's warp is in its chunk (gln_layer_pass_rows): the window of 32 examples it takes
+// examples from, those of them it has still to take (a bit each, the same on every lane), and
+// the lane's context of the next window, loaded a window ahead.
+struct RowCursor {
+    int window;
+    unsigned todo;
+    int ahead;
+};
+
+// Lane l's context of neuron `neuron` at example first + l; -1 past the chunk's end, which no
+// row is.
+__device__ __forceinline__ int window_context(const LayerArgs& a, long long neuron, int first,
+                                              int lane) {
+    const int t = first + lane;
+    if (t >= a.n) return -1;
+    const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
+    return a.contexts[t * per_example + neuron] & (a.num_contexts - 1);
+}
+
+__device__ __forceinline__ RowCursor first_window(const LayerArgs& a, long long neuron, int c,
+                                                  int lane) {
+    RowCursor at;
+    at.window = 0;
+    at.todo = __ballot_sync(GLN_FULL_MASK, window_context(a, neuron, 0, lane) == c);
+    at.ahead = window_context(a, neuron, GLN_WARP, lane);
+    return at;
+}
+
+// The next example whose context selects row c (a.n once there is none), taken: the same on
+// every lane, so the warp stays together.
+__device__ __forceinline__ int next_example(const LayerArgs& a, long long neuron, int c,
+                                            int lane, RowCursor& at) {
+    while (at.todo == 0) {
+        if (at.window + GLN_WARP >= a.n) return a.n;
+        at.window += GLN_WARP;
+        at.todo = __ballot_sync(GLN_FULL_MASK, at.ahead == c);
+        at.ahead = window_context(a, neuron, at.window + GLN_WARP, lane);
+    }
+    const int bit = __ffs(static_cast<int>(at.todo)) - 1;
+    at.todo &= at.todo - 1;
+    return at.window + bit;
+}
+
+// Where a row's examples come from: the neuron's inputs, rates and targets.
+struct RowSource {
+    const float* input0;
+    long long input_stride;
+    const float* targets;  // the neuron's GLN's column: example t's target at t * num_glns
+};
+
+// Example t of row c's warp: mixes (and learns) it with the row `w` and its input `x`, and
+// leaves the next example's input in `x_next` (with GLN_PREFETCH loaded before the mixing,
+// other registers, and the caller swaps the two inputs' roles from one example to the next),
+// its rate and target in `rate` and `target`. Returns the next example (a.n when none is left).
+__device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN_PER_LANE],
+                                        float (&x_next)[GLN_PER_LANE], const LayerArgs& a,
+                                        const RowSource& from, long long neuron, int g, int c,
+                                        int t, float& rate, float& target, int lane,
+                                        RowCursor& at) {
+    const int I = a.num_inputs;
+    const int next = next_example(a, neuron, c, lane, at);
+    float rate_next = 0.0f, target_next = 0.0f;
+    if (next < a.n) {
+#if GLN_PREFETCH
+        load_input(x_next, from.input0 + next * from.input_stride, lane, I);
+#endif
+        rate_next = __ldg(a.rates + next);
+        target_next = __ldg(from.targets + static_cast<long long>(next) * a.num_glns);
+    }
+    const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
+    if (lane == 0) write_outputs(a, neuron, g, t, p);
+#if !GLN_PREFETCH
+    if (next < a.n) load_input(x_next, from.input0 + next * from.input_stride, lane, I);
+#endif
+    rate = rate_next;
+    target = target_next;
+    return next;
+}
+
+// One warp (block) per row: row c of neuron (g, k) is block (g * K + k) * S + c, and its warp
+// takes the examples whose context is c, in order, with the row in registers from the first
+// to the last. A row's updates depend only on its own examples, in their order, so the rows of
+// a neuron need no synchronisation either, and each example is mixed by mix_and_learn exactly
+// as the other kernels mix it: the same bytes. A neuron's chunk is then S chains instead of
+// one, each as long as its context is common, and nothing is held in shared memory, so every
+// neuron of a layer runs at once where the resident kernel's rows fit a few neurons an SM.
+extern "C" __global__ void __launch_bounds__(GLN_WARP, GLN_ROW_BLOCKS)
+gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS) {
+    (void)rows_per_warp;  // the kernels share one signature; always the whole chunk
+    (void)neurons_per_block;
+    const int lane = threadIdx.x % GLN_WARP;
+    const long long row = blockIdx.x;
+    const long long neuron = row / num_contexts;
+    const int c = static_cast<int>(row - neuron * num_contexts);
+    if (neuron >= static_cast<long long>(num_glns) * num_neurons || n <= 0) return;
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, learn, bias_logit, write_next);
+    const int g = static_cast<int>(neuron / num_neurons);
+    RowCursor at = first_window(a, neuron, c, lane);
+    int t = next_example(a, neuron, c, lane, at);
+    if (t >= n) return;  // no example selects the row: it stays as it is
+    const int I = num_inputs;
+    const RowSource from = {inputs + static_cast<long long>(input_groups == 1 ? 0 : g) * I,
+                            static_cast<long long>(input_groups) * I, targets + g};
+    float* weights_row = weights + row * I;
+    float w[GLN_PER_LANE], x[GLN_PER_LANE];
+    load_row(w, weights_row, lane, I);
+    load_input(x, from.input0 + t * from.input_stride, lane, I);
+    float rate = __ldg(rates + t);
+    float target = __ldg(from.targets + static_cast<long long>(t) * num_glns);
+#if GLN_PREFETCH
+    float x_next[GLN_PER_LANE];
+    while (t < n) {  // the two inputs' roles alternate
+        t = row_step(w, x, x_next, a, from, neuron, g, c, t, rate, target, lane, at);
+        if (t < n) t = row_step(w, x_next, x, a, from, neuron, g, c, t, rate, target, lane, at);
+    }
+#else
+    while (t < n) t = row_step(w, x, x, a, from, neuron, g, c, t, rate, target, lane, at);
+#endif
+    if (a.learn) store_row(weights_row, w, lane, I);
 }
 
 // The contexts of a shared-prediction block's neurons at example t: lane l holds neuron

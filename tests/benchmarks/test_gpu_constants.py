@@ -48,6 +48,29 @@ def test_resident_from_the_length_where_it_wins_for_good_summed_over_layers(monk
     assert chosen["predict_us_by_rows"][1] == {"streaming": 950, "shared": 2000}
 
 
+def test_rows_from_the_length_where_they_beat_both_others_on_uneven_contexts():
+    """The row kernel against the faster of streaming and resident at each length, on uneven
+    contexts only (its uniform timings, here always the fastest, are not what real data
+    gives); lines without a ``contexts`` field are uniform ones (runs before it existed)."""
+    records = []
+    # (rows, streaming, resident, rows kernel) us on uneven contexts, one layer; rows wins at
+    # 16, loses at 64 to resident alone, wins from 256 on.
+    for n, streaming, resident, rows in ((16, 30, 40, 20), (64, 90, 80, 85),
+                                         (256, 300, 250, 200), (4096, 5000, 4000, 1500)):
+        for kernel, us in (("streaming", streaming), ("resident", resident), ("rows", rows)):
+            records.append({**layer_pass("a", kernel, True, n, us), "contexts": "uneven"})
+        records.append({**layer_pass("a", "rows", True, n, 1), "contexts": "uniform"})
+        records += [layer_pass("a", "streaming", True, n, 2), layer_pass("a", "resident", True,
+                                                                          n, 3)]
+    chosen = recommend(records)
+    assert chosen["ROW_WARPS_MIN_ROWS"] == 256
+    assert chosen["uneven_learn_us_by_rows"][64] == {"streaming or resident": 80, "rows": 85}
+    assert chosen["uneven_learn_us_by_rows"][16]["streaming or resident"] == 30
+    assert chosen["RESIDENT_MIN_ROWS"] is None  # from the uniform lines: resident never wins
+    assert chosen["learn_us_by_rows"][16] == {"streaming": 2, "resident": 3}
+    assert "ROW_WARPS_MIN_ROWS" in chosen["current"]
+
+
 def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     never = [layer_pass("a", "streaming", True, n, n) for n in (1, 64)]
     never += [layer_pass("a", "resident", True, n, 2 * n) for n in (1, 64)]
@@ -57,5 +80,5 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     main([str(run)])
     printed = json.loads(capsys.readouterr().out)
     assert printed["RESIDENT_MIN_ROWS"] is None and printed["PREDICT_ROWS_PER_WARP"] is None
-    assert printed["PREDICT_SHARED_MIN_ROWS"] is None
+    assert printed["PREDICT_SHARED_MIN_ROWS"] is None and printed["ROW_WARPS_MIN_ROWS"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1

@@ -45,7 +45,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
               "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
               "--first-chunk-rows", "3", "--upload-rounds", "1",
               "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32",
-              "--gating-rounds", "1"])
+              "--gating-rounds", "1", "--kernel-rounds", "1"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -62,6 +62,11 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
+    by_kernel = {r["kernels"]: r for r in records if r["measure"] == "learn_by_kernel"}
+    assert set(by_kernel) == {"library", "rows"}
+    assert by_kernel["rows"]["row_warps_min_rows"] == 1
+    assert all(r["same_outputs_and_bytes"] and r["examples_per_second"] > 0
+               for r in by_kernel.values())
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
     assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
     by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"])
@@ -77,11 +82,13 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
     assert batches == {(layer, b) for layer in ("784->128", "128->128", "128->1")
                        for b in (1, 32)}
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
-    # Three layers x (streaming and resident learning, streaming and shared prediction) at one
-    # row.
-    assert len(layer_passes) == 12 and all(r["microseconds"] > 0 for r in layer_passes)
-    assert {(r["kernel"], r["learn"]) for r in layer_passes} == {
-        ("streaming", True), ("resident", True), ("streaming", False), ("shared", False)}
+    # Three layers x (streaming, resident and row learning on uniform and on uneven contexts,
+    # streaming and shared prediction on uniform ones) at one row.
+    assert len(layer_passes) == 24 and all(r["microseconds"] > 0 for r in layer_passes)
+    assert {(r["kernel"], r["learn"], r["contexts"]) for r in layer_passes} == {
+        *((kernel, True, drawn) for kernel in ("streaming", "resident", "rows")
+          for drawn in ("uniform", "uneven")),
+        ("streaming", False, "uniform"), ("shared", False, "uniform")}
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5
 

@@ -126,6 +126,17 @@ template <class T> T exchange(T value, int source) {
     return out;
 }
 
+// Every lane's predicate, a bit each, on every lane of the warp (__ballot_sync).
+inline unsigned ballot(bool predicate) {
+    const unsigned p = phase[current]++ & 1u;
+    slots[p][current] = predicate;
+    yield();
+    unsigned bits = 0;
+    const int first = current - current % kLanes;
+    for (int lane = 0; lane < kLanes; ++lane) bits |= (slots[p][first + lane] ? 1u : 0u) << lane;
+    return bits;
+}
+
 inline void release_barrier_if_complete() {
     if (arrived > 0 && arrived == running_threads) {
         arrived = 0;
@@ -254,6 +265,8 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
     return emu::exchange(v, (emu::current % emu::kLanes) ^ mask);
 }
 template <class T> inline T __ldg(const T* p) { return *p; }
+inline unsigned __ballot_sync(unsigned, int predicate) { return emu::ballot(predicate != 0); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }

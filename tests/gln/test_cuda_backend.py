@@ -68,7 +68,7 @@ LAYERS = [  # (G, K, S, I): bias only, odd widths, one warp exactly, MNIST's lay
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("mode", ["streaming", "resident", "auto"])
+@pytest.mark.parametrize("mode", ["streaming", "resident", "rows", "auto"])
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("learn", [True, False])
 def test_cuda_layer_pass_matches_reference(cp, layer, mode, shared, learn):
@@ -84,7 +84,7 @@ def test_cuda_layer_pass_matches_reference(cp, layer, mode, shared, learn):
 
 
 @pytest.mark.parametrize("layer", [LAYERS[1], LAYERS[4]], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("mode", ["streaming", "resident"])
+@pytest.mark.parametrize("mode", ["streaming", "resident", "rows"])
 def test_an_odd_chunk_ends_on_the_first_of_two_register_turns(cp, layer, mode):
     """The learning kernels take examples in pairs, the register arrays swapping roles: 65
     examples end on the first of a pair, past two windows of 32."""
@@ -119,13 +119,16 @@ def test_wide_layers_fall_back_to_the_reference(cp):
 
 @pytest.mark.parametrize("layer", LAYERS[1:], ids=lambda s: "x".join(map(str, s)))
 def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
-    """Streaming and resident kernels, and a chunk against its rows one call at a time."""
+    """Streaming, resident and row kernels, and a chunk against its rows one call at a time."""
     rng = np.random.default_rng(2)
     data = random_layer(rng, *layer, 80, False)
     w_stream, p_stream = run_cuda(cp, data, True, "streaming")
     w_res, p_res = run_cuda(cp, data, True, "resident")
     np.testing.assert_array_equal(w_res, w_stream)
     np.testing.assert_array_equal(p_res, p_stream)
+    w_rows, p_rows = run_cuda(cp, data, True, "rows")
+    np.testing.assert_array_equal(w_rows, w_stream)
+    np.testing.assert_array_equal(p_rows, p_stream)
     w, ctx, x, targets, rates = data
     rows_p = np.empty_like(p_res)
     for t in range(len(ctx)):
@@ -136,6 +139,33 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
     # Prediction (examples split over warps) gives what learning predicted first.
     _, p_first = run_cuda(cp, (data[0], ctx[:1], x[:1], targets[:1], rates[:1]), False)
     np.testing.assert_array_equal(p_first, p_res[:1])
+
+
+@pytest.mark.parametrize("layer", [LAYERS[1], LAYERS[4], LAYERS[5]],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("learn", [True, False])
+def test_the_row_kernel_takes_each_rows_examples_in_order_however_uneven(cp, layer, learn):
+    """A warp per row takes only its own context's examples, in order: a neuron whose every
+    example selects one row (one chain the length of the chunk), a row that only the first and
+    the last example select (five windows of 32 with nothing for it between), rows that none
+    selects, and contexts with bits above the neuron's rows (masked, as every kernel masks
+    them): the streaming kernel's bytes."""
+    glns, neurons, contexts, _ = layer
+    n = 200
+    w, ctx, x, targets, rates = random_layer(np.random.default_rng(11), *layer, n, True)
+    ctx[:, 0, 0] = contexts - 1
+    ctx[:, -1, -1] = 0
+    ctx[0, -1, -1] = ctx[-1, -1, -1] = contexts - 1
+    ctx[:, 0, -1] += contexts * (np.arange(n, dtype=np.int32) % 7)
+    data = (w, ctx, x, targets, rates)
+    w_stream, p_stream = run_cuda(cp, data, learn, "streaming")
+    w_rows, p_rows = run_cuda(cp, data, learn, "rows")
+    assert not np.isnan(p_rows).any(), "some outputs were never written"
+    np.testing.assert_array_equal(p_rows, p_stream)
+    np.testing.assert_array_equal(w_rows, w_stream)
+    assert (w_rows[0, 0, :-1] == w[0, 0, :-1]).all()  # the rows never selected, untouched
+    if learn:
+        assert not np.array_equal(w_rows[0, 0, -1], w[0, 0, -1])
 
 
 # Layers for the shared prediction kernel: as LAYERS, and 37 neurons, more than one block holds.
@@ -169,7 +199,8 @@ def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
 @pytest.mark.parametrize("layer", [*LAYERS[1:], (1, 2, 2, 2051)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize(("mode", "learn"), [("streaming", True), ("resident", True),
-                                             ("streaming", False), ("shared", False)])
+                                             ("rows", True), ("streaming", False),
+                                             ("shared", False)])
 def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode, learn):
     """What the separate input kernel would build from the outputs, from the same launch,
     also where prediction splits a neuron's examples over warps (and for the widest layers,
@@ -506,6 +537,27 @@ def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypat
     assert sliced.to_bytes() == plain.to_bytes()
     if hasattr(cp, "operations"):  # the emulated device counts them: the int8 GEMMs ran
         assert cp.operations["cublas gemmEx"] >= gemms_before + 6  # three a chunk
+
+
+def test_learning_with_a_warp_per_row_gives_the_same_bytes(cp, monkeypatch):
+    """A model whose chunks learn with the row kernel (ROW_WARPS_MIN_ROWS) learns and
+    predicts exactly as one with the library's kernels, over chunks long and short."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    X, y = stream(300)
+    usual = GLN(**CONFIG, device="cuda")
+    learned = np.concatenate([usual.learn(X[:256], y[:256]), usual.learn(X[256:], y[256:])])
+    monkeypatch.setattr(cuda, "ROW_WARPS_MIN_ROWS", 1)
+    by_row = GLN(**CONFIG, device="cuda")
+    launches = getattr(cp, "operations", {}).get("kernel gln_layer_pass_rows", 0)
+    np.testing.assert_array_equal(
+        np.concatenate([by_row.learn(X[:256], y[:256]), by_row.learn(X[256:], y[256:])]),
+        learned)
+    assert by_row.to_bytes() == usual.to_bytes()
+    np.testing.assert_array_equal(by_row.predict_proba(X), usual.predict_proba(X))
+    if hasattr(cp, "operations"):  # the emulated device counts them: one a layer and chunk
+        layers = len(CONFIG["layer_sizes"])
+        assert cp.operations["kernel gln_layer_pass_rows"] >= launches + 2 * layers
 
 
 def test_snapshots_move_between_gpu_and_cpu(cp):

@@ -23,6 +23,7 @@ from benchmarks.nvrtc import library as nvrtc_library
 from gln.kernels.cuda import (
     COMPILE_OPTIONS,
     RESIDENT,
+    ROWS,
     SHARED,
     STREAMING,
     per_lane,
@@ -36,7 +37,7 @@ NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not on PATH")
 # Row widths the models use: layer sizes 0 (I = 1), 32, 128 and MNIST's 784 features, and the
 # widest layer the kernels take (64 per lane).
-PER_LANE_VALUES = (1, 2, 5, 25, 64)
+PER_LANE_VALUES = (1, 2, 5, 25, 32, 64)
 
 
 needs_nvrtc = pytest.mark.skipif(
@@ -135,6 +136,23 @@ def test_launch_plan():
         plan_layer_launch((1, 1, 3, 5), 1, True, HOPPER_SHARED_BYTES)
     with pytest.raises(ValueError, match="inputs"):
         plan_layer_launch((1, 1, 2, 5000), 1, True, HOPPER_SHARED_BYTES)
+
+
+def test_the_row_kernel_is_forced_or_chosen_from_its_length(monkeypatch):
+    """A warp (block) per row, 2^m rows a neuron, whatever their size: none in shared memory.
+    Chosen for learning from ``ROW_WARPS_MIN_ROWS`` when that is set, never for prediction."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    mnist_first = (10, 128, 16, 785)
+    rows = plan_layer_launch(mnist_first, 4096, True, HOPPER_SHARED_BYTES, "rows")
+    assert (rows.kernel, rows.grid, rows.block, rows.shared_bytes) == (ROWS, (20480, 1), (32,), 0)
+    huge = plan_layer_launch((1, 1, 2**8, 785), 5, True, HOPPER_SHARED_BYTES, "rows")
+    assert (huge.kernel, huge.grid) == (ROWS, (256, 1))
+    assert plan_layer_launch(mnist_first, 4096, True, HOPPER_SHARED_BYTES).kernel == RESIDENT
+    monkeypatch.setattr(cuda, "ROW_WARPS_MIN_ROWS", 256)
+    assert plan_layer_launch(mnist_first, 256, True, HOPPER_SHARED_BYTES).kernel == ROWS
+    assert plan_layer_launch(mnist_first, 255, True, HOPPER_SHARED_BYTES).kernel == STREAMING
+    assert plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES).kernel == SHARED
 
 
 def test_the_shared_kernels_blocks_hold_at_most_the_cap(monkeypatch):
