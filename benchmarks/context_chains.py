@@ -9,12 +9,17 @@ its longest chain; the resident kernel runs every neuron through the whole chunk
 
 A model learns ``--learned`` MNIST training images, then gates the next ``--rows`` with the
 moments it holds. Prints one JSON line per layer: the longest chain's median, 90th percentile
-and maximum over the layer's neurons, and the mean over all rows of the examples each takes.
+and maximum over the layer's neurons, the mean over all rows of the examples each takes, and
+when the layer's rows would all be done if ``--slots`` warps at a time took them, each as soon
+as a slot frees, every example taking the same time (a crude model: on a GPU the warps share
+their schedulers and memory): in the kernel's natural order (neuron by neuron) and longest
+first (``ROW_ORDER``), in examples.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 from pathlib import Path
@@ -27,10 +32,24 @@ from benchmarks.mnist import data_dir, load_mnist  # noqa: E402
 from gln import GLN  # noqa: E402
 
 
+def row_counts(contexts: np.ndarray, num_contexts: int) -> np.ndarray:
+    """The examples of each row, (G * K * S,), in the row kernel's natural order: row c of
+    neuron (g, k) at (g * K + k) * S + c."""
+    return np.stack([(contexts == c).sum(axis=0) for c in range(num_contexts)], -1).ravel()
+
+
 def longest_chains(contexts: np.ndarray, num_contexts: int) -> np.ndarray:
     """(G, K): for each neuron of (n, G, K) contexts, the examples of its most common one."""
-    counts = np.stack([(contexts == c).sum(axis=0) for c in range(num_contexts)])
-    return counts.max(axis=0)
+    return row_counts(contexts, num_contexts).reshape(*contexts.shape[1:], -1).max(axis=-1)
+
+
+def finish_time(chains: np.ndarray, slots: int) -> int:
+    """When the last of ``chains`` (examples each, in the order given) ends if ``slots`` run at
+    once, each taken by the first slot to free, every example one unit of time."""
+    free = [0] * slots
+    for chain in chains.tolist():
+        heapq.heappush(free, heapq.heappop(free) + chain)
+    return max(free)
 
 
 def chunk_contexts(model: GLN, X: np.ndarray) -> list[np.ndarray]:
@@ -52,6 +71,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--gating-window", type=int, default=0)
     parser.add_argument("--input-scaling", choices=["standardize", "unit"], default="standardize")
     parser.add_argument("--min-std", type=float, default=1e-9)
+    parser.add_argument("--slots", type=int, default=132 * 17,
+                        help="row warps at a time (an H100: 132 SMs, 17 warps of 116 registers)")
     args = parser.parse_args(argv)
 
     images, labels = load_mnist(data_dir(args.data_dir), "train")
@@ -66,12 +87,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     records = []
     for layer, contexts in enumerate(chunk_contexts(model, chunk)):
         chains = longest_chains(contexts, 2 ** model.context_dim)
+        rows = row_counts(contexts, 2 ** model.context_dim)
         records.append({
             "benchmark": "context_chains", "layer": layer, "rows": len(chunk),
             "longest_chain_median": float(np.median(chains)),
             "longest_chain_p90": round(float(np.percentile(chains, 90)), 1),
             "longest_chain_max": int(chains.max()),
             "mean_examples_per_row": len(chunk) / 2 ** model.context_dim,
+            "slots": args.slots,
+            "finish_natural_order": finish_time(rows, args.slots),
+            "finish_longest_first": finish_time(np.sort(rows)[::-1], args.slots),
             "config": {name: getattr(args, name) for name in (
                 "offset_scale", "side_info", "side_info_blur", "gating_window",
                 "input_scaling", "min_std")}})

@@ -6,9 +6,11 @@
 * ``RESIDENT_MIN_ROWS``: the shortest measured chunk from which the resident kernel learns the
   network at least as fast as the streaming one, at that length and every longer one measured.
   A chunk runs every layer, so the times are summed over the layers.
-* ``ROW_WARPS_MIN_ROWS``: likewise, where the row kernel learns at least as fast as the faster
-  of those two, on uneven contexts (as real data's are: the row kernel's chains are as long as
-  their context is common, which uniform contexts would flatter).
+* ``ROW_ORDER`` and ``ROW_WARPS_MIN_ROWS``: the order of the row kernel's rows that learns
+  fastest at the longest measured chunk, and the length from which, in that order, it learns at
+  least as fast as the faster of those two, on uneven contexts (as real data's are: the row
+  kernel's chains are as long as their context is common, which uniform contexts would
+  flatter).
 * ``PREDICT_ROWS_PER_WARP`` and ``PREDICT_ROWS_PER_BLOCK``: the values with which prediction
   is fastest, by the streaming and by the shared kernel, summed over the layers: for the
   streaming kernel at the longest measured chunk that it predicts (shorter than
@@ -48,7 +50,10 @@ def recommend(records: Iterable[dict]) -> dict:
         if r.get("measure") != "layer_pass":
             continue
         if r["learn"]:
-            learn[r.get("contexts", "uniform")][r["kernel"]][r["rows"]] += r["microseconds"]
+            kernel = r["kernel"]
+            if kernel == "rows":
+                kernel = f"rows {r.get('row_order') or cuda.ROW_ORDER}"
+            learn[r.get("contexts", "uniform")][kernel][r["rows"]] += r["microseconds"]
         else:
             predict[r["kernel"]][(r["rows"], r["rows_per_warp"])] += r["microseconds"]
 
@@ -56,7 +61,12 @@ def recommend(records: Iterable[dict]) -> dict:
     resident_min_rows, learn_by_rows = _crossing(uniform["streaming"], uniform["resident"])
     either = {n: min(us, uneven["resident"][n]) for n, us in uneven["streaming"].items()
               if n in uneven["resident"]}
-    row_warps_min_rows, uneven_by_rows = _crossing(either, uneven["rows"])
+    by_order = {o: uneven[f"rows {o}"] for o in cuda.ROW_ORDERS if uneven[f"rows {o}"]}
+    longest = max((n for times in by_order.values() for n in times), default=None)
+    row_order = min((o for o, times in by_order.items() if longest in times),
+                    key=lambda o: by_order[o][longest], default=None)
+    row_warps_min_rows, uneven_by_rows = _crossing(
+        either, uneven[f"rows {row_order}"] if row_order else {})
     best = {kernel: _best_by_rows(times) for kernel, times in predict.items()}
     shared_min_rows, predict_by_rows = _crossing(
         {n: us for n, (_, us) in best.get("streaming", {}).items()},
@@ -64,13 +74,14 @@ def recommend(records: Iterable[dict]) -> dict:
     streaming_below = (shared_min_rows or cuda.PREDICT_SHARED_MIN_ROWS) - 1
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
+        "ROW_ORDER": row_order,
         "ROW_WARPS_MIN_ROWS": row_warps_min_rows,
         "PREDICT_ROWS_PER_WARP": _value_at_longest(best.get("streaming", {}), streaming_below),
         "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {}),
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "current": {name: getattr(cuda, name) for name in (
-            "RESIDENT_MIN_ROWS", "ROW_WARPS_MIN_ROWS", "PREDICT_ROWS_PER_WARP",
+            "RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS", "PREDICT_ROWS_PER_WARP",
             "PREDICT_ROWS_PER_BLOCK", "PREDICT_SHARED_MIN_ROWS")},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},

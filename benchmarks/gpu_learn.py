@@ -115,6 +115,7 @@ def uneven_contexts(rng: np.random.Generator, n: int, glns: int, neurons: int) -
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     """Each layer shape of the network through one launch, per kernel and chunk length; as in
     the model, every layer but the last also writes the next layer's inputs."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
     from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
@@ -131,11 +132,15 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
             probs = cp.empty((n, glns, neurons), cp.float32)
             next_inputs = None if last else cp.empty((n, glns, neurons + 1), cp.float32)
             uneven = cp.asarray(uneven_contexts(rng, n, glns, neurons), cp.int32)
-            runs = [(kernel, True, None, "uniform") for kernel in LEARNING_KERNELS]
-            runs += [("streaming", False, rows, "uniform") for rows in args.predict_rows_per_warp]
-            runs += [("shared", False, rows, "uniform") for rows in args.predict_rows_per_block]
-            runs += [(kernel, True, None, "uneven") for kernel in LEARNING_KERNELS]
-            for mode, learn, rows_per_warp, drawn in runs:
+            learning = [(kernel, True, None, None) for kernel in LEARNING_KERNELS[:2]]
+            learning += [("rows", True, None, order) for order in cuda.ROW_ORDERS]
+            runs = [(*run, "uniform") for run in learning]
+            runs += [("streaming", False, rows, None, "uniform")
+                     for rows in args.predict_rows_per_warp]
+            runs += [("shared", False, rows, None, "uniform")
+                     for rows in args.predict_rows_per_block]
+            runs += [(*run, "uneven") for run in learning]
+            for mode, learn, rows_per_warp, row_order, drawn in runs:
                 arrays = (weights, contexts if drawn == "uniform" else uneven, x, targets, rates)
 
                 def launch(arrays=arrays, probs=probs, mode=mode, learn=learn,
@@ -144,12 +149,14 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                                     next_inputs=next_inputs, bias_logit=1.0)
 
                 constant = "PREDICT_ROWS_PER_BLOCK" if mode == "shared" else "PREDICT_ROWS_PER_WARP"
-                with launch_constant(constant, rows_per_warp):
+                with launch_constant(constant, rows_per_warp), \
+                        module_constant(cuda, "ROW_ORDER", row_order):
                     seconds = mean_event_seconds(cp, launch, args.repeats)
                 active = n * glns * neurons * inputs * 4 * (2 if learn else 1)
                 emit({"measure": "layer_pass", "layer": name, "kernel": mode, "learn": learn,
-                      "rows": n, "rows_per_warp": rows_per_warp, "contexts": drawn,
-                      "microseconds": seconds * 1e6, "examples_per_second": n / seconds,
+                      "rows": n, "rows_per_warp": rows_per_warp, "row_order": row_order,
+                      "contexts": drawn, "microseconds": seconds * 1e6,
+                      "examples_per_second": n / seconds,
                       "active_weight_bytes_per_second": active / seconds}, device)
             if n != gln.staging.PREDICT_CHUNK_ROWS_GPU:
                 continue
@@ -172,7 +179,7 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
 
 
 @contextlib.contextmanager
-def module_constant(module: Any, name: str, value: int | None) -> Iterator[None]:
+def module_constant(module: Any, name: str, value: Any) -> Iterator[None]:
     """``module.<name>`` set to ``value`` for a while (None: the library's)."""
     saved = getattr(module, name)
     setattr(module, name, value or saved)
@@ -309,14 +316,14 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
 
 
-def alternating_rates(settings: dict[str, Any], X: np.ndarray, y: np.ndarray, chunk: int,
-                      rounds: int) -> tuple[dict[tuple[str, str], float], bool]:
+def alternating_rates(settings: dict[Any, Any], X: np.ndarray, y: np.ndarray, chunk: int,
+                      rounds: int) -> tuple[dict[tuple[str, Any], float], bool]:
     """Learning and prediction rates under each setting (a name and a function making a context
     manager that holds it), alternating: a new model learns one chunk (compiling what it
     needs), then up to four more timed, then predicts ``X``; the medians of ``rounds`` rounds
     by (verb, setting), and whether every setting learned the first one's outputs and bytes to
     the last bit, as each must."""
-    rates: dict[tuple[str, str], list[float]] = defaultdict(list)
+    rates: dict[tuple[str, Any], list[float]] = defaultdict(list)
     learned = {}
     rows = min(4 * chunk, len(X) - chunk)
     for _ in range(rounds):
@@ -351,25 +358,29 @@ def rates_by_gating(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> li
 def rates_by_learning_kernel(X: np.ndarray, y: np.ndarray, chunk: int,
                              rounds: int) -> list[dict]:
     """``learn_by_kernel``: the learning rate with the library's kernels (``ROW_WARPS_MIN_ROWS``
-    as it is) and with a warp per row for every chunk (``alternating_rates``), on the run's
-    data, whose contexts are as uneven as real ones are."""
+    as it is) and with a warp per row for every chunk, its rows taken in each ``ROW_ORDER``
+    (``alternating_rates``), on the run's data, whose contexts are as uneven as real ones."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     @contextlib.contextmanager
-    def row_warps() -> Iterator[None]:
-        saved, cuda.ROW_WARPS_MIN_ROWS = cuda.ROW_WARPS_MIN_ROWS, 1
+    def row_warps(order: str) -> Iterator[None]:
+        saved = cuda.ROW_WARPS_MIN_ROWS, cuda.ROW_ORDER
+        cuda.ROW_WARPS_MIN_ROWS, cuda.ROW_ORDER = 1, order
         try:
             yield
         finally:
-            cuda.ROW_WARPS_MIN_ROWS = saved
+            cuda.ROW_WARPS_MIN_ROWS, cuda.ROW_ORDER = saved
 
-    settings = {"library": contextlib.nullcontext, "rows": row_warps}
+    settings = {("library", None): contextlib.nullcontext,
+                **{("rows", order): functools.partial(row_warps, order)
+                   for order in cuda.ROW_ORDERS}}
     rates, same = alternating_rates(settings, X, y, chunk, rounds)
     return [{"measure": "learn_by_kernel", "implementation": "kernels", "kernels": name,
+             "row_order": order,
              "row_warps_min_rows": cuda.ROW_WARPS_MIN_ROWS if name == "library" else 1,
-             "examples_per_second": rates[("learn", name)], "rounds": rounds,
+             "examples_per_second": rates[("learn", (name, order))], "rounds": rounds,
              "same_outputs_and_bytes": same}
-            for name in settings]
+            for name, order in settings]
 
 
 def latency_us(model: GLN, X: np.ndarray, y: np.ndarray | None, calls: int) -> dict:

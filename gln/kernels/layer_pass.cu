@@ -586,19 +586,22 @@ __device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN
     return next;
 }
 
-// One warp (block) per row: row c of neuron (g, k) is block (g * K + k) * S + c, and its warp
-// takes the examples whose context is c, in order, with the row in registers from the first
-// to the last. A row's updates depend only on its own examples, in their order, so the rows of
-// a neuron need no synchronisation either, and each example is mixed by mix_and_learn exactly
-// as the other kernels mix it: the same bytes. A neuron's chunk is then S chains instead of
-// one, each as long as its context is common, and nothing is held in shared memory, so every
-// neuron of a layer runs at once where the resident kernel's rows fit a few neurons an SM.
+// One warp (block) per row: row c of neuron (g, k) is (g * K + k) * S + c, block
+// row_order[blockIdx.x]'s when `ordered` (gln_row_order: the longest chains first), else block
+// blockIdx.x's, and its warp takes the examples whose context is c, in order, with the row in
+// registers from the first to the last. A row's updates depend only on its own examples, in
+// their order, so the rows of a neuron need no synchronisation either, and each example is
+// mixed by mix_and_learn exactly as the other kernels mix it: the same bytes. A neuron's chunk
+// is then S chains instead of one, each as long as its context is common, and nothing is held
+// in shared memory, so every neuron of a layer runs at once where the resident kernel's rows
+// fit a few neurons an SM.
 extern "C" __global__ void __launch_bounds__(GLN_WARP, GLN_ROW_BLOCKS)
-gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS) {
+gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS, const int* __restrict__ row_order,
+                    int ordered) {
     (void)rows_per_warp;  // the kernels share one signature; always the whole chunk
     (void)neurons_per_block;
     const int lane = threadIdx.x % GLN_WARP;
-    const long long row = blockIdx.x;
+    const long long row = ordered ? row_order[blockIdx.x] : blockIdx.x;
     const long long neuron = row / num_contexts;
     const int c = static_cast<int>(row - neuron * num_contexts);
     if (neuron >= static_cast<long long>(num_glns) * num_neurons || n <= 0) return;
@@ -628,6 +631,64 @@ gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS) {
     while (t < n) t = row_step(w, x, x, a, from, neuron, g, c, t, rate, target, lane, at);
 #endif
     if (a.learn) store_row(weights_row, w, lane, I);
+}
+
+// How many examples of a chunk select each row: counts[neuron * S + c] (contexts masked as
+// the layer passes mask them). One warp (block) per neuron, a count per context in S ints of
+// dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(GLN_WARP)
+gln_row_counts(const int* __restrict__ contexts, int n, int neurons, int num_contexts,
+               int* __restrict__ counts) {
+    const int neuron = blockIdx.x;
+    if (neuron >= neurons) return;
+    int* seen = reinterpret_cast<int*>(dynamic_shared_floats());
+    for (int c = threadIdx.x; c < num_contexts; c += GLN_WARP) seen[c] = 0;
+    __syncwarp();
+    for (int t = threadIdx.x; t < n; t += GLN_WARP) {
+        atomicAdd(&seen[contexts[static_cast<long long>(t) * neurons + neuron] &
+                        (num_contexts - 1)], 1);
+    }
+    __syncwarp();
+    for (int c = threadIdx.x; c < num_contexts; c += GLN_WARP) {
+        counts[static_cast<long long>(neuron) * num_contexts + c] = seen[c];
+    }
+}
+
+#define GLN_ORDER_BUCKETS 64
+#define GLN_ORDER_THREADS 256
+
+// A row's place among GLN_ORDER_BUCKETS buckets of counts, the largest counts first.
+__device__ __forceinline__ int order_bucket(int count, int n) {
+    return GLN_ORDER_BUCKETS - 1 -
+           static_cast<int>(static_cast<long long>(count) * GLN_ORDER_BUCKETS / (n + 1));
+}
+
+// The order in which gln_layer_pass_rows takes the rows: those with the most examples first, so
+// that the longest chains start at once and the short ones fill in around them, instead of
+// one starting behind thousands of others. By buckets of counts (a counting sort); within a
+// bucket in any order, which changes no result: rows are independent. One block; the bucket
+// starts in GLN_ORDER_BUCKETS ints of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(GLN_ORDER_THREADS)
+gln_row_order(const int* __restrict__ counts, int rows, int n, int* __restrict__ order) {
+    int* next = reinterpret_cast<int*>(dynamic_shared_floats());  // then each bucket's next place
+    for (int b = threadIdx.x; b < GLN_ORDER_BUCKETS; b += blockDim.x) next[b] = 0;
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        atomicAdd(&next[order_bucket(counts[r], n)], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int start = 0;
+        for (int b = 0; b < GLN_ORDER_BUCKETS; ++b) {
+            const int size = next[b];
+            next[b] = start;
+            start += size;
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        order[atomicAdd(&next[order_bucket(counts[r], n)], 1)] = r;
+    }
 }
 
 // The contexts of a shared-prediction block's neurons at example t: lane l holds neuron

@@ -11,6 +11,13 @@ def test_a_neurons_longest_chain_is_its_most_common_contexts_count():
     np.testing.assert_array_equal(context_chains.longest_chains(contexts, 4), [[3, 3]])
 
 
+def test_the_rows_finish_when_the_busiest_slot_does():
+    # Two slots: 2 | 2, then 3 after either (5); longest first: 3 | 2, then 2 after 2 (4).
+    assert context_chains.finish_time(np.array([2, 2, 3]), 2) == 5
+    assert context_chains.finish_time(np.array([3, 2, 2]), 2) == 4
+    assert context_chains.finish_time(np.array([3, 3]), 1) == 6
+
+
 def test_each_layer_gets_a_line_whose_chains_lie_between_the_mean_and_the_chunk(tmp_path,
                                                                                 capsys):
     rng = np.random.default_rng(0)
@@ -24,4 +31,5 @@ def test_each_layer_gets_a_line_whose_chains_lie_between_the_mean_and_the_chunk(
         assert r["rows"] == 160 and r["mean_examples_per_row"] == 10
         assert 10 <= r["longest_chain_median"] <= r["longest_chain_p90"]
         assert r["longest_chain_p90"] <= r["longest_chain_max"] <= 160
+        assert r["longest_chain_max"] <= r["finish_longest_first"] <= r["finish_natural_order"]
     assert len(capsys.readouterr().out.splitlines()) == 3

@@ -54,15 +54,21 @@ def test_rows_from_the_length_where_they_beat_both_others_on_uneven_contexts():
     gives); lines without a ``contexts`` field are uniform ones (runs before it existed)."""
     records = []
     # (rows, streaming, resident, rows kernel) us on uneven contexts, one layer; rows wins at
-    # 16, loses at 64 to resident alone, wins from 256 on.
+    # 16, loses at 64 to resident alone, wins from 256 on; in natural order it is faster up to
+    # 256 and slower at 4,096, the longest, which decides the order.
     for n, streaming, resident, rows in ((16, 30, 40, 20), (64, 90, 80, 85),
                                          (256, 300, 250, 200), (4096, 5000, 4000, 1500)):
-        for kernel, us in (("streaming", streaming), ("resident", resident), ("rows", rows)):
+        for kernel, us in (("streaming", streaming), ("resident", resident)):
             records.append({**layer_pass("a", kernel, True, n, us), "contexts": "uneven"})
+        natural = rows + 1000 if n == 4096 else 1
+        for order, us in (("longest_first", rows), ("natural", natural)):
+            records.append({**layer_pass("a", "rows", True, n, us), "contexts": "uneven",
+                            "row_order": order})
         records.append({**layer_pass("a", "rows", True, n, 1), "contexts": "uniform"})
         records += [layer_pass("a", "streaming", True, n, 2), layer_pass("a", "resident", True,
                                                                           n, 3)]
     chosen = recommend(records)
+    assert chosen["ROW_ORDER"] == "longest_first"
     assert chosen["ROW_WARPS_MIN_ROWS"] == 256
     assert chosen["uneven_learn_us_by_rows"][64] == {"streaming or resident": 80, "rows": 85}
     assert chosen["uneven_learn_us_by_rows"][16]["streaming or resident"] == 30
@@ -81,4 +87,5 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["RESIDENT_MIN_ROWS"] is None and printed["PREDICT_ROWS_PER_WARP"] is None
     assert printed["PREDICT_SHARED_MIN_ROWS"] is None and printed["ROW_WARPS_MIN_ROWS"] is None
+    assert printed["ROW_ORDER"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1

@@ -62,9 +62,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
-    by_kernel = {r["kernels"]: r for r in records if r["measure"] == "learn_by_kernel"}
-    assert set(by_kernel) == {"library", "rows"}
-    assert by_kernel["rows"]["row_warps_min_rows"] == 1
+    by_kernel = {(r["kernels"], r["row_order"]): r for r in records
+                 if r["measure"] == "learn_by_kernel"}
+    assert set(by_kernel) == {("library", None), ("rows", "longest_first"), ("rows", "natural")}
+    assert by_kernel[("rows", "natural")]["row_warps_min_rows"] == 1
     assert all(r["same_outputs_and_bytes"] and r["examples_per_second"] > 0
                for r in by_kernel.values())
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
@@ -82,13 +83,16 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
     assert batches == {(layer, b) for layer in ("784->128", "128->128", "128->1")
                        for b in (1, 32)}
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
-    # Three layers x (streaming, resident and row learning on uniform and on uneven contexts,
-    # streaming and shared prediction on uniform ones) at one row.
-    assert len(layer_passes) == 24 and all(r["microseconds"] > 0 for r in layer_passes)
-    assert {(r["kernel"], r["learn"], r["contexts"]) for r in layer_passes} == {
-        *((kernel, True, drawn) for kernel in ("streaming", "resident", "rows")
+    # Three layers x (streaming, resident and row learning, the rows in either order, on
+    # uniform and on uneven contexts, streaming and shared prediction on uniform ones) at one
+    # row.
+    assert len(layer_passes) == 30 and all(r["microseconds"] > 0 for r in layer_passes)
+    assert {(r["kernel"], r["learn"], r["row_order"], r["contexts"]) for r in layer_passes} == {
+        *((kernel, True, order, drawn)
+          for kernel, order in (("streaming", None), ("resident", None),
+                                ("rows", "longest_first"), ("rows", "natural"))
           for drawn in ("uniform", "uneven")),
-        ("streaming", False, "uniform"), ("shared", False, "uniform")}
+        ("streaming", False, None, "uniform"), ("shared", False, None, "uniform")}
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5
 

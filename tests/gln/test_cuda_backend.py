@@ -144,12 +144,17 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
 @pytest.mark.parametrize("layer", [LAYERS[1], LAYERS[4], LAYERS[5]],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("learn", [True, False])
-def test_the_row_kernel_takes_each_rows_examples_in_order_however_uneven(cp, layer, learn):
+@pytest.mark.parametrize("order", ["longest_first", "natural"])
+def test_the_row_kernel_takes_each_rows_examples_in_order_however_uneven(cp, layer, learn,
+                                                                         order, monkeypatch):
     """A warp per row takes only its own context's examples, in order: a neuron whose every
     example selects one row (one chain the length of the chunk), a row that only the first and
     the last example select (five windows of 32 with nothing for it between), rows that none
     selects, and contexts with bits above the neuron's rows (masked, as every kernel masks
-    them): the streaming kernel's bytes."""
+    them): the streaming kernel's bytes, whichever order the rows are taken in."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "ROW_ORDER", order)
     glns, neurons, contexts, _ = layer
     n = 200
     w, ctx, x, targets, rates = random_layer(np.random.default_rng(11), *layer, n, True)
@@ -166,6 +171,29 @@ def test_the_row_kernel_takes_each_rows_examples_in_order_however_uneven(cp, lay
     assert (w_rows[0, 0, :-1] == w[0, 0, :-1]).all()  # the rows never selected, untouched
     if learn:
         assert not np.array_equal(w_rows[0, 0, -1], w[0, 0, -1])
+
+
+@pytest.mark.parametrize("n", [1, 200, 4096])
+def test_the_rows_are_ordered_by_their_examples_the_most_first(cp, n):
+    """gln_row_counts counts each row's examples (contexts masked) and gln_row_order lists
+    every row once, by buckets of 1/64 of the chunk, the fullest first."""
+    from gln.kernels.cuda import ORDER_BUCKETS, _row_order, per_lane  # noqa: PLC0415
+
+    rng = np.random.default_rng(n)
+    glns, neurons, contexts = 3, 7, 16
+    chances = rng.random((4, glns, neurons))
+    ctx = sum((rng.random((4, n, glns, neurons)) < chances[:, None])[b].astype(np.int32) << b
+              for b in range(4))
+    ctx[:, 0, 0] = contexts * rng.integers(0, 9, n) + 5  # masked to 5: one row takes all
+    order, ordered = _row_order(cp.asarray(ctx), contexts, per_lane(33))
+    order = order.get()
+    assert ordered == 1
+    np.testing.assert_array_equal(np.sort(order), np.arange(glns * neurons * contexts))
+    masked = ctx & (contexts - 1)
+    counts = np.stack([(masked == c).sum(axis=0) for c in range(contexts)], axis=-1).ravel()
+    buckets = counts[order] * ORDER_BUCKETS // (n + 1)
+    assert (np.diff(buckets) <= 0).all()
+    assert order[0] == 5  # neuron (0, 0)'s row 5, every example's
 
 
 # Layers for the shared prediction kernel: as LAYERS, and 37 neurons, more than one block holds.
@@ -541,23 +569,26 @@ def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypat
 
 def test_learning_with_a_warp_per_row_gives_the_same_bytes(cp, monkeypatch):
     """A model whose chunks learn with the row kernel (ROW_WARPS_MIN_ROWS) learns and
-    predicts exactly as one with the library's kernels, over chunks long and short."""
+    predicts exactly as one with the library's kernels, over chunks long and short, and
+    calls of two rows: launched, captured with the rows' ordering launches, replayed."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
-    X, y = stream(300)
+    X, y = stream(306)
+    cuts = [(0, 256), (256, 300), (300, 302), (302, 304), (304, 306)]
     usual = GLN(**CONFIG, device="cuda")
-    learned = np.concatenate([usual.learn(X[:256], y[:256]), usual.learn(X[256:], y[256:])])
+    learned = np.concatenate([usual.learn(X[a:b], y[a:b]) for a, b in cuts])
     monkeypatch.setattr(cuda, "ROW_WARPS_MIN_ROWS", 1)
     by_row = GLN(**CONFIG, device="cuda")
-    launches = getattr(cp, "operations", {}).get("kernel gln_layer_pass_rows", 0)
+    counted = getattr(cp, "operations", {})
+    launches, replays = counted.get("kernel gln_layer_pass_rows", 0), counted.get("graph launch", 0)
     np.testing.assert_array_equal(
-        np.concatenate([by_row.learn(X[:256], y[:256]), by_row.learn(X[256:], y[256:])]),
-        learned)
+        np.concatenate([by_row.learn(X[a:b], y[a:b]) for a, b in cuts]), learned)
     assert by_row.to_bytes() == usual.to_bytes()
     np.testing.assert_array_equal(by_row.predict_proba(X), usual.predict_proba(X))
     if hasattr(cp, "operations"):  # the emulated device counts them: one a layer and chunk
         layers = len(CONFIG["layer_sizes"])
         assert cp.operations["kernel gln_layer_pass_rows"] >= launches + 2 * layers
+        assert cp.operations["graph launch"] >= replays + 1  # the last two-row call's
 
 
 def test_snapshots_move_between_gpu_and_cpu(cp):
