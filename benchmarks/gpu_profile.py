@@ -11,8 +11,10 @@ which loads every kernel. Then, each between ``cudaProfilerStart`` and ``cudaPro
 so that with ``--profile-from-start off`` the profiler sees those calls' kernels alone: a
 prediction of the ``--rows`` rows (one chunk of ``gln.staging.PREDICT_CHUNK_ROWS_GPU`` by
 default: the scaling, the gating GEMM and kernels, the shared prediction kernel's three layer
-passes), and a call learning the next ``--learn-rows`` rows (one chunk of
-``gln.model.CHUNK_ROWS_GPU`` by default, whose first two layers the resident kernel learns).
+passes), a call learning the next ``--learn-rows`` rows (one chunk of
+``gln.model.CHUNK_ROWS_GPU`` by default, whose first two layers the resident kernel learns),
+and one learning the ``--learn-rows`` after them with a warp per row (``learn_by_rows``:
+``gln_row_counts``, ``gln_row_order`` and ``gln_layer_pass_rows`` for every layer).
 ``benchmarks/gpu_session.sh`` runs it under ncu where ncu is found, for each kernel's achieved
 bandwidths, issue and warp stalls: whether a kernel is bound by memory, by issuing
 instructions or by latency says which change can speed it up. Prints one JSON line per
@@ -22,9 +24,11 @@ profiled call (its rows, its outputs' digest); needs CuPy and a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +38,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gln.staging  # noqa: E402
 from benchmarks.gpu_learn import NETWORK, load_data  # noqa: E402
 from gln import GLN  # noqa: E402
+
+
+@contextlib.contextmanager
+def row_warps() -> Iterator[None]:
+    """Every learning chunk by the row kernel (``ROW_WARPS_MIN_ROWS`` = 1) for a while."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    saved, cuda.ROW_WARPS_MIN_ROWS = cuda.ROW_WARPS_MIN_ROWS, 1
+    try:
+        yield
+    finally:
+        cuda.ROW_WARPS_MIN_ROWS = saved
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,18 +63,21 @@ def main(argv: list[str] | None = None) -> None:
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
 
     learned = args.learn_rows
-    X, y, data = load_data(args, max(args.rows, 2 * learned))
+    X, y, data = load_data(args, max(args.rows, 3 * learned))
     model = GLN(**NETWORK, device="cuda")
     model.learn(X[:learned], y[:learned])
     rows = X[:args.rows]
     model.predict_proba(rows)  # every kernel compiled and loaded before the profiled calls
+    by_rows = X[2 * learned:3 * learned], y[2 * learned:3 * learned]
     calls = [("predict", args.rows, lambda: model.predict_proba(rows)),
              ("learn", learned, lambda: model.learn(X[learned:2 * learned],
-                                                    y[learned:2 * learned]))]
+                                                    y[learned:2 * learned])),
+             ("learn_by_rows", learned, lambda: model.learn(*by_rows))]
     for verb, count, call in calls:
         cp.cuda.Device().synchronize()
         cp.cuda.runtime.profilerStart()
-        outputs = np.asarray(call())
+        with row_warps() if verb == "learn_by_rows" else contextlib.nullcontext():
+            outputs = np.asarray(call())
         cp.cuda.Device().synchronize()
         cp.cuda.runtime.profilerStop()
         print(json.dumps({"benchmark": "gpu_profile", "data": data, "verb": verb,

@@ -10,8 +10,8 @@
 # measured, for benchmarks/gpu_compare.py's side-by-side runs, whose lines are appended to
 # gpu_learn.jsonl: a call brings back 8 files). Writes into $OUT (default ./gpu-out): device.txt,
 # tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl, ncu.txt
-# (Nsight Compute's reading of one prediction chunk's and one learning chunk's kernels, where
-# ncu is found),
+# (Nsight Compute's reading of one prediction chunk's kernels and two learning chunks', by the
+# library's kernels and by a warp per row, where ncu is found),
 # snapshot_bytes.jsonl; the launch constants read off gpu_learn.jsonl are printed
 # (benchmarks/gpu_constants.py reads them again from the file). docs/gpu.md says how to set up
 # .peers.
@@ -69,7 +69,7 @@ cat "$OUT/gpu_gating_tf32.jsonl"
 # The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
 "$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl"
 
-# What bounds each kernel of a prediction chunk and a learning chunk (bandwidths, issue, warp
+# What bounds each kernel of a prediction chunk and two learning chunks (bandwidths, issue, warp
 # stalls, occupancy), by Nsight Compute's counters, with the card's clocks left as they are.
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 if [ -n "$NCU" ]; then
