@@ -80,7 +80,7 @@
 // GLN_SUM_BATCH dot products; nvcc 13 for sm_90 spills none up to 64 per lane with these).
 #define GLN_PREDICT_WARPS (GLN_PER_LANE <= 26 ? 16 : 8)
 // Blocks (one warp each) of gln_layer_pass_rows an SM should hold: caps the registers a lane
-// may take (65,536 / (32 x blocks)), 128 where the row and two inputs fit in them (116 for
+// may take (65,536 / (32 x blocks)), 128 where the row and two inputs fit in them (118 for
 // MNIST's first layer, 25 a lane; nvcc 13 spills at 32 a lane), 256 for wider rows.
 #define GLN_ROW_BLOCKS (GLN_PER_LANE <= 26 ? 16 : 8)
 
@@ -243,19 +243,25 @@ struct LayerArgs {
     bool learn, write_next;
 };
 
-// One lane's outputs for neuron `neuron` at example t: p, and the next layer's input from it
-// (and the bias, once per GLN and example, by neuron 0).
+// A neuron's outputs at an example, at the places given: p, and the next layer's input from it
+// (`logit`, and the bias just before it, once per GLN and example, by neuron 0).
+__device__ __forceinline__ void store_outputs(const LayerArgs& a, float* prob, float* logit,
+                                              bool first_neuron, float p) {
+    *prob = p;
+    if (a.write_next) {
+        *logit = logf(__fdiv_rn(p, __fsub_rn(1.0f, p)));
+        if (first_neuron) logit[-1] = a.bias_logit;
+    }
+}
+
+// One lane's outputs for neuron `neuron` at example t (store_outputs).
 __device__ __forceinline__ void write_outputs(const LayerArgs& a, long long neuron, int g, int t,
                                               float p) {
     const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
-    a.probs[t * per_example + neuron] = p;
-    if (a.write_next) {
-        const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
-        float* row = a.next_inputs + (static_cast<long long>(t) * a.num_glns + g) *
-                                         (a.num_neurons + 1LL);
-        row[1 + k] = logf(__fdiv_rn(p, __fsub_rn(1.0f, p)));
-        if (k == 0) row[0] = a.bias_logit;
-    }
+    const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
+    float* row = a.next_inputs + (static_cast<long long>(t) * a.num_glns + g) *
+                                     (a.num_neurons + 1LL);
+    store_outputs(a, a.probs + t * per_example + neuron, row + 1 + k, k == 0, p);
 }
 
 // Per-example scalars for a window of 32 examples: lane l holds example window + l. One
@@ -516,46 +522,66 @@ struct RowCursor {
     int ahead;
 };
 
-// Lane l's context of neuron `neuron` at example first + l; -1 past the chunk's end, which no
-// row is.
-__device__ __forceinline__ int window_context(const LayerArgs& a, long long neuron, int first,
-                                              int lane) {
-    const int t = first + lane;
-    if (t >= a.n) return -1;
-    const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
-    return a.contexts[t * per_example + neuron] & (a.num_contexts - 1);
+// Where a row's warp reads and writes, example t at t times a stride from each: computed once,
+// so that an example costs one multiply-add an address.
+struct RowPlaces {
+    const int* contexts;  // the neuron's
+    const float* input0;
+    const float* targets;  // its GLN's
+    float* probs;          // the neuron's
+    float* logits;         // the neuron's next-layer input
+    int per_example, input_stride, next_stride;
+    bool first_neuron;
+};
+
+__device__ __forceinline__ RowPlaces row_places(const LayerArgs& a, long long neuron, int g) {
+    const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
+    RowPlaces at;
+    at.per_example = a.num_glns * a.num_neurons;
+    at.input_stride = a.input_groups * a.num_inputs;
+    at.next_stride = a.num_glns * (a.num_neurons + 1);
+    at.contexts = a.contexts + neuron;
+    at.input0 = a.inputs + static_cast<long long>(a.input_groups == 1 ? 0 : g) * a.num_inputs;
+    at.targets = a.targets + g;
+    at.probs = a.probs + neuron;
+    at.logits = a.next_inputs + static_cast<long long>(g) * (a.num_neurons + 1) + 1 + k;
+    at.first_neuron = k == 0;
+    return at;
 }
 
-__device__ __forceinline__ RowCursor first_window(const LayerArgs& a, long long neuron, int c,
-                                                  int lane) {
+// Lane l's context of the row's neuron at example first + l; -1 past the chunk's end, which no
+// row is.
+__device__ __forceinline__ int window_context(const LayerArgs& a, const RowPlaces& places,
+                                              int first, int lane) {
+    const int t = first + lane;
+    if (t >= a.n) return -1;
+    return places.contexts[static_cast<long long>(t) * places.per_example] &
+           (a.num_contexts - 1);
+}
+
+__device__ __forceinline__ RowCursor first_window(const LayerArgs& a, const RowPlaces& places,
+                                                  int c, int lane) {
     RowCursor at;
     at.window = 0;
-    at.todo = __ballot_sync(GLN_FULL_MASK, window_context(a, neuron, 0, lane) == c);
-    at.ahead = window_context(a, neuron, GLN_WARP, lane);
+    at.todo = __ballot_sync(GLN_FULL_MASK, window_context(a, places, 0, lane) == c);
+    at.ahead = window_context(a, places, GLN_WARP, lane);
     return at;
 }
 
 // The next example whose context selects row c (a.n once there is none), taken: the same on
 // every lane, so the warp stays together.
-__device__ __forceinline__ int next_example(const LayerArgs& a, long long neuron, int c,
+__device__ __forceinline__ int next_example(const LayerArgs& a, const RowPlaces& places, int c,
                                             int lane, RowCursor& at) {
     while (at.todo == 0) {
         if (at.window + GLN_WARP >= a.n) return a.n;
         at.window += GLN_WARP;
         at.todo = __ballot_sync(GLN_FULL_MASK, at.ahead == c);
-        at.ahead = window_context(a, neuron, at.window + GLN_WARP, lane);
+        at.ahead = window_context(a, places, at.window + GLN_WARP, lane);
     }
     const int bit = __ffs(static_cast<int>(at.todo)) - 1;
     at.todo &= at.todo - 1;
     return at.window + bit;
 }
-
-// Where a row's examples come from: the neuron's inputs, rates and targets.
-struct RowSource {
-    const float* input0;
-    long long input_stride;
-    const float* targets;  // the neuron's GLN's column: example t's target at t * num_glns
-};
 
 // Example t of row c's warp: mixes (and learns) it with the row `w` and its input `x`, and
 // leaves the next example's input in `x_next` (with GLN_PREFETCH loaded before the mixing,
@@ -563,23 +589,27 @@ struct RowSource {
 // its rate and target in `rate` and `target`. Returns the next example (a.n when none is left).
 __device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN_PER_LANE],
                                         float (&x_next)[GLN_PER_LANE], const LayerArgs& a,
-                                        const RowSource& from, long long neuron, int g, int c,
-                                        int t, float& rate, float& target, int lane,
-                                        RowCursor& at) {
+                                        const RowPlaces& places, int c, int t, float& rate,
+                                        float& target, int lane, RowCursor& at) {
     const int I = a.num_inputs;
-    const int next = next_example(a, neuron, c, lane, at);
+    const int next = next_example(a, places, c, lane, at);
+    const long long ahead = next;
     float rate_next = 0.0f, target_next = 0.0f;
     if (next < a.n) {
 #if GLN_PREFETCH
-        load_input(x_next, from.input0 + next * from.input_stride, lane, I);
+        load_input(x_next, places.input0 + ahead * places.input_stride, lane, I);
 #endif
         rate_next = __ldg(a.rates + next);
-        target_next = __ldg(from.targets + static_cast<long long>(next) * a.num_glns);
+        target_next = __ldg(places.targets + ahead * a.num_glns);
     }
     const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
-    if (lane == 0) write_outputs(a, neuron, g, t, p);
+    if (lane == 0) {
+        const long long now = t;
+        store_outputs(a, places.probs + now * places.per_example,
+                      places.logits + now * places.next_stride, places.first_neuron, p);
+    }
 #if !GLN_PREFETCH
-    if (next < a.n) load_input(x_next, from.input0 + next * from.input_stride, lane, I);
+    if (next < a.n) load_input(x_next, places.input0 + ahead * places.input_stride, lane, I);
 #endif
     rate = rate_next;
     target = target_next;
@@ -608,27 +638,25 @@ gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS, const int* __restrict__ row_ord
     const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
                                    num_glns, num_neurons, num_contexts, num_inputs, input_groups,
                                    lo, hi, bound, learn, bias_logit, write_next);
-    const int g = static_cast<int>(neuron / num_neurons);
-    RowCursor at = first_window(a, neuron, c, lane);
-    int t = next_example(a, neuron, c, lane, at);
+    const RowPlaces places = row_places(a, neuron, static_cast<int>(neuron / num_neurons));
+    RowCursor at = first_window(a, places, c, lane);
+    int t = next_example(a, places, c, lane, at);
     if (t >= n) return;  // no example selects the row: it stays as it is
     const int I = num_inputs;
-    const RowSource from = {inputs + static_cast<long long>(input_groups == 1 ? 0 : g) * I,
-                            static_cast<long long>(input_groups) * I, targets + g};
     float* weights_row = weights + row * I;
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
     load_row(w, weights_row, lane, I);
-    load_input(x, from.input0 + t * from.input_stride, lane, I);
+    load_input(x, places.input0 + static_cast<long long>(t) * places.input_stride, lane, I);
     float rate = __ldg(rates + t);
-    float target = __ldg(from.targets + static_cast<long long>(t) * num_glns);
+    float target = __ldg(places.targets + static_cast<long long>(t) * num_glns);
 #if GLN_PREFETCH
     float x_next[GLN_PER_LANE];
     while (t < n) {  // the two inputs' roles alternate
-        t = row_step(w, x, x_next, a, from, neuron, g, c, t, rate, target, lane, at);
-        if (t < n) t = row_step(w, x_next, x, a, from, neuron, g, c, t, rate, target, lane, at);
+        t = row_step(w, x, x_next, a, places, c, t, rate, target, lane, at);
+        if (t < n) t = row_step(w, x_next, x, a, places, c, t, rate, target, lane, at);
     }
 #else
-    while (t < n) t = row_step(w, x, x, a, from, neuron, g, c, t, rate, target, lane, at);
+    while (t < n) t = row_step(w, x, x, a, places, c, t, rate, target, lane, at);
 #endif
     if (a.learn) store_row(weights_row, w, lane, I);
 }
