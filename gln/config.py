@@ -131,6 +131,9 @@ class ConfigMixin:
         self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
         self._moments_fold = moments_fold_for(self._xp, self.use_kernels)
         self._network_pass = network_pass_for(self._xp, self.use_kernels)
+        # The GPU's scaling and moments kernels read a long chunk's float32 rows as they came
+        # (as the float64 values they equal); the array code takes them widened.
+        self._scales_float32_rows = self._device == "cuda" and self.use_kernels
         # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
         self._replays = (CallReplays() if self._device == "cuda" and self.use_kernels
                          else None)

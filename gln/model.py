@@ -246,16 +246,17 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         size = size or self._chunk_rows
         return [(start, min(start + size, n)) for start in range(0, n, size)]
 
-    def _scale(self, x64: Any, count: Any, learning: bool) -> tuple[Any, Any, RunningMoments]:
-        """Side information z, base logits, and the moments after the chunk (``count``:
-        ``moments.count`` as a (1, 1) float64 array on the model's device)."""
+    def _scale(self, rows: Any, count: Any, learning: bool) -> tuple[Any, Any, RunningMoments]:
+        """Side information z, base logits, and the moments after the chunk (``rows``: float64,
+        or float32 where the model's kernels read them so; ``count``: ``moments.count`` as a
+        (1, 1) float64 array on the model's device)."""
         xp, m, shift = self._xp, self.moments, self.moments_shift
         if learning:
-            counts, sums, sums_sq, after = self._moments_fold(m, x64, count, shift)
+            counts, sums, sums_sq, after = self._moments_fold(m, rows, count, shift)
         else:
             counts, sums, sums_sq, after = count, m.total[None, :], m.total_sq[None, :], m
         z, base_logits = scale_inputs(
-            xp, x64, counts, sums, sums_sq,
+            xp, rows, counts, sums, sums_sq,
             mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
             side_info=self.side_info, blur=self._blur, fused=self._fused_scaling, shift=shift,
         )

@@ -45,8 +45,8 @@ class StagingMixin:
 
         A short chunk goes in one copy, its rows widened here (exactly): each copy to a GPU,
         and each launch that would widen the rows there, costs microseconds of its own, which
-        a single-example call feels. A long chunk's rows travel as float32, half the bytes, and
-        are widened on the device.
+        a single-example call feels. A long chunk's rows travel as float32, half the bytes,
+        which the GPU's kernels read as they are.
         """
         n, d = X32.shape
         glns = self.num_glns
@@ -67,15 +67,19 @@ class StagingMixin:
         return host
 
     def _unpacked(self, packed: Any, rows32: Any, n: int) -> tuple[Any, Any, Any, Any]:
-        """Views of a staged chunk on the device: rows (n, d) float64 (``rows32`` widened
-        when given), count (1, 1) float64, rates (n,) and targets (n, G) float32."""
+        """Views of a staged chunk on the device: rows (n, d) float64, or ``rows32`` when
+        given (as they are where the scaling kernels read float32 rows, else widened), count
+        (1, 1) float64, rates (n,) and targets (n, G) float32."""
         xp, d = self._xp, self.num_features
         rows_bytes = 0 if rows32 is not None else 8 * n * d
         wide = packed[:rows_bytes + 8].view(xp.float64)
-        x64 = rows32.astype(xp.float64) if rows32 is not None else wide[:-1].reshape(n, d)
+        if rows32 is None:
+            rows = wide[:-1].reshape(n, d)
+        else:
+            rows = rows32 if self._scales_float32_rows else rows32.astype(xp.float64)
         count = wide[-1:].reshape(1, 1)
         small = packed[rows_bytes + 8:].view(xp.float32)
-        return x64, count, small[:n], small[n:].reshape(n, self.num_glns)
+        return rows, count, small[:n], small[n:].reshape(n, self.num_glns)
 
     def _sent(
         self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
@@ -99,8 +103,8 @@ class StagingMixin:
         Reads and writes only device arrays (the weights and, on the GPU, the moments' totals
         in place) and changes nothing on the host, so a call's launches can be captured.
         """
-        x64, count, rates, targets = self._unpacked(packed, rows32, n)
-        z, base_logits, after = self._scale(x64, count, learning)
+        rows, count, rates, targets = self._unpacked(packed, rows32, n)
+        z, base_logits, after = self._scale(rows, count, learning)
         contexts = self._contexts(z)
         outputs = self._network_pass(
             self.weights, contexts, base_logits, targets, rates, bias_logit=self._bias_logit,

@@ -394,20 +394,21 @@ def cuda_network_pass(
 
 
 def moments_before_each_row(
-    moments: RunningMoments, x64: Any, count: Any = None, shift: Any = None
+    moments: RunningMoments, rows: Any, count: Any = None, shift: Any = None
 ) -> tuple[Any, Any, Any, RunningMoments]:
     """``gln.scaling.moments_before_each_row`` on the GPU, bit for bit NumPy's sequential fold.
 
-    Returns counts (n, 1), sums (n, d) and sums of squares (n, d) of ``x64 - shift`` before
-    each row, and the moments after the chunk, whose totals are ``moments``' own arrays,
+    Returns counts (n, 1), sums (n, d) and sums of squares (n, d) of ``rows - shift`` before
+    each row (``rows`` float64, or float32 read as the float64 values they equal: see
+    ``_kernel_rows``), and the moments after the chunk, whose totals are ``moments``' own arrays,
     updated in place (they must be C-contiguous float64). ``count``: ``moments.count`` as a
     one-element float64 device array, for a caller that has it there already; the kernel reads
     it and ``shift`` from memory, so its launch can be captured once and replayed
     (``gln.kernels.replay``).
     """
     cp = _cupy()
-    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
-    n, d = x64.shape
+    rows, kind = _kernel_rows(rows)
+    n, d = rows.shape
     shift = _shift_or_zeros(shift, d)
     for name, total in (("total", moments.total), ("total_sq", moments.total_sq)):
         if total.dtype != cp.float64 or total.shape != (d,) or not total.flags.c_contiguous:
@@ -420,9 +421,9 @@ def moments_before_each_row(
     counts = cp.empty((n, 1), dtype=cp.float64)
     if max(n, d):
         threads = 128  # __launch_bounds__ of gln_running_moments
-        _function("moments.cu", "gln_running_moments")(
+        _function("moments.cu", "gln_running_moments" + kind)(
             (-(-max(n, d) // threads),), (threads,),
-            (x64, shift, moments.total, moments.total_sq, sums, sums_sq, np.int32(n),
+            (rows, shift, moments.total, moments.total_sq, sums, sums_sq, np.int32(n),
              np.int32(d), count, counts),
         )
     return counts, sums, sums_sq, RunningMoments(moments.count + n, moments.total,
@@ -583,30 +584,43 @@ def _layer_starts(layer_sizes: tuple[int, ...], device_id: int) -> Any:
 
 
 def cuda_standardize(
-    x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, logit_cap: float,
+    rows: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, logit_cap: float,
     shift: Any = None,
 ) -> tuple[Any, Any]:
     """``gln.scaling.standardized`` in one launch, bit for bit: z and clipped logits, float32.
 
-    ``counts`` (n, 1) and ``sums``, ``sums_sq`` (n, d) are the statistics (of ``x64 - shift``)
-    before each row, or (1, 1) and (1, d) for one frozen set.
+    ``rows`` (n, d) as ``_kernel_rows`` takes them; ``counts`` (n, 1) and ``sums``,
+    ``sums_sq`` (n, d) are the statistics (of ``rows - shift``) before each row, or (1, 1) and
+    (1, d) for one frozen set.
     """
     cp = _cupy()
-    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
-    n, d = x64.shape
+    rows, kind = _kernel_rows(rows)
+    n, d = rows.shape
     shift = _shift_or_zeros(shift, d)
     stats_rows = counts.shape[0]
     z = cp.empty((n, d), dtype=cp.float32)
     base_logits = cp.empty((n, d), dtype=cp.float32)
     if z.size:
-        _function("scaling.cu", "gln_standardize")(
+        _function("scaling.cu", "gln_standardize" + kind)(
             (-(-z.size // SCALING_THREADS),), (SCALING_THREADS,),
-            (x64, shift, cp.ascontiguousarray(counts, dtype=cp.float64),
+            (rows, shift, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
              cp.ascontiguousarray(sums_sq, dtype=cp.float64), np.int32(n), np.int32(d),
              np.int32(stats_rows), np.float64(min_std), np.float64(logit_cap), z, base_logits),
         )
     return z, base_logits
+
+
+def _kernel_rows(rows: Any) -> tuple[Any, str]:
+    """A chunk's rows as the scaling and moments kernels read them, and the suffix of the
+    kernels' names that read them so: float32 rows as they are (``_f32``, each value read as
+    the float64 it equals, so the results are those of the widened rows, bit for bit; a long
+    chunk's rows arrive so, and are not widened by a launch of their own), others as
+    C-contiguous float64 ("")."""
+    cp = _cupy()
+    if rows.dtype == cp.float32:
+        return cp.ascontiguousarray(rows), "_f32"
+    return cp.ascontiguousarray(rows, dtype=cp.float64), ""
 
 
 def _shift_or_zeros(shift: Any, num_features: int) -> Any:
@@ -622,20 +636,21 @@ def _shift_or_zeros(shift: Any, num_features: int) -> Any:
 
 
 def cuda_unit_scaling(
-    x64: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, pred_clip: float,
+    rows: Any, counts: Any, sums: Any, sums_sq: Any, min_std: float, pred_clip: float,
     want_z: bool = True,
 ) -> tuple[Any, Any]:
     """``gln.scaling.unit_scaled`` in one launch, one warp per row: z (None unless ``want_z``)
-    and the logits of the clipped inputs, float32; statistics as for ``cuda_standardize``."""
+    and the logits of the clipped inputs, float32; rows and statistics as for
+    ``cuda_standardize``."""
     cp = _cupy()
-    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
-    n, d = x64.shape
+    rows, kind = _kernel_rows(rows)
+    n, d = rows.shape
     base_logits = cp.empty((n, d), dtype=cp.float32)
     z = cp.empty((n, d) if want_z else 1, dtype=cp.float32)  # 1: a placeholder, never written
     if base_logits.size:
-        _function("scaling.cu", "gln_unit_scaling")(
+        _function("scaling.cu", "gln_unit_scaling" + kind)(
             (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
-            (x64, cp.ascontiguousarray(counts, dtype=cp.float64),
+            (rows, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
              cp.ascontiguousarray(sums_sq, dtype=cp.float64), np.int32(n), np.int32(d),
              np.int32(counts.shape[0]), np.float64(min_std), np.float64(pred_clip),
@@ -659,27 +674,28 @@ def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:
     return inputs
 
 
-def cuda_per_row_side_info(x64: Any, blur: tuple[Any, Any] | None) -> Any:
+def cuda_per_row_side_info(rows: Any, blur: tuple[Any, Any] | None) -> Any:
     """``gln.scaling.per_row_side_info`` in one launch, float32 (n, d); one warp per row.
 
-    ``blur`` is (B_rows, B_cols) for image rows, or None. A row's result does not depend on
+    ``rows`` as ``_kernel_rows`` takes them; ``blur`` is (B_rows, B_cols) for image rows, or
+    None. A row's result does not depend on
     the other rows of the chunk (no batched GEMM), so chunks equal single rows byte for byte.
     """
     cp = _cupy()
-    x64 = cp.ascontiguousarray(x64, dtype=cp.float64)
-    n, d = x64.shape
+    rows, kind = _kernel_rows(rows)
+    n, d = rows.shape
     if blur is None:
         height, width = 1, d
-        rows = cols = cp.empty(1, dtype=cp.float64)  # not read
+        blur_rows = blur_cols = cp.empty(1, dtype=cp.float64)  # not read
     else:
-        rows, cols = (cp.ascontiguousarray(b, dtype=cp.float64) for b in blur)
-        height, width = rows.shape[0], cols.shape[0]
+        blur_rows, blur_cols = (cp.ascontiguousarray(b, dtype=cp.float64) for b in blur)
+        height, width = blur_rows.shape[0], blur_cols.shape[0]
     z = cp.empty((n, d), dtype=cp.float32)
     if z.size:
         scratch = cp.empty((n, 2 * d), dtype=cp.float64)
-        _function("scaling.cu", "gln_per_row_side_info")(
+        _function("scaling.cu", "gln_per_row_side_info" + kind)(
             (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
-            (x64, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
-             rows, cols, scratch, z),
+            (rows, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
+             blur_rows, blur_cols, scratch, z),
         )
     return z

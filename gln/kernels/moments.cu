@@ -15,12 +15,14 @@
 // The totals are updated in place and the count before the chunk is read from device memory,
 // so the launch has the same arguments on every call: a captured call (a CUDA graph) replays it.
 
-extern "C" __global__ void __launch_bounds__(128)
-gln_running_moments(const double* __restrict__ x, const double* __restrict__ shift,
-                    double* __restrict__ total,
-                    double* __restrict__ total_sq, double* __restrict__ sums,
-                    double* __restrict__ sums_sq, int n, int num_features,
-                    const double* __restrict__ count, double* __restrict__ counts) {
+// The fold over rows of either type: float32 rows (a long chunk's, as they were sent) are read
+// as the float64 values they equal, so the sums are those of the widened rows, bit for bit.
+template <typename Row>
+__device__ __forceinline__ void running_moments(
+        const Row* __restrict__ x, const double* __restrict__ shift, double* __restrict__ total,
+        double* __restrict__ total_sq, double* __restrict__ sums, double* __restrict__ sums_sq,
+        int n, int num_features, const double* __restrict__ count,
+        double* __restrict__ counts) {
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f < n) counts[f] = __dadd_rn(*count, static_cast<double>(f));
     if (f >= num_features) return;
@@ -31,7 +33,7 @@ gln_running_moments(const double* __restrict__ x, const double* __restrict__ shi
 #pragma unroll 8
     for (int t = 0; t < n; ++t) {
         const long long at = static_cast<long long>(t) * num_features + f;
-        const double v = __dsub_rn(x[at], offset);
+        const double v = __dsub_rn(static_cast<double>(x[at]), offset);
         sums[at] = s;
         sums_sq[at] = q;
         s = __dadd_rn(s, v);
@@ -39,4 +41,21 @@ gln_running_moments(const double* __restrict__ x, const double* __restrict__ shi
     }
     total[f] = s;  // only this thread reads or writes feature f of the totals
     total_sq[f] = q;
+}
+
+// Its entry points: gln_running_moments for float64 rows, gln_running_moments_f32 for float32.
+#define GLN_MOMENTS_PARAMETERS                                                                  \
+    const double *__restrict__ shift, double *__restrict__ total,                             \
+        double *__restrict__ total_sq, double *__restrict__ sums, double *__restrict__ sums_sq, \
+        int n, int num_features, const double *__restrict__ count, double *__restrict__ counts
+#define GLN_MOMENTS_ARGUMENTS shift, total, total_sq, sums, sums_sq, n, num_features, count, counts
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_running_moments(const double* __restrict__ x, GLN_MOMENTS_PARAMETERS) {
+    running_moments(x, GLN_MOMENTS_ARGUMENTS);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_running_moments_f32(const float* __restrict__ x, GLN_MOMENTS_PARAMETERS) {
+    running_moments(x, GLN_MOMENTS_ARGUMENTS);
 }

@@ -1,5 +1,8 @@
 // Online input scaling of a chunk in one launch each: gln.scaling.scale_inputs, both modes,
-// and the per-row side information that may replace z.
+// and the per-row side information that may replace z. Each kernel has two entry points,
+// `name` for float64 rows and `name_f32` for float32 rows (a long chunk's, as they were sent),
+// each value read as the float64 it equals: the same arithmetic on the same values, the bits
+// of the widened rows.
 //
 // Mode "standardize".
 //
@@ -53,12 +56,13 @@ __device__ __forceinline__ void gln_mean_and_variance(double count, double sum, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-gln_standardize(const double* __restrict__ x, const double* __restrict__ shift,
-                const double* __restrict__ counts,
-                const double* __restrict__ sums, const double* __restrict__ sums_sq,
-                int n, int num_features, int stats_rows, double min_std, double logit_cap,
-                float* __restrict__ z, float* __restrict__ base_logits) {
+template <typename Row>
+__device__ __forceinline__ void standardize(
+        const Row* __restrict__ x, const double* __restrict__ shift,
+        const double* __restrict__ counts, const double* __restrict__ sums,
+        const double* __restrict__ sums_sq, int n, int num_features, int stats_rows,
+        double min_std, double logit_cap, float* __restrict__ z,
+        float* __restrict__ base_logits) {
     const long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (at >= static_cast<long long>(n) * num_features) return;
     const long long t = at / num_features;
@@ -70,10 +74,29 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ shift,
     const double root = __dsqrt_rn(variance);
     const double scale = root >= min_std ? root : min_std;
     const double value = counts[row] > 0.0
-        ? __ddiv_rn(__dsub_rn(__dsub_rn(x[at], shift[f]), mean), scale) : 0.0;
+        ? __ddiv_rn(__dsub_rn(__dsub_rn(static_cast<double>(x[at]), shift[f]), mean), scale)
+        : 0.0;
     const double logit = value < -logit_cap ? -logit_cap : (value > logit_cap ? logit_cap : value);
     z[at] = gln_bounded_z(value);
     base_logits[at] = __double2float_rn(logit);
+}
+
+#define GLN_STANDARDIZE_PARAMETERS                                                          \
+    const double *__restrict__ shift, const double *__restrict__ counts,                  \
+        const double *__restrict__ sums, const double *__restrict__ sums_sq, int n,        \
+        int num_features, int stats_rows, double min_std, double logit_cap,               \
+        float *__restrict__ z, float *__restrict__ base_logits
+#define GLN_STANDARDIZE_ARGUMENTS \
+    shift, counts, sums, sums_sq, n, num_features, stats_rows, min_std, logit_cap, z, base_logits
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_standardize(const double* __restrict__ x, GLN_STANDARDIZE_PARAMETERS) {
+    standardize(x, GLN_STANDARDIZE_ARGUMENTS);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_standardize_f32(const float* __restrict__ x, GLN_STANDARDIZE_PARAMETERS) {
+    standardize(x, GLN_STANDARDIZE_ARGUMENTS);
 }
 
 // Mode "unit" in one launch (inputs already probabilities, such as pixels): in CuPy about twenty
@@ -86,21 +109,22 @@ gln_standardize(const double* __restrict__ x, const double* __restrict__ shift,
 // every 32nd feature, then a butterfly), so a row's bits never depend on its chunk; they equal
 // NumPy's up to the rounding of that sum.
 
-extern "C" __global__ void __launch_bounds__(128)
-gln_unit_scaling(const double* __restrict__ x, const double* __restrict__ counts,
-                 const double* __restrict__ sums, const double* __restrict__ sums_sq, int n,
-                 int num_features, int stats_rows, double min_std, double pred_clip, int want_z,
-                 float* __restrict__ z, float* __restrict__ base_logits) {
+template <typename Row>
+__device__ __forceinline__ void unit_scaling(
+        const Row* __restrict__ x, const double* __restrict__ counts,
+        const double* __restrict__ sums, const double* __restrict__ sums_sq, int n,
+        int num_features, int stats_rows, double min_std, double pred_clip, int want_z,
+        float* __restrict__ z, float* __restrict__ base_logits) {
     const long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (t >= n) return;  // whole warps: the block size is a multiple of 32
     const int d = num_features;
-    const double* row = x + t * d;
+    const Row* row = x + t * d;
     const long long stats = (stats_rows == 1 ? 0 : t) * static_cast<long long>(d);
     const double count = counts[stats_rows == 1 ? 0 : t];
     const double hi = __dsub_rn(1.0, pred_clip);
     for (int i = lane; i < d; i += GLN_ROW_LANES) {
-        const double v = row[i];
+        const double v = static_cast<double>(row[i]);
         const double p = v < pred_clip ? pred_clip : (v > hi ? hi : v);
         // log(p / (1 - p)) as NumPy writes it; this form is as accurate and, unlike a log of
         // the quotient, compiles without a register spill.
@@ -118,8 +142,27 @@ gln_unit_scaling(const double* __restrict__ x, const double* __restrict__ counts
     for (int i = lane; i < d; i += GLN_ROW_LANES) {
         double mean, variance;
         gln_mean_and_variance(count, sums[stats + i], sums_sq[stats + i], &mean, &variance);
-        z[t * d + i] = gln_bounded_z(__ddiv_rn(__dsub_rn(row[i], mean), scale));
+        const double value = static_cast<double>(row[i]);
+        z[t * d + i] = gln_bounded_z(__ddiv_rn(__dsub_rn(value, mean), scale));
     }
+}
+
+#define GLN_UNIT_PARAMETERS                                                                   \
+    const double *__restrict__ counts, const double *__restrict__ sums,                     \
+        const double *__restrict__ sums_sq, int n, int num_features, int stats_rows,         \
+        double min_std, double pred_clip, int want_z, float *__restrict__ z,                 \
+        float *__restrict__ base_logits
+#define GLN_UNIT_ARGUMENTS \
+    counts, sums, sums_sq, n, num_features, stats_rows, min_std, pred_clip, want_z, z, base_logits
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_unit_scaling(const double* __restrict__ x, GLN_UNIT_PARAMETERS) {
+    unit_scaling(x, GLN_UNIT_ARGUMENTS);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_unit_scaling_f32(const float* __restrict__ x, GLN_UNIT_PARAMETERS) {
+    unit_scaling(x, GLN_UNIT_ARGUMENTS);
 }
 
 // Per-row side information (side_info="per_row") in one launch: gln.scaling.per_row_side_info.
@@ -132,21 +175,26 @@ gln_unit_scaling(const double* __restrict__ x, const double* __restrict__ counts
 // order (lanes take every 32nd element, then a butterfly), so a row's result never depends on
 // the chunk. It equals NumPy's up to the rounding of those sums.
 
-extern "C" __global__ void __launch_bounds__(128)
-gln_per_row_side_info(const double* __restrict__ x, int n, int height, int width, int blurred,
-                      const double* __restrict__ blur_rows, const double* __restrict__ blur_cols,
-                      double* __restrict__ scratch, float* __restrict__ z) {
+template <typename Row>
+__device__ __forceinline__ void per_row_side_info(
+        const Row* __restrict__ x, int n, int height, int width, int blurred,
+        const double* __restrict__ blur_rows, const double* __restrict__ blur_cols,
+        double* __restrict__ scratch, float* __restrict__ z) {
     const long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (t >= n) return;  // whole warps: the block size is a multiple of 32
     const int d = height * width;
-    const double* row = x + t * d;
+    const Row* row = x + t * d;
     double* centred = scratch + t * 2LL * d;  // the centred row, then B_rows times it
     double* smoothed = centred + d;
     double total = 0.0;
-    for (int i = lane; i < d; i += GLN_ROW_LANES) total = __dadd_rn(total, row[i]);
+    for (int i = lane; i < d; i += GLN_ROW_LANES) {
+        total = __dadd_rn(total, static_cast<double>(row[i]));
+    }
     const double mean = __ddiv_rn(gln_warp_sum(total), static_cast<double>(d));
-    for (int i = lane; i < d; i += GLN_ROW_LANES) centred[i] = __dsub_rn(row[i], mean);
+    for (int i = lane; i < d; i += GLN_ROW_LANES) {
+        centred[i] = __dsub_rn(static_cast<double>(row[i]), mean);
+    }
     const double* out = centred;
     if (blurred) {
         __syncwarp();
@@ -177,4 +225,20 @@ gln_per_row_side_info(const double* __restrict__ x, int n, int height, int width
     for (int i = lane; i < d; i += GLN_ROW_LANES) {
         z[t * d + i] = __double2float_rn(__dmul_rn(out[i], scale));
     }
+}
+
+#define GLN_SIDE_INFO_PARAMETERS                                                            \
+    int n, int height, int width, int blurred, const double *__restrict__ blur_rows,      \
+        const double *__restrict__ blur_cols, double *__restrict__ scratch,               \
+        float *__restrict__ z
+#define GLN_SIDE_INFO_ARGUMENTS n, height, width, blurred, blur_rows, blur_cols, scratch, z
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_per_row_side_info(const double* __restrict__ x, GLN_SIDE_INFO_PARAMETERS) {
+    per_row_side_info(x, GLN_SIDE_INFO_ARGUMENTS);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_per_row_side_info_f32(const float* __restrict__ x, GLN_SIDE_INFO_PARAMETERS) {
+    per_row_side_info(x, GLN_SIDE_INFO_ARGUMENTS);
 }

@@ -449,6 +449,43 @@ def test_cuda_per_row_side_info_matches_numpy_whatever_the_chunk(cp, blurred):
     np.testing.assert_array_equal(alone[0], z[7])
 
 
+@pytest.mark.parametrize("step", ["moments", "standardize", "unit", "per_row", "blurred"])
+def test_float32_rows_scale_as_their_float64_widening_bit_for_bit(cp, step):
+    """A long chunk's float32 rows go to the moments and scaling kernels as they came (the
+    ``_f32`` entry points, each value read as the float64 it equals): every output is the
+    widened rows' bit for bit, also for values that float32 rounds and beyond the clips."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    n, d = 70, 784
+    rows32 = (rng.normal(0.4, 2, (n, d)) * rng.uniform(0.01, 10, d)).astype(np.float32)
+    rows32[5, :3] = [1e30, -1e30, 0.1]  # beyond the clips; 0.1 is not a float32 exactly
+    moments = RunningMoments(0, np.zeros(d), np.zeros(d))
+    counts, sums, sums_sq, _ = numpy_moments(np, moments, rows32.astype(np.float64),
+                                             shift=rows32[0].astype(np.float64))
+
+    def run(rows):
+        on_gpu = cp.asarray(rows)
+        if step == "moments":
+            totals = RunningMoments(3, cp.zeros(d), cp.zeros(d))
+            return cuda.moments_before_each_row(totals, on_gpu, shift=cp.asarray(
+                rows32[0].astype(np.float64)))[:3]
+        stats = tuple(cp.asarray(a) for a in (counts, sums, sums_sq))
+        if step == "standardize":
+            return cuda.cuda_standardize(on_gpu, *stats, 0.3, 8.1,
+                                         cp.asarray(rows32[0].astype(np.float64)))
+        if step == "unit":
+            return cuda.cuda_unit_scaling(on_gpu, *stats, 0.3, 0.01)
+        blur = tuple(cp.asarray(gaussian_blur_matrix(28, 1.5)) for _ in range(2))
+        return (cuda.cuda_per_row_side_info(on_gpu, blur if step == "blurred" else None),)
+
+    widened, as_sent = run(rows32.astype(np.float64)), run(rows32)
+    for expected, got in zip(widened, as_sent, strict=True):
+        np.testing.assert_array_equal(got.get(), expected.get())
+    if hasattr(cp, "operations"):  # the emulated device counts them: the float32 kernel ran
+        assert any(name.endswith("_f32") for name in cp.operations)
+
+
 @pytest.mark.parametrize("from_probs", [False, True], ids=["base", "hidden"])
 def test_cuda_layer_inputs_match_plain_cupy(cp, from_probs):
     from gln.kernels.cuda import cuda_layer_inputs  # noqa: PLC0415
@@ -652,6 +689,24 @@ def test_a_single_example_costs_a_handful_of_device_operations(options, most):
     assert learned["copy host->device"] == learned["copy device->host"] == 1
     assert sum(learned.values()) <= most, learned
     assert sum(predicted.values()) <= most, predicted
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_long_chunks_float32_rows_reach_the_kernels_unwidened():
+    """Chunks longer than HOST_WIDENED_ROWS travel as float32 rows, which the moments and
+    scaling kernels read as they came: no launch widens them (counted on the emulated device,
+    which counts what a GPU would run)."""
+    X, y = stream(300)
+    with emulated_cupy_installed() as cp:
+        model = GLN(**CONFIG, device="cuda")
+        model.learn(X[:200], y[:200])
+        cp.operations.clear()
+        model.learn(X[200:], y[200:])
+        model.predict_proba(X)
+        counted = dict(cp.operations)
+    assert "op astype" not in counted, counted
+    assert counted["kernel gln_running_moments_f32"] == 1
+    assert counted["kernel gln_standardize_f32"] == 2
 
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
