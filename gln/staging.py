@@ -139,9 +139,12 @@ class StagingMixin:
         cost about as much as the device's work on them. Those of other batches are checked by
         the host, chunk by chunk. Prediction changes nothing, so a bad value found late loses
         nothing: the error is the whole batch's host check's, naming its first bad value."""
+        from gln.kernels.cuda import flag_nonfinite  # noqa: PLC0415 - GPU models only
+
         xp = self._xp
         staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
-        outputs, finite = [], []
+        outputs = []
+        nonfinite = xp.zeros(1, dtype=xp.int32) if staged_raw else None  # set by the device
         with (ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw
               else contextlib.nullcontext()) as uploads:
             for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
@@ -155,11 +158,11 @@ class StagingMixin:
                         raise
                 packed, rows32 = self._sent(rows, None, uploads)
                 if not checked_here:
-                    finite.append(xp.isfinite(rows32).all())
+                    flag_nonfinite(rows32, nonfinite)
                 outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
                 if uploads is not None:
                     uploads.consumed()
-            if finite and not bool(xp.stack(finite).all()):
+            if nonfinite is not None and int(nonfinite.get()[0]):
                 self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
 

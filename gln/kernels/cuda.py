@@ -99,6 +99,7 @@ RECHECK_LIST_FRACTION = 128
 RECHECK_LIST_MIN = 1024
 RECHECK_MAX_BLOCKS = 4096  # gln_halfspace_rechecks loops over what its grid does not cover
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
+NONFINITE_MAX_BLOCKS = 1024  # gln_flag_nonfinite loops over what its grid does not cover
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
 # No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
 # rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
@@ -657,6 +658,16 @@ def cuda_unit_scaling(
              np.int32(bool(want_z)), z, base_logits),
         )
     return (z if want_z else None), base_logits
+
+
+def flag_nonfinite(rows32: Any, flag: Any) -> None:
+    """Sets ``flag`` (one int32 on the device) to 1 if float32 ``rows32`` (n, d) hold a value
+    that is not finite; leaves it otherwise, so one flag serves a call's chunks."""
+    n, d = rows32.shape
+    if n * d:
+        _function("scaling.cu", "gln_flag_nonfinite")(
+            (min(-(-n * d // SCALING_THREADS), NONFINITE_MAX_BLOCKS),), (SCALING_THREADS,),
+            (rows32, np.int32(n), np.int32(d), flag))
 
 
 def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:

@@ -242,3 +242,19 @@ extern "C" __global__ void __launch_bounds__(128)
 gln_per_row_side_info_f32(const float* __restrict__ x, GLN_SIDE_INFO_PARAMETERS) {
     per_row_side_info(x, GLN_SIDE_INFO_ARGUMENTS);
 }
+
+// Whether a batch sent as float32 rows holds a value that is not finite (or was beyond float32
+// before it was rounded): *flag = 1 if so, left as it is otherwise, so that one flag, zeroed
+// once, serves every chunk of a call. Prediction reads it with the outputs; the host's check of
+// the batch then names the first bad value.
+extern "C" __global__ void __launch_bounds__(128)
+gln_flag_nonfinite(const float* __restrict__ rows, int n, int num_features,
+                   int* __restrict__ flag) {
+    const long long size = static_cast<long long>(n) * num_features;
+    bool bad = false;
+    for (long long at = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+         at < size; at += static_cast<long long>(gridDim.x) * blockDim.x) {
+        bad |= !isfinite(rows[at]);
+    }
+    if (bad) *flag = 1;  // every thread that writes writes the same value
+}

@@ -486,6 +486,23 @@ def test_float32_rows_scale_as_their_float64_widening_bit_for_bit(cp, step):
         assert any(name.endswith("_f32") for name in cp.operations)
 
 
+@pytest.mark.parametrize("bad", [None, (0, np.nan), (-1, np.inf), (700, -np.inf)])
+def test_a_value_that_is_not_finite_is_flagged_wherever_it_lies(cp, bad, monkeypatch):
+    """gln_flag_nonfinite, its grid (two blocks here) looping over the rest: a bad value first,
+    last or anywhere sets the flag, clean rows leave it as it was."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "NONFINITE_MAX_BLOCKS", 2)
+    rows = np.random.default_rng(0).normal(0, 1e30, (40, 33)).astype(np.float32)
+    if bad is not None:
+        rows.flat[bad[0]] = bad[1]
+    flag = cp.zeros(1, dtype=cp.int32)
+    cuda.flag_nonfinite(cp.asarray(rows), flag)
+    assert int(flag.get()[0]) == (bad is not None)
+    cuda.flag_nonfinite(cp.asarray(np.zeros((3, 33), np.float32)), flag)
+    assert int(flag.get()[0]) == (bad is not None)  # a clean chunk clears nothing
+
+
 @pytest.mark.parametrize("from_probs", [False, True], ids=["base", "hidden"])
 def test_cuda_layer_inputs_match_plain_cupy(cp, from_probs):
     from gln.kernels.cuda import cuda_layer_inputs  # noqa: PLC0415
