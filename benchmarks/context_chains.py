@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--input-scaling", choices=["standardize", "unit"], default="standardize")
     parser.add_argument("--min-std", type=float, default=1e-9)
     parser.add_argument("--slots", type=int, default=132 * 17,
-                        help="row warps at a time (an H100: 132 SMs, 17 warps of 118 registers)")
+                        help="row warps at a time (an H100: 132 SMs, 17 warps of 120 registers)")
     args = parser.parse_args(argv)
 
     images, labels = load_mnist(data_dir(args.data_dir), "train")

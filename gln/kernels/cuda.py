@@ -57,9 +57,11 @@ RESIDENT_MIN_ROWS = 2048
 # bytes; None until a GPU run times it on real contexts, whose rows are far from equally
 # common (MNIST, 4,096 rows: a neuron's most common context takes about 1,500 of them).
 ROW_WARPS_MIN_ROWS: int | None = None
-# The order in which the row kernel's blocks take the rows: "longest_first" (counted and
-# ordered by two small launches before it, gln_row_counts and gln_row_order, so that the
-# longest chains start at once) or "natural" (neuron by neuron). The same bytes either way.
+# A launch before it lists each row's examples (gln_row_examples, with a count a context in
+# shared memory: at most ROW_WARPS_MAX_CONTEXTS contexts a neuron, 48 KB); a second orders the
+# rows by ROW_ORDER: "longest_first" (gln_row_order, so that the longest chains start at once)
+# or "natural" (neuron by neuron; no launch). The same bytes either way.
+ROW_WARPS_MAX_CONTEXTS = 12 * 1024
 ROW_ORDERS = ("longest_first", "natural")
 ROW_ORDER = "longest_first"
 ORDER_BUCKETS, ORDER_THREADS = 64, 256  # GLN_ORDER_BUCKETS, GLN_ORDER_THREADS
@@ -175,8 +177,12 @@ def plan_layer_launch(
         return LayerLaunch(SHARED, (num_glns * blocks_per_gln, max(1, -(-n // rows))),
                            (WARP * predict_warps(lanes),), per_block * shared_bytes, lanes, rows,
                            per_block)
+    rows_fit = num_contexts <= ROW_WARPS_MAX_CONTEXTS
+    if mode == "rows" and not rows_fit:
+        raise ValueError(f"the row kernel takes at most {ROW_WARPS_MAX_CONTEXTS} contexts a "
+                         f"neuron, got {num_contexts}")
     if mode == "rows" or (mode == "auto" and learn and ROW_WARPS_MIN_ROWS is not None
-                          and n >= ROW_WARPS_MIN_ROWS):
+                          and n >= ROW_WARPS_MIN_ROWS and rows_fit):
         return LayerLaunch(ROWS, (neurons * num_contexts, 1), (WARP,), 0, lanes, max(n, 1))
     resident = mode == "resident" or (
         mode == "auto" and learn and n >= RESIDENT_MIN_ROWS and fits
@@ -334,32 +340,34 @@ def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_cli
         launch.rows_per_warp, next_inputs, bias_logit, launch.neurons_per_block,
     )
     if launch.kernel == ROWS:
-        args = (*args, *_row_order(contexts, weights.shape[2], launch.per_lane))
+        args = (*args, *_row_lists(contexts, weights.shape[2], launch.per_lane))
     _kernel(launch, device_id)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
 
 
-def _row_order(contexts: Any, num_contexts: int, lanes: int) -> tuple[Any, np.int32]:
-    """The row kernel's last two arguments: the order of its rows and whether to follow it
-    (``ROW_ORDER``; a neuron's counts must fit in the 48 KB of shared memory a block has
-    without opting in, 2^m <= 12,288, else the rows go neuron by neuron)."""
+def _row_lists(contexts: Any, num_contexts: int, lanes: int) -> tuple[Any, ...]:
+    """The row kernel's last five arguments: each row's examples (``gln_row_examples``: the
+    neurons' examples listed by context, how many each row has and where they start), the
+    order of the rows and whether to follow it (``ROW_ORDER``; ``gln_row_order``)."""
     if ROW_ORDER not in ROW_ORDERS:
         raise ValueError(f"ROW_ORDER must be one of {ROW_ORDERS}, got {ROW_ORDER!r}")
-    count_bytes = 4 * num_contexts
-    if ROW_ORDER == "natural" or count_bytes > 48 * 1024:
-        return contexts, np.int32(0)  # a stand-in the kernel never reads
     cp = _cupy()
     n, glns, neurons = contexts.shape
     rows = glns * neurons * num_contexts
+    examples = cp.empty(n * glns * neurons, dtype=cp.int32)
     counts = cp.empty(rows, dtype=cp.int32)
-    order = cp.empty(rows, dtype=cp.int32)
-    _layer_kernel(lanes, "gln_row_counts")(
+    starts = cp.empty(rows, dtype=cp.int32)
+    _layer_kernel(lanes, "gln_row_examples")(
         (glns * neurons,), (WARP,),
-        (contexts, np.int32(n), np.int32(glns * neurons), np.int32(num_contexts), counts),
-        shared_mem=count_bytes)
+        (contexts, np.int32(n), np.int32(glns * neurons), np.int32(num_contexts), examples,
+         counts, starts),
+        shared_mem=4 * num_contexts)
+    if ROW_ORDER == "natural":
+        return examples, counts, starts, counts, np.int32(0)  # an order the kernel never reads
+    order = cp.empty(rows, dtype=cp.int32)
     _layer_kernel(lanes, "gln_row_order")(
         (1,), (ORDER_THREADS,), (counts, np.int32(rows), np.int32(n), order),
         shared_mem=4 * ORDER_BUCKETS)
-    return order, np.int32(1)
+    return examples, counts, starts, order, np.int32(1)
 
 
 def _check_next_inputs(next_inputs: Any, probs: Any) -> None:

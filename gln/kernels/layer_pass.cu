@@ -36,9 +36,10 @@
 // A third learns with the same mixing code (mix_and_learn) and no run_neuron:
 //   gln_layer_pass_rows: a warp per row, not per neuron. Row c of a neuron changes only at the
 //     examples whose context is c, and nothing else reads it, so its warp takes those examples
-//     alone, in order, with the row in registers throughout: a neuron's chunk becomes 2^m
-//     independent chains, as long as their contexts are common, and no shared memory holds
-//     rows, so every neuron of a layer runs at once (the resident kernel fits a few per SM).
+//     alone (listed by gln_row_examples), in order, with the row in registers throughout: a
+//     neuron's chunk becomes 2^m independent chains, as long as their contexts are common, and
+//     no shared memory holds rows, so every neuron of a layer runs at once (the resident
+//     kernel fits a few per SM).
 // and prediction of long chunks has a fourth, which calls the same mixing code:
 //   gln_layer_predict_shared: a block holds the rows of several neurons of one GLN in shared
 //     memory and its warps take turns over the examples; a warp loads an example's input once
@@ -80,7 +81,7 @@
 // GLN_SUM_BATCH dot products; nvcc 13 for sm_90 spills none up to 64 per lane with these).
 #define GLN_PREDICT_WARPS (GLN_PER_LANE <= 26 ? 16 : 8)
 // Blocks (one warp each) of gln_layer_pass_rows an SM should hold: caps the registers a lane
-// may take (65,536 / (32 x blocks)), 128 where the row and two inputs fit in them (118 for
+// may take (65,536 / (32 x blocks)), 128 where the row and two inputs fit in them (120 for
 // MNIST's first layer, 25 a lane; nvcc 13 spills at 32 a lane), 256 for wider rows.
 #define GLN_ROW_BLOCKS (GLN_PER_LANE <= 26 ? 16 : 8)
 
@@ -513,19 +514,11 @@ gln_layer_pass_resident(GLN_LAYER_KERNEL_PARAMETERS) {
     }
 }
 
-// Where a row's warp is in its chunk (gln_layer_pass_rows): the window of 32 examples it takes
-// examples from, those of them it has still to take (a bit each, the same on every lane), and
-// the lane's context of the next window, loaded a window ahead.
-struct RowCursor {
-    int window;
-    unsigned todo;
-    int ahead;
-};
-
 // Where a row's warp reads and writes, example t at t times a stride from each: computed once,
 // so that an example costs one multiply-add an address.
 struct RowPlaces {
-    const int* contexts;  // the neuron's
+    const int* examples;  // the row's examples, in order (gln_row_examples)
+    int count;            // how many
     const float* input0;
     const float* targets;  // its GLN's
     float* probs;          // the neuron's
@@ -534,74 +527,57 @@ struct RowPlaces {
     bool first_neuron;
 };
 
-__device__ __forceinline__ RowPlaces row_places(const LayerArgs& a, long long neuron, int g) {
-    const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
-    RowPlaces at;
-    at.per_example = a.num_glns * a.num_neurons;
-    at.input_stride = a.input_groups * a.num_inputs;
-    at.next_stride = a.num_glns * (a.num_neurons + 1);
-    at.contexts = a.contexts + neuron;
-    at.input0 = a.inputs + static_cast<long long>(a.input_groups == 1 ? 0 : g) * a.num_inputs;
-    at.targets = a.targets + g;
-    at.probs = a.probs + neuron;
-    at.logits = a.next_inputs + static_cast<long long>(g) * (a.num_neurons + 1) + 1 + k;
-    at.first_neuron = k == 0;
-    return at;
-}
-
-// Lane l's context of the row's neuron at example first + l; -1 past the chunk's end, which no
-// row is.
-__device__ __forceinline__ int window_context(const LayerArgs& a, const RowPlaces& places,
-                                              int first, int lane) {
-    const int t = first + lane;
-    if (t >= a.n) return -1;
-    return places.contexts[static_cast<long long>(t) * places.per_example] &
-           (a.num_contexts - 1);
-}
-
-__device__ __forceinline__ RowCursor first_window(const LayerArgs& a, const RowPlaces& places,
-                                                  int c, int lane) {
-    RowCursor at;
-    at.window = 0;
-    at.todo = __ballot_sync(GLN_FULL_MASK, window_context(a, places, 0, lane) == c);
-    at.ahead = window_context(a, places, GLN_WARP, lane);
-    return at;
-}
-
-// The next example whose context selects row c (a.n once there is none), taken: the same on
-// every lane, so the warp stays together.
-__device__ __forceinline__ int next_example(const LayerArgs& a, const RowPlaces& places, int c,
-                                            int lane, RowCursor& at) {
-    while (at.todo == 0) {
-        if (at.window + GLN_WARP >= a.n) return a.n;
-        at.window += GLN_WARP;
-        at.todo = __ballot_sync(GLN_FULL_MASK, at.ahead == c);
-        at.ahead = window_context(a, places, at.window + GLN_WARP, lane);
+// Per-example values for a window of 32 of a row's examples: lane l holds its (window + l)-th
+// example (a.n past its last), and that example's rate and target. One load per lane serves 32
+// examples; __shfl_sync hands each to the warp.
+__device__ __forceinline__ Window load_row_window(const LayerArgs& a, const RowPlaces& places,
+                                                  int first, int lane, int& t) {
+    Window s = {0, 0.0f, 0.0f};
+    t = a.n;
+    if (first + lane < places.count) {
+        t = places.examples[first + lane];
+        s.rate = __ldg(a.rates + t);
+        s.target = __ldg(places.targets + static_cast<long long>(t) * a.num_glns);
     }
-    const int bit = __ffs(static_cast<int>(at.todo)) - 1;
-    at.todo &= at.todo - 1;
-    return at.window + bit;
+    return s;
 }
 
-// Example t of row c's warp: mixes (and learns) it with the row `w` and its input `x`, and
-// leaves the next example's input in `x_next` (with GLN_PREFETCH loaded before the mixing,
+// Where a row's warp is in its examples: the window of 32 that holds the next one, and the
+// lane's example of it (RowWindow's t) with its rate and target.
+struct RowCursor {
+    int window, t;
+    Window s;
+};
+
+// The row's i-th example (a.n past its last), and its rate and target, on every lane; loads
+// the next window when i is past this one.
+__device__ __forceinline__ int row_example(const LayerArgs& a, const RowPlaces& places, int i,
+                                           int lane, RowCursor& at, float& rate,
+                                           float& target) {
+    if (i - at.window == GLN_WARP) {
+        at.window += GLN_WARP;
+        at.s = load_row_window(a, places, at.window, lane, at.t);
+    }
+    rate = __shfl_sync(GLN_FULL_MASK, at.s.rate, i - at.window);
+    target = __shfl_sync(GLN_FULL_MASK, at.s.target, i - at.window);
+    return __shfl_sync(GLN_FULL_MASK, at.t, i - at.window);
+}
+
+// The i-th example t of row c's warp: mixes (and learns) it with the row `w` and its input `x`,
+// and leaves the next example's input in `x_next` (with GLN_PREFETCH loaded before the mixing,
 // other registers, and the caller swaps the two inputs' roles from one example to the next),
 // its rate and target in `rate` and `target`. Returns the next example (a.n when none is left).
 __device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN_PER_LANE],
                                         float (&x_next)[GLN_PER_LANE], const LayerArgs& a,
-                                        const RowPlaces& places, int c, int t, float& rate,
+                                        const RowPlaces& places, int i, int t, float& rate,
                                         float& target, int lane, RowCursor& at) {
     const int I = a.num_inputs;
-    const int next = next_example(a, places, c, lane, at);
+    float rate_next, target_next;
+    const int next = row_example(a, places, i + 1, lane, at, rate_next, target_next);
     const long long ahead = next;
-    float rate_next = 0.0f, target_next = 0.0f;
-    if (next < a.n) {
 #if GLN_PREFETCH
-        load_input(x_next, places.input0 + ahead * places.input_stride, lane, I);
+    if (next < a.n) load_input(x_next, places.input0 + ahead * places.input_stride, lane, I);
 #endif
-        rate_next = __ldg(a.rates + next);
-        target_next = __ldg(places.targets + ahead * a.num_glns);
-    }
     const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
     if (lane == 0) {
         const long long now = t;
@@ -618,67 +594,111 @@ __device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN
 
 // One warp (block) per row: row c of neuron (g, k) is (g * K + k) * S + c, block
 // row_order[blockIdx.x]'s when `ordered` (gln_row_order: the longest chains first), else block
-// blockIdx.x's, and its warp takes the examples whose context is c, in order, with the row in
-// registers from the first to the last. A row's updates depend only on its own examples, in
-// their order, so the rows of a neuron need no synchronisation either, and each example is
-// mixed by mix_and_learn exactly as the other kernels mix it: the same bytes. A neuron's chunk
-// is then S chains instead of one, each as long as its context is common, and nothing is held
-// in shared memory, so every neuron of a layer runs at once where the resident kernel's rows
-// fit a few neurons an SM.
+// blockIdx.x's, and its warp takes the examples whose context is c (listed by
+// gln_row_examples: `counts` of them from `starts` in the neuron's n `examples`), in order,
+// with the row in registers from the first to the last. A row's updates depend only on its
+// own examples, in their order, so the rows of a neuron need no synchronisation either, and
+// each example is mixed by mix_and_learn exactly as the other kernels mix it: the same bytes.
+// A neuron's chunk is then S chains instead of one, each as long as its context is common, and
+// nothing is held in shared memory, so every neuron of a layer runs at once where the resident
+// kernel's rows fit a few neurons an SM.
 extern "C" __global__ void __launch_bounds__(GLN_WARP, GLN_ROW_BLOCKS)
-gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS, const int* __restrict__ row_order,
-                    int ordered) {
+gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS, const int* __restrict__ examples,
+                    const int* __restrict__ counts, const int* __restrict__ starts,
+                    const int* __restrict__ row_order, int ordered) {
     (void)rows_per_warp;  // the kernels share one signature; always the whole chunk
     (void)neurons_per_block;
     const int lane = threadIdx.x % GLN_WARP;
     const long long row = ordered ? row_order[blockIdx.x] : blockIdx.x;
     const long long neuron = row / num_contexts;
-    const int c = static_cast<int>(row - neuron * num_contexts);
     if (neuron >= static_cast<long long>(num_glns) * num_neurons || n <= 0) return;
+    if (counts[row] == 0) return;  // no example selects the row: it stays as it is
     const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
                                    num_glns, num_neurons, num_contexts, num_inputs, input_groups,
                                    lo, hi, bound, learn, bias_logit, write_next);
-    const RowPlaces places = row_places(a, neuron, static_cast<int>(neuron / num_neurons));
-    RowCursor at = first_window(a, places, c, lane);
-    int t = next_example(a, places, c, lane, at);
-    if (t >= n) return;  // no example selects the row: it stays as it is
+    const int g = static_cast<int>(neuron / num_neurons);
+    const int k = static_cast<int>(neuron - static_cast<long long>(g) * num_neurons);
+    RowPlaces places;
+    places.examples = examples + neuron * n + starts[row];
+    places.count = counts[row];
+    places.per_example = num_glns * num_neurons;
+    places.input_stride = input_groups * num_inputs;
+    places.next_stride = num_glns * (num_neurons + 1);
+    places.input0 = inputs + static_cast<long long>(input_groups == 1 ? 0 : g) * num_inputs;
+    places.targets = targets + g;
+    places.probs = probs + neuron;
+    places.logits = next_inputs + static_cast<long long>(g) * (num_neurons + 1) + 1 + k;
+    places.first_neuron = k == 0;
+
+    RowCursor at;
+    at.window = 0;
+    at.s = load_row_window(a, places, 0, lane, at.t);
+    float rate, target;
+    int t = row_example(a, places, 0, lane, at, rate, target);
     const int I = num_inputs;
     float* weights_row = weights + row * I;
     float w[GLN_PER_LANE], x[GLN_PER_LANE];
     load_row(w, weights_row, lane, I);
     load_input(x, places.input0 + static_cast<long long>(t) * places.input_stride, lane, I);
-    float rate = __ldg(rates + t);
-    float target = __ldg(places.targets + static_cast<long long>(t) * num_glns);
+    int i = 0;
 #if GLN_PREFETCH
     float x_next[GLN_PER_LANE];
     while (t < n) {  // the two inputs' roles alternate
-        t = row_step(w, x, x_next, a, places, c, t, rate, target, lane, at);
-        if (t < n) t = row_step(w, x_next, x, a, places, c, t, rate, target, lane, at);
+        t = row_step(w, x, x_next, a, places, i++, t, rate, target, lane, at);
+        if (t < n) t = row_step(w, x_next, x, a, places, i++, t, rate, target, lane, at);
     }
 #else
-    while (t < n) t = row_step(w, x, x, a, places, c, t, rate, target, lane, at);
+    while (t < n) t = row_step(w, x, x, a, places, i++, t, rate, target, lane, at);
 #endif
     if (a.learn) store_row(weights_row, w, lane, I);
 }
 
-// How many examples of a chunk select each row: counts[neuron * S + c] (contexts masked as
-// the layer passes mask them). One warp (block) per neuron, a count per context in S ints of
-// dynamic shared memory.
+// Each row's examples for gln_layer_pass_rows: for neuron `neuron`, examples[neuron * n + ...]
+// lists its chunk's examples by context (contexts masked as the layer passes mask them), each
+// context's in order, counts[neuron * S + c] of context c from starts[neuron * S + c]. One warp
+// (block) per neuron, S ints of dynamic shared memory: the counts, then where each context's
+// next example goes. A window of 32 examples is placed at once: the lanes of one context (found
+// by __match_any_sync) take consecutive places, in lane order.
 extern "C" __global__ void __launch_bounds__(GLN_WARP)
-gln_row_counts(const int* __restrict__ contexts, int n, int neurons, int num_contexts,
-               int* __restrict__ counts) {
+gln_row_examples(const int* __restrict__ contexts, int n, int neurons, int num_contexts,
+                 int* __restrict__ examples, int* __restrict__ counts, int* __restrict__ starts) {
     const int neuron = blockIdx.x;
     if (neuron >= neurons) return;
-    int* seen = reinterpret_cast<int*>(dynamic_shared_floats());
-    for (int c = threadIdx.x; c < num_contexts; c += GLN_WARP) seen[c] = 0;
+    const int lane = threadIdx.x;
+    int* next = reinterpret_cast<int*>(dynamic_shared_floats());
+    const int* column = contexts + neuron;
+    for (int c = lane; c < num_contexts; c += GLN_WARP) next[c] = 0;
     __syncwarp();
-    for (int t = threadIdx.x; t < n; t += GLN_WARP) {
-        atomicAdd(&seen[contexts[static_cast<long long>(t) * neurons + neuron] &
-                        (num_contexts - 1)], 1);
+    for (int t = lane; t < n; t += GLN_WARP) {
+        atomicAdd(&next[column[static_cast<long long>(t) * neurons] & (num_contexts - 1)], 1);
     }
     __syncwarp();
-    for (int c = threadIdx.x; c < num_contexts; c += GLN_WARP) {
-        counts[static_cast<long long>(neuron) * num_contexts + c] = seen[c];
+    int* row_counts = counts + static_cast<long long>(neuron) * num_contexts;
+    int* row_starts = starts + static_cast<long long>(neuron) * num_contexts;
+    if (lane == 0) {
+        int start = 0;
+        for (int c = 0; c < num_contexts; ++c) {
+            const int count = next[c];
+            row_counts[c] = count;
+            row_starts[c] = start;
+            next[c] = start;
+            start += count;
+        }
+    }
+    __syncwarp();
+    int* mine = examples + static_cast<long long>(neuron) * n;
+    for (int first = 0; first < n; first += GLN_WARP) {
+        const int t = first + lane;
+        const int c = t < n ? column[static_cast<long long>(t) * neurons] & (num_contexts - 1)
+                            : -1;
+        const unsigned same = __match_any_sync(GLN_FULL_MASK, c);
+        const int place = c < 0 ? 0 : next[c] + __popc(same & ((1u << lane) - 1u));
+        __syncwarp();  // every lane has read its context's next place
+        if (c >= 0) {
+            mine[place] = t;
+            if (lane == __ffs(static_cast<int>(same)) - 1) next[c] += __popc(same);
+        }
+        __syncwarp();
     }
 }
 

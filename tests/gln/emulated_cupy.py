@@ -137,6 +137,19 @@ inline unsigned ballot(bool predicate) {
     return bits;
 }
 
+// The lanes of the warp whose value equals this lane's, a bit each (__match_any_sync).
+inline unsigned match_any(int value) {
+    const unsigned p = phase[current]++ & 1u;
+    slots[p][current] = static_cast<unsigned>(value);
+    yield();
+    unsigned bits = 0;
+    const int first = current - current % kLanes;
+    for (int lane = 0; lane < kLanes; ++lane) {
+        bits |= (slots[p][first + lane] == slots[p][current] ? 1u : 0u) << lane;
+    }
+    return bits;
+}
+
 inline void release_barrier_if_complete() {
     if (arrived > 0 && arrived == running_threads) {
         arrived = 0;
@@ -267,6 +280,8 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline unsigned __ballot_sync(unsigned, int predicate) { return emu::ballot(predicate != 0); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline unsigned __match_any_sync(unsigned, int value) { return emu::match_any(value); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -174,10 +174,11 @@ def test_the_row_kernel_takes_each_rows_examples_in_order_however_uneven(cp, lay
 
 
 @pytest.mark.parametrize("n", [1, 200, 4096])
-def test_the_rows_are_ordered_by_their_examples_the_most_first(cp, n):
-    """gln_row_counts counts each row's examples (contexts masked) and gln_row_order lists
-    every row once, by buckets of 1/64 of the chunk, the fullest first."""
-    from gln.kernels.cuda import ORDER_BUCKETS, _row_order, per_lane  # noqa: PLC0415
+def test_each_rows_examples_are_listed_in_order_and_the_fullest_rows_first(cp, n):
+    """gln_row_examples lists each row's examples (contexts masked), in order, with their
+    counts and starts; gln_row_order lists every row once, by buckets of 1/64 of the chunk,
+    the fullest first."""
+    from gln.kernels.cuda import ORDER_BUCKETS, _row_lists, per_lane  # noqa: PLC0415
 
     rng = np.random.default_rng(n)
     glns, neurons, contexts = 3, 7, 16
@@ -185,12 +186,20 @@ def test_the_rows_are_ordered_by_their_examples_the_most_first(cp, n):
     ctx = sum((rng.random((4, n, glns, neurons)) < chances[:, None])[b].astype(np.int32) << b
               for b in range(4))
     ctx[:, 0, 0] = contexts * rng.integers(0, 9, n) + 5  # masked to 5: one row takes all
-    order, ordered = _row_order(cp.asarray(ctx), contexts, per_lane(33))
-    order = order.get()
+    examples, counts, starts, order, ordered = (
+        a.get() if hasattr(a, "get") else a
+        for a in _row_lists(cp.asarray(ctx), contexts, per_lane(33)))
     assert ordered == 1
+    masked = (ctx & (contexts - 1)).reshape(n, -1)
+    for neuron in range(glns * neurons):
+        listed = examples[neuron * n:(neuron + 1) * n]
+        for c in range(contexts):
+            row = neuron * contexts + c
+            expected = np.flatnonzero(masked[:, neuron] == c)
+            assert counts[row] == len(expected)
+            np.testing.assert_array_equal(listed[starts[row]:starts[row] + counts[row]],
+                                          expected)
     np.testing.assert_array_equal(np.sort(order), np.arange(glns * neurons * contexts))
-    masked = ctx & (contexts - 1)
-    counts = np.stack([(masked == c).sum(axis=0) for c in range(contexts)], axis=-1).ravel()
     buckets = counts[order] * ORDER_BUCKETS // (n + 1)
     assert (np.diff(buckets) <= 0).all()
     assert order[0] == 5  # neuron (0, 0)'s row 5, every example's

@@ -153,6 +153,10 @@ def test_the_row_kernel_is_forced_or_chosen_from_its_length(monkeypatch):
     assert plan_layer_launch(mnist_first, 256, True, HOPPER_SHARED_BYTES).kernel == ROWS
     assert plan_layer_launch(mnist_first, 255, True, HOPPER_SHARED_BYTES).kernel == STREAMING
     assert plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES).kernel == SHARED
+    many = (1, 1, 2**14, 3)  # the contexts' counts would not fit in 48 KB of shared memory
+    assert plan_layer_launch(many, 4096, True, HOPPER_SHARED_BYTES).kernel == RESIDENT
+    with pytest.raises(ValueError, match="at most 12288 contexts"):
+        plan_layer_launch(many, 4096, True, HOPPER_SHARED_BYTES, "rows")
 
 
 def test_the_shared_kernels_blocks_hold_at_most_the_cap(monkeypatch):

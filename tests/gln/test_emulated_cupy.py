@@ -126,6 +126,34 @@ def test_a_barrier_holds_every_warp_of_the_block(cp):
     np.testing.assert_array_equal(out.get(), np.arange(128, dtype=np.float32)[::-1])
 
 
+def test_warp_votes_see_every_lane_of_their_own_warp(cp):
+    """__ballot_sync, __match_any_sync, __popc and __ffs as a GPU gives them, per warp of a
+    two-warp block: lane l of each warp votes (value % 3 == 0) and matches value % 3."""
+    code = r"""
+    extern "C" __global__ void __launch_bounds__(64) votes(const int* in, int* out) {
+        const int t = threadIdx.x, lane = t % 32, v = in[t];
+        const unsigned yes = __ballot_sync(0xffffffffu, v % 3 == 0);
+        const unsigned same = __match_any_sync(0xffffffffu, v % 3);
+        out[4 * t] = static_cast<int>(yes);
+        out[4 * t + 1] = static_cast<int>(same);
+        out[4 * t + 2] = __popc(same & ((1u << lane) - 1u));
+        out[4 * t + 3] = __ffs(static_cast<int>(same)) - 1;
+    }
+    """
+    kernel = cp.RawModule(code=code).get_function("votes")
+    values = np.random.default_rng(0).integers(0, 100, 64).astype(np.int32)
+    out = cp.zeros(4 * 64, dtype=cp.int32)
+    kernel((1,), (64,), (cp.asarray(values), out))
+    got = out.get().reshape(64, 4).view(np.uint32)
+    for t in range(64):
+        warp = values[t - t % 32:t - t % 32 + 32]
+        lane = t % 32
+        same = [int(v % 3 == values[t] % 3) for v in warp]
+        assert got[t, 0] == sum(int(v % 3 == 0) << i for i, v in enumerate(warp))
+        assert got[t, 1] == sum(bit << i for i, bit in enumerate(same))
+        assert got[t, 2] == sum(same[:lane]) and got[t, 3] == same.index(1)
+
+
 def test_a_captured_graph_replays_its_launches_on_the_memory_it_was_given(cp):
     """Nothing runs during the capture; each replay runs the launch again with the arguments it
     was captured with, reading what the input buffer holds at that time."""
