@@ -669,7 +669,8 @@ gln_row_examples(const int* __restrict__ contexts, int n, int neurons, int num_c
     const int* column = contexts + neuron;
     for (int c = lane; c < num_contexts; c += GLN_WARP) next[c] = 0;
     __syncwarp();
-    for (int t = lane; t < n; t += GLN_WARP) {
+#pragma unroll 8
+    for (int t = lane; t < n; t += GLN_WARP) {  // the loads do not wait for each other
         atomicAdd(&next[column[static_cast<long long>(t) * neurons] & (num_contexts - 1)], 1);
     }
     __syncwarp();
@@ -687,10 +688,14 @@ gln_row_examples(const int* __restrict__ contexts, int n, int neurons, int num_c
     }
     __syncwarp();
     int* mine = examples + static_cast<long long>(neuron) * n;
+    const auto context_at = [&](int t) {  // -1 past the chunk's end
+        return t < n ? column[static_cast<long long>(t) * neurons] & (num_contexts - 1) : -1;
+    };
+    int ahead = context_at(lane);  // each window's contexts are loaded a window ahead
     for (int first = 0; first < n; first += GLN_WARP) {
         const int t = first + lane;
-        const int c = t < n ? column[static_cast<long long>(t) * neurons] & (num_contexts - 1)
-                            : -1;
+        const int c = ahead;
+        ahead = context_at(t + GLN_WARP);
         const unsigned same = __match_any_sync(GLN_FULL_MASK, c);
         const int place = c < 0 ? 0 : next[c] + __popc(same & ((1u << lane) - 1u));
         __syncwarp();  // every lane has read its context's next place
