@@ -143,7 +143,7 @@ class StagingMixin:
 
         xp = self._xp
         staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
-        outputs = []
+        outputs, flagged = [], False
         nonfinite = xp.zeros(1, dtype=xp.int32) if staged_raw else None  # set by the device
         with (ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw
               else contextlib.nullcontext()) as uploads:
@@ -159,10 +159,11 @@ class StagingMixin:
                 packed, rows32 = self._sent(rows, None, uploads)
                 if not checked_here:
                     flag_nonfinite(rows32, nonfinite)
+                    flagged = True
                 outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
                 if uploads is not None:
                     uploads.consumed()
-            if nonfinite is not None and int(nonfinite.get()[0]):
+            if flagged and int(nonfinite.get()[0]):
                 self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
 

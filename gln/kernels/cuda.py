@@ -697,8 +697,8 @@ def cuda_per_row_side_info(rows: Any, blur: tuple[Any, Any] | None) -> Any:
     """``gln.scaling.per_row_side_info`` in one launch, float32 (n, d); one warp per row.
 
     ``rows`` as ``_kernel_rows`` takes them; ``blur`` is (B_rows, B_cols) for image rows, or
-    None. A row's result does not depend on
-    the other rows of the chunk (no batched GEMM), so chunks equal single rows byte for byte.
+    None. A row's result does not depend on the other rows of the chunk (no batched GEMM), so
+    chunks equal single rows byte for byte.
     """
     cp = _cupy()
     rows, kind = _kernel_rows(rows)
