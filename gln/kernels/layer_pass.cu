@@ -244,25 +244,24 @@ struct LayerArgs {
     bool learn, write_next;
 };
 
-// A neuron's outputs at an example, at the places given: p, and the next layer's input from it
-// (`logit`, and the bias just before it, once per GLN and example, by neuron 0).
-__device__ __forceinline__ void store_outputs(const LayerArgs& a, float* prob, float* logit,
-                                              bool first_neuron, float p) {
-    *prob = p;
-    if (a.write_next) {
-        *logit = logf(__fdiv_rn(p, __fsub_rn(1.0f, p)));
-        if (first_neuron) logit[-1] = a.bias_logit;
-    }
+// The next layer's input from a neuron's output p.
+__device__ __forceinline__ float input_logit(float p) {
+    return logf(__fdiv_rn(p, __fsub_rn(1.0f, p)));
 }
 
-// One lane's outputs for neuron `neuron` at example t (store_outputs).
+// One lane's outputs for neuron `neuron` at example t: p, and the next layer's input from it
+// (and the bias, once per GLN and example, by neuron 0).
 __device__ __forceinline__ void write_outputs(const LayerArgs& a, long long neuron, int g, int t,
                                               float p) {
     const long long per_example = static_cast<long long>(a.num_glns) * a.num_neurons;
-    const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
-    float* row = a.next_inputs + (static_cast<long long>(t) * a.num_glns + g) *
-                                     (a.num_neurons + 1LL);
-    store_outputs(a, a.probs + t * per_example + neuron, row + 1 + k, k == 0, p);
+    a.probs[t * per_example + neuron] = p;
+    if (a.write_next) {
+        const int k = static_cast<int>(neuron - static_cast<long long>(g) * a.num_neurons);
+        float* row = a.next_inputs + (static_cast<long long>(t) * a.num_glns + g) *
+                                         (a.num_neurons + 1LL);
+        row[1 + k] = input_logit(p);
+        if (k == 0) row[0] = a.bias_logit;
+    }
 }
 
 // Per-example scalars for a window of 32 examples: lane l holds example window + l. One
@@ -522,9 +521,8 @@ struct RowPlaces {
     const float* input0;
     const float* targets;  // its GLN's
     float* probs;          // the neuron's
-    float* logits;         // the neuron's next-layer input
-    int per_example, input_stride, next_stride;
-    bool first_neuron;
+    float* next_row;       // its GLN's next-layer inputs
+    int per_example, input_stride, next_stride, k;
 };
 
 // Per-example values for a window of 32 of a row's examples: lane l holds its (window + l)-th
@@ -581,8 +579,12 @@ __device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN
     const float p = mix_and_learn(w, x, rate, target, a.lo, a.hi, a.bound, a.learn);
     if (lane == 0) {
         const long long now = t;
-        store_outputs(a, places.probs + now * places.per_example,
-                      places.logits + now * places.next_stride, places.first_neuron, p);
+        places.probs[now * places.per_example] = p;
+        if (a.write_next) {  // as write_outputs writes them
+            float* row = places.next_row + now * places.next_stride;
+            row[1 + places.k] = input_logit(p);
+            if (places.k == 0) row[0] = a.bias_logit;
+        }
     }
 #if !GLN_PREFETCH
     if (next < a.n) load_input(x_next, places.input0 + ahead * places.input_stride, lane, I);
@@ -627,8 +629,8 @@ gln_layer_pass_rows(GLN_LAYER_KERNEL_PARAMETERS, const int* __restrict__ example
     places.input0 = inputs + static_cast<long long>(input_groups == 1 ? 0 : g) * num_inputs;
     places.targets = targets + g;
     places.probs = probs + neuron;
-    places.logits = next_inputs + static_cast<long long>(g) * (num_neurons + 1) + 1 + k;
-    places.first_neuron = k == 0;
+    places.next_row = next_inputs + static_cast<long long>(g) * (num_neurons + 1);
+    places.k = k;
 
     RowCursor at;
     at.window = 0;
