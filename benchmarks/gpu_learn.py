@@ -150,7 +150,7 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
 
                 constant = "PREDICT_ROWS_PER_BLOCK" if mode == "shared" else "PREDICT_ROWS_PER_WARP"
                 with launch_constant(constant, rows_per_warp), \
-                        module_constant(cuda, "ROW_ORDER", row_order):
+                        launch_constant("ROW_ORDER", row_order):
                     seconds = mean_event_seconds(cp, launch, args.repeats)
                 active = n * glns * neurons * inputs * 4 * (2 if learn else 1)
                 emit({"measure": "layer_pass", "layer": name, "kernel": mode, "learn": learn,
@@ -189,11 +189,19 @@ def module_constant(module: Any, name: str, value: Any) -> Iterator[None]:
         setattr(module, name, saved)
 
 
-def launch_constant(name: str, value: int | None) -> contextlib.AbstractContextManager[None]:
+def launch_constant(name: str, value: Any) -> contextlib.AbstractContextManager[None]:
     """``gln.kernels.cuda.<name>`` set to ``value`` for a while (None: the library's)."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     return module_constant(cuda, name, value)
+
+
+@contextlib.contextmanager
+def row_warps(order: str | None = None) -> Iterator[None]:
+    """Every learning chunk by the row kernel (``ROW_WARPS_MIN_ROWS`` = 1) for a while, its
+    rows in ``order`` (None: the library's ``ROW_ORDER``)."""
+    with launch_constant("ROW_WARPS_MIN_ROWS", 1), launch_constant("ROW_ORDER", order):
+        yield
 
 
 def device_name(cp) -> str:
@@ -361,15 +369,6 @@ def rates_by_learning_kernel(X: np.ndarray, y: np.ndarray, chunk: int,
     as it is) and with a warp per row for every chunk, its rows taken in each ``ROW_ORDER``
     (``alternating_rates``), on the run's data, whose contexts are as uneven as real ones."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
-
-    @contextlib.contextmanager
-    def row_warps(order: str) -> Iterator[None]:
-        saved = cuda.ROW_WARPS_MIN_ROWS, cuda.ROW_ORDER
-        cuda.ROW_WARPS_MIN_ROWS, cuda.ROW_ORDER = 1, order
-        try:
-            yield
-        finally:
-            cuda.ROW_WARPS_MIN_ROWS, cuda.ROW_ORDER = saved
 
     settings = {("library", None): contextlib.nullcontext,
                 **{("rows", order): functools.partial(row_warps, order)

@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,20 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gln.staging  # noqa: E402
-from benchmarks.gpu_learn import NETWORK, load_data  # noqa: E402
+from benchmarks.gpu_learn import NETWORK, load_data, row_warps  # noqa: E402
 from gln import GLN  # noqa: E402
-
-
-@contextlib.contextmanager
-def row_warps() -> Iterator[None]:
-    """Every learning chunk by the row kernel (``ROW_WARPS_MIN_ROWS`` = 1) for a while."""
-    import gln.kernels.cuda as cuda  # noqa: PLC0415
-
-    saved, cuda.ROW_WARPS_MIN_ROWS = cuda.ROW_WARPS_MIN_ROWS, 1
-    try:
-        yield
-    finally:
-        cuda.ROW_WARPS_MIN_ROWS = saved
 
 
 def main(argv: list[str] | None = None) -> None:

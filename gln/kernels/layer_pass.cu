@@ -541,7 +541,7 @@ __device__ __forceinline__ Window load_row_window(const LayerArgs& a, const RowP
 }
 
 // Where a row's warp is in its examples: the window of 32 that holds the next one, and the
-// lane's example of it (RowWindow's t) with its rate and target.
+// lane's example of it (t, from load_row_window) with its rate and target.
 struct RowCursor {
     int window, t;
     Window s;
@@ -580,7 +580,10 @@ __device__ __forceinline__ int row_step(float (&w)[GLN_PER_LANE], float (&x)[GLN
     if (lane == 0) {
         const long long now = t;
         places.probs[now * places.per_example] = p;
-        if (a.write_next) {  // as write_outputs writes them
+        // The stores write_outputs makes, from addresses computed once (a store helper that
+        // both called moved the resident kernel's address arithmetic onto the uniform
+        // datapath: 32 instructions more a pair of examples).
+        if (a.write_next) {
             float* row = places.next_row + now * places.next_stride;
             row[1 + places.k] = input_logit(p);
             if (places.k == 0) row[0] = a.bias_logit;
