@@ -30,6 +30,10 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
   chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
+* ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
+  and as float32, in alternating rounds (``--dtype-rounds``) on a model that learned them as
+  float32; uint8 rows travel in a quarter of the bytes (``gln.kernels.uploads``), and must
+  predict the same bytes;
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -250,9 +254,10 @@ def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
 
 class CurrentStreamUploads:
     """``gln.kernels.uploads.ChunkUploads``'s interface over ``cupy.asarray``: the rows staged
-    by one thread and copied on the current stream, behind the chunk before."""
+    by one thread and copied on the current stream, behind the chunk before, as float32 in
+    whatever dtype they came."""
 
-    def __init__(self, max_rows: int, num_features: int) -> None:
+    def __init__(self, max_rows: int, num_features: int, dtype: Any = np.float32) -> None:
         import cupy  # noqa: PLC0415
 
         self._cp = cupy
@@ -319,6 +324,27 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
              "staging_pieces": pieces, "first_chunk_rows": first,
              "examples_per_second": float(np.median(rates[i])), "rounds": rounds}
             for i, (path, threads, pieces, first) in enumerate(setups)]
+
+
+def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
+    """Prediction rates of pixels (``X``'s values in [0, 1] scaled back to 0-255) sent as uint8
+    and as float32, by a model that learned them as float32: the medians of ``rounds``
+    alternating rounds, and whether both predicted the same outputs."""
+    pixels = np.rint(X * 255).astype(np.uint8)
+    batches = {"uint8": pixels, "float32": pixels.astype(np.float32)}
+    model = GLN(**NETWORK, device="cuda")
+    model.learn(batches["float32"][:chunk], y[:chunk])
+    rates: dict[str, list[float]] = defaultdict(list)
+    for _ in range(rounds):
+        for name, rows in batches.items():
+            rates[name].append(predict_rate(model, rows, chunk))
+    tail = slice(len(X) - chunk, None)
+    same = np.array_equal(model.predict_proba(pixels[tail]),
+                          model.predict_proba(batches["float32"][tail]))
+    return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
+             "examples": len(X), "examples_per_second": float(np.median(values)),
+             "rounds": rounds, "same_outputs_as_float32": same}
+            for name, values in rates.items()]
 
 
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
@@ -461,6 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-chunk-rows", type=int_list, default=[512, 1024],
                         help="first chunk lengths to predict with on the copy stream")
     parser.add_argument("--upload-rounds", type=int, default=5)
+    parser.add_argument("--dtype-rounds", type=int, default=5,
+                        help="alternating rounds of uint8 and float32 pixels (0: none)")
     parser.add_argument("--gating-rounds", type=int, default=3,
                         help="alternating rounds of each GATING_PRODUCT (0: none)")
     parser.add_argument("--kernel-rounds", type=int, default=3,
@@ -529,7 +557,8 @@ def main(argv: list[str] | None = None) -> None:
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
                                           args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
-            for rounds, rates_by in ((args.gating_rounds, rates_by_gating),
+            for rounds, rates_by in ((args.dtype_rounds, rates_by_dtype),
+                                     (args.gating_rounds, rates_by_gating),
                                      (args.kernel_rounds, rates_by_learning_kernel)):
                 for record in rates_by(X, y, args.chunk, rounds) if rounds else ():
                     emit({**record, **common}, device)

@@ -26,6 +26,10 @@ import numpy as np
 from gln.backend import is_device_array, to_numpy
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Dtypes every value of which is a float32 as it is: rows of them need no check of their values
+# (none is NaN, infinite or beyond float32), and a GPU model's long prediction sends them in
+# their own bytes, a quarter of float32's for pixels (``gln.kernels.uploads``).
+EXACT_IN_FLOAT32 = frozenset(map(np.dtype, (np.bool_, np.int8, np.uint8, np.int16, np.uint16)))
 # Far deeper than any use (the paper's networks have 2-4 layers), and small enough that a
 # model's cost follows its size: a model of 200,000 one-neuron layers is 9 MB and takes
 # seconds per row, a layer at a time.
@@ -116,7 +120,8 @@ def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> 
 
     Valid batches cost two reductions (min and max propagate NaN and show inf or a value
     beyond float32), not a mask per check: a 4,096-row batch is checked in a fraction of
-    the time a model takes to learn it.
+    the time a model takes to learn it. Rows of a dtype in ``EXACT_IN_FLOAT32`` (pixels as
+    uint8) need none of that, and go to float32 in one conversion, without a float64 copy.
     """
     if is_device_array(X):
         X = to_numpy(X)
@@ -124,7 +129,7 @@ def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> 
         values = X if isinstance(X, np.ndarray) else np.asarray(X)
         if values.dtype.kind not in "biufO":  # strings, complex numbers, dates: not features
             raise TypeError(f"got dtype {values.dtype}")
-        if values.dtype != np.float32:
+        if values.dtype != np.float32 and values.dtype not in EXACT_IN_FLOAT32:
             values = values.astype(np.float64, copy=False)
     except OverflowError:  # a Python int beyond any float, from JSON
         raise ValueError(_huge_value_message(X)) from None
@@ -137,7 +142,7 @@ def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> 
         raise ValueError(f"features must be 2-D (rows, {num_features}), got {values.ndim}-D")
     if values.shape[1] != num_features:
         raise ValueError(f"each row must have {num_features} features, got {values.shape[1]}")
-    if values.size:
+    if values.size and (unit_interval or values.dtype not in EXACT_IN_FLOAT32):
         low, high = float(values.min()), float(values.max())
         if not (-FLOAT32_MAX <= low and high <= FLOAT32_MAX):  # False for NaN too
             _raise_first_bad_feature(values.astype(np.float64))

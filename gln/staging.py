@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gln.backend import to_numpy
-from gln.kernels.uploads import ChunkUploads
+from gln.kernels.uploads import ChunkUploads, travelling_dtype
 from gln.scaling import RunningMoments
 
 # A long batch is predicted on the GPU in chunks of this many rows, each sent while the device
@@ -136,28 +136,31 @@ class StagingMixin:
         The rows of a float32 or float64 batch are rounded to float32 as they are staged (the
         rounding ``check_input`` makes) and checked by the device: a value that is not finite,
         or beyond float32's range, is not finite there. Two passes of the host over the rows
-        cost about as much as the device's work on them. Those of other batches are checked by
-        the host, chunk by chunk. Prediction changes nothing, so a bad value found late loses
-        nothing: the error is the whole batch's host check's, naming its first bad value."""
+        cost about as much as the device's work on them. Integer rows whose every value is a
+        float32 (pixels as uint8) need no check and travel in their own bytes, widened by the
+        device (``travelling_dtype``). Those of other batches are checked by the host, chunk by
+        chunk. Prediction changes nothing, so a bad value found late loses nothing: the error
+        is the whole batch's host check's, naming its first bad value."""
         from gln.kernels.cuda import flag_nonfinite  # noqa: PLC0415 - GPU models only
 
         xp = self._xp
-        staged_raw = X.dtype in (np.float32, np.float64) and X.shape[1] == self.num_features
+        travelling = travelling_dtype(X.dtype) if X.shape[1] == self.num_features else None
+        staged_raw, device_checked = travelling is not None, travelling == np.float32
         outputs, flagged = [], False
-        nonfinite = xp.zeros(1, dtype=xp.int32) if staged_raw else None  # set by the device
-        with (ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features) if staged_raw
+        nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None  # set by the device
+        with (ChunkUploads(PREDICT_CHUNK_ROWS_GPU, self.num_features, travelling) if staged_raw
               else contextlib.nullcontext()) as uploads:
             for start, stop in self._chunk_bounds(len(X), PREDICT_CHUNK_ROWS_GPU):
                 rows = X[start:stop]
                 checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
-                if checked_here:  # else sent as they are, checked by the device
+                if checked_here:  # else sent as they are: checked by the device, or needing none
                     try:
                         rows = self.check_input(rows)[0]
                     except ValueError:
                         self.check_input(X)
                         raise
                 packed, rows32 = self._sent(rows, None, uploads)
-                if not checked_here:
+                if device_checked and not checked_here:
                     flag_nonfinite(rows32, nonfinite)
                     flagged = True
                 outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])

@@ -942,6 +942,36 @@ def test_a_long_prediction_in_chunks_equals_one_chunk(cp, dtype, monkeypatch):
     assert model.to_bytes() == blob and model.examples_seen == 30
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32])
+def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype, monkeypatch):
+    """Pixels as uint8 (and any dtype whose values are all float32) go to the device in their
+    own bytes and predict, in chunks, the same bytes as the float32 rows of their values; other
+    integers (int32) are converted by the host, as before."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+    import gln.staging  # noqa: PLC0415
+
+    X, y = stream(60, unit=True)
+    pixels = np.rint(X * 255).astype(dtype)
+    model = GLN(**CONFIG, device="cuda")
+    model.learn(pixels[:30].astype(np.float32), y[:30])
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)  # 16-row chunks go as they are
+    travelled = []
+
+    def recorded(max_rows, num_features, dtype):
+        travelled.append(dtype)
+        return uploads.ChunkUploads(max_rows, num_features, dtype)
+
+    monkeypatch.setattr(gln.staging, "ChunkUploads", recorded)
+    as_floats = model.predict_proba(pixels.astype(np.float32))
+    np.testing.assert_array_equal(model.predict_proba(pixels), as_floats)
+    assert travelled == [np.float32] + ([dtype] if dtype != np.int32 else [])
+    if hasattr(cp, "operations"):  # the emulated device counts them: no finite check
+        cp.operations.clear()
+        model.predict_proba(pixels)
+        assert not any("nonfinite" in name for name in cp.operations), cp.operations
+
+
 def test_cuda_constant_features_never_produce_nan(cp):
     model = GLN(**CONFIG, device="cuda")
     probs = model.learn(np.full((40, 20), 4.0), np.zeros(40, int))

@@ -4,6 +4,7 @@ import copy
 import json
 import math
 import pickle
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer, load_digits
 
 from gln import GLN, Constant, InverseTime, SnapshotBuffer, SnapshotFormatError
+from gln.checks import EXACT_IN_FLOAT32
 from tests.gln.snapshot_bytes import with_header, without_array
 
 
@@ -264,6 +266,42 @@ def test_a_strict_check_refuses_what_unit_scaling_would_clip():
         unit.check_input(rows, strict=True)
     unit.check_input(rows)  # not strict: learning would clip it
     small_model().check_input(rows, strict=True)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                   np.int64])
+def test_integer_rows_are_the_floats_they_equal(dtype):
+    """Integer rows check and learn as the float32 rows of their values: those of at most 16
+    bits (pixels as uint8) without a float64 copy, whose reductions every value of theirs would
+    pass, and the wider ones through it (an int64 beyond float32's 24 bits is rounded)."""
+    rng = np.random.default_rng(1)
+    info = np.iinfo(dtype) if dtype != np.bool_ else None
+    low, high = (0, 2) if info is None else (max(info.min, -1000), min(info.max, 1000) + 1)
+    rows = rng.integers(low, high, (30, 6)).astype(dtype)
+    rows[0, 0] = True if info is None else info.max  # 2^63 - 1 rounds to 2^63 in float32
+    labels = rng.integers(0, 3, 30)
+    as_ints, as_floats = small_model(), small_model()
+    checked, _ = as_ints.check_input(rows)
+    assert checked.dtype == np.float32 and checked.flags.c_contiguous
+    np.testing.assert_array_equal(checked, rows.astype(np.float32))
+    many = np.resize(rows, (20_000, 6))
+    tracemalloc.start()
+    try:
+        as_ints.check_input(many)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    wide_copy = 8 * many.size
+    assert (peak < wide_copy) == (rows.dtype in EXACT_IN_FLOAT32), (peak, wide_copy)
+    np.testing.assert_array_equal(as_ints.learn(rows, labels),
+                                  as_floats.learn(rows.astype(np.float32), labels))
+    assert as_ints.to_bytes() == as_floats.to_bytes()
+    unit = small_model(input_scaling="unit")
+    if info is None:
+        unit.check_input(rows, strict=True)  # booleans are in [0, 1]
+    else:
+        with pytest.raises(ValueError, match=r"row 0, column 0 is "):
+            unit.check_input(rows, strict=True)
 
 
 @pytest.mark.parametrize("bad_rate", [math.nan, -0.1, 0.0, math.inf])

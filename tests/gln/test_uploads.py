@@ -38,6 +38,32 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, monkeypatch):
         uploads._staging_pool.cache_clear()
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.bool_])
+def test_integer_chunks_travel_in_their_own_bytes(cp, dtype, monkeypatch):
+    """Rows whose every value is a float32 are staged and copied as they are, a quarter or half
+    of float32's bytes, and read on the device as the float32 rows of their values."""
+    pinned, allocate = [], uploads._pinned
+
+    def recorded(*args):
+        pinned.append(allocate(*args))
+        return pinned[-1]
+
+    monkeypatch.setattr(uploads, "_pinned", recorded)
+    low, high = (0, 2) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max + 1)
+    source = np.random.default_rng(2).integers(low, high, (50, 24)).astype(dtype)
+    with uploads.ChunkUploads(30, 24, dtype) as sender:
+        for start, stop in ((0, 30), (30, 50)):
+            on_device = sender.send(source[start:stop])
+            assert on_device.dtype == np.float32
+            np.testing.assert_array_equal(on_device.get(),
+                                          source[start:stop].astype(np.float32))
+            sender.consumed()
+    assert [host.dtype for host in pinned] == [np.dtype(dtype)] * uploads.SLOTS
+    assert uploads.travelling_dtype(np.dtype(dtype)) == dtype
+    assert uploads.travelling_dtype(np.dtype(np.float64)) == np.float32
+    assert uploads.travelling_dtype(np.dtype(np.int32)) is None  # not every int32 is a float32
+
+
 def test_a_chunk_is_read_only_after_its_copy():
     """The emulated device's guard, bitten (on a GPU the copy may win the race by chance):
     without the current stream's wait for the copy stream, a launch reads the device buffer
