@@ -51,8 +51,8 @@ def test_integer_chunks_travel_in_their_own_bytes(cp, dtype, monkeypatch):
     monkeypatch.setattr(uploads, "_pinned", recorded)
     low, high = (0, 2) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max + 1)
     source = np.random.default_rng(2).integers(low, high, (50, 24)).astype(dtype)
-    with uploads.ChunkUploads(30, 24, dtype) as sender:
-        for start, stop in ((0, 30), (30, 50)):
+    with uploads.ChunkUploads(20, 24, dtype) as sender:
+        for start, stop in ((0, 20), (20, 35), (35, 50)):  # the first slot taken again
             on_device = sender.send(source[start:stop])
             assert on_device.dtype == np.float32
             np.testing.assert_array_equal(on_device.get(),
