@@ -17,7 +17,8 @@ host issued and left each stage, and when the device finished it (an event recor
 it), so that the device's idle gaps, and what the host was doing then, show. Last, the
 parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
 bounds, the contexts kernel with its float64 re-checks in place and listed; CUDA events) and
-the copy in (pageable against pinned host memory) next to the host's input check, on a model
+the copy in (pageable against pinned host memory) next to the host's input check, also of
+the rows as uint8 pixels (which travel as they are, a quarter of the bytes), on a model
 that has learned as many rows first, so that its inputs are standardised as in service (a new
 model's are all zero, and no margin of theirs is close to a hyperplane). MNIST's rows with
 ``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise.
@@ -217,6 +218,10 @@ def long_call_parts(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) ->
     pinned = cp.cuda.alloc_pinned_memory(chunk.nbytes)
     staging = np.frombuffer(pinned, chunk.dtype, chunk.size).reshape(chunk.shape)
     on_device = cp.empty(chunk.shape, chunk.dtype)
+    pixels = np.rint(chunk * 255).astype(np.uint8)  # the same rows as bytes, as pixels come
+    pixels_pinned = cp.cuda.alloc_pinned_memory(pixels.nbytes)
+    pixels_staging = np.frombuffer(pixels_pinned, np.uint8, pixels.size).reshape(pixels.shape)
+    pixels_on_device = cp.empty(pixels.shape, np.uint8)
 
     def host_us(operation: Callable, repeats: int = 20) -> float:
         operation()
@@ -243,7 +248,11 @@ def long_call_parts(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) ->
                       "to_pinned": host_us(lambda: np.copyto(staging, chunk)),
                       "copy_in_from_pinned": host_us(
                           lambda: on_device.set(staging)),
-                      "min_max": host_us(lambda: (chunk.min(), chunk.max()))}}, device)
+                      "min_max": host_us(lambda: (chunk.min(), chunk.max())),
+                      "check_input_uint8": host_us(lambda: model.check_input(pixels)),
+                      "to_pinned_uint8": host_us(lambda: np.copyto(pixels_staging, pixels)),
+                      "copy_in_from_pinned_uint8": host_us(
+                          lambda: pixels_on_device.set(pixels_staging))}}, device)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -59,3 +59,5 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         "gemm", "rounding_bounds", "contexts_rechecking_in_place", "contexts_listing",
         "rechecks_of_the_list", "layer_contexts"}
     assert all(us > 0 for us in [*parts["device_us"].values(), *parts["host_us"].values()])
+    assert {"check_input_uint8", "to_pinned_uint8", "copy_in_from_pinned_uint8"} <= set(
+        parts["host_us"])
