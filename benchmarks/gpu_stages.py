@@ -51,6 +51,7 @@ from benchmarks.gpu_learn import (  # noqa: E402
     served_inputs,
 )
 from gln import GLN  # noqa: E402
+from gln.kernels.uploads import _pinned as pinned  # noqa: E402
 
 STAGES = ("check_input", "_sent", "_scale", "_contexts", "_network_pass", "_fetched")
 
@@ -215,12 +216,10 @@ def long_call_parts(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) ->
     bounds()
     margins = products - offsets[None, :]
     rechecked = float((cp.abs(margins) <= tolerance[:, None]).mean())
-    pinned = cp.cuda.alloc_pinned_memory(chunk.nbytes)
-    staging = np.frombuffer(pinned, chunk.dtype, chunk.size).reshape(chunk.shape)
+    staging = pinned(cp, chunk.shape, chunk.dtype)  # as gln.kernels.uploads stages a chunk
     on_device = cp.empty(chunk.shape, chunk.dtype)
     pixels = np.rint(chunk * 255).astype(np.uint8)  # the same rows as bytes, as pixels come
-    pixels_pinned = cp.cuda.alloc_pinned_memory(pixels.nbytes)
-    pixels_staging = np.frombuffer(pixels_pinned, np.uint8, pixels.size).reshape(pixels.shape)
+    pixels_staging = pinned(cp, pixels.shape, pixels.dtype)
     pixels_on_device = cp.empty(pixels.shape, np.uint8)
 
     def host_us(operation: Callable, repeats: int = 20) -> float:
