@@ -465,10 +465,12 @@ def cuda_layer_contexts(
         raise ValueError(f"{neurons} neurons' planes for {num_glns} GLNs of {list(layer_sizes)}")
     contexts = cp.empty(n * neurons, dtype=cp.int32)
     if contexts.size:
-        products, tolerance = _gating_products_and_bounds(z, normals, offsets)
-        # Short chunks (replayed from CUDA graphs, which a zeroed counter would not fit)
-        # re-check in place; long ones list their close margins for a second launch.
+        # Short chunks (a few rows, a few close margins) re-check in place; long ones list
+        # their close margins for a second launch, in a list whose count the launch that
+        # makes the rows' bounds zeroes.
         rechecks = recheck_list(n * neurons * context_dim) if n >= GATING_GEMM_MIN_ROWS else None
+        products, tolerance = _gating_products_and_bounds(
+            z, normals, offsets, None if rechecks is None else rechecks.count)
         launch_halfspace_contexts(products, z, normals, offsets, tolerance, context_dim,
                                   layer_sizes, contexts, rechecks)
         if rechecks is not None:
@@ -482,7 +484,9 @@ def cuda_layer_contexts(
 @dataclass(frozen=True)
 class RecheckList:
     """Where ``gln_halfspace_contexts`` lists the margins it leaves to
-    ``gln_halfspace_rechecks``: their flat indices, how many (zeroed), room for how many."""
+    ``gln_halfspace_rechecks``: their flat indices, how many (zeroed by the launch that makes
+    the rows' bounds, ``launch_rounding_tolerances`` or ``int8_products``, given ``count``),
+    room for how many."""
 
     pending: Any
     count: Any
@@ -490,19 +494,21 @@ class RecheckList:
 
 
 def recheck_list(margins: int) -> RecheckList:
-    """An empty list with room for one in ``RECHECK_LIST_FRACTION`` of ``margins`` (plus
-    ``RECHECK_LIST_MIN``)."""
+    """A list with room for one in ``RECHECK_LIST_FRACTION`` of ``margins`` (plus
+    ``RECHECK_LIST_MIN``), its count not yet zeroed: the rows' bounds' launch zeroes it."""
     cp = _cupy()
     capacity = margins // RECHECK_LIST_FRACTION + RECHECK_LIST_MIN
-    return RecheckList(cp.empty(capacity, dtype=cp.int64), cp.zeros(1, dtype=cp.int32), capacity)
+    return RecheckList(cp.empty(capacity, dtype=cp.int64), cp.empty(1, dtype=cp.int32), capacity)
 
 
-def launch_rounding_tolerances(z: Any, tolerance: Any) -> None:
-    """Each row's rounding bound into ``tolerance`` (n,) float32 (``gln_rounding_tolerances``)."""
+def launch_rounding_tolerances(z: Any, tolerance: Any, pending_count: Any = None) -> None:
+    """Each row's rounding bound into ``tolerance`` (n,) float32 (``gln_rounding_tolerances``),
+    and ``pending_count`` (a ``RecheckList``'s count) zeroed when given."""
     n, d = z.shape
     _function("gating.cu", "gln_rounding_tolerances")(
         (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
-        (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance),
+        (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance,
+         pending_count),
     )
 
 
@@ -552,10 +558,12 @@ def _layer_arguments(layer_sizes: Sequence[int], device_id: int) -> tuple[Any, n
     return _layer_starts(tuple(layer_sizes), device_id), np.int32(len(layer_sizes))
 
 
-def _gating_products_and_bounds(z: Any, normals: Any, offsets: Any) -> tuple[Any, Any]:
+def _gating_products_and_bounds(
+    z: Any, normals: Any, offsets: Any, pending_count: Any = None
+) -> tuple[Any, Any]:
     """The margins' products (n, P), float32 or ``Int8Products``, and each row's bound of
     their float32 error (n,), by ``GATING_PRODUCT`` for long chunks: what
-    ``launch_halfspace_contexts`` takes."""
+    ``launch_halfspace_contexts`` takes; ``pending_count`` zeroed when given."""
     if GATING_PRODUCT not in ("float32", "int8"):
         raise ValueError(f"GATING_PRODUCT is 'float32' or 'int8', not {GATING_PRODUCT!r}")
     # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.
@@ -563,10 +571,10 @@ def _gating_products_and_bounds(z: Any, normals: Any, offsets: Any) -> tuple[Any
             and normals.shape[0] % 4 == 0):
         from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
 
-        return int8_products(z, normals, offsets)
+        return int8_products(z, normals, offsets, pending_count)
     products = _gating_products(z, normals)
     tolerance = _cupy().empty(z.shape[0], dtype=np.float32)
-    launch_rounding_tolerances(z, tolerance)
+    launch_rounding_tolerances(z, tolerance, pending_count)
     return products, tolerance
 
 

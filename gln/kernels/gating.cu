@@ -53,8 +53,9 @@ __device__ __forceinline__ long long context_slot(long long t, long long k, int 
 // and nearly every warp has one. With pending_capacity > 0 they are listed instead (flat
 // index t * planes + p, in pending[0 .. *pending_count)) and gln_halfspace_rechecks settles
 // them afterwards, a warp each, with no warp waiting; the bit written here is then the
-// float32 margin's. A list already full, and pending_capacity == 0 (a launch that is captured
-// into a CUDA graph, which must not need a zeroed counter), re-check in place. `Products`
+// float32 margin's (*pending_count is zeroed by the bounds' kernel before this one). A list
+// already full, and pending_capacity == 0 (chunks of a few rows, whose few margins a second
+// launch would cost more than it saves), re-check in place. `Products`
 // gives the float32 product of row t and plane p: the GEMM's (Float32Products), or the int8
 // slices' estimate, made here from the orders' sums (Int8Products).
 template <typename Products>
@@ -158,14 +159,24 @@ gln_halfspace_rechecks(const long long* __restrict__ pending,
     }
 }
 
+// A chunk's count of listed margins, zeroed by the kernel that makes the rows' bounds, which
+// runs before gln_halfspace_contexts counts in it: a launch (a memset) fewer a chunk, and a
+// chunk's device work stays kernels and the GEMM, which a CUDA graph captures. Null: nothing
+// to zero.
+__device__ __forceinline__ void zero_pending_count(int* pending_count) {
+    if (pending_count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *pending_count = 0;
+}
+
 // The rounding bound of each row, as gln.gating.rounding_tolerances computes it:
 //   tolerance[t] = 2 gamma_d ||z_t||_2 + 1e-30, rounded to float32,
 // one warp per row (lanes take every 32nd feature, then a butterfly sum), instead of the
 // seven launches the array code takes. The sum's order differs from CuPy's; any valid bound
-// gives the same decisions, since margins beyond it have the exact sign either way.
+// gives the same decisions, since margins beyond it have the exact sign either way. Zeroes
+// `pending_count` (may be null) for the contexts kernel after it.
 extern "C" __global__ void __launch_bounds__(128)
 gln_rounding_tolerances(const float* __restrict__ z, int n, int num_features, double twice_gamma,
-                        float* __restrict__ tolerance) {
+                        float* __restrict__ tolerance, int* __restrict__ pending_count) {
+    zero_pending_count(pending_count);
     const long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (t >= n) return;  // whole warps: the block size is a multiple of 32
@@ -321,12 +332,13 @@ gln_int8_plane_terms(const double* __restrict__ scale, const double* __restrict_
 // rounding to float32 and the kernel's float32 subtraction of the offset, 2^-24 of each size
 // (|estimate| <= ||z|| ||v|| + bound, ||v|| = 1 up to float32's rounding of the unit
 // normals). The products of scales and norms round by 2^-53 each, which the 2^-40 margin
-// covers.
+// covers. Zeroes `pending_count` (may be null), as gln_rounding_tolerances does.
 extern "C" __global__ void __launch_bounds__(128)
 gln_int8_row_tolerances(const double* __restrict__ scale, const double* __restrict__ norms,
                         const double* __restrict__ kept_l1, const double* __restrict__ length,
                         const double* __restrict__ partial_terms, int partials, int rows, int d,
-                        float* __restrict__ tolerance) {
+                        float* __restrict__ tolerance, int* __restrict__ pending_count) {
+    zero_pending_count(pending_count);
     const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= rows) return;
     double terms[GLN_INT8_SLICES + 3] = {};

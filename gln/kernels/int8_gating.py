@@ -80,9 +80,12 @@ class Int8Products:
         return products
 
 
-def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Int8Products, Any]:
+def int8_products(
+    z: Any, normals: Any, offsets: Any, pending_count: Any = None
+) -> tuple[Int8Products, Any]:
     """The products of ``z @ normals.T`` (n, P) from int8 slices, and each row's bound of their
-    float32 estimates' margins' error (n,), for ``gln_int8_contexts``."""
+    float32 estimates' margins' error (n,), for ``gln_int8_contexts``; ``pending_count`` (a
+    ``RecheckList``'s count) zeroed when given."""
     cp = _cupy()
     n, d = z.shape
     planes = normals.shape[0]
@@ -96,7 +99,7 @@ def int8_products(z: Any, normals: Any, offsets: Any) -> tuple[Int8Products, Any
     _kernel("gln_int8_row_tolerances")(
         (-(-n // GATING_THREADS),), (GATING_THREADS,),
         (rows.scale, rows.norms, rows.kept_l1, rows.length, terms, np.int32(PLANE_TERM_WARPS),
-         np.int32(n), np.int32(d), tolerance))
+         np.int32(n), np.int32(d), tolerance, pending_count))
     orders = tuple(cp.empty((n, planes), dtype=cp.int32) for _ in range(SLICES))
     for order, out in enumerate(orders):
         # A_0 .. A_order against B_order .. B_0: the rows' first slices, the planes' last.

@@ -14,13 +14,18 @@ nothing else is ever given a buffer that a replay writes. A model's replays shar
 buffer and its outputs, so they take turns: two threads may still predict with one model at
 once, as they may with calls that are not replayed. If a capture fails, the model warns once
 and runs every call as before.
+
+The same machinery (``graph``) serves the full chunks of a long prediction, where
+``gln.staging.PREDICTION_CHUNK_GRAPHS`` asks for it: there the caller copies the chunk's rows
+into the graph's input on the device and keeps its outputs there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,27 +43,36 @@ _CAPTURE_LOCK = threading.Lock()  # one capture at a time on the shared capture 
 
 @dataclass
 class _CapturedCall:
-    """A captured call: its graph, the buffer it reads and the array it writes."""
+    """A captured call: its graph, the buffers it reads and the array it writes."""
 
     graph: Any
-    staged: Any  # device buffer the host's staged bytes are copied into
+    inputs: tuple[Any, ...]  # device buffers the caller fills before each launch
     outputs: Any  # device array the graph writes the call's outputs to
     pool: Any  # the memory pool every array the graph uses came from
 
+    @property
+    def staged(self) -> Any:
+        """The first input: the device buffer the host's staged bytes are copied into."""
+        return self.inputs[0]
+
 
 class CallReplays:
-    """One model's captured short calls, keyed by (rows, learning).
+    """One model's captured calls of one kind (``what``: short calls, keyed by (rows,
+    learning), by default).
 
-    ``replayed`` returns a call's outputs on the host, or None where the caller must run the
-    call itself: the first call of each key (which compiles the kernels and fills the caches
-    that a capture must not touch), and every call after a failed capture.
+    ``replayed`` returns a short call's outputs on the host, or None where the caller must run
+    the call itself: the first call of each key (which compiles the kernels and fills the
+    caches that a capture must not touch), and every call after a failed capture. ``graph``
+    gives the captured call itself, for a caller that fills its inputs and reads its outputs
+    on the device (``taking_turns`` around them).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = f"GPU calls of up to {REPLAY_MAX_ROWS} rows") -> None:
         self._lock = threading.Lock()  # one replay at a time: they share buffers
-        self._captured: dict[tuple[int, bool], _CapturedCall] = {}
+        self._captured: dict[Any, _CapturedCall] = {}
         self._state: tuple[Any, ...] = ()
-        self._warm: set[tuple[int, bool]] = set()
+        self._warm: set[Any] = set()
+        self._what = what
         self.failure: str | None = None
 
     def replayed(
@@ -71,45 +85,64 @@ class CallReplays:
         other arrays are dropped. ``steps`` must change nothing on the host.
         """
         with self._lock:
-            if self.failure is not None:
-                return None
-            if len(state) != len(self._state) or any(
-                a is not b for a, b in zip(state, self._state, strict=True)
-            ):
-                self._captured.clear()
-                self._state = state
-            call = self._captured.get(key)
+            call = self.graph(key, state, ((staged.shape, staged.dtype),), steps)
             if call is None:
-                if key not in self._warm:
-                    self._warm.add(key)
-                    return None
-                call = self._capture(staged, steps)
-                if call is None:
-                    return None
-                self._captured[key] = call
+                return None
             call.staged.set(staged)
             call.graph.launch()
             return call.outputs.get()
 
-    def _capture(self, staged: np.ndarray, steps: Callable[[Any], Any]) -> _CapturedCall | None:
+    @contextlib.contextmanager
+    def taking_turns(self) -> Iterator[None]:
+        """Hold the replays' buffers: around ``graph`` and the launches of what it gives."""
+        with self._lock:
+            yield
+
+    def graph(
+        self, key: Any, state: tuple[Any, ...], inputs: tuple[tuple[tuple[int, ...], Any], ...],
+        steps: Callable[..., Any],
+    ) -> _CapturedCall | None:
+        """The call of ``key`` captured (at its second request): ``steps`` on device buffers of
+        the ``inputs``' shapes and dtypes, which they must only read; or None where the caller
+        must run the call itself (as for ``replayed``). The caller takes turns
+        (``taking_turns``) from here to its last read of the outputs."""
+        if self.failure is not None:
+            return None
+        if len(state) != len(self._state) or any(
+            a is not b for a, b in zip(state, self._state, strict=True)
+        ):
+            self._captured.clear()
+            self._state = state
+        call = self._captured.get(key)
+        if call is None:
+            if key not in self._warm:
+                self._warm.add(key)
+                return None
+            call = self._capture(inputs, steps)
+            if call is not None:
+                self._captured[key] = call
+        return call
+
+    def _capture(
+        self, inputs: tuple[tuple[tuple[int, ...], Any], ...], steps: Callable[..., Any]
+    ) -> _CapturedCall | None:
         cp = _cupy()
         pool = cp.cuda.MemoryPool()
         stream = side_stream(cp, cp.cuda.Device().id, "capture")  # not the legacy default
-        graph = outputs = buffer = None
+        graph = outputs = None
         try:
             with _CAPTURE_LOCK, cp.cuda.using_allocator(pool.malloc):
-                buffer = cp.empty(staged.shape, dtype=staged.dtype)
+                buffers = tuple(cp.empty(shape, dtype=dtype) for shape, dtype in inputs)
                 with stream:
                     stream.begin_capture()
                     try:
-                        outputs = steps(buffer)
+                        outputs = steps(*buffers)
                     finally:
                         graph = stream.end_capture()
         except Exception as error:  # noqa: BLE001 - any failure: run the calls uncaptured
             self.failure = f"{type(error).__name__}: {error}"
-            warnings.warn(f"GPU calls of up to {REPLAY_MAX_ROWS} rows will not be replayed "
-                          f"from a CUDA graph (capture failed: {self.failure})", RuntimeWarning,
-                          stacklevel=4)
+            warnings.warn(f"{self._what} will not be replayed from a CUDA graph (capture "
+                          f"failed: {self.failure})", RuntimeWarning, stacklevel=5)
             return None
-        return _CapturedCall(graph, buffer, outputs, pool)
+        return _CapturedCall(graph, buffers, outputs, pool)
 

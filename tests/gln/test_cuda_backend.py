@@ -346,7 +346,10 @@ def test_int8_gating_decides_every_context_as_float32_does(cp, n, d, monkeypatch
                               layer_sizes)
     for layer, want in zip(got, expected, strict=True):
         np.testing.assert_array_equal(layer.get(), want)
-    products, tolerance = int8_products(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets))
+    count = cp.full(1, 5, dtype=cp.int32)  # a list's count, which the bounds' launch zeroes
+    products, tolerance = int8_products(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets),
+                                        count)
+    assert int(count.get()[0]) == 0
     exact = z.astype(np.float64) @ normals.astype(np.float64).T
     error = np.abs(products.as_float32().get().astype(np.float64) - exact)
     assert np.all(error <= tolerance.get()[:, None])  # the bound holds on every product
@@ -430,17 +433,21 @@ def test_cuda_unit_scaling_matches_numpy_whatever_the_chunk(cp, n, frozen, want_
 @pytest.mark.parametrize(("n", "d"), [(1, 5), (7, 784), (130, 33)])
 def test_cuda_rounding_tolerances_equal_the_array_code(cp, n, d):
     """The per-row bound that decides which margins are redone in float64 (one warp per row;
-    the float64 sum runs in another order, so equal up to its rounding)."""
+    the float64 sum runs in another order, so equal up to its rounding); the same launch zeroes
+    the count of the margins the contexts kernel lists, where it is given one."""
     from gln.kernels.cuda import GATING_THREADS, WARP, _function  # noqa: PLC0415
 
     z = np.random.default_rng(d).normal(0, 3, (n, d)).astype(np.float32)
-    tolerance = cp.full(n, cp.nan, dtype=cp.float32)
-    _function("gating.cu", "gln_rounding_tolerances")(
-        (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
-        (cp.asarray(z), np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)),
-         tolerance),
-    )
-    np.testing.assert_allclose(tolerance.get(), rounding_tolerances(np, z), rtol=1e-6)
+    for pending_count in (cp.full(1, 7, dtype=cp.int32), None):
+        tolerance = cp.full(n, cp.nan, dtype=cp.float32)
+        _function("gating.cu", "gln_rounding_tolerances")(
+            (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
+            (cp.asarray(z), np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)),
+             tolerance, pending_count),
+        )
+        np.testing.assert_allclose(tolerance.get(), rounding_tolerances(np, z), rtol=1e-6)
+        if pending_count is not None:
+            assert int(pending_count.get()[0]) == 0
 
 
 @pytest.mark.parametrize("blurred", [False, True], ids=["plain", "blurred"])
@@ -865,11 +872,18 @@ def test_a_replayed_single_example_is_one_copy_in_one_graph_launch_one_copy_out(
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 def test_a_failed_capture_warns_and_leaves_the_calls_uncaptured(monkeypatch):
-    """A one-row call that used cuBLAS (CuPy's own matmul, which the emulated capture refuses)
-    cannot be captured: the model says so once and runs its calls as before, same bytes."""
+    """A one-row call that waits for the device on the way (a copy back to the host, which
+    CUDA cannot capture) cannot be captured: the model says so once and runs its calls as
+    before, same bytes."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
-    monkeypatch.setattr(cuda, "GATING_GEMM_MIN_ROWS", 1)
+    launch = cuda.launch_rounding_tolerances
+
+    def waiting(z, tolerance, pending_count=None):
+        z.get()
+        launch(z, tolerance, pending_count)
+
+    monkeypatch.setattr(cuda, "launch_rounding_tolerances", waiting)
     X, y = stream(6)
     with emulated_cupy_installed():
         model, reference = GLN(**CONFIG, device="cuda"), uncaptured(GLN(**CONFIG, device="cuda"))
@@ -970,6 +984,104 @@ def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype
         cp.operations.clear()
         model.predict_proba(pixels)
         assert not any("nonfinite" in name for name in cp.operations), cp.operations
+
+
+def long_predictions_in_chunks_of_16(monkeypatch, graphs: bool) -> None:
+    """Long predictions cut into chunks of 16 rows, each sent as it is (not widened by the
+    host), their full chunks replayed from a captured graph where ``graphs``."""
+    import gln.staging  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)
+    monkeypatch.setattr(gln.staging, "PREDICTION_CHUNK_GRAPHS", graphs)
+
+
+def test_long_predictions_replayed_from_chunk_graphs_equal_uncaptured_ones(cp, monkeypatch):
+    """With PREDICTION_CHUNK_GRAPHS a long prediction's full chunks replay one graph of their
+    device work (captured at the model's second long prediction): the same bytes as chunks
+    launched one by one, for float32, float64 and uint8 rows, full and partial chunks, with
+    learning between the calls and after the model's arrays are replaced (a restore: the graph
+    is captured again); a value that is not finite still raises, naming it."""
+    X, y = stream(120)
+    pixels = np.rint(np.clip(X * 40 + 128, 0, 255)).astype(np.uint8)
+    long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
+    model, reference = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda")
+    reference._chunk_replays = None  # never replays
+
+    def same(rows):
+        np.testing.assert_array_equal(model.predict_proba(rows), reference.predict_proba(rows))
+
+    for start in (0, 20, 40):  # run, capture, replay
+        model.learn(X[start:start + 20], y[start:start + 20])
+        reference.learn(X[start:start + 20], y[start:start + 20])
+        same(X[start:start + 40])  # 16 + 16 + 8 rows
+        same(X[start:start + 32].astype(np.float64))
+        same(pixels[start:start + 17])
+    captured = model._chunk_replays._captured
+    assert model._chunk_replays.failure is None and len(captured) == 1
+    old = next(iter(captured.values()))
+    restored = GLN.from_bytes(reference.to_bytes(), device="cuda")
+    model.weights, model.moments = restored.weights, restored.moments
+    for start in (60, 80):
+        model.learn(X[start:start + 20], y[start:start + 20])
+        reference.learn(X[start:start + 20], y[start:start + 20])
+        same(X[start - 20:start + 20])
+    assert next(iter(captured.values())) is not old
+    assert model.to_bytes() == reference.to_bytes()
+    bad = X[:40].copy()
+    bad[20, 3] = np.inf  # in the second chunk, a replayed one
+    with pytest.raises(ValueError, match="row 20, column 3"):
+        model.predict_proba(bad)
+    checked = []  # the flag is clear again for the next call: no host check of the whole batch
+    monkeypatch.setattr(model, "check_input", lambda rows, *a, **k: (
+        checked.append(len(rows)), GLN.check_input(model, rows, *a, **k))[1])
+    same(X[:40])
+    assert checked == [8]  # its last chunk's, too short to be sent as it is
+
+
+@pytest.mark.parametrize("product", ["float32", "int8"])
+@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
+def test_every_scaling_and_gating_product_replays_long_chunks_alike(cp, side_info, product,
+                                                                    monkeypatch):
+    """Every input scaling and side information, with either gating product (int8: the GEMMs
+    are cuBLAS's gemmEx, captured too), captures a long chunk's graph and predicts the bytes
+    of chunks launched one by one."""
+    import gln.kernels.cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.kernels.cuda, "GATING_PRODUCT", product)
+    long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
+    X, y = stream_for(side_info, 80)
+    model = GLN(**{**CONFIG, **side_info}, device="cuda")
+    reference = GLN(**{**CONFIG, **side_info}, device="cuda")
+    reference._chunk_replays = None
+    for start in (0, 20, 40):  # run, capture, replay
+        model.learn(X[start:start + 20], y[start:start + 20])
+        reference.learn(X[start:start + 20], y[start:start + 20])
+        np.testing.assert_array_equal(model.predict_proba(X[start:start + 40]),
+                                      reference.predict_proba(X[start:start + 40]))
+    assert model._chunk_replays.failure is None and len(model._chunk_replays._captured) == 1
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_replayed_long_prediction_is_a_graph_launch_a_chunk(monkeypatch):
+    """What the host does for a long prediction whose chunks replay their graph, counted on the
+    emulated device: each chunk's rows copied in (in pieces), into the graph's input, one
+    launch, its outputs copied out; the staged count once a call, the outputs back once."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
+    X, y = stream(60)
+    long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
+    with emulated_cupy_installed() as cp:
+        model = GLN(**CONFIG, device="cuda")
+        model.learn(X[:20], y[:20])
+        for _ in range(2):  # run, capture
+            model.predict_proba(X[:32])
+        cp.operations.clear()
+        model.predict_proba(X[20:52])
+        pieces = 2 * uploads.STAGING_PIECES
+        assert dict(cp.operations) == {
+            "copy host->device": pieces + 1, "op setitem": 2, "graph launch": 2, "op copy": 2,
+            "op concatenate": 1, "copy device->host": 2}  # the flag, then the outputs
 
 
 def test_cuda_constant_features_never_produce_nan(cp):
