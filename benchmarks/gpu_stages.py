@@ -14,7 +14,9 @@ launch, small copies each way, the gating product), timed back to back without s
 which shows whether the latency of one-row calls is the host's or the device's. Then one
 4,096-row learn and predict call each as it runs, unsynchronised (``call_timeline``): when the
 host issued and left each stage, and when the device finished it (an event recorded after
-it), so that the device's idle gaps, and what the host was doing then, show; and a
+it), so that the device's idle gaps (``device_idle_before_us``: where the device had
+finished all it was given before the host entered the stage), and what the host was doing
+then, show; and a
 prediction whose full chunks are replayed from a captured graph (``_replayed_chunk`` each).
 Last, the
 parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
@@ -137,11 +139,24 @@ def call_timeline(cp, model: GLN, call: Callable[[], Any]) -> dict:
         for name in TIMELINE_STAGES:
             delattr(model, name)
         model.__dict__.update(own)
-    return {"call_us": (ended - began) * 1e6, "stages": [
-        {"stage": name, "host_entered_us": (entered - began) * 1e6,
-         "host_left_us": (left - began) * 1e6,
-         "device_done_us": cp.cuda.get_elapsed_time(start, done) * 1e3}
-        for name, entered, left, done in marks]}
+    stages = [{"stage": name, "host_entered_us": (entered - began) * 1e6,
+               "host_left_us": (left - began) * 1e6,
+               "device_done_us": cp.cuda.get_elapsed_time(start, done) * 1e3}
+              for name, entered, left, done in marks]
+    return {"call_us": (ended - began) * 1e6, "stages": with_device_idle(stages),
+            "device_idle_us": sum(stage["device_idle_before_us"] for stage in stages)}
+
+
+def with_device_idle(stages: list[dict]) -> list[dict]:
+    """Each stage with ``device_idle_before_us``: how long, at least, the device had nothing to
+    do before the stage's work, having finished everything issued before it (the previous
+    stage's ``device_done_us``; the call's start for the first) before the host even entered
+    the stage. Zero where the device was still busy: the host was ahead there."""
+    finished = 0.0
+    for stage in stages:
+        stage["device_idle_before_us"] = max(0.0, stage["host_entered_us"] - finished)
+        finished = stage["device_done_us"]
+    return stages
 
 
 def timelines(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:

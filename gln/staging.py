@@ -168,9 +168,10 @@ class StagingMixin:
         graphed = staged_raw and len(X) >= full > HOST_WIDENED_ROWS
         replays = self._chunk_replays if graphed else None
         outputs, flagged = [], False
-        with (ChunkUploads(full, self.num_features, travelling) if staged_raw
-              else contextlib.nullcontext()) as uploads, \
-                (replays.taking_turns() if replays is not None else contextlib.nullcontext()):
+        sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
+                   else contextlib.nullcontext())
+        turn = replays.taking_turns() if replays is not None else contextlib.nullcontext()
+        with sending as uploads, turn:
             graph = self._chunk_graph(X[:full]) if replays is not None else None
             if graph is not None:  # its flag serves the call's other chunks too
                 nonfinite = graph.inputs[2]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gln.staging
-from benchmarks.gpu_stages import STAGES, main, staged
+from benchmarks.gpu_stages import STAGES, main, staged, with_device_idle
 from gln import GLN
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 
@@ -52,6 +52,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
         assert all(s["host_entered_us"] <= s["host_left_us"] <= timeline["call_us"]
                    for s in stages)
         assert all(s["device_done_us"] >= 0 for s in stages)
+        idle = [s["device_idle_before_us"] for s in stages]
+        assert min(idle) >= 0 and timeline["device_idle_us"] == pytest.approx(sum(idle))
     parts = next(r for r in records if r["measure"] == "long_call_parts")
     assert parts["rows"] == 3 and 0 <= parts["margins_rechecked"] <= 1
     assert parts["learned_before"] == 3 and parts["nonzero_inputs"] > 0.5  # not a new model's
@@ -61,3 +63,15 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
     assert all(us > 0 for us in [*parts["device_us"].values(), *parts["host_us"].values()])
     assert {"check_input_uint8", "to_pinned_uint8", "copy_in_from_pinned_uint8"} <= set(
         parts["host_us"])
+
+
+def test_the_device_is_idle_before_a_stage_only_where_it_finished_before_the_host_came():
+    stages = [  # microseconds from the call's start
+        {"stage": "_sent", "host_entered_us": 5.0, "host_left_us": 700.0, "device_done_us": 750},
+        {"stage": "_scale", "host_entered_us": 700.0, "host_left_us": 720.0,
+         "device_done_us": 800.0},  # the device still copying when the host came: not idle
+        {"stage": "_contexts", "host_entered_us": 900.0, "host_left_us": 990.0,
+         "device_done_us": 2000.0},  # done at 800, the host came at 900: 100 idle
+    ]
+    idle = [s["device_idle_before_us"] for s in with_device_idle(stages)]
+    assert idle == [5.0, 0.0, 100.0]

@@ -719,7 +719,8 @@ def _captured_matmul(method: str, inputs: tuple, kwargs: dict) -> Any:
         raise NotImplementedError(f"capturing matmul.{method} with {sorted(kwargs)}")
     _check_capture_allocation("matmul")
     arrays = _unwrap(inputs)
-    shaped = np.matmul(*arrays)  # for the shape and dtype only
+    with np.errstate(all="ignore"):  # the operands may not hold their values yet
+        shaped = np.matmul(*arrays)  # for the shape and dtype only
     result = np.full_like(shaped, 7) if shaped.dtype.kind in "iu" else np.full_like(shaped, np.nan)
 
     def run() -> None:
