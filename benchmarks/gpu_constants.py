@@ -23,7 +23,7 @@
 * ``GATING_PRODUCT``: int8 where it both learned and predicted faster than float32
   (``learn_by_gating``, ``predict_by_gating``) with the same outputs, else float32.
 * ``PREDICTION_CHUNK_GRAPHS`` (``gln.staging``): true where replayed chunk graphs predicted
-  float32 rows faster than chunks launched one by one (``predict_by_graph``), with the same
+  float32 rows faster than chunks launched one by one (``predict_by_dtype``), with the same
   outputs and no failed capture.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
@@ -106,7 +106,8 @@ def _switches(records: Iterable[dict]) -> dict:
     gating = {(r["measure"], r["gating_product"]): r for r in records
               if r.get("measure") in ("learn_by_gating", "predict_by_gating")}
     graphs = {r["chunk_graphs"]: r for r in records
-              if r.get("measure") == "predict_by_graph" and r.get("dtype") == "float32"}
+              if r.get("measure") == "predict_by_dtype" and r.get("dtype") == "float32"
+              and "chunk_graphs" in r}
     product = None
     if len(gating) == 4:
         wins = all(gating[(f"{verb}_by_gating", "int8")]["examples_per_second"]

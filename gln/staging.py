@@ -38,7 +38,7 @@ HOST_WIDENED_ROWS = 64
 # prediction), instead of launching about a dozen kernels and copies, each of which costs the
 # host tens of microseconds. The graph keeps its chunk's intermediate arrays for as long as
 # the model lives (at most about 175 MB for MNIST's network at 2,048 rows, by count), so it is
-# off until a GPU run shows it faster (benchmarks/gpu_learn.py, predict_by_graph).
+# off until a GPU run shows it faster (benchmarks/gpu_learn.py, predict_by_dtype).
 PREDICTION_CHUNK_GRAPHS = False
 
 

@@ -99,7 +99,7 @@ def by_gating(verb: str, product: str, rate: float, same: bool = True) -> dict:
 
 
 def by_graph(graphs: bool, dtype: str, rate: float, failure: str | None = None) -> dict:
-    return {"measure": "predict_by_graph", "chunk_graphs": graphs, "dtype": dtype,
+    return {"measure": "predict_by_dtype", "chunk_graphs": graphs, "dtype": dtype,
             "examples_per_second": rate, "same_outputs_as_float32": True,
             "capture_failure": failure}
 

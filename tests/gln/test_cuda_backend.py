@@ -1039,13 +1039,14 @@ def test_long_predictions_replayed_from_chunk_graphs_equal_uncaptured_ones(cp, m
     assert checked == [8]  # its last chunk's, too short to be sent as it is
 
 
-@pytest.mark.parametrize("product", ["float32", "int8"])
-@pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
+@pytest.mark.parametrize(("side_info", "product"),
+                         list(zip(SIDE_INFOS, ["int8", "float32"] * 3, strict=False)),
+                         ids=SIDE_INFO_IDS)
 def test_every_scaling_and_gating_product_replays_long_chunks_alike(cp, side_info, product,
                                                                     monkeypatch):
-    """Every input scaling and side information, with either gating product (int8: the GEMMs
-    are cuBLAS's gemmEx, captured too), captures a long chunk's graph and predicts the bytes
-    of chunks launched one by one."""
+    """Every input scaling and side information, each with one of the gating products (int8:
+    the GEMMs are cuBLAS's gemmEx, captured too), captures a long chunk's graph and predicts
+    the bytes of chunks launched one by one."""
     import gln.kernels.cuda  # noqa: PLC0415
 
     monkeypatch.setattr(gln.kernels.cuda, "GATING_PRODUCT", product)
