@@ -47,7 +47,9 @@ from gln.kernels import cuda  # noqa: E402
 
 
 def recommend(records: Iterable[dict]) -> dict:
-    """The constants from ``layer_pass`` records (see the module docstring)."""
+    """The constants from ``layer_pass`` records and the side-by-side rates (see the module
+    docstring)."""
+    records = list(records)  # read twice
     learn: dict[str, dict[str, dict[int, float]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(float)))  # contexts -> kernel -> rows -> us
     predict: dict[str, dict[tuple[int, int], float]] = defaultdict(lambda: defaultdict(float))
@@ -99,10 +101,9 @@ def recommend(records: Iterable[dict]) -> dict:
     }
 
 
-def _switches(records: Iterable[dict]) -> dict:
+def _switches(records: list[dict]) -> dict:
     """``GATING_PRODUCT`` and ``PREDICTION_CHUNK_GRAPHS`` from the side-by-side rates of
     ``gpu_learn.py`` (None without their lines)."""
-    records = list(records)
     gating = {(r["measure"], r["gating_product"]): r for r in records
               if r.get("measure") in ("learn_by_gating", "predict_by_gating")}
     graphs = {r["chunk_graphs"]: r for r in records

@@ -164,8 +164,8 @@ class StagingMixin:
         staged_raw, device_checked = travelling is not None, travelling == np.float32
         full = PREDICT_CHUNK_ROWS_GPU
         # Full chunks whose rows travel as they are (not staged, widened, with the count) may
-        # replay a graph.
-        graphed = staged_raw and len(X) >= full > HOST_WIDENED_ROWS
+        # replay a graph; with graphs off, no lock is taken.
+        graphed = PREDICTION_CHUNK_GRAPHS and staged_raw and len(X) >= full > HOST_WIDENED_ROWS
         replays = self._chunk_replays if graphed else None
         outputs, flagged = [], False
         sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
@@ -216,13 +216,11 @@ class StagingMixin:
         ``PREDICTION_CHUNK_GRAPHS``), its staged buffer (the example count and the chunk's
         unused rates and targets: the same for every full chunk of a call) copied in; its
         other inputs are the rows as float32 and a flag that the finite check of the rows
-        sets. None where the chunks must be run launch by launch (graphs off, the model's first
-        long prediction, a failed capture). The caller takes turns
-        (``self._chunk_replays.taking_turns()``)."""
+        sets. None where the chunks must be run launch by launch (the model's first long
+        prediction, a failed capture). For callers that hold ``self._chunk_replays``'s turn
+        (``taking_turns()``), with ``PREDICTION_CHUNK_GRAPHS`` on."""
         from gln.kernels import cuda  # noqa: PLC0415 - GPU models only
 
-        if not PREDICTION_CHUNK_GRAPHS or self._chunk_replays is None:
-            return None
         n, d = full_chunk.shape
         packed = self._staged(full_chunk, None)
 

@@ -956,6 +956,16 @@ def test_a_long_prediction_in_chunks_equals_one_chunk(cp, dtype, monkeypatch):
     assert model.to_bytes() == blob and model.examples_seen == 30
 
 
+def long_predictions_in_chunks_of_16(monkeypatch, graphs: bool) -> None:
+    """Long predictions cut into chunks of 16 rows, each sent as it is (not widened by the
+    host), their full chunks replayed from a captured graph where ``graphs``."""
+    import gln.staging  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)
+    monkeypatch.setattr(gln.staging, "PREDICTION_CHUNK_GRAPHS", graphs)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32])
 def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype, monkeypatch):
     """Pixels as uint8 (and any dtype whose values are all float32) go to the device in their
@@ -968,8 +978,7 @@ def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype
     pixels = np.rint(X * 255).astype(dtype)
     model = GLN(**CONFIG, device="cuda")
     model.learn(pixels[:30].astype(np.float32), y[:30])
-    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
-    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)  # 16-row chunks go as they are
+    long_predictions_in_chunks_of_16(monkeypatch, graphs=False)
     travelled = []
 
     def recorded(max_rows, num_features, dtype):
@@ -986,22 +995,15 @@ def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype
         assert not any("nonfinite" in name for name in cp.operations), cp.operations
 
 
-def long_predictions_in_chunks_of_16(monkeypatch, graphs: bool) -> None:
-    """Long predictions cut into chunks of 16 rows, each sent as it is (not widened by the
-    host), their full chunks replayed from a captured graph where ``graphs``."""
-    import gln.staging  # noqa: PLC0415
-
-    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
-    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)
-    monkeypatch.setattr(gln.staging, "PREDICTION_CHUNK_GRAPHS", graphs)
-
-
 def test_long_predictions_replayed_from_chunk_graphs_equal_uncaptured_ones(cp, monkeypatch):
     """With PREDICTION_CHUNK_GRAPHS a long prediction's full chunks replay one graph of their
     device work (captured at the model's second long prediction): the same bytes as chunks
     launched one by one, for float32, float64 and uint8 rows, full and partial chunks, with
     learning between the calls and after the model's arrays are replaced (a restore: the graph
-    is captured again); a value that is not finite still raises, naming it."""
+    is captured again); a value that is not finite still raises, naming it. With graphs off,
+    long predictions take no turns."""
+    import gln.staging  # noqa: PLC0415
+
     X, y = stream(120)
     pixels = np.rint(np.clip(X * 40 + 128, 0, 255)).astype(np.uint8)
     long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
@@ -1037,6 +1039,16 @@ def test_long_predictions_replayed_from_chunk_graphs_equal_uncaptured_ones(cp, m
         checked.append(len(rows)), GLN.check_input(model, rows, *a, **k))[1])
     same(X[:40])
     assert checked == [8]  # its last chunk's, too short to be sent as it is
+    # With graphs off, long predictions take no turns: one runs while the graphs' turn is held.
+    monkeypatch.setattr(gln.staging, "PREDICTION_CHUNK_GRAPHS", False)
+    done = []
+    with model._chunk_replays.taking_turns():
+        other = threading.Thread(target=lambda: done.append(model.predict_proba(X[:40])))
+        other.start()
+        other.join(timeout=30)
+        finished_meanwhile = len(done) == 1
+    other.join()
+    assert finished_meanwhile
 
 
 @pytest.mark.parametrize(("side_info", "product"),
