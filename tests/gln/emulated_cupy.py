@@ -166,26 +166,32 @@ inline void syncthreads() {
     do yield(); while (barriers == barrier);
 }
 
+// A thread's fiber runs the kernel once for every block it serves: after each run it waits
+// where the next block resumes it, so a fiber starts (two system calls of ucontext's) once
+// for all the blocks and launches of a module, not once a block.
 inline void run_thread() {
-    body();
-    finished[current] = true;
-    --running_threads;
-    release_barrier_if_complete();  // an exited thread no longer holds a barrier back
-    _longjmp(scheduler_point, 1);  // never returns: the scheduler resumes where it left off
+    for (;;) {
+        body();
+        finished[current] = true;
+        --running_threads;
+        release_barrier_if_complete();  // an exited thread no longer holds a barrier back
+        yield();  // the scheduler resumes this fiber for its next block
+    }
 }
 
 // The block's threads round robin, each up to its next warp-collective call or barrier.
 inline void run_block(int threads) {
-    if (threads > stack_threads) {
+    if (threads > stack_threads) {  // new stacks: every fiber starts again
         free(stacks);
         stacks = static_cast<char*>(calloc(threads, kStack));
         stack_threads = threads;
+        for (int t = 0; t < kMaxThreads; ++t) started[t] = false;
     }
     for (int t = 0; t < threads; ++t) {
         thread_idx[t] = {static_cast<unsigned>(t), 0, 0};
         finished[t] = false;
-        started[t] = false;
         phase[t] = 0;
+        if (started[t]) continue;  // waiting in run_thread for its next block
         getcontext(&fibers[t]);
         fibers[t].uc_stack.ss_sp = stacks + t * kStack;
         fibers[t].uc_stack.ss_size = kStack;
@@ -922,7 +928,10 @@ def _gemm_ex(handle: int, transa: int, transb: int, m: int, n: int, k: int, alph
     target = matrix(c, m, n, ldc, ctypes.c_int32)
 
     def run() -> None:
-        total = scalars[0] * (op_a.astype(np.int64) @ op_b.astype(np.int64))
+        # In float64, through BLAS (NumPy's integer products have none): exact, since every
+        # sum of int8 products stays far below 2^53.
+        product = (op_a.astype(np.float64) @ op_b.astype(np.float64)).astype(np.int64)
+        total = scalars[0] * product
         target[...] = (total + scalars[1] * target.astype(np.int64)).astype(np.int32)
 
     if not _captured("cublas gemmEx", run):
