@@ -101,8 +101,8 @@ def load_data(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray,
         repeats = -(-n // len(X))
         return np.tile(X, (repeats, 1))[:n], np.tile(labels, repeats)[:n], "mnist"
     rng = np.random.default_rng(0)
-    X = rng.uniform(0, 1, (n, 784)).astype(np.float32)
-    return X, rng.integers(0, 10, n), "random"
+    X = rng.uniform(0, 1, (n, NETWORK["num_features"])).astype(np.float32)
+    return X, rng.integers(0, NETWORK["num_classes"], n), "random"
 
 
 LEARNING_KERNELS = ("streaming", "resident", "rows")  # the layer pass's modes that learn
@@ -119,6 +119,17 @@ def uneven_contexts(rng: np.random.Generator, n: int, glns: int, neurons: int) -
     return sum(bits[b].astype(np.int32) << b for b in range(4))
 
 
+def layer_shapes(network: dict) -> list[tuple[str, int, int, int, int]]:
+    """Each layer of ``network`` as its layer pass sees it: a name ("784->128"), one-vs-all
+    networks, neurons, inputs with the bias, and groups of inputs (the first layer's are the
+    features that every network shares; a later layer's, the previous layer's outputs of each
+    network)."""
+    classes, sizes = network["num_classes"], network["layer_sizes"]
+    widths = [network["num_features"], *sizes]
+    return [(f"{widths[i]}->{size}", classes, size, widths[i] + 1, 1 if i == 0 else classes)
+            for i, size in enumerate(sizes)]
+
+
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     """Each layer shape of the network through one launch, per kernel and chunk length; as in
     the model, every layer but the last also writes the next layer's inputs."""
@@ -126,8 +137,7 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
-    shapes = [("784->128", 10, 128, 785, 1), ("128->128", 10, 128, 129, 10),
-              ("128->1", 10, 1, 129, 10)]
+    shapes = layer_shapes(NETWORK)
     for name, glns, neurons, inputs, groups in shapes:
         last = name == shapes[-1][0]
         weights = cp.asarray(rng.uniform(-0.1, 0.1, (glns, neurons, 16, inputs)), cp.float32)

@@ -24,7 +24,7 @@ def test_the_split_parts_are_tf32_values_that_add_up_to_nearly_the_operand():
         assert 0 < float(residual.max()) <= 2.0 ** -20  # 24 bits kept of 24, less two at most
 
 
-def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network):
     experiment.main(["--emulated", "--rows", "48", "--repeats", "1", "--path-rows", "16,48,64"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by_rows = {r["rows"]: r for r in lines if r["measure"] == "gating_paths"}

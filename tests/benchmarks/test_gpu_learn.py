@@ -9,7 +9,7 @@ import pytest
 import gln.kernels.cuda
 import gln.model
 import gln.staging
-from benchmarks.gpu_learn import first_chunk_rows, latency_profile, main
+from benchmarks.gpu_learn import NETWORK, first_chunk_rows, latency_profile, layer_shapes, main
 from gln import GLN
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 
@@ -30,9 +30,16 @@ def test_the_profile_ranks_functions_per_learn_call_with_learn_itself_among_them
     assert model.examples_seen == 32
 
 
+def test_the_layer_passes_timed_are_the_mnist_networks_layers():
+    """(name, networks, neurons, inputs with the bias, groups of inputs) of each layer."""
+    assert layer_shapes(NETWORK) == [("784->128", 10, 128, 785, 1), ("128->128", 10, 128, 129, 10),
+                                     ("128->1", 10, 1, 129, 10)]
+
+
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
-def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
-    """Every kind of record, for the MNIST network, at the smallest sizes (timings meaningless)."""
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, small_network):
+    """Every kind of record, for the MNIST network at small layers, at the smallest sizes
+    (timings meaningless)."""
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 1)  # the layer rows timed
     # The gating GEMMs (int8 among them) from 2 rows, and only one-row calls captured (the
     # emulated device captures kernel launches alone).
@@ -80,14 +87,13 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch):
                  for r in records if r["measure"] == "predict_by_upload"]
     assert by_upload == [("current_stream", None, None, None), ("copy_stream", 1, 1, None),
                          ("copy_stream", 2, 3, None), ("copy_stream", 1, 4, 3)]
+    layers = ("784->8", "8->8", "8->1")  # small_network's
     caps = {(r["layer"], r["max_neurons_per_block"]) for r in records
             if r["measure"] == "shared_neurons_per_block" and r["microseconds"] > 0}
-    assert caps == {(layer, most) for layer in ("784->128", "128->128", "128->1")
-                    for most in (1, 32)}
+    assert caps == {(layer, most) for layer in layers for most in (1, 32)}
     batches = {(r["layer"], r["sum_batch"]) for r in records
                if r["measure"] == "shared_sum_batch" and r["microseconds"] > 0}
-    assert batches == {(layer, b) for layer in ("784->128", "128->128", "128->1")
-                       for b in (1, 32)}
+    assert batches == {(layer, b) for layer in layers for b in (1, 32)}
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming, resident and row learning, the rows in either order, on
     # uniform and on uneven contexts, streaming and shared prediction on uniform ones) at one

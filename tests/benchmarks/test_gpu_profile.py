@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.gpu_learn import NETWORK
 from benchmarks.gpu_profile import main
 from gln import GLN
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
@@ -19,8 +18,8 @@ def digest(outputs) -> str:
     return hashlib.sha256(np.asarray(outputs).tobytes()).hexdigest()[:16]
 
 
-def test_a_prediction_and_two_learning_calls_are_profiled_with_the_models_outputs(capsys,
-                                                                                 monkeypatch):
+def test_a_prediction_and_two_learning_calls_are_profiled_with_the_models_outputs(
+        capsys, monkeypatch, small_network):
     monkeypatch.delenv("GLN_DATA_DIR", raising=False)  # random rows, whoever runs the tests
     with emulated_cupy_installed() as cp:
         main(["--rows", "3", "--learn-rows", "9"])  # not replayed: launches
@@ -30,7 +29,7 @@ def test_a_prediction_and_two_learning_calls_are_profiled_with_the_models_output
         rng = np.random.default_rng(0)  # gpu_learn.load_data's random rows
         X = rng.uniform(0, 1, (27, 784)).astype(np.float32)
         y = rng.integers(0, 10, 27)
-        model = GLN(**NETWORK, device="cuda")
+        model = GLN(**small_network, device="cuda")  # the script's network
         model.learn(X[:9], y[:9])
         predicted = model.predict_proba(X[:3])
         learned = model.learn(X[9:18], y[9:18])

@@ -31,7 +31,7 @@ def test_every_stage_of_learn_and_predict_is_timed_and_results_are_unchanged(mon
     assert all(seconds > 0 for seconds in totals.values()), totals
 
 
-def test_the_script_runs_end_to_end_on_the_emulated_device(capsys):
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network):
     with emulated_cupy_installed():
         main(["--calls", "2", "--rows", "1,3"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
