@@ -797,6 +797,27 @@ def test_short_calls_replayed_from_their_graphs_equal_uncaptured_calls(cp, side_
     assert blob == want_bytes
 
 
+def test_calls_whose_rows_are_not_staged_are_not_replayed(cp, monkeypatch):
+    """A replayed call's rows travel staged with its rates: where HOST_WIDENED_ROWS is below
+    REPLAY_MAX_ROWS, longer short calls launch as long ones do, and capturing them fails not
+    (which would stop the model replaying any call)."""
+    import gln.staging  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)
+    X, y = stream(40)
+    model, reference = GLN(**CONFIG, device="cuda"), uncaptured(GLN(**CONFIG, device="cuda"))
+    for rows in (1, 2, 5, 5, 5, 1, 2):
+        start = model.examples_seen
+        np.testing.assert_array_equal(
+            model.learn(X[start:start + rows], y[start:start + rows]),
+            reference.learn(X[start:start + rows], y[start:start + rows]))
+        np.testing.assert_array_equal(model.predict_proba(X[:rows]),
+                                      reference.predict_proba(X[:rows]))
+    assert model._replays.failure is None
+    assert {rows for rows, _ in model._replays._captured} == {1, 2}
+    assert model.to_bytes() == reference.to_bytes()
+
+
 def test_a_model_whose_arrays_are_replaced_captures_its_calls_again(cp):
     """A graph holds the addresses of the arrays it was captured with: after the model's
     arrays are replaced (as a restore does), its calls read and write the new ones."""
