@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every open GPU measurement in one command, sized to finish within 10 minutes on one GPU:
 # the GPU tests and the source checks, then benchmarks/gpu_learn.py (layer-pass timings for the
-# launch constants, learn / predict / latency, the plain CuPy path and, when carried, pygln).
+# launch constants, learn / predict / latency, the plain CuPy path and, when carried, pygln),
+# the constants read off them and the headline rates with those constants (gpu_tuned.py).
 #
 #   bash benchmarks/gpu_session.sh            # from the repository root, on a GPU machine
 #
@@ -67,7 +68,16 @@ echo "gpu_gating_tf32: exit $?"
 cat "$OUT/gpu_gating_tf32.jsonl"
 
 # The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
-"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl"
+constants=$(mktemp)
+"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$constants"
+
+# The headline learning and 4,096-row prediction rates with the recommended constants beside
+# the library's, in alternating rounds, so that a default changed on this run's evidence comes
+# with its figures (appended to gpu_learn.jsonl).
+timeout 90 "$PYTHON" benchmarks/gpu_tuned.py "$constants" "${data_args[@]}" \
+    >> "$OUT/gpu_learn.jsonl" 2>> "$OUT/gpu_learn.err"
+echo "gpu_tuned: exit $?"
+grep -E '"gpu_tuned"' "$OUT/gpu_learn.jsonl"
 
 # What bounds each kernel of a prediction chunk and two learning chunks (bandwidths, issue, warp
 # stalls, occupancy), by Nsight Compute's counters, with the card's clocks left as they are.
