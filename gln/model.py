@@ -279,9 +279,7 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         n = len(X32)
         if labels is not None and n and self.moments.count == 0:
             self._anchor_moments(X32[0])
-        # A replayed call's rows travel staged with its rates (GLN._staged), as only calls of
-        # up to HOST_WIDENED_ROWS rows do.
-        if self._replays is not None and 0 < n <= min(REPLAY_MAX_ROWS, staging.HOST_WIDENED_ROWS):
+        if self._replays is not None and 0 < n <= REPLAY_MAX_ROWS:
             replayed = self._replayed(X32, labels)
             if replayed is not None:
                 return replayed

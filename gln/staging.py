@@ -130,8 +130,11 @@ class StagingMixin:
 
     def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
         """``_run_chunk``'s outputs, on the host, from the call's captured graph, or None if it
-        has none (yet)."""
+        has none (yet), or if its rows do not travel staged with its rates (more than
+        ``HOST_WIDENED_ROWS``), as a replay's must."""
         n, learning = len(X32), labels is not None
+        if n > HOST_WIDENED_ROWS:
+            return None
         outputs = self._replays.replayed(
             (n, learning), self._device_state, self._staged(X32, labels),
             lambda packed: self._chunk_on_device(packed, None, n, learning)[0],
