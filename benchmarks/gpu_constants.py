@@ -45,6 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gln import staging  # noqa: E402
 from gln.kernels import cuda  # noqa: E402
 
+# Every constant recommended here, and the module that holds it.
+CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
+                              "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
+                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda),
+             "PREDICTION_CHUNK_GRAPHS": staging}
+
 
 def recommend(records: Iterable[dict]) -> dict:
     """The constants from ``layer_pass`` records and the side-by-side rates (see the module
@@ -88,10 +94,7 @@ def recommend(records: Iterable[dict]) -> dict:
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         **_switches(records),
-        "current": {**{name: getattr(cuda, name) for name in (
-            "RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS", "PREDICT_ROWS_PER_WARP",
-            "PREDICT_ROWS_PER_BLOCK", "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT")},
-                    "PREDICTION_CHUNK_GRAPHS": staging.PREDICTION_CHUNK_GRAPHS},
+        "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
         "uneven_learn_us_by_rows": {n: {"streaming or resident": a, "rows": b}

@@ -27,15 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.gpu_constants import CONSTANTS  # noqa: E402
 from benchmarks.gpu_learn import alternating_rates, device_name, load_data  # noqa: E402
-from gln import staging  # noqa: E402
-from gln.kernels import cuda  # noqa: E402
-
-# Where each constant that gpu_constants.py recommends lives.
-MODULES = {"PREDICTION_CHUNK_GRAPHS": staging}
-TUNABLE = ("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS", "PREDICT_ROWS_PER_WARP",
-           "PREDICT_ROWS_PER_BLOCK", "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT",
-           "PREDICTION_CHUNK_GRAPHS")
 
 
 def emit(record: dict, device: str) -> None:
@@ -45,22 +38,21 @@ def emit(record: dict, device: str) -> None:
 def changes(recommended: dict) -> dict[str, Any]:
     """The recommended values that differ from the library's now (a null recommendation, for
     want of measurements, changes nothing)."""
-    return {name: recommended[name] for name in TUNABLE
-            if recommended.get(name) is not None
-            and recommended[name] != getattr(MODULES.get(name, cuda), name)}
+    return {name: recommended[name] for name, module in CONSTANTS.items()
+            if recommended.get(name) is not None and recommended[name] != getattr(module, name)}
 
 
 @contextlib.contextmanager
 def constants_set(values: dict[str, Any]) -> Iterator[None]:
     """The library's constants set to ``values`` for a while, restored afterwards."""
-    saved = {name: getattr(MODULES.get(name, cuda), name) for name in values}
+    saved = {name: getattr(CONSTANTS[name], name) for name in values}
     try:
         for name, value in values.items():
-            setattr(MODULES.get(name, cuda), name, value)
+            setattr(CONSTANTS[name], name, value)
         yield
     finally:
         for name, value in saved.items():
-            setattr(MODULES.get(name, cuda), name, value)
+            setattr(CONSTANTS[name], name, value)
 
 
 def main(argv: list[str] | None = None) -> None:
