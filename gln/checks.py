@@ -18,6 +18,7 @@ ValueError: each row must have 2 features, row 1 has 1
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,10 @@ import numpy as np
 
 from gln.backend import is_device_array, to_numpy
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The smallest magnitude that rounds to infinity as a float32 (float32's largest value plus half
+# its last step): every value below it rounds to a finite float32, 3.4028235e38 (as float32's
+# largest value is printed) included.
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 # Dtypes every value of which is a float32 as it is: rows of them need no check of their values
 # (none is NaN, infinite or beyond float32), and a GPU model's long prediction sends them in
 # their own bytes, a quarter of float32's for pixels (``gln.kernels.uploads``).
@@ -58,9 +62,15 @@ def num_classes(value: Any) -> int:
     return int(value)
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a real number: a Python or NumPy int or float (a sweep's
+    ``np.linspace`` values too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 def number_in(name: str, value: Any, low: float, high: float, closed: bool = False) -> float:
     """``value`` as a finite float inside (low, high), or [low, high] when ``closed``."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+    if not is_number(value):
         raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         value = float(value)
@@ -77,8 +87,7 @@ def number_in(name: str, value: Any, low: float, high: float, closed: bool = Fal
 
 def layer_sizes(sizes: Any) -> tuple[int, ...]:
     """Neurons per layer as a tuple of positive ints ending in the single output neuron."""
-    if isinstance(sizes, np.ndarray) and sizes.ndim == 1:
-        sizes = sizes.tolist()
+    sizes = _listed(sizes)
     if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence):
         raise ValueError(f"layer_sizes must be a sequence of ints, got {sizes!r}")
     if len(sizes) > MAX_LAYERS:
@@ -101,6 +110,7 @@ def image_shape(shape: Any, num_features: int) -> tuple[int, int] | None:
     """``shape`` as (height, width) with height * width = num_features, or None."""
     if shape is None:
         return None
+    shape = _listed(shape)
     if isinstance(shape, str | bytes) or not isinstance(shape, Sequence):
         raise ValueError(f"image_shape must be (height, width), got {shape!r}")
     checked = tuple(positive_int(f"image_shape[{i}]", k) for i, k in enumerate(shape))
@@ -110,6 +120,12 @@ def image_shape(shape: Any, num_features: int) -> tuple[int, int] | None:
             f"got {shape!r}"
         )
     return checked  # type: ignore[return-value]
+
+
+def _listed(values: Any) -> Any:
+    """A 1-D NumPy array as the list of its values (which the sequence checks take), anything
+    else as it is."""
+    return values.tolist() if isinstance(values, np.ndarray) and values.ndim == 1 else values
 
 
 # ------------------------------------------------------------------ input batches
@@ -125,8 +141,9 @@ def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> 
     """
     if is_device_array(X):
         X = to_numpy(X)
+    X = _unmasked(X, "features")
     try:
-        values = X if isinstance(X, np.ndarray) else np.asarray(X)
+        values = np.asarray(X)
         if values.dtype.kind not in "biufO":  # strings, complex numbers, dates: not features
             raise TypeError(f"got dtype {values.dtype}")
         if values.dtype != np.float32 and values.dtype not in EXACT_IN_FLOAT32:
@@ -144,7 +161,7 @@ def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> 
         raise ValueError(f"each row must have {num_features} features, got {values.shape[1]}")
     if values.size and (unit_interval or values.dtype not in EXACT_IN_FLOAT32):
         low, high = float(values.min()), float(values.max())
-        if not (-FLOAT32_MAX <= low and high <= FLOAT32_MAX):  # False for NaN too
+        if not (-FLOAT32_OVERFLOW < low and high < FLOAT32_OVERFLOW):  # False for NaN too
             _raise_first_bad_feature(values.astype(np.float64))
         if unit_interval and not (0.0 <= low and high <= 1.0):
             row, col = np.argwhere((values < 0) | (values > 1))[0]
@@ -158,7 +175,7 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
     """Labels as int64 (n,), each a class index in [0, num_classes); ``num_rows``: how many
     there must be. ``ValueError`` names the first label (by its index) that is not one."""
     try:
-        labels = np.asarray(to_numpy(y) if is_device_array(y) else y)
+        labels = np.asarray(to_numpy(y) if is_device_array(y) else _unmasked(y, "labels"))
     except (TypeError, ValueError) as error:
         raise ValueError(f"labels must be a 1-D array of class indices: {error}") from None
     if labels.ndim != 1 or (num_rows is not None and labels.shape[0] != num_rows):
@@ -185,11 +202,29 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
     return as_float.astype(np.int64)
 
 
+def _unmasked(values: Any, what: str) -> Any:
+    """``values`` without the mask of a NumPy masked array, or ``ValueError`` naming its first
+    masked value: a model has no notion of a missing value, and a masked one's data (which
+    NumPy's reductions would skip in the checks) is whatever the array holds there."""
+    if not np.ma.isMaskedArray(values):
+        return values
+    masked = np.ma.getmaskarray(values)
+    if masked.any():
+        first = np.argwhere(masked)[0].tolist()
+        place = f"row {first[0]}, column {first[1]}" if len(first) == 2 else f"{what}{first}"
+        raise ValueError(f"{what} must not hold masked values: {place} is masked "
+                         "(fill them first, e.g. with .filled())")
+    return np.ma.getdata(values)
+
+
 def _class_index(label: Any, num_classes: int, index: int) -> int:
     """``label`` (an element of an object array) as a class index, or ``ValueError`` naming it
-    as the label checks do."""
-    integral = isinstance(label, int) or (isinstance(label, float) and label.is_integer())
-    if isinstance(label, bool) or not integral or not 0 <= label < num_classes:
+    as the label checks do. A bool is class 0 or 1, as in a bool array."""
+    if isinstance(label, bool | np.bool_):
+        label = int(label)
+    integral = isinstance(label, numbers.Integral) or (
+        isinstance(label, numbers.Real) and float(label).is_integer())
+    if not integral or not 0 <= label < num_classes:
         raise ValueError(
             f"labels must be class indices in [0, {num_classes}); labels[{index}] is "
             f"{_shown(label)}"
@@ -209,7 +244,7 @@ def _huge_value_message(X: Any) -> str:
     rows are lists."""
     for row_index, row in enumerate(X if isinstance(X, list | tuple) else ()):
         for col, value in enumerate(row if isinstance(row, list | tuple) else ()):
-            if isinstance(value, int) and abs(value) > FLOAT32_MAX:
+            if isinstance(value, int) and abs(value) >= FLOAT32_OVERFLOW:
                 return (f"features must fit in float32 (|x| <= 3.4e38): row {row_index}, "
                         f"column {col} is {_shown(value)}")
     return "features must fit in float32 (|x| <= 3.4e38): a value is too large for a float"
@@ -232,7 +267,7 @@ def _raise_first_bad_feature(X64: np.ndarray) -> None:
     if not finite.all():
         row, col = np.argwhere(~finite)[0]
         raise ValueError(f"features must be finite: row {row}, column {col} is {X64[row, col]}")
-    row, col = np.argwhere(np.abs(X64) > FLOAT32_MAX)[0]
+    row, col = np.argwhere(np.abs(X64) >= FLOAT32_OVERFLOW)[0]
     raise ValueError(
         f"features must fit in float32 (|x| <= 3.4e38): row {row}, column {col} is "
         f"{X64[row, col]}"

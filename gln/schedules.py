@@ -112,9 +112,9 @@ def make_schedule(spec: Any) -> Schedule:
         return spec
     if isinstance(spec, Constant | InverseTime):
         return make_schedule(spec.to_config())
-    if isinstance(spec, bool):
+    if isinstance(spec, bool | np.bool_):
         raise ValueError(f"learning_rate must be a positive number, got {spec!r}")
-    if isinstance(spec, int | float):
+    if checks.is_number(spec):
         try:
             rate = float(spec)
         except OverflowError:

@@ -221,6 +221,10 @@ BAD_FEATURES = [
     ([["1.5"] * 6], [0], "real numbers"),  # strings are not features, even numeric ones
     (np.ones((1, 6), dtype=complex), [0], "real numbers"),  # not silently made real
     ([[0.0] * 6, [0.0] * 6, [0.0] * 7], [0, 1, 2], "row 2 has 7"),  # ragged
+    # A masked value is missing, not a number: NumPy's min and max would skip it, and its data
+    # (here NaN) would reach the weights.
+    (np.ma.array([[0, 0, 0, 0, 0, np.nan]], mask=[[0, 0, 0, 0, 0, 1]]), [0],
+     r"^features must not hold masked values: row 0, column 5 is masked"),
 ]
 BAD_LABELS = [
     (np.zeros((2, 6)), [0, 3], r"^labels must be class indices in \[0, 3\); labels\[1\] is 3$"),
@@ -231,6 +235,7 @@ BAD_LABELS = [
     (np.zeros((2, 6)), [0, 10**20], r"labels\[1\] is 100000000000000000000$"),
     (np.zeros((2, 6)), [10**400, 0], r"labels\[0\] is an integer of 401 digits"),
     (np.zeros((2, 6)), [0, None], r"labels\[1\] is None"),
+    (np.zeros((2, 6)), np.ma.array([0, 9], mask=[0, 1]), r"labels\[1\] is masked"),
     (np.zeros((2, 6)), None, "learn needs labels"),  # None is no labels: learn must refuse it
 ]
 
@@ -383,6 +388,43 @@ def test_schedule_objects_and_array_layer_sizes_give_the_config_of_plain_values(
         assert model.config == plain.config
         assert GLN.from_bytes(model.to_bytes()).to_bytes() == model.to_bytes()
     assert small_model(learning_rate=Constant(0.05)).config == small_model().config
+
+
+def test_numpy_numbers_configure_a_model_as_the_python_numbers_they_hold():
+    """A sweep's values (``np.linspace``, ``np.arange``) are numbers like any other: the same
+    configuration, JSON-serialisable, and the same bytes after learning."""
+    plain = small_model(learning_rate={"schedule": "inverse_time", "scale": 1, "cap": 0.05},
+                        weight_clip=5, offset_scale=1.0, pred_clip=0.0625, image_shape=(2, 3))
+    swept = small_model(
+        learning_rate={"schedule": "inverse_time", "scale": np.int64(1), "cap": np.float64(0.05)},
+        weight_clip=np.int64(5), offset_scale=np.arange(3)[1], pred_clip=np.float32(0.0625),
+        image_shape=np.array([2, 3]))
+    assert swept.config == plain.config
+    json.dumps(swept.config)
+    X, y = stream(50)
+    np.testing.assert_array_equal(swept.learn(X, y), plain.learn(X, y))
+    assert swept.to_bytes() == plain.to_bytes()
+    assert small_model(learning_rate=np.float32(0.25)).config["learning_rate"] == 0.25
+    for flag in (True, np.True_):
+        with pytest.raises(ValueError, match="learning_rate must be a positive number"):
+            small_model(learning_rate=flag)
+        with pytest.raises(ValueError, match="weight_clip must be a number"):
+            small_model(weight_clip=flag)
+
+
+def test_labels_mean_the_same_classes_whatever_holds_them():
+    """Bools are classes 0 and 1 in a list, a bool array or an object array (a pandas object
+    column); NumPy ints and integral floats in an object array are their classes; a masked
+    array with nothing masked is its data."""
+    X = stream(4)[0]
+    expected = small_model().learn(X, np.array([1, 0, 1, 1]))
+    for labels in ([True, False, True, True], np.array([True, False, True, True]),
+                   np.array([True, False, np.True_, 1], dtype=object),
+                   np.array([np.int64(1), 0, np.float32(1.0), 1.0], dtype=object),
+                   np.ma.array([1, 0, 1, 1])):
+        np.testing.assert_array_equal(small_model().learn(X, labels), expected)
+    features = small_model()
+    np.testing.assert_array_equal(features.learn(np.ma.array(X), [1, 0, 1, 1]), expected)
 
 
 def test_pandas_frames_and_series_are_rows_and_labels_like_arrays():
@@ -798,6 +840,28 @@ def test_numbers_too_large_for_a_float_are_a_clear_value_error(name):
         small_model(**{name: 10**400})
     with pytest.raises(ValueError, match="learning_rate"):
         small_model(learning_rate={"schedule": "inverse_time", "scale": 10**400, "cap": 0.1})
+
+
+def test_every_value_that_rounds_to_a_finite_float32_is_a_feature():
+    """3.4028235e38, float32's largest value as NumPy and most languages print it, is a little
+    above it in float64 and rounds to it: a feature. The first value that rounds to infinity,
+    as a float or as a Python int, is not."""
+    from gln.checks import FLOAT32_OVERFLOW
+
+    largest = float(np.nextafter(FLOAT32_OVERFLOW, 0))
+    rows = np.zeros((3, 6))
+    rows[0, 0], rows[1, 1], rows[2, 2] = 3.4028235e38, -largest, float(np.finfo(np.float32).max)
+    model, labels = small_model(), [0, 1, 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isfinite(model.learn(rows, labels)).all()
+        X32 = model.check_input(rows.tolist(), labels)[0]
+    assert X32[0, 0] == X32[2, 2] == np.finfo(np.float32).max == -X32[1, 1]
+    for too_large in (FLOAT32_OVERFLOW, -FLOAT32_OVERFLOW, int(FLOAT32_OVERFLOW)):
+        rows[1, 1] = too_large
+        for batch in (rows, rows.tolist()):
+            with pytest.raises(ValueError, match=r"fit in float32 .*row 1, column 1"):
+                model.check_input(batch)
 
 
 def test_size_is_known_before_building_and_absurd_sizes_fail_cleanly():
