@@ -5,17 +5,25 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from service.storage import ClosingMixin, is_model_name, model_dir_in, replace_atomically
+from service.storage import (
+    ClosingMixin,
+    fsync_dir,
+    is_model_name,
+    model_dir_in,
+    replace_atomically,
+)
 from service.store.interface import (
     SnapshotCorruptError,
     SnapshotInfo,
@@ -23,6 +31,11 @@ from service.store.interface import (
     check_metadata,
 )
 from service.store.loading import load_current
+
+log = logging.getLogger(__name__)
+
+# Deleted model directories on their way out: '~' is in no model name (is_model_name).
+_DELETED_PREFIX = "deleted~"
 
 try:  # POSIX advisory locks keep two processes from saving the same model at once.
     import fcntl
@@ -33,6 +46,18 @@ except ImportError:  # pragma: no cover - Windows: the in-process lock still app
 def _write_atomically(path: Path, data: bytes | memoryview) -> None:
     """Replace ``path`` with ``data`` atomically (see ``replace_atomically``)."""
     replace_atomically(path, lambda fh: fh.write(data))
+
+
+def _remove_deleted(path: Path) -> None:
+    """Remove a deleted model's renamed directory; what cannot be removed is logged and left
+    for the next start-up to try again (no model has its name)."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("removing the files of a deleted model failed (tried again at the next "
+                    "start-up): %s", exc)
 
 
 def _read_version(name: str, info: SnapshotInfo, path: Path) -> bytes:
@@ -53,7 +78,7 @@ class DirectorySnapshotStore(ClosingMixin):
     processes sharing the directory do not collide. A reader whose version file vanished
     because a save just switched ``HEAD`` starts over from the new ``HEAD``.
 
-    The directory is created if missing.
+    The directory is created if missing, and what a delete left of a model's files removed.
     """
 
     _VERSION_RE = re.compile(r"v(\d+)\.snap")
@@ -62,6 +87,8 @@ class DirectorySnapshotStore(ClosingMixin):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        for leftover in self.path.glob(f"{_DELETED_PREFIX}*"):
+            _remove_deleted(leftover)
 
     def __repr__(self) -> str:
         return f"DirectorySnapshotStore({str(self.path)!r})"
@@ -119,7 +146,9 @@ class DirectorySnapshotStore(ClosingMixin):
         meta = check_metadata(metadata)
         view = as_bytes_view(blob)
         sha256 = hashlib.sha256(view).hexdigest()
-        model_dir.mkdir(exist_ok=True)
+        if not model_dir.is_dir():
+            model_dir.mkdir(exist_ok=True)
+            fsync_dir(self.path)  # the new model's directory survives a power cut too
         with self._locked(model_dir):
             head = self._read_head(model_dir)
             previous = [*self._versions_on_disk(model_dir)]
@@ -163,12 +192,20 @@ class DirectorySnapshotStore(ClosingMixin):
         return sorted(out)
 
     def delete(self, name: str) -> None:
-        """Remove the model's directory (HEAD, version files, lock file)."""
+        """Remove the model's directory (HEAD, version files, lock file).
+
+        The directory first leaves the store in one rename, under a name no model can have:
+        where that fails, the error reaches the caller and the model's snapshots are whole;
+        once it succeeded, no later start-up restores the model, even where removing the
+        renamed files then fails (they are removed at the next start-up)."""
         model_dir = self._model_dir(name)
         if not model_dir.exists():
             return
         with self._locked(model_dir):
-            shutil.rmtree(model_dir, ignore_errors=True)
+            doomed = self.path / f"{_DELETED_PREFIX}{name}~{uuid.uuid4().hex}"
+            model_dir.rename(doomed)
+        fsync_dir(self.path)  # no power cut brings the model back
+        _remove_deleted(doomed)
 
     def reconnect(self) -> None:
         """Nothing to reconnect: files."""

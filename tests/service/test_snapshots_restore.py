@@ -164,6 +164,28 @@ async def test_delete_removes_snapshots(store_settings: Settings, serve, create_
         assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["kept"]
 
 
+async def test_a_delete_the_snapshot_directory_refuses_is_a_503_and_keeps_the_model(
+    settings: Settings, serve, create_model, make_data, monkeypatch: pytest.MonkeyPatch
+):
+    """Where the file system refuses to remove a model's directory, the client is told, the
+    model keeps serving and learning, and a restart still has it."""
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "kept")
+        X, y = make_data(3)
+        with monkeypatch.context() as patched:
+            def refused(self: Path, target: Path) -> None:
+                raise PermissionError(13, "Permission denied", str(self))
+
+            patched.setattr(Path, "rename", refused)
+            r = await client.delete("/v1/models/kept")
+        assert r.status_code == 503, r.text
+        r = await client.post("/v1/models/kept/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200
+    async with serve(create_app(settings)) as client:
+        r = await client.get("/v1/models/kept")
+        assert r.status_code == 200 and r.json()["examples_seen"] == 3
+
+
 async def test_delete_lets_queued_learning_finish(
     client: httpx.AsyncClient, app, settings, create_model, make_data
 ):

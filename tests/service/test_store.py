@@ -478,3 +478,54 @@ def test_open_store_picks_by_redis_url(tmp_path: Path, redis_url: str) -> None:
     assert isinstance(in_redis, RedisSnapshotStore) and in_redis.key_prefix == "p"
     in_redis.close()
     assert isinstance(SnapshotInfo(1, 0.0, 0, _sha(b"")).metadata, dict)
+
+
+def test_a_directory_delete_that_fails_keeps_the_model_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete the file system refuses reaches the caller, with the snapshots still there;
+    one whose files cannot be removed afterwards still leaves nothing a start-up restores,
+    and the next start-up removes them."""
+    store = DirectorySnapshotStore(tmp_path)
+    store.save("kept", b"snapshot")
+
+    def refused(self: Path, target: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "rename", refused)
+        with pytest.raises(PermissionError):
+            store.delete("kept")
+    assert store.names() == ["kept"] and store.load("kept")[0] == b"snapshot"
+
+    def stuck(path: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    with monkeypatch.context() as patched:
+        patched.setattr("service.store.directory_store.shutil.rmtree", stuck)
+        store.delete("kept")
+    assert store.names() == [] and store.load("kept") is None
+    (left,) = tmp_path.iterdir()  # the renamed directory, under no model's name
+    assert (left / "HEAD").is_file() and left.name.startswith("deleted~kept~")
+    assert DirectorySnapshotStore(tmp_path).names() == [] and not list(tmp_path.iterdir())
+
+
+def test_a_directory_store_makes_new_and_deleted_models_durable_in_its_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's directory appears (first save) and leaves (delete) by an entry of the
+    store's root, which only an fsync of the root keeps through a power cut: without it a
+    created model could vanish, or a deleted one come back."""
+    import service.store.directory_store as directory_store
+
+    store = DirectorySnapshotStore(tmp_path)
+    synced: list[tuple[Path, bool]] = []
+    real = directory_store.fsync_dir
+    monkeypatch.setattr(directory_store, "fsync_dir", lambda path: (
+        synced.append((Path(path), (tmp_path / "m").is_dir())), real(path))[-1])
+    store.save("m", b"first")
+    assert synced == [(tmp_path, True)]  # the new directory's entry, once
+    store.save("m", b"second")
+    assert synced == [(tmp_path, True)]  # an existing directory: its files sync themselves
+    store.delete("m")
+    assert synced[1:] == [(tmp_path, False)]  # after the rename
