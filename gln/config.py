@@ -45,6 +45,22 @@ class ConfigMixin:
         model._configure(**arguments.arguments)
         return model
 
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Raise what the constructor would raise for ``config`` (``ValueError`` naming the
+        argument, ``TypeError`` for a key it does not take), without sampling a model's state:
+        lets a host short of room still say first what is wrong with a configuration. What
+        the configuration's device needs is set up (its blur matrices, which
+        ``estimate_nbytes`` counts), so a host sizes the configuration first.
+
+        >>> from gln import GLN
+        >>> GLN.check_config({"num_features": 4, "pred_clip": 0.7})
+        Traceback (most recent call last):
+        ...
+        ValueError: pred_clip must be in (0.0, 0.5), got 0.7
+        """
+        cls._configured(config, use_kernels=False)
+
     def _configure(
         self,
         *,

@@ -69,6 +69,10 @@ def _store_failed(what: str, name: str, exc: Exception) -> Unavailable:
                       exc_info=log.isEnabledFor(logging.DEBUG))
     return Unavailable(_UNAVAILABLE.format(type(exc).__name__))
 
+# An import's counters stay below half of what a snapshot may hold (gln.serialize.MAX_COUNT,
+# 2**62), so that no learning a server could ever do takes them past it: a model that learned
+# past it would be saved in snapshots that no later start-up loads.
+IMPORT_MAX_COUNT = 1 << 61
 # What a client may put in a model's config: GLN's arguments, less the server's own choices
 # (the device) and the library's test switch (use_kernels, which a snapshot does not keep).
 CONFIG_KEYS = frozenset(inspect.signature(GLN).parameters) - {"device", "use_kernels"}
@@ -298,7 +302,7 @@ class ModelRegistry:
             config = GLN.config_of_bytes(blob)
         except ValueError as exc:
             raise InvalidRequest(f"invalid model bytes: {exc}") from exc
-        entry = await self._admit(name, config, functools.partial(self._load, blob),
+        entry = await self._admit(name, config, functools.partial(self._import, blob),
                                   "invalid model bytes")
         log.info("imported model %r: %s, %d examples seen", name, _shape_of(entry.model),
                  entry.model.examples_seen)
@@ -329,6 +333,8 @@ class ModelRegistry:
                         f"{invalid}: the model would hold {needed} bytes, more than "
                         f"GLN_MAX_MODEL_BYTES={self.settings.max_model_bytes}"
                     )
+                # What is wrong with the config comes before the server's room for it.
+                await self._run(GLN.check_config, {**config, "device": self.settings.device})
                 self._check_room(needed)
                 model = await self._run(build)
             except (ValueError, TypeError) as exc:
@@ -436,6 +442,15 @@ class ModelRegistry:
         model.warm_up()
         return model
 
+    def _import(self, blob: bytes) -> GLN:
+        """An import's model, its counters leaving room to learn (``IMPORT_MAX_COUNT``)."""
+        model = self._load(blob)
+        counted = max(int(model.examples_seen), int(model.moments.count))
+        if counted >= IMPORT_MAX_COUNT:
+            raise ValueError(f"the model has counted {counted} examples, which leaves no room "
+                             f"to learn: an import must have counted fewer than 2**61")
+        return model
+
     async def delete(self, name: str) -> None:
         """Finish the model's queued learning, forget it, and remove its snapshots.
 
@@ -493,11 +508,13 @@ class ModelRegistry:
         per_row = values_per_row or entry.model.num_classes
         values_limit = self.settings.max_response_values
         if len(features) * per_row > values_limit:
+            fitting = values_limit // per_row
+            advice = (f"send at most {fitting} rows a request" if fitting else
+                      "not even one row's fits: only a server with a larger limit answers it")
             raise InvalidRequest(
                 f"features: the answer to {len(features)} rows would hold "
                 f"{len(features) * per_row} numbers ({per_row} a row), more than "
-                f"GLN_MAX_RESPONSE_VALUES={values_limit}; send at most "
-                f"{values_limit // per_row} rows a request"
+                f"GLN_MAX_RESPONSE_VALUES={values_limit}; {advice}"
             )
         if labels is not None and len(labels) != len(features):
             raise InvalidRequest(

@@ -220,12 +220,15 @@ IDEMPOTENCY_HEADER = {
 
 
 def idempotency_key(request: Request) -> str | None:
-    """The request's Idempotency-Key header, checked; 422 if malformed."""
-    key = request.headers.get("idempotency-key")
-    if key is None:
+    """The request's Idempotency-Key header, checked; 422 if malformed or sent more than once
+    (which of two keys the client meant, no server can tell)."""
+    keys = request.headers.getlist("idempotency-key")
+    if not keys:
         return None
     try:
-        return check_idempotency_key(key)
+        if len(keys) > 1:
+            raise ValueError(f"send one Idempotency-Key header, got {len(keys)}")
+        return check_idempotency_key(keys[0])
     except ValueError as exc:
         raise RequestValidationError([{
             "loc": ("header", "Idempotency-Key"), "msg": str(exc), "type": "value_error",

@@ -118,6 +118,25 @@ async def test_a_retried_idempotency_key_is_learned_once(
     assert "gln_learn_duplicates_total 1.0" in metrics
 
 
+async def test_two_idempotency_keys_on_one_request_are_refused_and_nothing_is_learned(
+    settings: Settings, serve, small_config, create_model, make_data
+):
+    """Which of two keys a client meant, no server can tell: keying the request under either
+    would make a later retry under the other learn it twice."""
+    X, y = make_data(3)
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "m", small_config)
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                              headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b")])
+        assert r.status_code == 422
+        assert "one Idempotency-Key header, got 2" in r.text
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+        for key in ("a", "b"):  # neither key was used
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y},
+                                  headers={"Idempotency-Key": key})
+            assert r.status_code == 200 and r.json()["duplicate"] is False
+
+
 async def test_the_same_key_twice_in_one_chunk_is_learned_once(
     settings: Settings, serve, small_config, create_model, make_data
 ):
@@ -390,7 +409,11 @@ async def test_models_per_server_are_limited(tmp_path, serve, small_config, crea
         await create_model(client, "b", small_config)
         r = await client.post("/v1/models", json={"name": "c", "config": small_config})
         names = [m["name"] for m in (await client.get("/v1/models")).json()]
+        # A config the server would refuse anyway says so first: no delete would help it.
+        bad = await client.post("/v1/models",
+                                json={"name": "c", "config": {**small_config, "pred_clip": 7}})
     assert r.status_code == 409 and "GLN_MAX_MODELS=2" in r.json()["detail"]
+    assert bad.status_code == 422 and "pred_clip must be in" in bad.json()["detail"]
     assert names == ["a", "b"]
     assert not (tmp_path / "c").exists()
 

@@ -371,6 +371,12 @@ async def test_an_answer_of_too_many_numbers_is_422(settings, serve, create_mode
         r = await c.post("/v1/models/m/explain", json={"features": X[:3]})
         assert r.status_code == 422 and "(18 a row)" in r.json()["detail"]
         assert (await c.post("/v1/models/m/explain", json={"features": X[:2]})).status_code == 200
+    tight = settings.model_copy(update={"max_response_values": 17})
+    async with serve(create_app(tight)) as c:  # not one row's explanation (18) fits
+        r = await c.post("/v1/models/m/explain", json={"features": X[:1]})
+        assert r.status_code == 422 and r.json()["detail"].endswith(
+            "GLN_MAX_RESPONSE_VALUES=17; not even one row's fits: only a server with a larger "
+            "limit answers it")
 
 
 async def test_bad_request_between_good_ones_leaves_no_gap(

@@ -16,9 +16,14 @@ import pytest
 from gln import GLN
 from service.app import create_app
 from service.settings import Settings
-from tests.gln.snapshot_bytes import with_config
+from tests.gln.snapshot_bytes import with_config, with_header
 
 OCTETS = {"content-type": "application/octet-stream"}
+
+
+def with_counters(blob: bytes, **counters: int) -> bytes:
+    """``blob`` with the counters in its header (``examples_seen``, ``moments_count``) set."""
+    return with_header(blob, lambda header: json.dumps({**header, **counters}))
 
 
 async def import_blob(client: httpx.AsyncClient, name: str, blob: bytes) -> httpx.Response:
@@ -127,6 +132,12 @@ async def test_bytes_that_are_not_a_model_are_refused_and_create_nothing(
         "arrays-of-another-shape": (with_config(blob, num_classes=4), "does not fit"),
         "unknown-argument": (with_config(blob, colour="red"), "colour"),
         "invalid-argument": (with_config(blob, pred_clip=0.9), "pred_clip"),
+        # Counts a loader takes (below 2**62), but that learning could take past it, into
+        # snapshots no start-up would load:
+        "examples-seen-without-room": (with_counters(blob, examples_seen=2**61),
+                                       "leaves no room to learn"),
+        "moments-count-without-room": (with_counters(blob, moments_count=2**62 - 1),
+                                       "leaves no room to learn"),
     }
     for case, (body, message) in refused.items():
         r = await import_blob(client, "new", body)
