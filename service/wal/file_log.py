@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import struct
@@ -38,6 +39,8 @@ from service.wal.interface import (
 )
 
 _FILE_ID_RE = re.compile(r"\d+")
+
+log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 _HEADER_LEN = struct.Struct("<I")  # inside the payload: length of the JSON header
@@ -202,6 +205,10 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
                     ) from exc
                 offset = record_end
             state.end = offset
+        if offset < size:
+            log.warning("%s: its last %d bytes are not a whole record and are cut off (an "
+                        "append that a crash cut short was never acknowledged; anything else "
+                        "is damage to the disk)", path, size - offset)
         state.loaded = True
 
     def _index(self, state: _FileState, payload: bytes, offset: int, size: int) -> None:
