@@ -146,7 +146,8 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
     # ------------------------------------------------------------------ public verbs
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities (n, num_classes), rows summing to 1. Does not learn."""
-        if (self._device == "cuda" and isinstance(X, np.ndarray) and X.ndim == 2
+        # Plain arrays only: a subclass (a masked array) is checked, as on the CPU, first.
+        if (self._device == "cuda" and type(X) is np.ndarray and X.ndim == 2
                 and len(X) > staging.PREDICT_CHUNK_ROWS_GPU):
             return self._class_probabilities(self._predicted_by_chunk(X), len(X))
         X32, _ = self.check_input(X)

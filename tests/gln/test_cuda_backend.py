@@ -974,6 +974,11 @@ def test_a_long_prediction_in_chunks_equals_one_chunk(cp, dtype, monkeypatch):
         bad[37, 2] = bad_value
         with pytest.raises(ValueError, match="row 37, column 2"):
             model.predict_proba(bad)
+    # A masked value is refused as on the CPU, whatever its data (the device would see none).
+    masked = np.ma.array(X, mask=np.zeros(X.shape, bool))
+    masked[37, 2] = np.ma.masked
+    with pytest.raises(ValueError, match="masked values: row 37, column 2 is masked"):
+        model.predict_proba(masked)
     assert model.to_bytes() == blob and model.examples_seen == 30
 
 
