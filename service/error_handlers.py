@@ -6,7 +6,8 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from service.errors import RegistryError
 from service.request_id import current_request_id
@@ -19,6 +20,7 @@ def add_error_handlers(app: FastAPI) -> None:
     service's one error shape."""
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _internal_error)
 
 
@@ -36,6 +38,19 @@ def _shortened(detail: str) -> str:
     if len(detail) <= DETAIL_MAX_CHARS:
         return detail
     return f"{detail[:DETAIL_MAX_CHARS]}... ({len(detail) - DETAIL_MAX_CHARS} characters more)"
+
+
+# nginx's status for a request whose client hung up before it was answered: counted among
+# the clients' errors (4xx), not the server's, which the error-rate alert and panel watch.
+CLIENT_CLOSED_REQUEST = 499
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that hung up while sending its body: nothing of the request was done, nobody
+    reads the answer, and the server did not fail."""
+    log.info("the client hung up while sending %s %s (request %s); nothing was done",
+             request.method, request.url.path, current_request_id.get())
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

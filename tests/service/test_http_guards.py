@@ -281,6 +281,42 @@ async def test_lying_content_length_cannot_pass_the_limit(small_body_app, serve,
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
 
 
+async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
+    settings: Settings, serve, create_model, caplog: pytest.LogCaptureFixture
+):
+    """Half a body, then the client is gone: nothing learned, no 500 (which the error-rate
+    alert counts) and no traceback, but 499, the clients' share of the errors."""
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client)
+        messages = [{"type": "http.request", "body": b'{"features": [[', "more_body": True}]
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": "/v1/models/m/learn",
+            "raw_path": b"/v1/models/m/learn", "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+            "client": ("127.0.0.1", 1), "server": ("testserver", 80),
+        }
+        with caplog.at_level("INFO"):
+            await app(scope, receive, send)
+        assert sent[0]["status"] == 499
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+        assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
+        metrics = (await client.get("/metrics")).text
+    assert ('gln_http_requests_total{method="POST",route="/v1/models/{name}/learn",'
+            'status="499"} 1.0') in metrics
+    assert 'status="500"' not in metrics
+
+
 async def test_a_method_that_takes_no_body_has_its_body_refused_unread(
     settings: Settings, serve, create_model
 ):
