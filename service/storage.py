@@ -73,14 +73,19 @@ class ClosingMixin:
         self.close()
 
 
-# A health check's PING waits this long at most: a hung Redis must not hold its caller for the
+# A health check's write waits this long at most: a hung Redis must not hold its caller for the
 # minute a snapshot's write may take.
 PING_TIMEOUT_S = 2.0
 
 
+# The key a health check writes (under the key prefix), and how long it outlives the last check.
+HEALTH_KEY = "health"
+HEALTH_KEY_TTL_MS = 60_000
+
+
 class RedisClient(ClosingMixin):
-    """What every Redis-backed class here shares: one client, health by PING (on a client of
-    its own, with short timeouts), closing."""
+    """What every Redis-backed class here shares: one client, health by a small write (on a
+    client of its own, with short timeouts), closing."""
 
     _client: redis.Redis
 
@@ -98,10 +103,14 @@ class RedisClient(ClosingMixin):
         self._ping_client = redis_client(url, ping_timeout, PING_TIMEOUT_S)
 
     def ping(self) -> bool:
-        """True when Redis answers PING within ``PING_TIMEOUT_S``; False on any connection or
-        server error, or a Redis that does not answer in time."""
+        """True when Redis takes a write within ``PING_TIMEOUT_S`` (``HEALTH_KEY`` under the
+        prefix, expiring); False on any connection or server error, or a Redis that does not
+        answer in time. A write, not PING: a Redis out of memory (``noeviction``), one whose
+        last background save failed (``MISCONF``) or a read-only replica answers PING but
+        refuses every snapshot and log append."""
         try:
-            return bool(self._ping_client.ping())
+            return bool(self._ping_client.set(f"{self.key_prefix}:{HEALTH_KEY}", b"1",
+                                              px=HEALTH_KEY_TTL_MS))
         except (redis.RedisError, OSError):
             return False
 

@@ -529,3 +529,29 @@ def test_a_directory_store_makes_new_and_deleted_models_durable_in_its_root(
     assert synced == [(tmp_path, True)]  # an existing directory: its files sync themselves
     store.delete("m")
     assert synced[1:] == [(tmp_path, False)]  # after the rename
+
+
+def test_redis_health_is_false_while_redis_refuses_writes(tmp_path: Path) -> None:
+    """A Redis out of memory (``noeviction``) still answers PING, but takes no snapshot and no
+    log append: the store's and the log's health say so, and recover with it."""
+    from service.wal import RedisWriteAheadLog
+    from tests.redis_process import RedisProcess
+
+    with RedisProcess(tmp_path / "redis", appendonly=False) as server:
+        store = RedisSnapshotStore(server.url, key_prefix="health-test")
+        wal = RedisWriteAheadLog(server.url, key_prefix="health-test")
+        admin = redis.Redis.from_url(server.url)
+        try:
+            assert store.ping() and wal.ping()
+            admin.config_set("maxmemory", 1)
+            assert admin.ping()  # PING alone would call it healthy
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                store.save("m", b"x")
+            assert not store.ping() and not wal.ping()
+            admin.config_set("maxmemory", 0)
+            assert store.ping() and wal.ping()
+            assert store.save("m", b"x").version == 1
+        finally:
+            store.close()
+            wal.close()
+            admin.close()
