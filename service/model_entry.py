@@ -21,6 +21,9 @@ in its entry and removes them once applied; rows whose wait ended without a put 
 through the queue as well (:meth:`ModelEntry.expire`, a wait entry of no rows). A snapshot
 carries the rows waiting at its point (after the model's bytes, :mod:`service.snapshot_blob`).
 So the log's order is the order of every change, and a restore gets the same rows back.
+
+The entry's log (appends, catch-up, rebuild: :mod:`service.entry_log`) and its snapshots
+(:mod:`service.entry_snapshots`) are parts of their own.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from gln import GLN, SnapshotBuffer
+from gln import GLN
+from service.entry_log import LoggedWriterMixin
+from service.entry_snapshots import SnapshotsMixin
 from service.errors import (
     IdempotencyKeyReused,
     ModelNotFound,
     RegistryError,
     RequestWithdrawn,
-    Unavailable,
 )
 from service.learn_answers import AnswerCache, LearnResult, scored_rows
 from service.log_throttle import Throttled
@@ -55,13 +59,10 @@ from service.metrics import ServiceMetrics
 from service.online_stats import OnlineStats
 from service.pending import PendingPredictions, PendingRow
 from service.settings import Settings
-from service.snapshot_blob import WAL_ID, snapshot_blob
-from service.store import SnapshotInfo, SnapshotStore
+from service.snapshot_blob import WAL_ID
+from service.store import SnapshotInfo
 from service.wal import (
     ANY_END,
-    LogEntry,
-    WalDivergedError,
-    WalDurabilityError,
     WriteAheadLog,
     request_digest,
 )
@@ -70,14 +71,6 @@ log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
 throttled = Throttled(log)
 
-
-def _log_failure(exc: Exception) -> str:
-    """What a client is told of a failed log call: a durability shortfall in full (it says
-    what the log lacks), anything else by its type (a connection error's message names the
-    server's address; the service log has it)."""
-    if isinstance(exc, WalDurabilityError):
-        return f"{type(exc).__name__}: {exc}"
-    return f"{type(exc).__name__}; see the service log"
 
 T = TypeVar("T")
 
@@ -181,7 +174,7 @@ class _GroupResult:
     correct: np.ndarray | None = None  # LEARN: prequential argmax == label, same rows
 
 
-class ModelEntry:
+class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
     """One model in memory: its request queue and worker, its stats and snapshot info.
 
     Every request that touches the weights (learn, predict, explain) joins one ordered queue.
@@ -666,179 +659,6 @@ class ModelEntry:
             [job.digest for job in jobs], [row.id for row in label_rows], follows=follows,
         ))
 
-    def _logged(self, append: Callable[[str | None], str]) -> str:
-        """(model lock) The id of the entry ``append`` logs after the log's end as this
-        writer knows it; 503 (Unavailable) if it fails.
-
-        After a failure the entry may or may not be in the log (the write may have landed and
-        only its answer been lost); the model is put in doubt and catches up at once if it
-        can, else before it next logs, so it never skips or repeats a logged entry. If the
-        log no longer ends where this writer left it, entries the model learned are gone
-        from it: the model is rebuilt from its snapshot and the log (:meth:`_rebuild`).
-        """
-        t0 = time.perf_counter()
-        try:
-            entry_id = append(self._log_end)
-        except WalDivergedError as exc:
-            self._metrics.wal_append_errors.inc()
-            log.warning("%s", exc)
-            try:
-                self._rebuild()
-            except Exception as again:
-                log.warning("rebuilding %r from its snapshot and log failed: %s", self.name,
-                            again)
-            raise Unavailable(
-                f"{exc}; the model was rebuilt from its snapshot and log, and this request "
-                "is not acknowledged: retry it with the same Idempotency-Key"
-            ) from exc
-        except Exception as exc:
-            self._metrics.wal_append_errors.inc()
-            self._log_in_doubt = True
-            self._note_shortfall(exc)
-            throttled.warning(f"append {self.name}", "log append for %r failed: %s",
-                              self.name, exc)
-            # An entry the replicas did not confirm in time is not confirmed a moment later
-            # either: the next request catches up (and waits for them) instead.
-            if not isinstance(exc, WalDurabilityError):
-                try:
-                    self._catch_up()
-                except Exception as again:
-                    log.warning("catching %r up with its log failed too: %s", self.name, again)
-            raise Unavailable(
-                f"write-ahead log did not confirm the append ({_log_failure(exc)}); "
-                "the request is not acknowledged: retry it with the same Idempotency-Key "
-                "(a prediction with ids: with the same ids)"
-            ) from exc
-        self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
-        self._log_end = entry_id
-        self.log_confirmed_at = time.monotonic()
-        return entry_id
-
-    def _note_shortfall(self, exc: Exception) -> None:
-        if isinstance(exc, WalDurabilityError):
-            self.durability_shortfall = (str(exc), time.monotonic())
-
-    def _log_unavailable(self, exc: Exception) -> Unavailable:
-        """The 503 for a log that could not be read before anything was learned (the cause
-        logged here: the client is told only its type)."""
-        self._metrics.wal_append_errors.inc()
-        self._note_shortfall(exc)
-        throttled.warning(f"read {self.name}", "reading the log of %r failed: %s: %s",
-                          self.name, type(exc).__name__, exc)
-        return Unavailable(
-            f"write-ahead log unavailable ({_log_failure(exc)}); nothing was "
-            "learned: retry it with the same Idempotency-Key"
-        )
-
-    def _catch_up_or_refuse(self) -> None:
-        """(model lock) :meth:`_catch_up` before new learning; 503 while the log is down."""
-        try:
-            self._catch_up()
-        except Exception as exc:
-            raise self._log_unavailable(exc) from exc
-
-    def _catch_up(self) -> int:
-        """(model lock) Apply every log entry after ``applied_id``; how many there were.
-
-        At restore this is the replay of the log tail; after a failed append it picks up an
-        entry that reached the log although its append raised. Entries are applied only once
-        they are as durable as an acknowledged one (the log's ``wait_durable``: a replica
-        has them), else WalDurabilityError and the model stays in doubt: learned but not
-        replicated, an entry could be lost in a failover while the model and its snapshots
-        kept it. A log that no longer reaches where this writer left it has lost entries
-        the model learned: the model is rebuilt.
-        """
-        assert self.wal is not None
-        known_end = self._log_end
-        if known_end not in (ANY_END, None) and not self.wal.reaches(self.name, known_end):
-            log.warning("the log of %r ends at %s, before %s where this writer left it",
-                        self.name, self.wal.last_id(self.name), known_end)
-            return self._rebuild()
-        self.wal.wait_durable()
-        count = 0
-        for entry in self.wal.read_after(self.name, self.applied_id):
-            self._apply_logged(entry)
-            count += 1
-        if self.applied_id is not None and not self.wal.reaches(self.name, self.applied_id):
-            # The log ends before the model's snapshot: moved to a new directory, or emptied.
-            # New entries must follow the snapshot's, or a restore would skip them as learned.
-            log.warning("the log of %r ends before its snapshot's entry %s (a new or emptied "
-                        "log); its entries continue after that one", self.name, self.applied_id)
-            self.wal.continue_after(self.name, self.applied_id)
-        self._log_end = self.wal.last_id(self.name)
-        self._log_in_doubt = False
-        self.log_confirmed_at = time.monotonic()
-        return count
-
-    def _rebuild(self) -> int:
-        """(model lock) Start again from the model's snapshot and replay its log as they are
-        now; the log entries replayed.
-
-        For a log that lost entries the model had learned: a Redis failover promoted a
-        replica that had not received them. The model was ahead of anything a restart could
-        replay, and a retried request whose entry was lost would be learned a second time;
-        rebuilt, it holds what the log holds. What it learned from the lost entries is gone,
-        as after a restart (docs/durability.md says which requests can have been acknowledged).
-        """
-        assert self.wal is not None
-        self.wal.reconnect()  # to the primary the Sentinels name now, as the store does
-        stored = None if self._load_snapshot is None else self._load_snapshot()
-        if stored is None:
-            raise Unavailable(
-                f"the log of {self.name!r} lost entries the model had learned, and there is no "
-                "snapshot of it to rebuild it from: delete it and create (or import) it again"
-            )
-        log.warning("rebuilding %r from its snapshot (version %d) and its log: the log lost "
-                    "entries the model had learned", self.name, stored.info.version)
-        self.model, self.snapshot = stored.model, stored.info
-        self.applied_id = stored.info.metadata.get(WAL_ID)
-        self.awaiting_labels.clear()
-        self.awaiting_labels.put_rows(stored.waiting)
-        self._answers = AnswerCache(self._answers.max_rows)
-        self._log_end = ANY_END
-        # In doubt until the replay below is done (it waits until the log is durable first):
-        # if it fails, the next request catches up before anything else is learned.
-        self._log_in_doubt = True
-        self._metrics.wal_rebuilds.inc()
-        return self._catch_up()
-
-    def _apply_logged(self, entry: LogEntry) -> None:
-        """(model lock) Learn one log entry, and remember its keyed requests' answers.
-
-        A wait entry puts its rows to wait for labels instead; a learn entry's waiting rows
-        stop waiting, as they did when it was logged.
-        """
-        if entry.waiting:
-            assert entry.predictions is not None
-            self._wait(entry.label_ids, entry.features, entry.predictions, entry.expires_at,
-                       entry.expired_ids, entry.id)
-            self._metrics.wal_replayed_entries.inc()
-            return
-        start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
-        self.awaiting_labels.remove_ids(entry.label_ids)
-        self._metrics.wal_replayed_entries.inc()
-        self._metrics.wal_replayed_examples.inc(len(entry.labels))
-        if len(entry.request_rows) != len(entry.idempotency_keys):
-            return
-        digests = entry.request_digests or (None,) * len(entry.idempotency_keys)
-        offset = 0
-        for key, n, digest in zip(entry.idempotency_keys, entry.request_rows, digests,
-                                  strict=True):
-            if key is not None:
-                self._answers.put(key, LearnResult(
-                    start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
-                    log_id=entry.id,
-                ), digest)
-            offset += n
-
-    def replay_log(self) -> int:
-        """(thread) Bring a restored model up to its log: apply the entries after its snapshot,
-        once they are as durable as an acknowledged entry (WalDurabilityError until then)."""
-        if self.wal is None:
-            return 0
-        with self.lock:
-            return self._catch_up()
-
     def _answer(self, groups: list[_GroupResult]) -> None:
         """(loop) Give every request its slice; count learned examples in stats and metrics."""
         for group in groups:
@@ -875,80 +695,6 @@ class ModelEntry:
                 if not job.future.done():
                     job.future.set_result(group.output[offset:offset + n])
                 offset += n
-
-    # -- snapshots --
-    async def model_bytes(self) -> memoryview:
-        """``GLN.to_bytes()`` between learn runs: every learn request answered so far is in it."""
-        return await self._run(self._model_bytes_sync)
-
-    def _model_bytes_sync(self) -> memoryview:
-        """(thread) The model's bytes, holding the model lock for a copy of its arrays only."""
-        buffer = SnapshotBuffer(self.model)
-        with self.lock:
-            buffer.capture(self.model)
-        return buffer.seal()
-
-    async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
-        """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
-        return await self._run(self._save_snapshot_sync, store, force)
-
-    def _save_snapshot_sync(self, store: SnapshotStore, force: bool) -> SnapshotInfo | None:
-        """(thread) Copy the model's arrays under the model lock; checksum and store the copy
-        outside it (learning continues).
-
-        The snapshot records the newest log entry its weights include, and after the
-        model's bytes the rows waiting for labels at that point; once it is the current
-        snapshot, the log is trimmed through that entry (a failed trim only leaves a longer
-        log, which replays to the same model).
-        """
-        with self.snapshot_lock:
-            if self.deleted:
-                raise ModelNotFound(self.name)
-            if not force and not self.changed_since_snapshot:
-                return None  # before the buffer: most intervals of an idle model end here
-            t0 = time.perf_counter()
-            buffer = SnapshotBuffer(self.model)  # allocated while the model learns on
-            with self.lock:
-                updates = self._updates
-                if not force and updates == self._snapshotted_updates:
-                    return None
-                applied_id = self.applied_id
-                buffer.capture(self.model)
-                waiting = self.awaiting_labels.rows()
-            blob, metadata = snapshot_blob(buffer.seal(), applied_id, waiting)
-            info = store.save(self.name, blob, metadata=metadata or None)
-            self._snapshotted_updates = updates
-            self.snapshot = info
-            self._metrics.observe_snapshot(
-                self.name, time.perf_counter() - t0, info.nbytes, info.created_at
-            )
-            if self.wal is not None and applied_id is not None:
-                try:
-                    self.wal.trim_through(self.name, applied_id)
-                except Exception as exc:
-                    log.warning("trimming the log of %r failed (kept longer): %s", self.name, exc)
-            return info
-
-    async def delete_snapshots(self, store: SnapshotStore) -> None:
-        """Remove the model's snapshots; no snapshot of it can be written afterwards."""
-        await self._run(self._delete_snapshots_sync, store)
-
-    def _delete_snapshots_sync(self, store: SnapshotStore) -> None:
-        """(thread) Remove the model's snapshots; no snapshot of it is written afterwards."""
-        with self.snapshot_lock:
-            self.deleted = True
-            try:
-                store.delete(self.name)
-            except BaseException:
-                self.deleted = False
-                raise
-            if self.wal is not None:
-                # After the snapshots: a crash in between, or a failure here, leaves a log
-                # without a model, which restore ignores and the next create of the name clears.
-                try:
-                    self.wal.delete(self.name)
-                except Exception as exc:
-                    log.warning("deleting the log of %r failed (left behind): %s", self.name, exc)
 
     def describe(self) -> dict[str, Any]:
         """The model's public info: config, progress, online metrics, latest snapshot."""
