@@ -5,35 +5,20 @@ and the delete after which no snapshot of it is written."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
-from gln import GLN, SnapshotBuffer
+from gln import SnapshotBuffer
 from service.errors import ModelNotFound
-from service.metrics import ServiceMetrics
-from service.pending import PendingPredictions
 from service.snapshot_blob import snapshot_blob
 from service.store import SnapshotInfo, SnapshotStore
-from service.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
 
 class SnapshotsMixin:
-    """The snapshot part of ``service.model_entry.ModelEntry``."""
-
-    name: str
-    model: GLN
-    snapshot: SnapshotInfo | None
-    wal: WriteAheadLog | None
-    applied_id: str | None
-    awaiting_labels: PendingPredictions
-    lock: threading.Lock
-    snapshot_lock: threading.Lock
-    deleted: bool
-    _updates: int
-    _snapshotted_updates: int
-    _metrics: ServiceMetrics
+    """The snapshot part of ``service.model_entry.ModelEntry``: it takes the entry's locks
+    (``lock`` for the model's arrays, ``snapshot_lock`` for the store's writes of it) and keeps
+    ``snapshot``, the latest snapshot's info, and the count of updates it holds."""
 
     async def model_bytes(self) -> memoryview:
         """``GLN.to_bytes()`` between learn runs: every learn request answered so far is in it."""
