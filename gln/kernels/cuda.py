@@ -14,7 +14,9 @@ The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
   to global memory per example; short chunks and prediction) and *resident* (the neuron's 2^m
   rows held in shared memory for the whole chunk; long chunks); a third, *rows*, gives each
   row a warp of its own, which takes only the examples of the row's context (opt-in,
-  ``ROW_WARPS_MIN_ROWS``);
+  ``ROW_WARPS_MIN_ROWS``); rows too wide for a lane's registers (more than ``MAX_INPUTS``
+  inputs) take *wide*, the streaming kernel's work with the row and input read as they are
+  used;
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
   kernel itself, so gating never makes the host wait for the GPU;
 * the standardisation of a chunk is one launch instead of a dozen (bit for bit NumPy's), and
@@ -39,12 +41,11 @@ import numpy as np
 
 from gln.backend import import_cupy as _cupy
 from gln.gating import dot_rounding_bound
-from gln.network import reference_layer_pass
 from gln.scaling import Z_LIMIT, RunningMoments
 
 WARP = 32
 STREAM_WARPS = 4  # neurons (warps) per block of the streaming kernel: GLN_STREAM_WARPS
-MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take the reference pass
+MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take the wide kernel
 MAX_INPUTS = WARP * MAX_PER_LANE
 # Chunks at least this long learn with the rows in shared memory (when they fit): the copy in
 # and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
@@ -110,7 +111,11 @@ COMPILE_OPTIONS = ("--fmad=false", f"-DGLN_Z_LIMIT={Z_LIMIT!r}")
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
 SHARED, ROWS = "gln_layer_predict_shared", "gln_layer_pass_rows"
-MODES = ("auto", "streaming", "resident", "shared", "rows")
+WIDE = "gln_layer_pass_wide"
+MODES = ("auto", "streaming", "resident", "shared", "rows", "wide")
+# The wide kernel keeps no row in registers: it is taken from the module compiled for the
+# narrowest rows, one for every width.
+WIDE_MODULE_LANES = 1
 
 
 @dataclass(frozen=True)
@@ -145,20 +150,24 @@ def plan_layer_launch(
 ) -> LayerLaunch:
     """Choose the kernel and its launch shape for a layer of ``weights_shape`` over n rows.
 
-    ``mode`` forces ``"streaming"``, ``"resident"``, ``"rows"`` or (prediction only)
-    ``"shared"`` (tests and benchmarks); ``"auto"`` picks rows when learning at least
+    ``mode`` forces ``"streaming"``, ``"resident"``, ``"rows"``, ``"wide"`` or (prediction
+    only) ``"shared"`` (tests and benchmarks); ``"auto"`` picks rows when learning at least
     ``ROW_WARPS_MIN_ROWS`` rows (when set), else resident from ``RESIDENT_MIN_ROWS``, and
     shared when predicting at least ``PREDICT_SHARED_MIN_ROWS``, where a neuron's rows fit in
-    ``max_shared_bytes`` of shared memory. All give the same bytes.
+    ``max_shared_bytes`` of shared memory. All give the same bytes. Rows of more than
+    ``MAX_INPUTS`` inputs, which no lane's registers hold, take the wide kernel whatever the
+    mode.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     num_glns, num_neurons, num_contexts, num_inputs = weights_shape
-    if not 1 <= num_inputs <= MAX_INPUTS:
-        raise ValueError(f"the CUDA layer pass takes 1 to {MAX_INPUTS} inputs, got {num_inputs}")
+    if num_inputs < 1:
+        raise ValueError(f"the CUDA layer pass takes at least 1 input, got {num_inputs}")
     if num_contexts < 1 or num_contexts & (num_contexts - 1):
         raise ValueError(f"contexts per neuron must be a power of two, got {num_contexts}")
     neurons = num_glns * num_neurons
+    if mode == "wide" or num_inputs > MAX_INPUTS:
+        return _streaming_launch(WIDE, neurons, n, learn, WIDE_MODULE_LANES)
     shared_bytes = num_contexts * num_inputs * 4
     fits = shared_bytes <= max_shared_bytes
     if mode in ("resident", "shared") and not fits:
@@ -189,11 +198,16 @@ def plan_layer_launch(
     )
     if resident:
         return LayerLaunch(RESIDENT, (neurons, 1), (WARP,), shared_bytes, lanes, max(n, 1))
-    # Learning must keep each neuron on one warp (its updates are sequential); prediction
-    # may split the examples since no weight changes.
+    return _streaming_launch(STREAMING, neurons, n, learn, lanes)
+
+
+def _streaming_launch(kernel: str, neurons: int, n: int, learn: bool, lanes: int) -> LayerLaunch:
+    """A warp per neuron, ``STREAM_WARPS`` to a block (the streaming and the wide kernel).
+    Learning keeps each neuron on one warp (its updates are sequential); prediction may split
+    the examples, since no weight changes."""
     rows = max(n, 1) if learn else max(PREDICT_ROWS_PER_WARP, -(-n // _MAX_GRID_Y))
     grid = (-(-neurons // STREAM_WARPS), max(1, -(-n // rows)))
-    return LayerLaunch(STREAMING, grid, (WARP * STREAM_WARPS,), 0, lanes, rows)
+    return LayerLaunch(kernel, grid, (WARP * STREAM_WARPS,), 0, lanes, rows)
 
 
 def layer_kernel_args(
@@ -309,7 +323,7 @@ def cuda_layer_pass(
     or, when predicting, ``"shared"``); all give the same bytes. ``next_inputs``
     (n, G, K + 1) float32, when given, receives the next layer's inputs
     (``cuda_layer_inputs(probs, bias_logit, True)``, bit for bit) from the same launch. Layers
-    wider than ``MAX_INPUTS`` inputs take the reference pass.
+    wider than ``MAX_INPUTS`` inputs take the wide kernel.
     """
     check_layer_arrays(weights, contexts, inputs, targets, rates, probs)
     if next_inputs is not None:
@@ -323,13 +337,6 @@ def _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_cli
     """``cuda_layer_pass`` on arrays known to be right (the network pass makes its own)."""
     n = contexts.shape[0]
     if n == 0:
-        return
-    if weights.shape[3] > MAX_INPUTS:
-        reference_layer_pass(_cupy())(
-            weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs
-        )
-        if next_inputs is not None:
-            next_inputs[...] = cuda_layer_inputs(probs, bias_logit, True)
         return
     device_id = weights.device.id
     launch = plan_layer_launch(

@@ -51,6 +51,10 @@
 //     writes their outputs at once, a lane each: per pair a warp spends its instructions on
 //     the products. On wide rows, where the products outweigh the butterfly, it sums each
 //     pair as it goes and squashes 32 finished sums at once.
+// Rows too wide for a lane's registers (more than 32 x 64 inputs) have a fifth, whose
+// arithmetic is the others' in the same order (wide_lane_dot):
+//   gln_layer_pass_wide: the streaming kernel's work with the active row and the input read
+//     from memory as they are used, for rows of any width.
 //
 // GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
 // and an input live in registers.
@@ -435,6 +439,67 @@ gln_layer_pass_streaming(GLN_LAYER_KERNEL_PARAMETERS) {
     const int g = static_cast<int>(neuron / num_neurons);
     float* rows = weights + neuron * num_contexts * static_cast<long long>(num_inputs);
     run_neuron(rows, a, neuron, g, begin, end, lane);
+}
+
+// This lane's part of a row's dot product with an input, the row and the input read from
+// memory as it goes: lane_dot's two chains (the even and the odd elements of the lane, each in
+// order) for rows of any width, where lane_dot's register arrays would not fit.
+__device__ __forceinline__ float wide_lane_dot(const float* row, const float* __restrict__ x,
+                                               int lane, int num_inputs) {
+    float even = 0.0f, odd = 0.0f;
+    for (int j = lane; j < num_inputs; j += 2 * GLN_WARP) {
+        even = fmaf(row[j], __ldg(x + j), even);
+        if (j + GLN_WARP < num_inputs) odd = fmaf(row[j + GLN_WARP], __ldg(x + j + GLN_WARP), odd);
+    }
+    return __fadd_rn(even, odd);
+}
+
+// Rows wider than a lane's registers hold (the host sends layers of more than 32 x 64 inputs
+// here; mode="wide" any layer): the streaming kernel's work, one warp per neuron through its
+// examples in order, with the active row and the input read from memory as they are used, in
+// the same order of operations as mix_and_learn (lane l owns elements l + 32 i, for both the
+// dot product and the update, so program order makes each update visible). The launch is the
+// streaming kernel's: blockIdx.y picks a range of rows_per_warp examples.
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
+gln_layer_pass_wide(GLN_LAYER_KERNEL_PARAMETERS) {
+    (void)neurons_per_block;
+    const int lane = threadIdx.x % GLN_WARP;
+    const long long neuron =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
+    if (neuron >= static_cast<long long>(num_glns) * num_neurons) return;  // whole warp
+    const long long first = static_cast<long long>(blockIdx.y) * rows_per_warp;
+    if (first >= n) return;
+    const int begin = static_cast<int>(first);
+    const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, learn, bias_logit, write_next);
+    const int g = static_cast<int>(neuron / num_neurons);
+    const int I = num_inputs;
+    float* rows = weights + neuron * num_contexts * static_cast<long long>(I);
+    const long long input_stride = static_cast<long long>(input_groups) * I;
+    const float* input0 = inputs + static_cast<long long>(input_groups == 1 ? 0 : g) * I;
+    int window = begin;
+    Window s = load_window(a, neuron, g, window, end, lane);
+    for (int t = begin; t < end; ++t) {
+        if (t - window == GLN_WARP) {
+            window += GLN_WARP;
+            s = load_window(a, neuron, g, window, end, lane);
+        }
+        const int c = __shfl_sync(GLN_FULL_MASK, s.context, t - window);
+        const float rate = __shfl_sync(GLN_FULL_MASK, s.rate, t - window);
+        const float target = __shfl_sync(GLN_FULL_MASK, s.target, t - window);
+        float* row = rows + static_cast<long long>(c) * I;
+        const float* x = input0 + t * input_stride;
+        const float p = squash(warp_sum(wide_lane_dot(row, x, lane, I)), lo, hi);
+        if (lane == 0) write_outputs(a, neuron, g, t, p);
+        if (a.learn) {
+            const float step = __fmul_rn(rate, __fsub_rn(p, target));
+            for (int j = lane; j < I; j += GLN_WARP) {
+                row[j] = fminf(fmaxf(fmaf(-step, __ldg(x + j), row[j]), -bound), bound);
+            }
+        }
+    }
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

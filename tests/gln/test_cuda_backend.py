@@ -106,15 +106,41 @@ def test_mnist_sized_layer_matches_reference(cp):
     np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
 
 
-def test_wide_layers_fall_back_to_the_reference(cp):
-    from gln.kernels.cuda import MAX_INPUTS  # noqa: PLC0415
+@pytest.mark.parametrize("learn", [True, False])
+def test_layers_too_wide_for_registers_take_the_wide_kernel(cp, learn):
+    """More inputs than a lane's registers hold: the wide kernel, whatever the mode asked,
+    against the reference; a chunk equals its rows one call at a time, byte for byte."""
+    from gln.kernels.cuda import MAX_INPUTS, WIDE, plan_layer_launch  # noqa: PLC0415
 
-    rng = np.random.default_rng(1)
-    data = random_layer(rng, 1, 2, 2, MAX_INPUTS + 3, 3, True)
-    w_ref, p_ref = run_reference(data, True)
-    w_gpu, p_gpu = run_cuda(cp, data, True)
+    layer = (2, 2, 4, MAX_INPUTS + 67)
+    for mode in ("auto", "streaming", "resident", "shared", "rows"):
+        assert plan_layer_launch(layer, 70, learn and mode != "shared", 227 * 1024,
+                                 mode).kernel == WIDE
+    data = random_layer(np.random.default_rng(1), *layer, 70, False)  # three windows of 32
+    w_ref, p_ref = run_reference(data, learn)
+    w_gpu, p_gpu = run_cuda(cp, data, learn)
+    assert not np.isnan(p_gpu).any(), "some outputs were never written"
     np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
     np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
+    w, ctx, x, targets, rates = data
+    one_by_one = np.empty_like(p_gpu)
+    for t in range(len(ctx)):
+        one = (w, ctx[t:t + 1], x[t:t + 1], targets[t:t + 1], rates[t:t + 1])
+        w, one_by_one[t:t + 1] = run_cuda(cp, one, learn)
+    np.testing.assert_array_equal(one_by_one, p_gpu)
+    np.testing.assert_array_equal(w, w_gpu)
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("learn", [True, False])
+def test_the_wide_kernel_equals_the_register_kernels_byte_for_byte(cp, layer, learn):
+    """Forced onto rows that registers hold, the wide kernel adds the same products in the
+    same order as the streaming kernel: the same bytes."""
+    data = random_layer(np.random.default_rng(3), *layer, 45, True)
+    w_stream, p_stream = run_cuda(cp, data, learn, "streaming")
+    w_wide, p_wide = run_cuda(cp, data, learn, "wide")
+    np.testing.assert_array_equal(p_wide, p_stream)
+    np.testing.assert_array_equal(w_wide, w_stream)
 
 
 @pytest.mark.parametrize("layer", LAYERS[1:], ids=lambda s: "x".join(map(str, s)))
@@ -241,7 +267,7 @@ def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
 def test_a_layer_pass_writes_the_next_layers_inputs_bit_for_bit(cp, layer, mode, learn):
     """What the separate input kernel would build from the outputs, from the same launch,
     also where prediction splits a neuron's examples over warps (and for the widest layers,
-    which take the reference pass)."""
+    which take the wide kernel)."""
     from gln.kernels.cuda import cuda_layer_inputs, cuda_layer_pass  # noqa: PLC0415
 
     data = random_layer(np.random.default_rng(5), *layer, 70, False)
@@ -570,6 +596,29 @@ def test_cuda_model_matches_cpu_model(cp, side_info):
         np.testing.assert_allclose(w_gpu.get(), w_cpu, atol=1e-4)
     np.testing.assert_allclose(gpu.moments.total.get(), cpu.moments.total, rtol=1e-12)
     assert gpu.examples_seen == cpu.examples_seen == len(X)
+
+
+def test_a_model_of_more_features_than_registers_hold_learns_with_kernels(cp):
+    """2,100 features (the first layer's rows beyond MAX_INPUTS): the CPU model's results, a
+    chunk equal to its rows one call at a time, and short calls replayed from their graphs
+    (the reference pass, which wide layers took before, could not be captured)."""
+    import warnings  # noqa: PLC0415
+
+    rng = np.random.default_rng(4)
+    X, y = rng.normal(size=(40, 2100)), rng.integers(0, 2, 40)
+    config = dict(num_features=2100, num_classes=2, layer_sizes=(3, 1), context_dim=2, seed=1)
+    cpu, chunked, rows = (GLN(**config, device=d) for d in ("cpu", "cuda", "cuda"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed capture warns
+        learned = chunked.learn(X, y)
+        one_by_one = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(40)])
+        predicted = rows.predict_proba(X[:5])
+    np.testing.assert_array_equal(one_by_one, learned)
+    assert rows.to_bytes() == chunked.to_bytes()
+    np.testing.assert_allclose(learned, cpu.learn(X, y), atol=1e-4)
+    np.testing.assert_allclose(predicted, cpu.predict_proba(X[:5]), atol=1e-4)
+    if hasattr(cp, "operations"):  # the emulated device counts them: the wide kernel ran
+        assert cp.operations["kernel gln_layer_pass_wide"] > 0
 
 
 def test_cuda_kernels_match_plain_cupy_path(cp):

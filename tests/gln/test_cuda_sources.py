@@ -26,6 +26,7 @@ from gln.kernels.cuda import (
     ROWS,
     SHARED,
     STREAMING,
+    WIDE,
     per_lane,
     plan_layer_launch,
 )
@@ -134,8 +135,10 @@ def test_launch_plan():
     assert too_big.kernel == STREAMING  # 800 KB of rows: stays in global memory
     with pytest.raises(ValueError, match="power of two"):
         plan_layer_launch((1, 1, 3, 5), 1, True, HOPPER_SHARED_BYTES)
-    with pytest.raises(ValueError, match="inputs"):
-        plan_layer_launch((1, 1, 2, 5000), 1, True, HOPPER_SHARED_BYTES)
+    with pytest.raises(ValueError, match="at least 1 input"):
+        plan_layer_launch((1, 1, 2, 0), 1, True, HOPPER_SHARED_BYTES)
+    wide = plan_layer_launch((1, 5, 2, 5000), 100, False, HOPPER_SHARED_BYTES)  # > 64 a lane
+    assert (wide.kernel, wide.grid, wide.rows_per_warp, wide.per_lane) == (WIDE, (2, 4), 32, 1)
 
 
 def test_the_row_kernel_is_forced_or_chosen_from_its_length(monkeypatch):
