@@ -20,6 +20,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   neurons per block let two blocks share an SM), and ``shared_sum_batch`` with each
   ``GLN_SUM_BATCH`` of ``--predict-sum-batch`` (dot products summed at once; 1: a butterfly
   each);
+* ``wide_kernel``: the kernel of rows no registers hold (``gln_layer_pass_wide``, taken by
+  layers of more than 2,048 inputs) beside the streaming kernel on the first layer, learning
+  and predicting, at each of ``--wide-rows``;
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
@@ -193,6 +196,32 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                     seconds = mean_event_seconds(cp, predict, args.repeats)
                 emit({"measure": "shared_sum_batch", "layer": name, "rows": n,
                       "sum_batch": batch, "microseconds": seconds * 1e6}, device)
+
+
+def time_wide_kernel(cp, args: argparse.Namespace, device: str) -> None:
+    """The kernel of rows no registers hold (``gln_layer_pass_wide``, which layers of more
+    than 2,048 inputs take) beside the streaming kernel, on the network's first layer, whose
+    rows the registers do hold: the same bytes, and what reading the row and the input from
+    memory as they are used costs."""
+    from gln.kernels.cuda import cuda_layer_pass  # noqa: PLC0415
+
+    rng = np.random.default_rng(2)
+    name, glns, neurons, inputs, groups = layer_shapes(NETWORK)[0]
+    weights = cp.asarray(rng.uniform(-0.1, 0.1, (glns, neurons, 16, inputs)), cp.float32)
+    for n in args.wide_rows:
+        arrays = (weights, cp.asarray(rng.integers(0, 16, (n, glns, neurons)), cp.int32),
+                  cp.asarray(rng.normal(0, 2, (n, groups, inputs)), cp.float32),
+                  cp.asarray(rng.integers(0, 2, (n, glns)), cp.float32),
+                  cp.full(n, 1e-3, cp.float32))
+        probs = cp.empty((n, glns, neurons), cp.float32)
+        for learn in (True, False):
+            for mode in ("streaming", "wide"):
+                def launch(arrays=arrays, probs=probs, mode=mode, learn=learn):
+                    cuda_layer_pass(*arrays, 0.01, 5.0, learn, probs, mode=mode)
+
+                seconds = mean_event_seconds(cp, launch, args.repeats)
+                emit({"measure": "wide_kernel", "layer": name, "kernel": mode, "learn": learn,
+                      "rows": n, "microseconds": seconds * 1e6}, device)
 
 
 @contextlib.contextmanager
@@ -517,6 +546,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="alternating rounds of the library's learning kernels and the row "
                              "kernel (0: none)")
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
+    parser.add_argument("--wide-rows", type=int_list, default=[256, 2048],
+                        help="chunk lengths to time the wide kernel at, beside the streaming one")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)
     parser.add_argument("--pygln-examples", type=int, default=2_000,
@@ -532,6 +563,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.skip_layer_passes:
         time_layer_passes(cp, args, device)
+        time_wide_kernel(cp, args, device)
 
     total = max(args.examples, args.plain_examples, args.pygln_examples) + args.latency_calls \
         + args.chunk

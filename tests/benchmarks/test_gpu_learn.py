@@ -52,7 +52,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
               "--pygln-examples", "0", "--predict-chunk-rows", "2", "--staging", "1x1,2x3",
               "--first-chunk-rows", "3", "--upload-rounds", "1",
               "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32",
-              "--gating-rounds", "1", "--kernel-rounds", "1", "--dtype-rounds", "1"])
+              "--gating-rounds", "1", "--kernel-rounds", "1", "--dtype-rounds", "1",
+              "--wide-rows", "2"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -105,6 +106,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                                 ("rows", "longest_first"), ("rows", "natural"))
           for drawn in ("uniform", "uneven")),
         ("streaming", False, None, "uniform"), ("shared", False, None, "uniform")}
+    wide = {(r["kernel"], r["learn"], r["rows"], r["layer"]) for r in records
+            if r["measure"] == "wide_kernel" and r["microseconds"] > 0}
+    assert wide == {(kernel, learn, 2, "784->8") for kernel in ("streaming", "wide")
+                    for learn in (True, False)}
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5
 
