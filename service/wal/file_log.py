@@ -406,13 +406,17 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
         return [None if f is None else LoggedRequest(str(f[0]), f[2]) for f in found]
 
     def delete(self, name: str) -> None:
-        """Remove ``wal.log`` (and leftover temp files); the model directory if now empty."""
+        """Remove ``wal.log`` (and leftover temp files); the model directory if now empty; and
+        what this process kept of the model (its records and idempotency keys), which would
+        otherwise outlive it: a server that creates and deletes models by many names would
+        hold them all."""
         state = self._state_of(name)
         path = state.path
         with state.lock:
             if state.fd is not None:
                 os.close(state.fd)
             state.fd, state.loaded = None, False
+            state.records, state.keys = [], {}
             if path.parent.is_dir():
                 for entry in path.parent.iterdir():
                     if entry.name == _LOG_NAME or entry.name.startswith(_TMP_PREFIX):
@@ -421,6 +425,9 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
                 with contextlib.suppress(OSError):
                     path.parent.rmdir()  # only if empty: snapshots may share the directory
                 fsync_dir(self.path)
+        with self._guard:  # not under the state's lock: close takes the guard, then each lock
+            if self._states.get(name) is state:
+                del self._states[name]
 
     def check_durability(self) -> None:
         """Nothing to check: ``fsync`` is ours to do. Present for the interface."""

@@ -560,6 +560,22 @@ def test_file_torn_tail_is_ignored_and_cut_off(
     assert tags(reopened.read_after("m", None)) == [0, 1, 2, 3]
 
 
+def test_file_log_keeps_nothing_of_deleted_models(tmp_path: Path) -> None:
+    """A server that creates and deletes models by ever new names must not hold each one's
+    records and idempotency keys for the rest of its life."""
+    wal = FileWriteAheadLog(tmp_path)
+    wal.append("kept", *tagged(1), ["k"])
+    for i in range(20):
+        wal.append(f"m{i}", *tagged(i), [f"key{i}-0"])
+        assert wal.seen_key(f"m{i}", f"key{i}-0") == "1"
+        wal.delete(f"m{i}")
+    assert list(wal._states) == ["kept"]  # what this process holds of the logs
+    assert wal.seen_key("kept", "k") == "1"
+    wal.append("m3", *tagged(3))  # a name used again starts afresh
+    assert tags(wal.read_after("m3", None)) == [3] and wal.seen_key("m3", "key3-0") is None
+    wal.close()
+
+
 def test_file_keys_trimmed_before_digests_were_kept_still_count(tmp_path: Path) -> None:
     """A base record from before digests lists each key as [id, time]: still a known key."""
     (tmp_path / "m").mkdir()
