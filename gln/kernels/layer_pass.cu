@@ -420,26 +420,10 @@ __device__ __forceinline__ LayerArgs layer_args(const int* contexts, const float
         float bound, int learn, float bias_logit, int write_next, int rows_per_warp,            \
         int neurons_per_block
 
-// One warp per neuron, GLN_STREAM_WARPS neurons per block; blockIdx.y picks a range of
-// rows_per_warp examples (the whole chunk when learning: gridDim.y must then be 1).
-extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
-gln_layer_pass_streaming(GLN_LAYER_KERNEL_PARAMETERS) {
-    (void)neurons_per_block;  // one neuron per warp: the kernels share one signature
-    const int lane = threadIdx.x % GLN_WARP;
-    const long long neuron =
-        static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
-    if (neuron >= static_cast<long long>(num_glns) * num_neurons) return;  // whole warp
-    const long long first = static_cast<long long>(blockIdx.y) * rows_per_warp;
-    if (first >= n) return;
-    const int begin = static_cast<int>(first);
-    const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
-    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
-                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
-                                   lo, hi, bound, learn, bias_logit, write_next);
-    const int g = static_cast<int>(neuron / num_neurons);
-    float* rows = weights + neuron * num_contexts * static_cast<long long>(num_inputs);
-    run_neuron(rows, a, neuron, g, begin, end, lane);
-}
+#define GLN_LAYER_KERNEL_ARGUMENTS                                                              \
+    weights, contexts, inputs, targets, rates, probs, next_inputs, n, num_glns, num_neurons,    \
+        num_contexts, num_inputs, input_groups, lo, hi, bound, learn, bias_logit, write_next,  \
+        rows_per_warp, neurons_per_block
 
 // This lane's part of a row's dot product with an input, the row and the input read from
 // memory as it goes: lane_dot's two chains (the even and the odd elements of the lane, each in
@@ -454,31 +438,16 @@ __device__ __forceinline__ float wide_lane_dot(const float* row, const float* __
     return __fadd_rn(even, odd);
 }
 
-// Rows wider than a lane's registers hold (the host sends layers of more than 32 x 64 inputs
-// here; mode="wide" any layer): the streaming kernel's work, one warp per neuron through its
-// examples in order, with the active row and the input read from memory as they are used, in
+// run_neuron for rows wider than a lane's registers hold: neuron (g, k) through examples
+// [begin, end) in order, its active row and the input read from memory as they are used, in
 // the same order of operations as mix_and_learn (lane l owns elements l + 32 i, for both the
-// dot product and the update, so program order makes each update visible). The launch is the
-// streaming kernel's: blockIdx.y picks a range of rows_per_warp examples.
-extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
-gln_layer_pass_wide(GLN_LAYER_KERNEL_PARAMETERS) {
-    (void)neurons_per_block;
-    const int lane = threadIdx.x % GLN_WARP;
-    const long long neuron =
-        static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
-    if (neuron >= static_cast<long long>(num_glns) * num_neurons) return;  // whole warp
-    const long long first = static_cast<long long>(blockIdx.y) * rows_per_warp;
-    if (first >= n) return;
-    const int begin = static_cast<int>(first);
-    const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
-    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
-                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
-                                   lo, hi, bound, learn, bias_logit, write_next);
-    const int g = static_cast<int>(neuron / num_neurons);
-    const int I = num_inputs;
-    float* rows = weights + neuron * num_contexts * static_cast<long long>(I);
-    const long long input_stride = static_cast<long long>(input_groups) * I;
-    const float* input0 = inputs + static_cast<long long>(input_groups == 1 ? 0 : g) * I;
+// dot product and the update, so program order makes each update visible).
+__device__ __forceinline__ void run_neuron_wide(float* rows, const LayerArgs& a,
+                                                long long neuron, int g, int begin, int end,
+                                                int lane) {
+    const int I = a.num_inputs;
+    const long long input_stride = static_cast<long long>(a.input_groups) * I;
+    const float* input0 = a.inputs + static_cast<long long>(a.input_groups == 1 ? 0 : g) * I;
     int window = begin;
     Window s = load_window(a, neuron, g, window, end, lane);
     for (int t = begin; t < end; ++t) {
@@ -491,15 +460,54 @@ gln_layer_pass_wide(GLN_LAYER_KERNEL_PARAMETERS) {
         const float target = __shfl_sync(GLN_FULL_MASK, s.target, t - window);
         float* row = rows + static_cast<long long>(c) * I;
         const float* x = input0 + t * input_stride;
-        const float p = squash(warp_sum(wide_lane_dot(row, x, lane, I)), lo, hi);
+        const float p = squash(warp_sum(wide_lane_dot(row, x, lane, I)), a.lo, a.hi);
         if (lane == 0) write_outputs(a, neuron, g, t, p);
         if (a.learn) {
             const float step = __fmul_rn(rate, __fsub_rn(p, target));
             for (int j = lane; j < I; j += GLN_WARP) {
-                row[j] = fminf(fmaxf(fmaf(-step, __ldg(x + j), row[j]), -bound), bound);
+                row[j] = fminf(fmaxf(fmaf(-step, __ldg(x + j), row[j]), -a.bound), a.bound);
             }
         }
     }
+}
+
+// One warp per neuron, GLN_STREAM_WARPS neurons per block; blockIdx.y picks a range of
+// rows_per_warp examples (the whole chunk when learning: gridDim.y must then be 1). The
+// streaming kernel runs its neuron with run_neuron, the wide kernel with run_neuron_wide.
+template <bool Wide>
+__device__ __forceinline__ void warp_per_neuron(GLN_LAYER_KERNEL_PARAMETERS) {
+    (void)neurons_per_block;  // one neuron per warp: the kernels share one signature
+    const int lane = threadIdx.x % GLN_WARP;
+    const long long neuron =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
+    if (neuron >= static_cast<long long>(num_glns) * num_neurons) return;  // whole warp
+    const long long first = static_cast<long long>(blockIdx.y) * rows_per_warp;
+    if (first >= n) return;
+    const int begin = static_cast<int>(first);
+    const int end = n - begin < rows_per_warp ? n : begin + rows_per_warp;
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, learn, bias_logit, write_next);
+    const int g = static_cast<int>(neuron / num_neurons);
+    float* rows = weights + neuron * num_contexts * static_cast<long long>(num_inputs);
+    if constexpr (Wide) {
+        run_neuron_wide(rows, a, neuron, g, begin, end, lane);
+    } else {
+        run_neuron(rows, a, neuron, g, begin, end, lane);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
+gln_layer_pass_streaming(GLN_LAYER_KERNEL_PARAMETERS) {
+    warp_per_neuron<false>(GLN_LAYER_KERNEL_ARGUMENTS);
+}
+
+// Rows wider than a lane's registers hold (the host sends layers of more than 32 x 64 inputs
+// here; mode="wide" any layer): the streaming kernel's launch and work, with each row and
+// input read from memory as they are used.
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
+gln_layer_pass_wide(GLN_LAYER_KERNEL_PARAMETERS) {
+    warp_per_neuron<true>(GLN_LAYER_KERNEL_ARGUMENTS);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

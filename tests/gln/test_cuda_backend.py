@@ -48,6 +48,16 @@ def run_cuda(cp, data, learn, mode="auto", pred_clip=0.01, weight_clip=1.5):
     return w.get(), probs.get()
 
 
+def run_cuda_row_by_row(cp, data, learn):
+    """The CUDA layer pass on one example a call, in order; returns host (weights, probs)."""
+    w, ctx, x, targets, rates = data
+    probs = np.empty((len(ctx), *w.shape[:2]), np.float32)
+    for t in range(len(ctx)):
+        one = (w, ctx[t:t + 1], x[t:t + 1], targets[t:t + 1], rates[t:t + 1])
+        w, probs[t:t + 1] = run_cuda(cp, one, learn)
+    return w, probs
+
+
 def run_reference(data, learn, pred_clip=0.01, weight_clip=1.5):
     w, ctx, x, targets, rates = data
     weights = w.copy()
@@ -122,11 +132,7 @@ def test_layers_too_wide_for_registers_take_the_wide_kernel(cp, learn):
     assert not np.isnan(p_gpu).any(), "some outputs were never written"
     np.testing.assert_allclose(p_gpu, p_ref, atol=1e-5)
     np.testing.assert_allclose(w_gpu, w_ref, atol=1e-5)
-    w, ctx, x, targets, rates = data
-    one_by_one = np.empty_like(p_gpu)
-    for t in range(len(ctx)):
-        one = (w, ctx[t:t + 1], x[t:t + 1], targets[t:t + 1], rates[t:t + 1])
-        w, one_by_one[t:t + 1] = run_cuda(cp, one, learn)
+    w, one_by_one = run_cuda_row_by_row(cp, data, learn)
     np.testing.assert_array_equal(one_by_one, p_gpu)
     np.testing.assert_array_equal(w, w_gpu)
 
@@ -155,14 +161,11 @@ def test_kernels_and_chunkings_agree_byte_for_byte(cp, layer):
     w_rows, p_rows = run_cuda(cp, data, True, "rows")
     np.testing.assert_array_equal(w_rows, w_stream)
     np.testing.assert_array_equal(p_rows, p_stream)
-    w, ctx, x, targets, rates = data
-    rows_p = np.empty_like(p_res)
-    for t in range(len(ctx)):
-        one = (w, ctx[t:t + 1], x[t:t + 1], targets[t:t + 1], rates[t:t + 1])
-        w, rows_p[t:t + 1] = run_cuda(cp, one, True)
+    w, rows_p = run_cuda_row_by_row(cp, data, True)
     np.testing.assert_array_equal(w, w_res)
     np.testing.assert_array_equal(rows_p, p_res)
     # Prediction (examples split over warps) gives what learning predicted first.
+    _, ctx, x, targets, rates = data
     _, p_first = run_cuda(cp, (data[0], ctx[:1], x[:1], targets[:1], rates[:1]), False)
     np.testing.assert_array_equal(p_first, p_res[:1])
 
