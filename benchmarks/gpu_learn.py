@@ -133,6 +133,16 @@ def layer_shapes(network: dict) -> list[tuple[str, int, int, int, int]]:
             for i, size in enumerate(sizes)]
 
 
+def random_chunk(cp, rng: np.random.Generator, n: int, glns: int, neurons: int, inputs: int,
+                 groups: int) -> tuple[Any, Any, Any, Any]:
+    """A layer pass's per-example arrays for n rows on the device: contexts, inputs, targets
+    and rates, drawn in that order."""
+    return (cp.asarray(rng.integers(0, 16, (n, glns, neurons)), cp.int32),
+            cp.asarray(rng.normal(0, 2, (n, groups, inputs)), cp.float32),
+            cp.asarray(rng.integers(0, 2, (n, glns)), cp.float32),
+            cp.full(n, 1e-3, cp.float32))
+
+
 def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
     """Each layer shape of the network through one launch, per kernel and chunk length; as in
     the model, every layer but the last also writes the next layer's inputs."""
@@ -145,10 +155,7 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
         last = name == shapes[-1][0]
         weights = cp.asarray(rng.uniform(-0.1, 0.1, (glns, neurons, 16, inputs)), cp.float32)
         for n in args.layer_rows:
-            contexts = cp.asarray(rng.integers(0, 16, (n, glns, neurons)), cp.int32)
-            x = cp.asarray(rng.normal(0, 2, (n, groups, inputs)), cp.float32)
-            targets = cp.asarray(rng.integers(0, 2, (n, glns)), cp.float32)
-            rates = cp.full(n, 1e-3, cp.float32)
+            contexts, x, targets, rates = random_chunk(cp, rng, n, glns, neurons, inputs, groups)
             probs = cp.empty((n, glns, neurons), cp.float32)
             next_inputs = None if last else cp.empty((n, glns, neurons + 1), cp.float32)
             uneven = cp.asarray(uneven_contexts(rng, n, glns, neurons), cp.int32)
@@ -209,10 +216,7 @@ def time_wide_kernel(cp, args: argparse.Namespace, device: str) -> None:
     name, glns, neurons, inputs, groups = layer_shapes(NETWORK)[0]
     weights = cp.asarray(rng.uniform(-0.1, 0.1, (glns, neurons, 16, inputs)), cp.float32)
     for n in args.wide_rows:
-        arrays = (weights, cp.asarray(rng.integers(0, 16, (n, glns, neurons)), cp.int32),
-                  cp.asarray(rng.normal(0, 2, (n, groups, inputs)), cp.float32),
-                  cp.asarray(rng.integers(0, 2, (n, glns)), cp.float32),
-                  cp.full(n, 1e-3, cp.float32))
+        arrays = (weights, *random_chunk(cp, rng, n, glns, neurons, inputs, groups))
         probs = cp.empty((n, glns, neurons), cp.float32)
         for learn in (True, False):
             for mode in ("streaming", "wide"):
