@@ -244,6 +244,38 @@ async def test_streamed_body_under_the_limit_is_reassembled(small_body_app, serv
         assert r.json()["examples"] == 3
 
 
+async def raw_learn(app, messages: list[dict], content_length: int) -> list[dict]:
+    """What ``app`` sends for a raw ASGI POST to model m's learn route that declares
+    ``content_length`` bytes and whose body arrives as ``messages``, after which the client
+    is gone (``http.disconnect``)."""
+    sent: list[dict] = []
+    pending = list(messages)
+
+    async def receive() -> dict:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/models/m/learn",
+        "raw_path": b"/v1/models/m/learn",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(content_length).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    await app(scope, receive, send)
+    return sent
+
+
 async def test_lying_content_length_cannot_pass_the_limit(small_body_app, serve, create_model):
     """A raw ASGI request that declares 10 bytes and streams 4,000: 413, nothing learned."""
     app = small_body_app
@@ -254,29 +286,7 @@ async def test_lying_content_length_cannot_pass_the_limit(small_body_app, serve,
             {"type": "http.request", "body": body[i : i + 500], "more_body": i + 500 < len(body)}
             for i in range(0, len(body), 500)
         ]
-        sent: list[dict] = []
-
-        async def receive() -> dict:
-            return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/v1/models/m/learn",
-            "raw_path": b"/v1/models/m/learn",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"10")],
-            "client": ("127.0.0.1", 1),
-            "server": ("testserver", 80),
-        }
-        await app(scope, receive, send)
+        sent = await raw_learn(app, messages, content_length=10)
         assert sent[0]["status"] == 413
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
 
@@ -289,25 +299,9 @@ async def test_a_client_that_hangs_up_mid_body_is_no_server_error(
     app = create_app(settings)
     async with serve(app) as client:
         await create_model(client)
-        messages = [{"type": "http.request", "body": b'{"features": [[', "more_body": True}]
-
-        async def receive() -> dict:
-            return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-        sent: list[dict] = []
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-            "method": "POST", "scheme": "http", "path": "/v1/models/m/learn",
-            "raw_path": b"/v1/models/m/learn", "query_string": b"", "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
-            "client": ("127.0.0.1", 1), "server": ("testserver", 80),
-        }
+        half = [{"type": "http.request", "body": b'{"features": [[', "more_body": True}]
         with caplog.at_level("INFO"):
-            await app(scope, receive, send)
+            sent = await raw_learn(app, half, content_length=100)
         assert sent[0]["status"] == 499
         assert not [r for r in caplog.records if r.levelname == "ERROR"]
         assert (await client.get("/v1/models/m")).json()["examples_seen"] == 0
