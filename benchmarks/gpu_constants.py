@@ -22,9 +22,6 @@
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 * ``GATING_PRODUCT``: int8 where it both learned and predicted faster than float32
   (``learn_by_gating``, ``predict_by_gating``) with the same outputs, else float32.
-* ``PREDICTION_CHUNK_GRAPHS`` (``gln.staging``): true where replayed chunk graphs predicted
-  float32 rows faster than chunks launched one by one (``predict_by_dtype``), with the same
-  outputs and no failed capture.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
 chosen from. A value is null when the lines to choose it are missing (or, for the two minimum
@@ -46,10 +43,9 @@ from gln import staging  # noqa: E402
 from gln.kernels import cuda  # noqa: E402
 
 # Every constant recommended here, and the module that holds it.
-CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
-                              "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
-                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda),
-             "PREDICTION_CHUNK_GRAPHS": staging}
+CONSTANTS = dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
+                           "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
+                           "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda)
 
 
 def recommend(records: Iterable[dict]) -> dict:
@@ -93,7 +89,7 @@ def recommend(records: Iterable[dict]) -> dict:
         "PREDICT_ROWS_PER_BLOCK": _value_at_longest(best.get("shared", {}),
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
-        **_switches(records),
+        "GATING_PRODUCT": _gating_product(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
@@ -104,27 +100,18 @@ def recommend(records: Iterable[dict]) -> dict:
     }
 
 
-def _switches(records: list[dict]) -> dict:
-    """``GATING_PRODUCT`` and ``PREDICTION_CHUNK_GRAPHS`` from the side-by-side rates of
-    ``gpu_learn.py`` (None without their lines)."""
+def _gating_product(records: list[dict]) -> str | None:
+    """``GATING_PRODUCT`` from the side-by-side rates of ``gpu_learn.py`` (None without their
+    lines)."""
     gating = {(r["measure"], r["gating_product"]): r for r in records
               if r.get("measure") in ("learn_by_gating", "predict_by_gating")}
-    graphs = {r["chunk_graphs"]: r for r in records
-              if r.get("measure") == "predict_by_dtype" and r.get("dtype") == "float32"
-              and "chunk_graphs" in r}
-    product = None
-    if len(gating) == 4:
-        wins = all(gating[(f"{verb}_by_gating", "int8")]["examples_per_second"]
-                   > gating[(f"{verb}_by_gating", "float32")]["examples_per_second"]
-                   for verb in ("learn", "predict"))
-        same = all(r["same_outputs_as_float32"] for r in gating.values())
-        product = "int8" if wins and same else "float32"
-    chunk_graphs = None
-    if set(graphs) == {False, True}:
-        on, off = graphs[True], graphs[False]
-        chunk_graphs = bool(on["examples_per_second"] > off["examples_per_second"]
-                            and on["same_outputs_as_float32"] and not on["capture_failure"])
-    return {"GATING_PRODUCT": product, "PREDICTION_CHUNK_GRAPHS": chunk_graphs}
+    if len(gating) != 4:
+        return None
+    wins = all(gating[(f"{verb}_by_gating", "int8")]["examples_per_second"]
+               > gating[(f"{verb}_by_gating", "float32")]["examples_per_second"]
+               for verb in ("learn", "predict"))
+    same = all(r["same_outputs_as_float32"] for r in gating.values())
+    return "int8" if wins and same else "float32"
 
 
 def _crossing(first: dict[int, float], second: dict[int, float]

@@ -34,12 +34,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
   chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
-  and as float32, each with the long predictions' full chunks launched kernel by kernel and
-  replayed from their captured CUDA graph (``chunk_graphs``:
-  ``gln.staging.PREDICTION_CHUNK_GRAPHS``), in alternating rounds (``--dtype-rounds``) on a
-  model that learned them as float32; uint8 rows travel in a quarter of the bytes
-  (``gln.kernels.uploads``), and every combination must predict the bytes of float32 rows
-  launched kernel by kernel;
+  and as float32, in alternating rounds (``--dtype-rounds``) on a model that learned them as
+  float32; uint8 rows travel in a quarter of the bytes (``gln.kernels.uploads``), and must
+  predict the same bytes;
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -374,31 +371,23 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
 
 def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
     """Prediction rates of pixels (``X``'s values in [0, 1] scaled back to 0-255) sent as uint8
-    and as float32, each with a long prediction's full chunks launched kernel by kernel and
-    replayed from their captured graph (``chunk_graphs``), by a model that learned them as
-    float32: the medians of ``rounds`` alternating rounds (the model's first prediction with
-    graphs compiles what it needs, its second captures), and whether each predicted the
-    outputs of float32 rows launched kernel by kernel."""
+    and as float32, by a model that learned them as float32: the medians of ``rounds``
+    alternating rounds, and whether both predicted the same outputs."""
     pixels = np.rint(X * 255).astype(np.uint8)
     batches = {"uint8": pixels, "float32": pixels.astype(np.float32)}
     model = GLN(**NETWORK, device="cuda")
     model.learn(batches["float32"][:chunk], y[:chunk])
-    rates: dict[tuple[str, bool], list[float]] = defaultdict(list)
-    tail = slice(len(X) - chunk, None)
-    outputs = {}
+    rates: dict[str, list[float]] = defaultdict(list)
     for _ in range(rounds):
-        for graphs in (False, True):
-            with module_constant(gln.staging, "PREDICTION_CHUNK_GRAPHS", graphs):
-                for name, rows in batches.items():
-                    rates[(name, graphs)].append(predict_rate(model, rows, chunk))
-                    outputs[(name, graphs)] = model.predict_proba(rows[tail])
-    first = outputs.get(("float32", False))
+        for name, rows in batches.items():
+            rates[name].append(predict_rate(model, rows, chunk))
+    tail = slice(len(X) - chunk, None)
+    same = np.array_equal(model.predict_proba(pixels[tail]),
+                          model.predict_proba(batches["float32"][tail]))
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
-             "chunk_graphs": graphs, "examples": len(X),
-             "examples_per_second": float(np.median(values)), "rounds": rounds,
-             "capture_failure": model._chunk_replays.failure,
-             "same_outputs_as_float32": bool(np.array_equal(outputs[(name, graphs)], first))}
-            for (name, graphs), values in rates.items()]
+             "examples": len(X), "examples_per_second": float(np.median(values)),
+             "rounds": rounds, "same_outputs_as_float32": same}
+            for name, values in rates.items()]
 
 
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
@@ -542,8 +531,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="first chunk lengths to predict with on the copy stream")
     parser.add_argument("--upload-rounds", type=int, default=5)
     parser.add_argument("--dtype-rounds", type=int, default=5,
-                        help="alternating rounds of uint8 and float32 pixels, each with and "
-                             "without chunk graphs (0: none)")
+                        help="alternating rounds of uint8 and float32 pixels (0: none)")
     parser.add_argument("--gating-rounds", type=int, default=3,
                         help="alternating rounds of each GATING_PRODUCT (0: none)")
     parser.add_argument("--kernel-rounds", type=int, default=3,

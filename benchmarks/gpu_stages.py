@@ -16,11 +16,9 @@ which shows whether the latency of one-row calls is the host's or the device's. 
 host issued and left each stage, and when the device finished it (an event recorded after
 it), so that the device's idle gaps (``device_idle_before_us``: where the device had
 finished all it was given before the host entered the stage), and what the host was doing
-then, show; and a
-prediction whose full chunks are replayed from a captured graph (``_replayed_chunk`` each).
-Last, the
-parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
-bounds, the contexts kernel with its float64 re-checks in place and listed; CUDA events) and
+then, show. Last, the parts of a 4,096-row call's two largest stages: the gating (the float32
+GEMM, the rounding bounds, the contexts kernel with its float64 re-checks in place and listed;
+CUDA events) and
 the copy in (pageable against pinned host memory) next to the host's input check, also of
 the rows as uint8 pixels (which travel as they are, a quarter of the bytes), on a model
 that has learned as many rows first, so that its inputs are standardised as in service (a new
@@ -46,14 +44,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gln.staging  # noqa: E402
 from benchmarks.gpu_learn import (  # noqa: E402
     NETWORK,
     device_name,
     int_list,
     load_data,
     mean_event_seconds,
-    module_constant,
     served_inputs,
 )
 from gln import GLN  # noqa: E402
@@ -103,8 +99,7 @@ def stage_times(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int, device:
               "stage_us": {name: totals[name] / calls * 1e6 for name in STAGES}}, device)
 
 
-TIMELINE_STAGES = ("_sent", "_scale", "_contexts", "_network_pass", "_replayed_chunk",
-                   "_fetched")
+TIMELINE_STAGES = ("_sent", "_scale", "_contexts", "_network_pass", "_fetched")
 
 
 def call_timeline(cp, model: GLN, call: Callable[[], Any]) -> dict:
@@ -160,9 +155,7 @@ def with_device_idle(stages: list[dict]) -> list[dict]:
 
 
 def timelines(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:
-    """``call_timeline`` of a ``rows``-row learn and predict call (after one of each), and of a
-    prediction whose full chunks replay their captured graph (``predict_chunk_graphs``, after
-    one that compiles and one that captures)."""
+    """``call_timeline`` of a ``rows``-row learn and predict call (after one of each)."""
     model = GLN(**NETWORK, device="cuda")
     model._replays = None  # short calls launch by launch, as long ones always do
     model.learn(X[:rows], y[:rows])
@@ -173,12 +166,6 @@ def timelines(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:
     ):
         emit({"measure": "call_timeline", "verb": verb, "rows": rows,
               **call_timeline(cp, model, call)}, device)
-    with module_constant(gln.staging, "PREDICTION_CHUNK_GRAPHS", True):
-        for _ in range(2):
-            model.predict_proba(X[:rows])
-        emit({"measure": "call_timeline", "verb": "predict_chunk_graphs", "rows": rows,
-              **call_timeline(cp, model, lambda: model.predict_proba(X[2 * rows:3 * rows]))},
-             device)
 
 
 def host_costs(cp, calls: int, device: str) -> None:

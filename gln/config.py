@@ -153,9 +153,6 @@ class ConfigMixin:
         # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
         self._replays = (CallReplays() if self._device == "cuda" and self.use_kernels
                          else None)
-        # ... and, where gln.staging.PREDICTION_CHUNK_GRAPHS, a long prediction's full chunks.
-        self._chunk_replays = (CallReplays("long predictions' full chunks")
-                               if self._device == "cuda" and self.use_kernels else None)
         self._blur = None
         if self.side_info_blur > 0:
             self._blur = tuple(

@@ -7,10 +7,8 @@ one copy (``_staged``, ``_unpacked``). The device's work for a staged chunk
 (``_chunk_on_device``) reads and writes only device arrays, so a short call's launches can be
 captured once as a CUDA graph and replayed (``_replayed``, ``gln.kernels.replay``). A long
 prediction goes in chunks, each sent on a copy stream while the device predicts the one before
-(``_predicted_by_chunk``, ``gln.kernels.uploads``), its full chunks' device work optionally
-replayed from a graph too (``PREDICTION_CHUNK_GRAPHS``, ``_chunk_graph``), and the outputs come
-back in one copy at the end (``_fetched``). A CPU model stages its chunks the same way; its
-copies are none.
+(``_predicted_by_chunk``, ``gln.kernels.uploads``), and the outputs come back in one copy at
+the end (``_fetched``). A CPU model stages its chunks the same way; its copies are none.
 """
 
 from __future__ import annotations
@@ -33,13 +31,6 @@ PREDICT_CHUNK_ROWS_GPU = 2048
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
 # their rates and targets; longer ones as float32 (see GLN._staged).
 HOST_WIDENED_ROWS = 64
-# Whether each full chunk of a long prediction (PREDICT_CHUNK_ROWS_GPU rows, sent as they are)
-# replays a CUDA graph of its device work, captured once per model (at its second long
-# prediction), instead of launching about a dozen kernels and copies, each of which costs the
-# host tens of microseconds. The graph keeps its chunk's intermediate arrays for as long as
-# the model lives (at most about 175 MB for MNIST's network at 2,048 rows, by count), so it is
-# off until a GPU run shows it faster (benchmarks/gpu_learn.py, predict_by_dtype).
-PREDICTION_CHUNK_GRAPHS = False
 
 
 class StagingMixin:
@@ -157,36 +148,20 @@ class StagingMixin:
         float32 (pixels as uint8) need no check and travel in their own bytes, widened by the
         device (``travelling_dtype``). Those of other batches are checked by the host, chunk by
         chunk. Prediction changes nothing, so a bad value found late loses nothing: the error
-        is the whole batch's host check's, naming its first bad value. With
-        ``PREDICTION_CHUNK_GRAPHS`` the full chunks of rows sent as they are replay a captured
-        graph of their device work (``_chunk_graph``), the finite check included."""
+        is the whole batch's host check's, naming its first bad value."""
         from gln.kernels.cuda import flag_nonfinite  # noqa: PLC0415 - GPU models only
 
         xp = self._xp
         travelling = travelling_dtype(X.dtype) if X.shape[1] == self.num_features else None
         staged_raw, device_checked = travelling is not None, travelling == np.float32
         full = PREDICT_CHUNK_ROWS_GPU
-        # Full chunks whose rows travel as they are (not staged, widened, with the count) may
-        # replay a graph; with graphs off, no lock is taken.
-        graphed = PREDICTION_CHUNK_GRAPHS and staged_raw and len(X) >= full > HOST_WIDENED_ROWS
-        replays = self._chunk_replays if graphed else None
         outputs, flagged = [], False
+        nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None  # set by the device
         sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
                    else contextlib.nullcontext())
-        turn = replays.taking_turns() if replays is not None else contextlib.nullcontext()
-        with sending as uploads, turn:
-            graph = self._chunk_graph(X[:full]) if replays is not None else None
-            if graph is not None:  # its flag serves the call's other chunks too
-                nonfinite = graph.inputs[2]
-                nonfinite.fill(0)
-            else:
-                nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None
+        with sending as uploads:
             for start, stop in self._chunk_bounds(len(X), full):
                 rows = X[start:stop]
-                if graph is not None and len(rows) == full:  # checked by the graph, if at all
-                    outputs.append(self._replayed_chunk(graph, rows, uploads))
-                    flagged = flagged or device_checked
-                    continue
                 checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
                 if checked_here:  # else sent as they are: checked by the device, or needing none
                     try:
@@ -204,39 +179,6 @@ class StagingMixin:
             if flagged and int(nonfinite.get()[0]):
                 self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
-
-    @staticmethod
-    def _replayed_chunk(graph: Any, rows: np.ndarray, uploads: ChunkUploads) -> Any:
-        """A full chunk's outputs (n, G) on the device from its captured graph: the rows sent
-        into the graph's input (and widened there, when they travel as integers), one launch."""
-        uploads.send(rows, into=graph.inputs[1])
-        graph.graph.launch()
-        uploads.consumed()
-        return graph.outputs.copy()  # the next replay overwrites the graph's own
-
-    def _chunk_graph(self, full_chunk: np.ndarray) -> Any:
-        """The captured device work of a long prediction's full chunk (``_chunk_replays``,
-        ``PREDICTION_CHUNK_GRAPHS``), its staged buffer (the example count and the chunk's
-        unused rates and targets: the same for every full chunk of a call) copied in; its
-        other inputs are the rows as float32 and a flag that the finite check of the rows
-        sets. None where the chunks must be run launch by launch (the model's first long
-        prediction, a failed capture). For callers that hold ``self._chunk_replays``'s turn
-        (``taking_turns()``), with ``PREDICTION_CHUNK_GRAPHS`` on."""
-        from gln.kernels import cuda  # noqa: PLC0415 - GPU models only
-
-        n, d = full_chunk.shape
-        packed = self._staged(full_chunk, None)
-
-        def steps(staged: Any, rows32: Any, nonfinite: Any) -> Any:
-            cuda.flag_nonfinite(rows32, nonfinite)
-            return self._chunk_on_device(staged, rows32, n, False)[0]
-
-        inputs = ((packed.shape, packed.dtype), ((n, d), np.float32), ((1,), np.int32))
-        graph = self._chunk_replays.graph((n, cuda.GATING_PRODUCT), self._device_state, inputs,
-                                          steps)
-        if graph is not None:
-            graph.staged.set(packed)
-        return graph
 
     def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
         """The chunks' outputs on the host, in one copy after the last chunk: until then the

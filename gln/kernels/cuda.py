@@ -13,8 +13,9 @@ The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
 * two kernels share that per-example code: *streaming* (the active row read from and written
   to global memory per example; short chunks and prediction) and *resident* (the neuron's 2^m
   rows held in shared memory for the whole chunk; long chunks); a third, *rows*, gives each
-  row a warp of its own, which takes only the examples of the row's context (opt-in,
-  ``ROW_WARPS_MIN_ROWS``); rows too wide for a lane's registers (more than ``MAX_INPUTS``
+  row a warp of its own, which takes only the examples of the row's context (learning chunks
+  of at least ``ROW_WARPS_MIN_ROWS`` rows, where the rows' warps run a whole layer at once);
+  rows too wide for a lane's registers (more than ``MAX_INPUTS``
   inputs) take *wide*, the streaming kernel's work with the row and input read as they are
   used;
 * the halfspace contexts: the margins that float32 cannot settle are redone in float64 by the
@@ -55,9 +56,11 @@ RESIDENT_MIN_ROWS = 2048
 # Chunks at least this long learn with a warp per row instead (gln_layer_pass_rows: each of a
 # neuron's 2^m rows in registers, through the examples of its context), so that all of a
 # layer's neurons run at once; None: never chosen by itself (mode="rows" forces it). The same
-# bytes; None until a GPU run times it on real contexts, whose rows are far from equally
-# common (MNIST, 4,096 rows: a neuron's most common context takes about 1,500 of them).
-ROW_WARPS_MIN_ROWS: int | None = None
+# bytes. On an H200, MNIST's three layers on real contexts (far from equally common: a neuron's
+# most common context takes about 1,500 of 4,096 rows): 391 against 582 us at 256 rows, 224
+# against 154 at 64; learning MNIST in 4,096-row calls 316k against 209k examples/s
+# (docs/benchmarks.md).
+ROW_WARPS_MIN_ROWS: int | None = 256
 # A launch before it lists each row's examples (gln_row_examples, with a count a context in
 # shared memory: at most ROW_WARPS_MAX_CONTEXTS contexts a neuron, 48 KB); a second orders the
 # rows by ROW_ORDER: "longest_first" (gln_row_order, so that the longest chains start at once)
@@ -93,8 +96,12 @@ GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 GATING_GEMM_MIN_ROWS = 16
 # The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (three int8
 # GEMMs of the rows' and normals' slices, gln.kernels.int8_gating, where the planes number a
-# multiple of 4); the same contexts either way. float32 until a GPU run shows int8 faster.
-GATING_PRODUCT = "float32"
+# multiple of 4), the latter from INT8_GATING_MIN_ROWS rows; the same contexts either way. On an
+# H200, 4,096 MNIST rows against 10,280 planes: 924 against 1,875 us, with a tenth of the
+# margins re-checked (gpu_gating_tf32.py's gating_paths); 311 against 531 at 1,024 rows, 257
+# against 175 at 256, so the int8 GEMMs start at the shortest measured length where they won.
+GATING_PRODUCT = "int8"
+INT8_GATING_MIN_ROWS = 1024
 # Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN) to be listed for the
 # float64 re-check: about eight times what standardised inputs need (one in a thousand,
 # measured on an H100); a fuller list re-checks the rest in place, slower and with the same bits.
@@ -574,7 +581,7 @@ def _gating_products_and_bounds(
     if GATING_PRODUCT not in ("float32", "int8"):
         raise ValueError(f"GATING_PRODUCT is 'float32' or 'int8', not {GATING_PRODUCT!r}")
     # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.
-    if (GATING_PRODUCT == "int8" and z.shape[0] >= GATING_GEMM_MIN_ROWS
+    if (GATING_PRODUCT == "int8" and z.shape[0] >= max(GATING_GEMM_MIN_ROWS, INT8_GATING_MIN_ROWS)
             and normals.shape[0] % 4 == 0):
         from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
 

@@ -14,18 +14,13 @@ nothing else is ever given a buffer that a replay writes. A model's replays shar
 buffer and its outputs, so they take turns: two threads may still predict with one model at
 once, as they may with calls that are not replayed. If a capture fails, the model warns once
 and runs every call as before.
-
-The same machinery (``graph``) serves the full chunks of a long prediction, where
-``gln.staging.PREDICTION_CHUNK_GRAPHS`` asks for it: there the caller copies the chunk's rows
-into the graph's input on the device and keeps its outputs there.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,22 +52,18 @@ class _CapturedCall:
 
 
 class CallReplays:
-    """One model's captured calls of one kind (``what``: short calls, keyed by (rows,
-    learning), by default).
+    """One model's captured short calls, keyed by (rows, learning).
 
-    ``replayed`` returns a short call's outputs on the host, or None where the caller must run
-    the call itself: the first call of each key (which compiles the kernels and fills the
-    caches that a capture must not touch), and every call after a failed capture. ``graph``
-    gives the captured call itself, for a caller that fills its inputs and reads its outputs
-    on the device (``taking_turns`` around them).
+    ``replayed`` returns a call's outputs on the host, or None where the caller must run the
+    call itself: the first call of each key (which compiles the kernels and fills the caches
+    that a capture must not touch), and every call after a failed capture.
     """
 
-    def __init__(self, what: str = f"GPU calls of up to {REPLAY_MAX_ROWS} rows") -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()  # one replay at a time: they share buffers
         self._captured: dict[Any, _CapturedCall] = {}
         self._state: tuple[Any, ...] = ()
         self._warm: set[Any] = set()
-        self._what = what
         self.failure: str | None = None
 
     def replayed(
@@ -92,20 +83,14 @@ class CallReplays:
             call.graph.launch()
             return call.outputs.get()
 
-    @contextlib.contextmanager
-    def taking_turns(self) -> Iterator[None]:
-        """Hold the replays' buffers: around ``graph`` and the launches of what it gives."""
-        with self._lock:
-            yield
-
     def graph(
         self, key: Any, state: tuple[Any, ...], inputs: tuple[tuple[tuple[int, ...], Any], ...],
         steps: Callable[..., Any],
     ) -> _CapturedCall | None:
         """The call of ``key`` captured (at its second request): ``steps`` on device buffers of
         the ``inputs``' shapes and dtypes, which they must only read; or None where the caller
-        must run the call itself (as for ``replayed``). The caller takes turns
-        (``taking_turns``) from here to its last read of the outputs."""
+        must run the call itself (as for ``replayed``). For callers that hold the replays' lock
+        from here to their last read of the outputs, as ``replayed`` does."""
         if self.failure is not None:
             return None
         if len(state) != len(self._state) or any(
@@ -141,8 +126,9 @@ class CallReplays:
                         graph = stream.end_capture()
         except Exception as error:  # noqa: BLE001 - any failure: run the calls uncaptured
             self.failure = f"{type(error).__name__}: {error}"
-            warnings.warn(f"{self._what} will not be replayed from a CUDA graph (capture "
-                          f"failed: {self.failure})", RuntimeWarning, stacklevel=5)
+            warnings.warn(f"GPU calls of up to {REPLAY_MAX_ROWS} rows will not be replayed from "
+                          f"a CUDA graph (capture failed: {self.failure})", RuntimeWarning,
+                          stacklevel=5)
             return None
         return _CapturedCall(graph, buffers, outputs, pool)
 

@@ -80,13 +80,11 @@ class ChunkUploads:
                        for _ in range(SLOTS)]
         self._sent = 0
 
-    def send(self, rows: np.ndarray, into: Any = None) -> Any:
+    def send(self, rows: np.ndarray) -> Any:
         """``rows`` (n, d) on the device as float32 (rounded to nearest as they are staged as
         float32, which leaves float32 rows as they are; widened there from any other dtype
         they travel in), ready for the current stream's next launches; the view stays valid
-        until ``consumed`` after the next-but-one ``send``. With ``into`` (an (n, d) float32
-        device array, such as a captured graph's input), copied (and widened) into it, in one
-        launch."""
+        until ``consumed`` after the next-but-one ``send``."""
         slot = self._slots[self._sent % SLOTS]
         self._sent += 1
         n = len(rows)
@@ -99,9 +97,6 @@ class ChunkUploads:
             device[start:stop].set(host[start:stop], stream=self._stream)
         slot.copied = self._stream.record()
         self._cp.cuda.get_current_stream().wait_event(slot.copied)
-        if into is not None:
-            into[...] = device
-            return into
         return device if self._dtype == np.float32 else device.astype(self._cp.float32)
 
     def consumed(self) -> None:

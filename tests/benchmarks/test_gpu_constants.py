@@ -88,9 +88,8 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     assert printed["RESIDENT_MIN_ROWS"] is None and printed["PREDICT_ROWS_PER_WARP"] is None
     assert printed["PREDICT_SHARED_MIN_ROWS"] is None and printed["ROW_WARPS_MIN_ROWS"] is None
     assert printed["ROW_ORDER"] is None
-    assert printed["GATING_PRODUCT"] is None and printed["PREDICTION_CHUNK_GRAPHS"] is None
+    assert printed["GATING_PRODUCT"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
-    assert printed["current"]["PREDICTION_CHUNK_GRAPHS"] is False
 
 
 def by_gating(verb: str, product: str, rate: float, same: bool = True) -> dict:
@@ -98,24 +97,11 @@ def by_gating(verb: str, product: str, rate: float, same: bool = True) -> dict:
             "examples_per_second": rate, "same_outputs_as_float32": same}
 
 
-def by_graph(graphs: bool, dtype: str, rate: float, failure: str | None = None) -> dict:
-    return {"measure": "predict_by_dtype", "chunk_graphs": graphs, "dtype": dtype,
-            "examples_per_second": rate, "same_outputs_as_float32": True,
-            "capture_failure": failure}
-
-
-def test_int8_gating_and_chunk_graphs_only_where_they_won_with_the_same_outputs():
+def test_int8_gating_only_where_it_won_with_the_same_outputs():
     gating = [by_gating("learn", "float32", 100), by_gating("predict", "float32", 500),
               by_gating("learn", "int8", 120), by_gating("predict", "int8", 600)]
-    graphs = [by_graph(False, "float32", 700), by_graph(True, "float32", 800),
-              by_graph(False, "uint8", 900), by_graph(True, "uint8", 850)]
-    chosen = recommend(gating + graphs)
-    assert chosen["GATING_PRODUCT"] == "int8" and chosen["PREDICTION_CHUNK_GRAPHS"] is True
+    assert recommend(gating)["GATING_PRODUCT"] == "int8"
     slower = [*gating[:3], by_gating("predict", "int8", 450)]  # learns faster, predicts slower
     assert recommend(slower)["GATING_PRODUCT"] == "float32"
     differing = [*gating[:3], by_gating("predict", "int8", 600, same=False)]
     assert recommend(differing)["GATING_PRODUCT"] == "float32"
-    failed = [graphs[0], by_graph(True, "float32", 800, failure="RuntimeError: ...")]
-    assert recommend(failed)["PREDICTION_CHUNK_GRAPHS"] is False
-    slower_graphs = [graphs[0], by_graph(True, "float32", 650)]
-    assert recommend(slower_graphs)["PREDICTION_CHUNK_GRAPHS"] is False

@@ -15,20 +15,17 @@ def test_only_recommendations_that_differ_from_the_library_are_changes():
     recommended = {"GATING_PRODUCT": "int8" if cuda.GATING_PRODUCT != "int8" else "float32",
                    "ROW_ORDER": cuda.ROW_ORDER,  # the same: no change
                    "RESIDENT_MIN_ROWS": None,  # not measured: no change
-                   "PREDICTION_CHUNK_GRAPHS": not staging.PREDICTION_CHUNK_GRAPHS,
                    "current": {"GATING_PRODUCT": cuda.GATING_PRODUCT}}  # not a constant
-    assert changes(recommended) == {
-        "GATING_PRODUCT": recommended["GATING_PRODUCT"],
-        "PREDICTION_CHUNK_GRAPHS": recommended["PREDICTION_CHUNK_GRAPHS"]}
+    assert changes(recommended) == {"GATING_PRODUCT": recommended["GATING_PRODUCT"]}
 
 
-def test_the_constants_are_set_in_their_modules_and_restored_even_after_an_error():
-    before = (cuda.ROW_WARPS_MIN_ROWS, staging.PREDICTION_CHUNK_GRAPHS)
+def test_the_constants_are_set_in_their_module_and_restored_even_after_an_error():
+    before = (cuda.ROW_WARPS_MIN_ROWS, cuda.PREDICT_SHARED_MIN_ROWS)
     with pytest.raises(RuntimeError), constants_set(
-            {"ROW_WARPS_MIN_ROWS": 7, "PREDICTION_CHUNK_GRAPHS": not before[1]}):
-        assert (cuda.ROW_WARPS_MIN_ROWS, staging.PREDICTION_CHUNK_GRAPHS) == (7, not before[1])
+            {"ROW_WARPS_MIN_ROWS": 7, "PREDICT_SHARED_MIN_ROWS": before[1] + 1}):
+        assert (cuda.ROW_WARPS_MIN_ROWS, cuda.PREDICT_SHARED_MIN_ROWS) == (7, before[1] + 1)
         raise RuntimeError
-    assert (cuda.ROW_WARPS_MIN_ROWS, staging.PREDICTION_CHUNK_GRAPHS) == before
+    assert (cuda.ROW_WARPS_MIN_ROWS, cuda.PREDICT_SHARED_MIN_ROWS) == before
 
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
@@ -37,10 +34,10 @@ def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, ca
     monkeypatch.delenv("GLN_DATA_DIR", raising=False)
     monkeypatch.setattr(cuda, "GATING_PRODUCT", "float32")
     monkeypatch.setattr(cuda, "GATING_GEMM_MIN_ROWS", 2)  # the int8 GEMMs from 2 rows
-    monkeypatch.setattr(staging, "PREDICTION_CHUNK_GRAPHS", False)
+    monkeypatch.setattr(cuda, "INT8_GATING_MIN_ROWS", 2)
     monkeypatch.setattr(staging, "PREDICT_CHUNK_ROWS_GPU", 4)  # 8-row calls: two chunks each
     monkeypatch.setattr(staging, "HOST_WIDENED_ROWS", 2)
-    wanted = {"GATING_PRODUCT": "int8", "PREDICTION_CHUNK_GRAPHS": True, "ROW_WARPS_MIN_ROWS": 1}
+    wanted = {"GATING_PRODUCT": "int8", "ROW_WARPS_MIN_ROWS": 1}
     constants = tmp_path / "constants.json"
     constants.write_text(json.dumps({"benchmark": "gpu_constants", "ROW_ORDER": None, **wanted,
                                      "current": {}}) + "\n")
@@ -53,11 +50,10 @@ def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, ca
         ("predict_tuned", "library"), ("predict_tuned", "recommended")]
     assert all(r["changed"] == wanted and r["same_outputs_and_bytes"]
                and r["examples_per_second"] > 0 for r in records)
-    # The recommended model ran what the values select: int8 GEMMs, replayed chunk graphs and
-    # the row kernel, none of which the library's values take here.
-    assert used["cublas gemmEx"] > 0 and used["graph launch"] > 0
-    assert used["kernel gln_layer_pass_rows"] > 0
-    assert (cuda.GATING_PRODUCT, staging.PREDICTION_CHUNK_GRAPHS) == ("float32", False)
+    # The recommended model ran what the values select: int8 GEMMs and the row kernel, neither
+    # of which the library's values take here.
+    assert used["cublas gemmEx"] > 0 and used["kernel gln_layer_pass_rows"] > 0
+    assert cuda.GATING_PRODUCT == "float32"
 
 
 def test_nothing_to_change_is_said_and_nothing_measured(tmp_path, capsys):

@@ -360,32 +360,12 @@ OPERATIONS: collections.Counter[str] = collections.Counter()
 
 def _operation(name: str) -> None:
     """Count a device operation other than a kernel launch; refused while the current stream
-    is capturing (stricter than CUDA: only launches and the GEMMs, CuPy's matmul and cuBLAS's
-    gemmEx, are recorded here, so only they may be captured)."""
+    is capturing (stricter than CUDA: only launches are recorded here, so only they may be
+    captured; CuPy itself refuses cuBLAS's GEMMs, its matmul's among them, during a capture)."""
     if _capturing_stream() is not None:
-        raise RuntimeError(f"{name} during a stream capture: only kernel launches, matmul, "
-                           "gemmEx, views and allocations from a private pool are captured")
+        raise RuntimeError(f"{name} during a stream capture: only kernel launches, views and "
+                           "allocations from a private pool are captured")
     OPERATIONS[name] += 1
-
-
-class _Deferred:
-    """A captured operation other than a kernel launch (a GEMM: CuPy's matmul, cuBLAS's
-    gemmEx): a graph node, run again at every launch of the graph on the memory it was captured
-    with."""
-
-    def __init__(self, name: str, run: Callable[[], None]) -> None:
-        self.name = name
-        self.run = run
-
-
-def _captured(name: str, run: Callable[[], None]) -> bool:
-    """Record ``run`` as a node of the graph the current stream is capturing, if it is: True
-    then (the caller must not run it now, as CUDA does not), False otherwise."""
-    capture = _capturing_stream()
-    if capture is None:
-        return False
-    capture.launches.append((_Deferred(name, run), ()))
-    return True
 
 
 # --------------------------------------------------------------------------- streams, graphs
@@ -663,8 +643,6 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         outs = kwargs.get("out")
-        if _capturing_stream() is not None and ufunc is np.matmul:
-            return _captured_matmul(method, inputs, kwargs)
         _operation(f"op {ufunc.__name__}")
         result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
         if outs is not None:
@@ -715,25 +693,6 @@ class DeviceArray(NDArrayOperatorsMixin):
 
     def __repr__(self) -> str:
         return f"DeviceArray({self.host_view!r})"
-
-
-def _captured_matmul(method: str, inputs: tuple, kwargs: dict) -> Any:
-    """``a @ b`` (CuPy's matmul: a cuBLAS GEMM) while the current stream captures: its result
-    allocated now from the capture's pool, its values written only when the graph runs (until
-    then they are not the product, as on a GPU)."""
-    if method != "__call__" or kwargs:
-        raise NotImplementedError(f"capturing matmul.{method} with {sorted(kwargs)}")
-    _check_capture_allocation("matmul")
-    arrays = _unwrap(inputs)
-    with np.errstate(all="ignore"):  # the operands may not hold their values yet
-        shaped = np.matmul(*arrays)  # for the shape and dtype only
-    result = np.full_like(shaped, 7) if shaped.dtype.kind in "iu" else np.full_like(shaped, np.nan)
-
-    def run() -> None:
-        np.matmul(*arrays, out=result)
-
-    _captured("op matmul", run)
-    return _wrap(result)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -910,6 +869,7 @@ def _gemm_ex(handle: int, transa: int, transb: int, m: int, n: int, k: int, alph
         raise NotImplementedError(f"gemmEx of types {(atype, btype, ctype, compute)}")
     if transa not in (0, 1) or transb not in (0, 1) or min(lda, ldb, ldc) < 1:
         raise ValueError("gemmEx: operations N or T and positive leading dimensions")
+    _operation("cublas gemmEx")
 
     def matrix(address: int, rows: int, columns: int, lead: int, kind: Any) -> np.ndarray:
         # Only the bytes BLAS reads: the last column ends `rows` elements after its start.
@@ -922,21 +882,14 @@ def _gemm_ex(handle: int, transa: int, transb: int, m: int, n: int, k: int, alph
 
     op_a = matrix(a, k, m, lda, ctypes.c_int8).T if transa else matrix(a, m, k, lda, ctypes.c_int8)
     op_b = matrix(b, n, k, ldb, ctypes.c_int8).T if transb else matrix(b, k, n, ldb, ctypes.c_int8)
-    # Host scalars are read when the call is made (a captured call keeps those values).
     scalars = [int(np.ctypeslib.as_array((ctypes.c_int32 * 1).from_address(p))[0])
                for p in (alpha, beta)]
     target = matrix(c, m, n, ldc, ctypes.c_int32)
-
-    def run() -> None:
-        # In float64, through BLAS (NumPy's integer products have none): exact, since every
-        # sum of int8 products stays far below 2^53.
-        product = (op_a.astype(np.float64) @ op_b.astype(np.float64)).astype(np.int64)
-        total = scalars[0] * product
-        target[...] = (total + scalars[1] * target.astype(np.int64)).astype(np.int32)
-
-    if not _captured("cublas gemmEx", run):
-        _operation("cublas gemmEx")
-        run()
+    # In float64, through BLAS (NumPy's integer products have none): exact, since every sum of
+    # int8 products stays far below 2^53.
+    product = (op_a.astype(np.float64) @ op_b.astype(np.float64)).astype(np.int64)
+    total = scalars[0] * product
+    target[...] = (total + scalars[1] * target.astype(np.int64)).astype(np.int32)
 
 
 def _device_attribute(attribute: int, device_id: int) -> int:

@@ -351,7 +351,6 @@ def test_int8_gating_decides_every_context_as_float32_does(cp, n, d, monkeypatch
     context as NumPy does, on rows of every scale, a row of zeros, a row with one huge value,
     and margins of a few ulps that only the float64 re-check settles; and their bound is
     tighter than float32's on most rows."""
-    import gln.kernels.cuda  # noqa: PLC0415
     from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
     from gln.kernels.cuda import cuda_layer_contexts, launch_rounding_tolerances  # noqa: PLC0415
     from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
@@ -370,7 +369,7 @@ def test_int8_gating_decides_every_context_as_float32_does(cp, n, d, monkeypatch
     z[2, 0] = 127.0
     normals[0] = z[2] / 128.0  # a norm just below 1
     expected = layer_contexts(np, z, normals, offsets, m, glns, layer_sizes, dots=cpu_exact_dots)
-    monkeypatch.setattr(gln.kernels.cuda, "GATING_PRODUCT", "int8")
+    gate_on_int8(monkeypatch)
     got = cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets), m, glns,
                               layer_sizes)
     for layer, want in zip(got, expected, strict=True):
@@ -635,13 +634,14 @@ def test_cuda_kernels_match_plain_cupy_path(cp):
 @pytest.mark.parametrize("side_info", SIDE_INFOS, ids=SIDE_INFO_IDS)
 def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info, monkeypatch):
     """Needs the sequential moments kernel in gln.scaling (CuPy's cumsum is a parallel scan).
-    A chunk of 256 rows (resident kernel, rows sent as float32) and one of 44 (streaming, rows
-    widened on the host) against single rows (streaming, widened on the host)."""
+    A chunk of 256 rows (the row kernel, from ROW_WARPS_MIN_ROWS; rows sent as float32) and one
+    of 44 (streaming, rows widened on the host) against single rows (streaming, widened on the
+    host)."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
     import gln.model  # noqa: PLC0415
 
     monkeypatch.setattr(gln.model, "CHUNK_ROWS_GPU", 256)
-    monkeypatch.setattr(cuda, "RESIDENT_MIN_ROWS", 64)
+    monkeypatch.setattr(cuda, "ROW_WARPS_MIN_ROWS", 256)
     X, y = stream_for(side_info, 300)
     config = {**CONFIG, **side_info}
     chunked, rows = GLN(**config, device="cuda"), GLN(**config, device="cuda")
@@ -649,6 +649,37 @@ def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info, monkeyp
     row_probs = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(len(X))])
     np.testing.assert_array_equal(row_probs, chunk_probs)
     assert rows.to_bytes() == chunked.to_bytes()
+
+
+def gate_on_int8(monkeypatch, min_rows: int | None = None) -> None:
+    """Long chunks' gating products from int8 slices, from ``min_rows`` rows (by default from
+    the float32 GEMM's shortest chunk, so that the tests' short chunks take them)."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "GATING_PRODUCT", "int8")
+    monkeypatch.setattr(cuda, "INT8_GATING_MIN_ROWS", min_rows or cuda.GATING_GEMM_MIN_ROWS)
+
+
+@pytest.mark.parametrize("rows", [39, 40])
+def test_int8_gating_starts_at_its_shortest_chunk(cp, rows, monkeypatch):
+    """Chunks shorter than INT8_GATING_MIN_ROWS, where the float32 GEMM was faster, take it;
+    from there on, the three int8 GEMMs; the same contexts either way."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+    from gln.kernels.cpu import cpu_exact_dots  # noqa: PLC0415
+
+    rng = np.random.default_rng(rows)
+    z = rng.normal(size=(rows, 24)).astype(np.float32)
+    normals, offsets = sample_halfspaces(rng, 16, 24, 0.05)
+    gate_on_int8(monkeypatch, min_rows=40)
+    counted = getattr(cp, "operations", {})
+    int8_gemms, float32_gemms = counted.get("cublas gemmEx", 0), counted.get("op matmul", 0)
+    (got,) = cuda.cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets),
+                                      4, 1, (4,))
+    (want,) = layer_contexts(np, z, normals, offsets, 4, 1, (4,), dots=cpu_exact_dots)
+    np.testing.assert_array_equal(got.get(), want)
+    if hasattr(cp, "operations"):  # the emulated device counts them
+        assert cp.operations.get("cublas gemmEx", 0) == int8_gemms + (3 if rows >= 40 else 0)
+        assert cp.operations.get("op matmul", 0) == float32_gemms + (0 if rows >= 40 else 1)
 
 
 def test_int8_gating_leaves_planes_not_a_multiple_of_4_to_float32(cp, monkeypatch):
@@ -660,7 +691,7 @@ def test_int8_gating_leaves_planes_not_a_multiple_of_4_to_float32(cp, monkeypatc
     rng = np.random.default_rng(4)
     z = rng.normal(size=(40, 24)).astype(np.float32)
     normals, offsets = sample_halfspaces(rng, 15, 24, 0.05)
-    monkeypatch.setattr(cuda, "GATING_PRODUCT", "int8")
+    gate_on_int8(monkeypatch)
     gemms = getattr(cp, "operations", {}).get("cublas gemmEx", 0)
     (got,) = cuda.cuda_layer_contexts(cp.asarray(z), cp.asarray(normals), cp.asarray(offsets),
                                       3, 1, (5,))
@@ -677,9 +708,10 @@ def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypat
 
     X, y = stream_for(side_info, 300)
     config = {**CONFIG, **side_info}
+    monkeypatch.setattr(cuda, "GATING_PRODUCT", "float32")
     plain = GLN(**config, device="cuda")
     learned, predicted = plain.learn(X, y), plain.predict_proba(X)
-    monkeypatch.setattr(cuda, "GATING_PRODUCT", "int8")
+    gate_on_int8(monkeypatch)
     sliced = GLN(**config, device="cuda")
     gemms_before = getattr(cp, "operations", {}).get("cublas gemmEx", 0)
     np.testing.assert_array_equal(sliced.learn(X, y), learned)
@@ -1034,14 +1066,13 @@ def test_a_long_prediction_in_chunks_equals_one_chunk(cp, dtype, monkeypatch):
     assert model.to_bytes() == blob and model.examples_seen == 30
 
 
-def long_predictions_in_chunks_of_16(monkeypatch, graphs: bool) -> None:
+def long_predictions_in_chunks_of_16(monkeypatch) -> None:
     """Long predictions cut into chunks of 16 rows, each sent as it is (not widened by the
-    host), their full chunks replayed from a captured graph where ``graphs``."""
+    host)."""
     import gln.staging  # noqa: PLC0415
 
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 16)
     monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 8)
-    monkeypatch.setattr(gln.staging, "PREDICTION_CHUNK_GRAPHS", graphs)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32])
@@ -1056,7 +1087,7 @@ def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype
     pixels = np.rint(X * 255).astype(dtype)
     model = GLN(**CONFIG, device="cuda")
     model.learn(pixels[:30].astype(np.float32), y[:30])
-    long_predictions_in_chunks_of_16(monkeypatch, graphs=False)
+    long_predictions_in_chunks_of_16(monkeypatch)
     travelled = []
 
     def recorded(max_rows, num_features, dtype):
@@ -1071,108 +1102,6 @@ def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype
         cp.operations.clear()
         model.predict_proba(pixels)
         assert not any("nonfinite" in name for name in cp.operations), cp.operations
-
-
-def test_long_predictions_replayed_from_chunk_graphs_equal_uncaptured_ones(cp, monkeypatch):
-    """With PREDICTION_CHUNK_GRAPHS a long prediction's full chunks replay one graph of their
-    device work (captured at the model's second long prediction): the same bytes as chunks
-    launched one by one, for float32, float64 and uint8 rows, full and partial chunks, with
-    learning between the calls and after the model's arrays are replaced (a restore: the graph
-    is captured again); a value that is not finite still raises, naming it. With graphs off,
-    long predictions take no turns."""
-    import gln.staging  # noqa: PLC0415
-
-    X, y = stream(120)
-    pixels = np.rint(np.clip(X * 40 + 128, 0, 255)).astype(np.uint8)
-    long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
-    model, reference = GLN(**CONFIG, device="cuda"), GLN(**CONFIG, device="cuda")
-    reference._chunk_replays = None  # never replays
-
-    def same(rows):
-        np.testing.assert_array_equal(model.predict_proba(rows), reference.predict_proba(rows))
-
-    for start in (0, 20, 40):  # run, capture, replay
-        model.learn(X[start:start + 20], y[start:start + 20])
-        reference.learn(X[start:start + 20], y[start:start + 20])
-        same(X[start:start + 40])  # 16 + 16 + 8 rows
-        same(X[start:start + 32].astype(np.float64))
-        same(pixels[start:start + 17])
-    captured = model._chunk_replays._captured
-    assert model._chunk_replays.failure is None and len(captured) == 1
-    old = next(iter(captured.values()))
-    restored = GLN.from_bytes(reference.to_bytes(), device="cuda")
-    model.weights, model.moments = restored.weights, restored.moments
-    for start in (60, 80):
-        model.learn(X[start:start + 20], y[start:start + 20])
-        reference.learn(X[start:start + 20], y[start:start + 20])
-        same(X[start - 20:start + 20])
-    assert next(iter(captured.values())) is not old
-    assert model.to_bytes() == reference.to_bytes()
-    bad = X[:40].copy()
-    bad[20, 3] = np.inf  # in the second chunk, a replayed one
-    with pytest.raises(ValueError, match="row 20, column 3"):
-        model.predict_proba(bad)
-    checked = []  # the flag is clear again for the next call: no host check of the whole batch
-    monkeypatch.setattr(model, "check_input", lambda rows, *a, **k: (
-        checked.append(len(rows)), GLN.check_input(model, rows, *a, **k))[1])
-    same(X[:40])
-    assert checked == [8]  # its last chunk's, too short to be sent as it is
-    # With graphs off, long predictions take no turns: one runs while the graphs' turn is held.
-    monkeypatch.setattr(gln.staging, "PREDICTION_CHUNK_GRAPHS", False)
-    done = []
-    with model._chunk_replays.taking_turns():
-        other = threading.Thread(target=lambda: done.append(model.predict_proba(X[:40])))
-        other.start()
-        other.join(timeout=30)
-        finished_meanwhile = len(done) == 1
-    other.join()
-    assert finished_meanwhile
-
-
-@pytest.mark.parametrize(("side_info", "product"),
-                         list(zip(SIDE_INFOS, ["int8", "float32"] * 3, strict=False)),
-                         ids=SIDE_INFO_IDS)
-def test_every_scaling_and_gating_product_replays_long_chunks_alike(cp, side_info, product,
-                                                                    monkeypatch):
-    """Every input scaling and side information, each with one of the gating products (int8:
-    the GEMMs are cuBLAS's gemmEx, captured too), captures a long chunk's graph and predicts
-    the bytes of chunks launched one by one."""
-    import gln.kernels.cuda  # noqa: PLC0415
-
-    monkeypatch.setattr(gln.kernels.cuda, "GATING_PRODUCT", product)
-    long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
-    X, y = stream_for(side_info, 80)
-    model = GLN(**{**CONFIG, **side_info}, device="cuda")
-    reference = GLN(**{**CONFIG, **side_info}, device="cuda")
-    reference._chunk_replays = None
-    for start in (0, 20, 40):  # run, capture, replay
-        model.learn(X[start:start + 20], y[start:start + 20])
-        reference.learn(X[start:start + 20], y[start:start + 20])
-        np.testing.assert_array_equal(model.predict_proba(X[start:start + 40]),
-                                      reference.predict_proba(X[start:start + 40]))
-    assert model._chunk_replays.failure is None and len(model._chunk_replays._captured) == 1
-
-
-@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
-def test_a_replayed_long_prediction_is_a_graph_launch_a_chunk(monkeypatch):
-    """What the host does for a long prediction whose chunks replay their graph, counted on the
-    emulated device: each chunk's rows copied in (in pieces), into the graph's input, one
-    launch, its outputs copied out; the staged count once a call, the outputs back once."""
-    import gln.kernels.uploads as uploads  # noqa: PLC0415
-
-    X, y = stream(60)
-    long_predictions_in_chunks_of_16(monkeypatch, graphs=True)
-    with emulated_cupy_installed() as cp:
-        model = GLN(**CONFIG, device="cuda")
-        model.learn(X[:20], y[:20])
-        for _ in range(2):  # run, capture
-            model.predict_proba(X[:32])
-        cp.operations.clear()
-        model.predict_proba(X[20:52])
-        pieces = 2 * uploads.STAGING_PIECES
-        assert dict(cp.operations) == {
-            "copy host->device": pieces + 1, "op setitem": 2, "graph launch": 2, "op copy": 2,
-            "op concatenate": 1, "copy device->host": 2}  # the flag, then the outputs
 
 
 def test_cuda_constant_features_never_produce_nan(cp):

@@ -64,20 +64,6 @@ def test_integer_chunks_travel_in_their_own_bytes(cp, dtype, monkeypatch):
     assert uploads.travelling_dtype(np.dtype(np.int32)) is None  # not every int32 is a float32
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint8])
-def test_a_chunk_sent_into_a_buffer_lands_there_as_float32(cp, dtype):
-    """``send(rows, into=buffer)`` (a captured graph's input) leaves the rows in that buffer as
-    the float32 rows they stand for, chunk after chunk, whichever slot they travelled in."""
-    source = np.random.default_rng(3).uniform(0, 255, (45, 12)).astype(dtype)
-    buffer = cp.full((15, 12), np.nan, dtype=cp.float32)
-    with uploads.ChunkUploads(15, 12, uploads.travelling_dtype(source.dtype)) as sender:
-        for start in (0, 15, 30):
-            assert sender.send(source[start:start + 15], into=buffer) is buffer
-            np.testing.assert_array_equal(buffer.get(),
-                                          source[start:start + 15].astype(np.float32))
-            sender.consumed()
-
-
 def test_a_chunk_is_read_only_after_its_copy():
     """The emulated device's guard, bitten (on a GPU the copy may win the race by chance):
     without the current stream's wait for the copy stream, a launch reads the device buffer
