@@ -22,8 +22,13 @@ CUDA events) and
 the copy in (pageable against pinned host memory) next to the host's input check, also of
 the rows as uint8 pixels (which travel as they are, a quarter of the bytes), on a model
 that has learned as many rows first, so that its inputs are standardised as in service (a new
-model's are all zero, and no margin of theirs is close to a hyperplane). MNIST's rows with
-``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise.
+model's are all zero, and no margin of theirs is close to a hyperplane). And the host's
+staging of a long prediction's chunks into pinned memory (``staging_bandwidth``), in GB/s: one
+chunk again and again (in the cache), successive chunks of a source larger than the cache (as
+a pass over a data set stages them) into pinned and into pageable memory, in four threads,
+and in a thread of its own while the calling thread launches kernels (whether the launches,
+which hold the GIL, slow the copy that a staging thread would overlap with them). MNIST's
+rows with ``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise.
 
 Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
 """
@@ -31,6 +36,7 @@ Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import json
 import sys
@@ -44,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import gln.staging  # noqa: E402
 from benchmarks.gpu_learn import (  # noqa: E402
     NETWORK,
     device_name,
@@ -269,11 +276,64 @@ def long_call_parts(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) ->
                           lambda: pixels_on_device.set(pixels_staging))}}, device)
 
 
+def staging_bandwidth(cp, rows: int, features: int, chunks: int, device: str) -> None:
+    """GB/s of the host's copy of ``rows`` x ``features`` float32 chunks into a chunk-sized
+    buffer, by way of copying (the median chunk of ``chunks``, each from its own place in one
+    source array)."""
+    source = np.random.default_rng(0).random((chunks * rows, features), dtype=np.float32)
+    parts = [source[i * rows:(i + 1) * rows] for i in range(chunks)]
+    pinned_buffer = pinned(cp, (rows, features), np.dtype(np.float32))
+    pageable = np.ones((rows, features), np.float32)
+    threads = concurrent.futures.ThreadPoolExecutor(4)
+    gigabytes = rows * features * 4 / 1e9
+
+    def quartered(target: np.ndarray, part: np.ndarray) -> None:
+        bounds = np.linspace(0, rows, 5).astype(int)
+        list(threads.map(lambda a, b: np.copyto(target[a:b], part[a:b]), bounds[:-1],
+                         bounds[1:]))
+
+    def beside_launches(part: np.ndarray) -> float:
+        """The copy's own seconds in a thread while this one launches kernels until it ends."""
+        def copy() -> float:
+            start = time.perf_counter()
+            np.copyto(pinned_buffer, part)
+            return time.perf_counter() - start
+
+        counter = cp.zeros(1, dtype=cp.float32)
+        future = threads.submit(copy)
+        while not future.done():
+            counter += 1
+        return future.result()
+
+    def rate(copy: Callable[[np.ndarray], Any], sources: list[np.ndarray]) -> float:
+        seconds = []
+        for part in sources:
+            start = time.perf_counter()
+            took = copy(part)
+            seconds.append(took if isinstance(took, float) else time.perf_counter() - start)
+        return gigabytes / float(np.median(seconds))
+
+    try:
+        emit({"measure": "staging_bandwidth", "rows": rows, "features": features,
+              "source_mb": round(source.nbytes / 1e6), "gb_per_s": {
+                  "same_chunk_to_pinned": rate(lambda part: np.copyto(pinned_buffer, part),
+                                               [parts[0]] * chunks),
+                  "to_pinned": rate(lambda part: np.copyto(pinned_buffer, part), parts),
+                  "to_pageable": rate(lambda part: np.copyto(pageable, part), parts),
+                  "to_pinned_in_4_threads": rate(
+                      lambda part: quartered(pinned_buffer, part), parts),
+                  "to_pinned_beside_launches": rate(beside_launches, parts)}}, device)
+    finally:
+        threads.shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per measurement")
     parser.add_argument("--rows", type=int_list, default=[1, 4096], help="rows per call")
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+    parser.add_argument("--staging-chunks", type=int, default=64,
+                        help="chunks of the staging source (64 of 2,048 MNIST rows: 411 MB)")
     args = parser.parse_args(argv)
 
     import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
@@ -286,6 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     host_costs(cp, args.calls, device)
     timelines(cp, X, y, max(args.rows), device)
     long_call_parts(cp, X, y, max(args.rows), device)
+    staging_bandwidth(cp, min(gln.staging.PREDICT_CHUNK_ROWS_GPU, max(args.rows)),
+                      NETWORK["num_features"], args.staging_chunks, device)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
     assert all(us > 0 for us in [*parts["device_us"].values(), *parts["host_us"].values()])
     assert {"check_input_uint8", "to_pinned_uint8", "copy_in_from_pinned_uint8"} <= set(
         parts["host_us"])
+    staging = next(r for r in records if r["measure"] == "staging_bandwidth")
+    assert (staging["rows"], staging["features"]) == (3, 784)  # the longest call's rows
+    assert set(staging["gb_per_s"]) == {
+        "same_chunk_to_pinned", "to_pinned", "to_pageable", "to_pinned_in_4_threads",
+        "to_pinned_beside_launches"}
+    assert all(rate > 0 for rate in staging["gb_per_s"].values())
 
 
 def test_the_device_is_idle_before_a_stage_only_where_it_finished_before_the_host_came():
