@@ -22,6 +22,9 @@
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 * ``GATING_PRODUCT``: int8 where it both learned and predicted faster than float32
   (``learn_by_gating``, ``predict_by_gating``) with the same outputs, else float32.
+* ``STAGE_AHEAD`` (``gln.kernels.uploads``): true where staging each next chunk ahead predicted
+  both float32 and uint8 rows faster than staging it in turn (``predict_by_dtype``), with the
+  same outputs, else false.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
 chosen from. A value is null when the lines to choose it are missing (or, for the two minimum
@@ -40,12 +43,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import staging  # noqa: E402
-from gln.kernels import cuda  # noqa: E402
+from gln.kernels import cuda, uploads  # noqa: E402
 
 # Every constant recommended here, and the module that holds it.
-CONSTANTS = dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
-                           "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
-                           "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda)
+CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
+                              "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
+                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda),
+             "STAGE_AHEAD": uploads}
 
 
 def recommend(records: Iterable[dict]) -> dict:
@@ -90,6 +94,7 @@ def recommend(records: Iterable[dict]) -> dict:
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "GATING_PRODUCT": _gating_product(records),
+        "STAGE_AHEAD": _stage_ahead(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
@@ -112,6 +117,19 @@ def _gating_product(records: list[dict]) -> str | None:
                for verb in ("learn", "predict"))
     same = all(r["same_outputs_as_float32"] for r in gating.values())
     return "int8" if wins and same else "float32"
+
+
+def _stage_ahead(records: list[dict]) -> bool | None:
+    """``STAGE_AHEAD`` from ``predict_by_dtype``'s side-by-side rates (None without them)."""
+    rates = {(r["dtype"], r["stage_ahead"]): r for r in records
+             if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
+    dtypes = {dtype for dtype, _ in rates}
+    if not dtypes or any((dtype, ahead) not in rates for dtype in dtypes
+                         for ahead in (False, True)):
+        return None
+    wins = all(rates[(dtype, True)]["examples_per_second"]
+               > rates[(dtype, False)]["examples_per_second"] for dtype in dtypes)
+    return bool(wins and all(r["same_outputs_as_float32"] for r in rates.values()))
 
 
 def _crossing(first: dict[int, float], second: dict[int, float]

@@ -34,9 +34,10 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
   chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
-  and as float32, in alternating rounds (``--dtype-rounds``) on a model that learned them as
-  float32; uint8 rows travel in a quarter of the bytes (``gln.kernels.uploads``), and must
-  predict the same bytes;
+  and as float32, each with each next chunk staged ahead on a thread of its own and not
+  (``STAGE_AHEAD``), in alternating rounds (``--dtype-rounds``) on a model that learned them as
+  float32; uint8 rows travel in a quarter of the bytes (``gln.kernels.uploads``), and all
+  must predict the same bytes;
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -374,23 +375,34 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
 
 def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
     """Prediction rates of pixels (``X``'s values in [0, 1] scaled back to 0-255) sent as uint8
-    and as float32, by a model that learned them as float32: the medians of ``rounds``
-    alternating rounds, and whether both predicted the same outputs."""
+    and as float32, each with ``STAGE_AHEAD`` off and on, by a model that learned them as
+    float32: the medians of ``rounds`` alternating rounds, and whether each predicted the
+    outputs of float32 rows staged in turn."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
     pixels = np.rint(X * 255).astype(np.uint8)
     batches = {"uint8": pixels, "float32": pixels.astype(np.float32)}
     model = GLN(**NETWORK, device="cuda")
     model.learn(batches["float32"][:chunk], y[:chunk])
-    rates: dict[str, list[float]] = defaultdict(list)
+    model.predict_proba(batches["float32"][:SHORT_GEMM_ROWS])  # untimed: see SHORT_GEMM_ROWS
+    setups = [(name, ahead) for ahead in (False, True) for name in batches]
+    rates: dict[tuple[str, bool], list[float]] = defaultdict(list)
     for _ in range(rounds):
-        for name, rows in batches.items():
-            rates[name].append(predict_rate(model, rows, chunk))
+        for name, ahead in setups:
+            with module_constant(uploads, "STAGE_AHEAD", ahead):
+                rates[(name, ahead)].append(predict_rate(model, batches[name], chunk))
     tail = slice(len(X) - chunk, None)
-    same = np.array_equal(model.predict_proba(pixels[tail]),
-                          model.predict_proba(batches["float32"][tail]))
+    reference = model.predict_proba(batches["float32"][tail])
+    same = {}
+    for name, ahead in setups:
+        with module_constant(uploads, "STAGE_AHEAD", ahead):
+            same[(name, ahead)] = np.array_equal(model.predict_proba(batches[name][tail]),
+                                                 reference)
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
-             "examples": len(X), "examples_per_second": float(np.median(values)),
-             "rounds": rounds, "same_outputs_as_float32": same}
-            for name, values in rates.items()]
+             "stage_ahead": ahead, "examples": len(X),
+             "examples_per_second": float(np.median(rates[(name, ahead)])), "rounds": rounds,
+             "same_outputs_as_float32": bool(same[(name, ahead)])}
+            for name, ahead in setups]
 
 
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT

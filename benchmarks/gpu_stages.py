@@ -12,7 +12,8 @@ sum exceeds an unwrapped call, which overlaps them; what matters is which stage 
 Then the host cost of single CuPy operations that a one-row call is made of (an allocation, a
 launch, small copies each way, the gating product), timed back to back without synchronising,
 which shows whether the latency of one-row calls is the host's or the device's. Then one
-4,096-row learn and predict call each as it runs, unsynchronised (``call_timeline``): when the
+4,096-row learn and predict call each, and a prediction whose next chunks are staged ahead
+(``gln.kernels.uploads.STAGE_AHEAD``), as they run, unsynchronised (``call_timeline``): when the
 host issued and left each stage, and when the device finished it (an event recorded after
 it), so that the device's idle gaps (``device_idle_before_us``: where the device had
 finished all it was given before the host entered the stage), and what the host was doing
@@ -57,6 +58,7 @@ from benchmarks.gpu_learn import (  # noqa: E402
     int_list,
     load_data,
     mean_event_seconds,
+    module_constant,
     served_inputs,
 )
 from gln import GLN  # noqa: E402
@@ -162,17 +164,22 @@ def with_device_idle(stages: list[dict]) -> list[dict]:
 
 
 def timelines(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:
-    """``call_timeline`` of a ``rows``-row learn and predict call (after one of each)."""
+    """``call_timeline`` of a ``rows``-row learn and predict call (after one of each), and of
+    a prediction whose next chunks are staged ahead (``STAGE_AHEAD``)."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
     model = GLN(**NETWORK, device="cuda")
     model._replays = None  # short calls launch by launch, as long ones always do
     model.learn(X[:rows], y[:rows])
     model.predict_proba(X[:rows])
-    for verb, call in (
-        ("learn", lambda: model.learn(X[rows:2 * rows], y[rows:2 * rows])),
-        ("predict", lambda: model.predict_proba(X[2 * rows:3 * rows])),
+    for verb, call, ahead in (
+        ("learn", lambda: model.learn(X[rows:2 * rows], y[rows:2 * rows]), False),
+        ("predict", lambda: model.predict_proba(X[2 * rows:3 * rows]), False),
+        ("predict_staged_ahead", lambda: model.predict_proba(X[2 * rows:3 * rows]), True),
     ):
-        emit({"measure": "call_timeline", "verb": verb, "rows": rows,
-              **call_timeline(cp, model, call)}, device)
+        with module_constant(uploads, "STAGE_AHEAD", ahead):
+            emit({"measure": "call_timeline", "verb": verb, "rows": rows,
+                  **call_timeline(cp, model, call)}, device)
 
 
 def host_costs(cp, calls: int, device: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gln.backend import to_numpy
+from gln.kernels import uploads as uploads_module
 from gln.kernels.uploads import ChunkUploads, travelling_dtype
 from gln.scaling import RunningMoments
 
@@ -148,7 +149,9 @@ class StagingMixin:
         float32 (pixels as uint8) need no check and travel in their own bytes, widened by the
         device (``travelling_dtype``). Those of other batches are checked by the host, chunk by
         chunk. Prediction changes nothing, so a bad value found late loses nothing: the error
-        is the whole batch's host check's, naming its first bad value."""
+        is the whole batch's host check's, naming its first bad value. With
+        ``gln.kernels.uploads.STAGE_AHEAD``, rows that travel as they are get each next chunk
+        staged while the host launches the chunk before."""
         from gln.kernels.cuda import flag_nonfinite  # noqa: PLC0415 - GPU models only
 
         xp = self._xp
@@ -159,9 +162,9 @@ class StagingMixin:
         nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None  # set by the device
         sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
                    else contextlib.nullcontext())
+        chunks = [X[start:stop] for start, stop in self._chunk_bounds(len(X), full)]
         with sending as uploads:
-            for start, stop in self._chunk_bounds(len(X), full):
-                rows = X[start:stop]
+            for index, rows in enumerate(chunks):
                 checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
                 if checked_here:  # else sent as they are: checked by the device, or needing none
                     try:
@@ -170,6 +173,10 @@ class StagingMixin:
                         self.check_input(X)
                         raise
                 packed, rows32 = self._sent(rows, None, uploads)
+                following = chunks[index + 1] if index + 1 < len(chunks) else None
+                if (uploads_module.STAGE_AHEAD and uploads is not None and following is not None
+                        and len(following) > HOST_WIDENED_ROWS):
+                    uploads.stage_ahead(following)
                 if device_checked and not checked_here:
                     flag_nonfinite(rows32, nonfinite)
                     flagged = True

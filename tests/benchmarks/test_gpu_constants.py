@@ -88,7 +88,7 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     assert printed["RESIDENT_MIN_ROWS"] is None and printed["PREDICT_ROWS_PER_WARP"] is None
     assert printed["PREDICT_SHARED_MIN_ROWS"] is None and printed["ROW_WARPS_MIN_ROWS"] is None
     assert printed["ROW_ORDER"] is None
-    assert printed["GATING_PRODUCT"] is None
+    assert printed["GATING_PRODUCT"] is None and printed["STAGE_AHEAD"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
 
 
@@ -105,3 +105,20 @@ def test_int8_gating_only_where_it_won_with_the_same_outputs():
     assert recommend(slower)["GATING_PRODUCT"] == "float32"
     differing = [*gating[:3], by_gating("predict", "int8", 600, same=False)]
     assert recommend(differing)["GATING_PRODUCT"] == "float32"
+
+
+def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True) -> dict:
+    return {"measure": "predict_by_dtype", "dtype": dtype, "stage_ahead": ahead,
+            "examples_per_second": rate, "same_outputs_as_float32": same}
+
+
+def test_staging_ahead_only_where_it_won_for_every_dtype_with_the_same_outputs():
+    rates = [by_dtype("float32", False, 800), by_dtype("uint8", False, 1000),
+             by_dtype("float32", True, 950), by_dtype("uint8", True, 1010)]
+    assert recommend(rates)["STAGE_AHEAD"] is True
+    slower = [*rates[:3], by_dtype("uint8", True, 990)]  # float32 faster, uint8 slower
+    assert recommend(slower)["STAGE_AHEAD"] is False
+    differing = [*rates[:3], by_dtype("uint8", True, 1010, same=False)]
+    assert recommend(differing)["STAGE_AHEAD"] is False
+    assert recommend(rates[:3])["STAGE_AHEAD"] is None  # uint8 staged ahead not measured
+    assert recommend(rates)["current"]["STAGE_AHEAD"] is False

@@ -70,8 +70,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
-    by_dtype = {r["dtype"]: r for r in records if r["measure"] == "predict_by_dtype"}
-    assert set(by_dtype) == {"uint8", "float32"}
+    by_dtype = {(r["dtype"], r["stage_ahead"]): r for r in records
+                if r["measure"] == "predict_by_dtype"}
+    assert set(by_dtype) == {(dtype, ahead) for dtype in ("uint8", "float32")
+                             for ahead in (False, True)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
     by_kernel = {(r["kernels"], r["row_order"]): r for r in records

@@ -41,7 +41,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
     costs = {r["operation"] for r in records if r["measure"] == "host_cost"}
     assert {"launch", "copy_in_6kb", "copy_out_40b", "gating_product_1_row"} <= costs
     timelines = {r["verb"]: r for r in records if r["measure"] == "call_timeline"}
-    assert set(timelines) == {"learn", "predict"}
+    assert set(timelines) == {"learn", "predict", "predict_staged_ahead"}
     for timeline in timelines.values():
         stages = timeline["stages"]
         names = [s["stage"] for s in stages]  # a one-chunk call copies its outputs directly

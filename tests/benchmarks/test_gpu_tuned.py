@@ -6,6 +6,7 @@ import json
 import pytest
 
 import gln.kernels.cuda as cuda
+import gln.kernels.uploads as uploads
 import gln.staging as staging
 from benchmarks.gpu_tuned import changes, constants_set, main
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
@@ -20,12 +21,12 @@ def test_only_recommendations_that_differ_from_the_library_are_changes():
 
 
 def test_the_constants_are_set_in_their_module_and_restored_even_after_an_error():
-    before = (cuda.ROW_WARPS_MIN_ROWS, cuda.PREDICT_SHARED_MIN_ROWS)
+    before = (cuda.ROW_WARPS_MIN_ROWS, uploads.STAGE_AHEAD)
     with pytest.raises(RuntimeError), constants_set(
-            {"ROW_WARPS_MIN_ROWS": 7, "PREDICT_SHARED_MIN_ROWS": before[1] + 1}):
-        assert (cuda.ROW_WARPS_MIN_ROWS, cuda.PREDICT_SHARED_MIN_ROWS) == (7, before[1] + 1)
+            {"ROW_WARPS_MIN_ROWS": 7, "STAGE_AHEAD": not before[1]}):
+        assert (cuda.ROW_WARPS_MIN_ROWS, uploads.STAGE_AHEAD) == (7, not before[1])
         raise RuntimeError
-    assert (cuda.ROW_WARPS_MIN_ROWS, cuda.PREDICT_SHARED_MIN_ROWS) == before
+    assert (cuda.ROW_WARPS_MIN_ROWS, uploads.STAGE_AHEAD) == before
 
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")

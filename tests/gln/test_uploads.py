@@ -4,6 +4,7 @@ they are waited for)."""
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -15,24 +16,31 @@ from tests.gln.emulated_cupy import emulated_cupy_installed
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("pieces", [1, 4])
-def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, monkeypatch):
+@pytest.mark.parametrize("ahead", [False, True], ids=["in_turn", "staged_ahead"])
+def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, monkeypatch):
+    """Each chunk on the device whole, the one before still whole in the other slot; with
+    ``stage_ahead``, each next chunk staged on a thread of its own meanwhile."""
     monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
     monkeypatch.setattr(uploads, "STAGING_PIECES", pieces)
     uploads._staging_pool.cache_clear()
     source = np.random.default_rng(0).standard_normal((200, 24)).astype(np.float32)
     lengths = [37, 1, 40, 3, 40, 19]  # more chunks than slots; the longest fills a slot
+    starts = np.cumsum([0, *lengths[:-1]])
+    # not contiguous: staging copies any layout
+    chunks = [source[start:start + n, ::-1] for start, n in zip(starts, lengths, strict=True)]
     sender = uploads.ChunkUploads(max(lengths), 24)
-    start, previous = 0, None
+    previous = None
     try:
-        for n in lengths:
-            rows = source[start:start + n, ::-1]  # not contiguous: staging copies any layout
+        for index, rows in enumerate(chunks):
             on_device = sender.send(rows)
+            if ahead and index + 1 < len(chunks):
+                sender.stage_ahead(chunks[index + 1])
             scaled = on_device * 2  # a launch on the current stream reads the rows
             sender.consumed()
             np.testing.assert_array_equal(scaled.get(), 2 * rows)
             if previous is not None:  # the other slot still holds the chunk before
                 np.testing.assert_array_equal(previous[0].get(), previous[1])
-            previous, start = (on_device, rows), start + n
+            previous = (on_device, rows)
     finally:
         sender.close()
         uploads._staging_pool.cache_clear()
@@ -62,6 +70,60 @@ def test_integer_chunks_travel_in_their_own_bytes(cp, dtype, monkeypatch):
     assert uploads.travelling_dtype(np.dtype(dtype)) == dtype
     assert uploads.travelling_dtype(np.dtype(np.float64)) == np.float32
     assert uploads.travelling_dtype(np.dtype(np.int32)) is None  # not every int32 is a float32
+
+
+def test_staging_ahead_returns_once_its_thread_copies(cp, monkeypatch):
+    """The caller goes on only once the staging thread is in its copy (which runs without the
+    GIL), so that the copy overlaps what the caller does next; rows other than those staged
+    ahead are staged when sent, over them."""
+    stage, entered = uploads._stage, []
+
+    def recorded(host, rows, copying=None):
+        time.sleep(0.05)  # a staging thread slow to start: the caller must wait for it
+        entered.append(copying is not None)
+        stage(host, rows, copying)
+
+    monkeypatch.setattr(uploads, "_stage", recorded)
+    rows = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with uploads.ChunkUploads(4, 6) as sender:
+        sender.send(rows)
+        sender.consumed()
+        entered.clear()
+        sender.stage_ahead(rows + 100)
+        assert entered == [True]  # in the staging thread's copy already
+        np.testing.assert_array_equal(sender.send(rows + 100).get(), rows + 100)
+        sender.consumed()
+        sender.stage_ahead(rows + 200)
+        np.testing.assert_array_equal(sender.send(rows - 100).get(), rows - 100)
+        sender.consumed()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, monkeypatch):
+    """A model's predictions of many chunks are the same bytes with each next chunk staged on
+    a thread of its own (STAGE_AHEAD) as with every chunk staged when it is sent."""
+    import gln.staging  # noqa: PLC0415
+    from gln import GLN  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 80)
+    rng = np.random.default_rng(3)
+    X = rng.integers(0, 256, (300, 12)).astype(dtype)
+    y = rng.integers(0, 3, 300)
+    model = GLN(num_features=12, num_classes=3, layer_sizes=(8, 1), device="cuda", seed=1)
+    model.learn(X[:100].astype(np.float32), y[:100])
+    in_turn = model.predict_proba(X)
+    staged, stage_ahead = [], uploads.ChunkUploads.stage_ahead
+
+    def recorded(self, rows):
+        staged.append(len(rows))
+        stage_ahead(self, rows)
+
+    monkeypatch.setattr(uploads.ChunkUploads, "stage_ahead", recorded)
+    monkeypatch.setattr(uploads, "STAGE_AHEAD", True)
+    np.testing.assert_array_equal(model.predict_proba(X), in_turn)
+    # 300 rows: chunks of 80, 80, 80 and 60; the last, of at most HOST_WIDENED_ROWS, travels
+    # widened with the count, not staged
+    assert staged == [80, 80] and gln.staging.HOST_WIDENED_ROWS == 64
 
 
 def test_a_chunk_is_read_only_after_its_copy():

@@ -1,0 +1,92 @@
+"""Whether a chunk staged on a thread of its own overlaps the caller's Python work, with and
+without the caller waiting until the thread is inside its copy (no GPU needed).
+
+    python benchmarks/staging_overlap.py [--rows 2048] [--features 784] [--work-ms 1.5]
+
+``gln.kernels.uploads.ChunkUploads.stage_ahead`` stages the next chunk of a long prediction
+on a thread of its own while the caller launches the work of the chunk before, which is Python
+that holds the GIL between its calls into CUDA. NumPy's copy runs without the GIL, but the
+thread must take the GIL to start it, and a caller busy in Python lets go of it only when the
+interpreter's switch interval has passed. This times, per chunk of a source larger than the
+caches: the copy alone, the caller's work alone (``--work-ms`` of pure Python), and the two
+together, the copy submitted first, with the caller going straight on (``no_handshake``) and
+with the caller waiting until the thread is copying (``handshake``, as ``stage_ahead`` does).
+
+Prints one JSON line: milliseconds per chunk (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gln.kernels.uploads import _stage  # noqa: E402
+
+
+def python_work(seconds: float) -> None:
+    """Pure Python for ``seconds``, holding the GIL as a caller launching kernels does."""
+    start, count = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        count += 1
+
+
+def median_ms(step: Callable[[np.ndarray], None], chunks: list[np.ndarray]) -> float:
+    times = []
+    for chunk in chunks:
+        start = time.perf_counter()
+        step(chunk)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def measure(rows: int, features: int, chunks: int, work_ms: float) -> dict:
+    """Milliseconds per chunk of each way (see the module docstring)."""
+    source = np.random.default_rng(0).random((chunks * rows, features), dtype=np.float32)
+    parts = [source[i * rows:(i + 1) * rows] for i in range(chunks)]
+    target = np.ones((rows, features), np.float32)
+    work = work_ms / 1e3
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def beside(chunk: np.ndarray, handshake: bool) -> None:
+        copying = threading.Event() if handshake else None
+        staged = pool.submit(_stage, target, chunk, copying)
+        if copying is not None:
+            copying.wait()
+        python_work(work)
+        staged.result()
+
+    try:
+        return {"benchmark": "staging_overlap", "rows": rows, "features": features,
+                "chunks": chunks, "ms_per_chunk": {
+                    "copy": median_ms(lambda chunk: _stage(target, chunk), parts),
+                    "python_work": median_ms(lambda _: python_work(work), parts),
+                    "no_handshake": median_ms(lambda chunk: beside(chunk, False), parts),
+                    "handshake": median_ms(lambda chunk: beside(chunk, True), parts)}}
+    finally:
+        pool.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2048, help="rows per chunk")
+    parser.add_argument("--features", type=int, default=784)
+    parser.add_argument("--chunks", type=int, default=64,
+                        help="chunks of the source (64 of 2,048 x 784: 411 MB)")
+    parser.add_argument("--work-ms", type=float, default=1.5,
+                        help="the caller's Python per chunk, in milliseconds")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.rows, args.features, args.chunks, args.work_ms)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

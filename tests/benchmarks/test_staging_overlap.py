@@ -1,0 +1,14 @@
+"""The staging-overlap benchmark runs end to end and times every way it names."""
+
+import json
+
+from benchmarks.staging_overlap import main
+
+
+def test_every_way_is_timed(capsys):
+    main(["--rows", "16", "--features", "8", "--chunks", "3", "--work-ms", "0.1"])
+    record = json.loads(capsys.readouterr().out)
+    assert (record["rows"], record["features"], record["chunks"]) == (16, 8, 3)
+    assert set(record["ms_per_chunk"]) == {"copy", "python_work", "no_handshake", "handshake"}
+    assert record["ms_per_chunk"]["python_work"] >= 0.1  # the caller's work ran its time
+    assert all(ms > 0 for ms in record["ms_per_chunk"].values())
