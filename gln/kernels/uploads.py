@@ -210,4 +210,3 @@ def _staging_pool() -> concurrent.futures.ThreadPoolExecutor:
 @functools.cache
 def _ahead_pool() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gln-stage-ahead")
-
