@@ -163,20 +163,21 @@ class StagingMixin:
         sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
                    else contextlib.nullcontext())
         chunks = [X[start:stop] for start, stop in self._chunk_bounds(len(X), full)]
+        # Sent as they are (through ``uploads``): checked by the device, or needing no check.
+        as_they_are = [staged_raw and len(rows) > HOST_WIDENED_ROWS for rows in chunks]
         with sending as uploads:
             for index, rows in enumerate(chunks):
-                checked_here = not staged_raw or len(rows) <= HOST_WIDENED_ROWS
-                if checked_here:  # else sent as they are: checked by the device, or needing none
+                checked_here = not as_they_are[index]
+                if checked_here:
                     try:
                         rows = self.check_input(rows)[0]
                     except ValueError:
                         self.check_input(X)
                         raise
                 packed, rows32 = self._sent(rows, None, uploads)
-                following = chunks[index + 1] if index + 1 < len(chunks) else None
-                if (uploads_module.STAGE_AHEAD and uploads is not None and following is not None
-                        and len(following) > HOST_WIDENED_ROWS):
-                    uploads.stage_ahead(following)
+                next_as_it_is = index + 1 < len(chunks) and as_they_are[index + 1]
+                if uploads_module.STAGE_AHEAD and next_as_it_is:
+                    uploads.stage_ahead(chunks[index + 1])
                 if device_checked and not checked_here:
                     flag_nonfinite(rows32, nonfinite)
                     flagged = True
