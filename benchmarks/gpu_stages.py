@@ -61,6 +61,7 @@ from benchmarks.gpu_learn import (  # noqa: E402
     module_constant,
     served_inputs,
 )
+from benchmarks.staging_overlap import median_seconds, source_chunks, timed  # noqa: E402
 from gln import GLN  # noqa: E402
 from gln.kernels.uploads import _pinned as pinned  # noqa: E402
 
@@ -287,8 +288,7 @@ def staging_bandwidth(cp, rows: int, features: int, chunks: int, device: str) ->
     """GB/s of the host's copy of ``rows`` x ``features`` float32 chunks into a chunk-sized
     buffer, by way of copying (the median chunk of ``chunks``, each from its own place in one
     source array)."""
-    source = np.random.default_rng(0).random((chunks * rows, features), dtype=np.float32)
-    parts = [source[i * rows:(i + 1) * rows] for i in range(chunks)]
+    parts = source_chunks(rows, features, chunks)
     pinned_buffer = pinned(cp, (rows, features), np.dtype(np.float32))
     pageable = np.ones((rows, features), np.float32)
     threads = concurrent.futures.ThreadPoolExecutor(4)
@@ -312,23 +312,18 @@ def staging_bandwidth(cp, rows: int, features: int, chunks: int, device: str) ->
             counter += 1
         return future.result()
 
-    def rate(copy: Callable[[np.ndarray], Any], sources: list[np.ndarray]) -> float:
-        seconds = []
-        for part in sources:
-            start = time.perf_counter()
-            took = copy(part)
-            seconds.append(took if isinstance(took, float) else time.perf_counter() - start)
-        return gigabytes / float(np.median(seconds))
+    def rate(seconds: Callable[[np.ndarray], float], sources: list[np.ndarray]) -> float:
+        return gigabytes / median_seconds(seconds, sources)
 
+    to_pinned = timed(lambda part: np.copyto(pinned_buffer, part))
     try:
         emit({"measure": "staging_bandwidth", "rows": rows, "features": features,
-              "source_mb": round(source.nbytes / 1e6), "gb_per_s": {
-                  "same_chunk_to_pinned": rate(lambda part: np.copyto(pinned_buffer, part),
-                                               [parts[0]] * chunks),
-                  "to_pinned": rate(lambda part: np.copyto(pinned_buffer, part), parts),
-                  "to_pageable": rate(lambda part: np.copyto(pageable, part), parts),
+              "source_mb": round(chunks * gigabytes * 1e3), "gb_per_s": {
+                  "same_chunk_to_pinned": rate(to_pinned, [parts[0]] * chunks),
+                  "to_pinned": rate(to_pinned, parts),
+                  "to_pageable": rate(timed(lambda part: np.copyto(pageable, part)), parts),
                   "to_pinned_in_4_threads": rate(
-                      lambda part: quartered(pinned_buffer, part), parts),
+                      timed(lambda part: quartered(pinned_buffer, part)), parts),
                   "to_pinned_beside_launches": rate(beside_launches, parts)}}, device)
     finally:
         threads.shutdown()

@@ -40,19 +40,31 @@ def python_work(seconds: float) -> None:
         count += 1
 
 
-def median_ms(step: Callable[[np.ndarray], None], chunks: list[np.ndarray]) -> float:
-    times = []
-    for chunk in chunks:
+def source_chunks(rows: int, features: int, chunks: int) -> list[np.ndarray]:
+    """``chunks`` float32 chunks of ``rows`` x ``features``, consecutive in one source array
+    (larger than the caches at the defaults, as a pass over a data set is)."""
+    source = np.random.default_rng(0).random((chunks * rows, features), dtype=np.float32)
+    return [source[i * rows:(i + 1) * rows] for i in range(chunks)]
+
+
+def timed(step: Callable[[np.ndarray], object]) -> Callable[[np.ndarray], float]:
+    """``step`` returning the seconds it took."""
+    def seconds(chunk: np.ndarray) -> float:
         start = time.perf_counter()
         step(chunk)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+        return time.perf_counter() - start
+
+    return seconds
+
+
+def median_seconds(seconds: Callable[[np.ndarray], float], chunks: list[np.ndarray]) -> float:
+    """The median over ``chunks`` of the seconds ``seconds`` returns for each."""
+    return float(np.median([seconds(chunk) for chunk in chunks]))
 
 
 def measure(rows: int, features: int, chunks: int, work_ms: float) -> dict:
     """Milliseconds per chunk of each way (see the module docstring)."""
-    source = np.random.default_rng(0).random((chunks * rows, features), dtype=np.float32)
-    parts = [source[i * rows:(i + 1) * rows] for i in range(chunks)]
+    parts = source_chunks(rows, features, chunks)
     target = np.ones((rows, features), np.float32)
     work = work_ms / 1e3
     pool = concurrent.futures.ThreadPoolExecutor(1)
@@ -65,13 +77,15 @@ def measure(rows: int, features: int, chunks: int, work_ms: float) -> dict:
         python_work(work)
         staged.result()
 
+    steps = {"copy": lambda chunk: _stage(target, chunk),
+             "python_work": lambda _: python_work(work),
+             "no_handshake": lambda chunk: beside(chunk, False),
+             "handshake": lambda chunk: beside(chunk, True)}
     try:
         return {"benchmark": "staging_overlap", "rows": rows, "features": features,
                 "chunks": chunks, "ms_per_chunk": {
-                    "copy": median_ms(lambda chunk: _stage(target, chunk), parts),
-                    "python_work": median_ms(lambda _: python_work(work), parts),
-                    "no_handshake": median_ms(lambda chunk: beside(chunk, False), parts),
-                    "handshake": median_ms(lambda chunk: beside(chunk, True), parts)}}
+                    name: median_seconds(timed(step), parts) * 1e3
+                    for name, step in steps.items()}}
     finally:
         pool.shutdown()
 
