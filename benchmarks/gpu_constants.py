@@ -22,9 +22,10 @@
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 * ``GATING_PRODUCT``: int8 where it both learned and predicted faster than float32
   (``learn_by_gating``, ``predict_by_gating``) with the same outputs, else float32.
-* ``STAGE_AHEAD`` (``gln.kernels.uploads``): true where staging each next chunk ahead predicted
-  both float32 and uint8 rows faster than staging it in turn (``predict_by_dtype``), with the
-  same outputs, else false.
+* ``STAGE_AHEAD`` and ``STAGING_THREADS`` (``gln.kernels.uploads``): of the staging settings
+  of ``predict_by_dtype``, the one that predicted both float32 and uint8 rows fastest against
+  the library's own (by the slower of its two ratios), where it beat the library's for both
+  with the same outputs; else the library's.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
 chosen from. A value is null when the lines to choose it are missing (or, for the two minimum
@@ -49,7 +50,7 @@ from gln.kernels import cuda, uploads  # noqa: E402
 CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
                               "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
                               "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda),
-             "STAGE_AHEAD": uploads}
+             "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads}
 
 
 def recommend(records: Iterable[dict]) -> dict:
@@ -94,7 +95,7 @@ def recommend(records: Iterable[dict]) -> dict:
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "GATING_PRODUCT": _gating_product(records),
-        "STAGE_AHEAD": _stage_ahead(records),
+        **_staging(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
@@ -119,17 +120,27 @@ def _gating_product(records: list[dict]) -> str | None:
     return "int8" if wins and same else "float32"
 
 
-def _stage_ahead(records: list[dict]) -> bool | None:
-    """``STAGE_AHEAD`` from ``predict_by_dtype``'s side-by-side rates (None without them)."""
-    rates = {(r["dtype"], r["stage_ahead"]): r for r in records
-             if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
-    dtypes = {dtype for dtype, _ in rates}
-    if not dtypes or any((dtype, ahead) not in rates for dtype in dtypes
-                         for ahead in (False, True)):
-        return None
-    wins = all(rates[(dtype, True)]["examples_per_second"]
-               > rates[(dtype, False)]["examples_per_second"] for dtype in dtypes)
-    return bool(wins and all(r["same_outputs_as_float32"] for r in rates.values()))
+def _staging(records: list[dict]) -> dict[str, bool | int | None]:
+    """``STAGE_AHEAD`` and ``STAGING_THREADS`` from ``predict_by_dtype``'s side-by-side rates
+    (None without the library's own setting and another one, each for every dtype)."""
+    rates = {(r["dtype"], r["stage_ahead"], r.get("staging_threads", uploads.STAGING_THREADS)):
+             r for r in records if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
+    dtypes = {dtype for dtype, _, _ in rates}
+    settings = {(ahead, threads) for _, ahead, threads in rates
+                if all((dtype, ahead, threads) in rates for dtype in dtypes)}
+    library = (uploads.STAGE_AHEAD, uploads.STAGING_THREADS)
+    if library not in settings or len(settings) < 2:
+        return {"STAGE_AHEAD": None, "STAGING_THREADS": None}
+
+    def worst_ratio(setting: tuple[bool, int]) -> float:
+        return min(rates[(dtype, *setting)]["examples_per_second"]
+                   / rates[(dtype, *library)]["examples_per_second"] for dtype in dtypes)
+
+    alike = [setting for setting in settings
+             if all(rates[(dtype, *setting)]["same_outputs_as_float32"] for dtype in dtypes)]
+    best = max(alike, key=worst_ratio, default=library)
+    ahead, threads = best if worst_ratio(best) > 1 else library
+    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads}
 
 
 def _crossing(first: dict[int, float], second: dict[int, float]

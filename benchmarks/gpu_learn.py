@@ -35,9 +35,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
   and as float32, each with each next chunk staged ahead on a thread of its own and not
-  (``STAGE_AHEAD``), in alternating rounds (``--dtype-rounds``) on a model that learned them as
-  float32; uint8 rows travel in a quarter of the bytes (``gln.kernels.uploads``), and all
-  must predict the same bytes;
+  (``STAGE_AHEAD``) and by one host thread and by up to four (``STAGING_THREADS``), in alternating
+  rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows travel in a
+  quarter of the bytes (``gln.kernels.uploads``), and all must predict the same bytes;
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -233,7 +233,7 @@ def time_wide_kernel(cp, args: argparse.Namespace, device: str) -> None:
 def module_constant(module: Any, name: str, value: Any) -> Iterator[None]:
     """``module.<name>`` set to ``value`` for a while (None: the library's)."""
     saved = getattr(module, name)
-    setattr(module, name, value or saved)
+    setattr(module, name, saved if value is None else value)
     try:
         yield
     finally:
@@ -364,7 +364,6 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
                 else:
                     stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
                     stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
-                    uploads._staging_pool.cache_clear()
                 stack.enter_context(first_chunk_rows(model, first))
                 rates[i].append(predict_rate(model, X, chunk))
     return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
@@ -373,11 +372,13 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
             for i, (path, threads, pieces, first) in enumerate(setups)]
 
 
-def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
+def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
+                   staging_threads: tuple[int, ...] = (1, 4)) -> list[dict]:
     """Prediction rates of pixels (``X``'s values in [0, 1] scaled back to 0-255) sent as uint8
-    and as float32, each with ``STAGE_AHEAD`` off and on, by a model that learned them as
-    float32: the medians of ``rounds`` alternating rounds, and whether each predicted the
-    outputs of float32 rows staged in turn."""
+    and as float32, each with ``STAGE_AHEAD`` off and on and with each of ``staging_threads``
+    (``STAGING_THREADS``), by a model that learned them as float32: the medians of ``rounds``
+    alternating rounds, and whether each predicted the outputs of float32 rows staged in
+    turn."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
     pixels = np.rint(X * 255).astype(np.uint8)
@@ -385,24 +386,32 @@ def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> lis
     model = GLN(**NETWORK, device="cuda")
     model.learn(batches["float32"][:chunk], y[:chunk])
     model.predict_proba(batches["float32"][:SHORT_GEMM_ROWS])  # untimed: see SHORT_GEMM_ROWS
-    setups = [(name, ahead) for ahead in (False, True) for name in batches]
-    rates: dict[tuple[str, bool], list[float]] = defaultdict(list)
+    setups = [(name, ahead, threads) for threads in staging_threads for ahead in (False, True)
+              for name in batches]
+
+    def staged_as(ahead: bool, threads: int) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(module_constant(uploads, "STAGE_AHEAD", ahead))
+        stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
+        return stack
+
+    rates: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
     for _ in range(rounds):
-        for name, ahead in setups:
-            with module_constant(uploads, "STAGE_AHEAD", ahead):
-                rates[(name, ahead)].append(predict_rate(model, batches[name], chunk))
+        for name, ahead, threads in setups:
+            with staged_as(ahead, threads):
+                rates[(name, ahead, threads)].append(predict_rate(model, batches[name], chunk))
     tail = slice(len(X) - chunk, None)
     reference = model.predict_proba(batches["float32"][tail])
     same = {}
-    for name, ahead in setups:
-        with module_constant(uploads, "STAGE_AHEAD", ahead):
-            same[(name, ahead)] = np.array_equal(model.predict_proba(batches[name][tail]),
-                                                 reference)
+    for name, ahead, threads in setups:
+        with staged_as(ahead, threads):
+            same[(name, ahead, threads)] = np.array_equal(
+                model.predict_proba(batches[name][tail]), reference)
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
-             "stage_ahead": ahead, "examples": len(X),
-             "examples_per_second": float(np.median(rates[(name, ahead)])), "rounds": rounds,
-             "same_outputs_as_float32": bool(same[(name, ahead)])}
-            for name, ahead in setups]
+             "stage_ahead": ahead, "staging_threads": threads, "examples": len(X),
+             "examples_per_second": float(np.median(rates[(name, ahead, threads)])),
+             "rounds": rounds, "same_outputs_as_float32": bool(same[(name, ahead, threads)])}
+            for name, ahead, threads in setups]
 
 
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT

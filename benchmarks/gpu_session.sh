@@ -10,7 +10,8 @@
 # (a checkout of github.com/aiwabdn/pygln) and .peers/base (the gln package of the commit last
 # measured, for benchmarks/gpu_compare.py's side-by-side runs, whose lines are appended to
 # gpu_learn.jsonl: a call brings back 8 files). Writes into $OUT (default ./gpu-out): device.txt,
-# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl, gpu_gating_tf32.jsonl, ncu.txt
+# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl (with gpu_staging.py's lines),
+# gpu_gating_tf32.jsonl, ncu.txt
 # (Nsight Compute's reading of one prediction chunk's kernels and two learning chunks', by the
 # library's kernels and by a warp per row, where ncu is found),
 # snapshot_bytes.jsonl; the launch constants read off gpu_learn.jsonl are printed
@@ -59,6 +60,12 @@ fi
 timeout 100 "$PYTHON" benchmarks/gpu_stages.py "${data_args[@]}" > "$OUT/gpu_stages.jsonl" 2>&1
 echo "gpu_stages: exit $?"
 cat "$OUT/gpu_stages.jsonl"
+
+# Where a float32 call's first chunk spends the host's time before the device can start, by
+# staging setting (appended to gpu_stages.jsonl).
+timeout 60 "$PYTHON" benchmarks/gpu_staging.py "${data_args[@]}" >> "$OUT/gpu_stages.jsonl" 2>&1
+echo "gpu_staging: exit $?"
+grep '"gpu_staging"' "$OUT/gpu_stages.jsonl" | cut -c1-400
 
 # Whether the gating GEMM could run on tensor cores: TF32 products, plain and split in three,
 # their time and their error against the float64 product.

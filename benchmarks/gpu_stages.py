@@ -28,7 +28,8 @@ staging of a long prediction's chunks into pinned memory (``staging_bandwidth``)
 chunk again and again (in the cache), successive chunks of a source larger than the cache (as
 a pass over a data set stages them) into pinned and into pageable memory, in four threads,
 and in a thread of its own while the calling thread launches kernels (whether the launches,
-which hold the GIL, slow the copy that a staging thread would overlap with them). MNIST's
+which hold the GIL, slow the copy that a staging thread would overlap with them), and from
+pageable memory straight to the device (the driver staging the rows itself). MNIST's
 rows with ``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise.
 
 Prints one JSON line per measurement, naming the device. Needs CuPy and a GPU.
@@ -112,10 +113,12 @@ def stage_times(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int, device:
 TIMELINE_STAGES = ("_sent", "_scale", "_contexts", "_network_pass", "_fetched")
 
 
-def call_timeline(cp, model: GLN, call: Callable[[], Any]) -> dict:
+def call_timeline(cp, model: GLN, call: Callable[[], Any],
+                  also: tuple[tuple[Any, str], ...] = ()) -> dict:
     """``call()`` on ``model`` without synchronising between its stages: each stage's host
     entry and exit and the device's finish of its work (an event recorded on the current
-    stream as the stage returns), in microseconds from the call's start."""
+    stream as the stage returns), in microseconds from the call's start. ``also``: further
+    (class, method name) pairs traced as stages of their own (``ChunkUploads.stage_ahead``)."""
     marks: list[tuple[str, float, float, Any]] = []
 
     def traced(name: str, method: Callable) -> Callable:
@@ -132,6 +135,9 @@ def call_timeline(cp, model: GLN, call: Callable[[], Any]) -> dict:
     own = {name: model.__dict__[name] for name in TIMELINE_STAGES if name in model.__dict__}
     for name in TIMELINE_STAGES:
         setattr(model, name, traced(name, getattr(model, name)))
+    originals = [(owner, name, getattr(owner, name)) for owner, name in also]
+    for owner, name, method in originals:
+        setattr(owner, name, traced(name, method))
     try:
         cp.cuda.Device().synchronize()
         start = cp.cuda.Event()
@@ -144,6 +150,8 @@ def call_timeline(cp, model: GLN, call: Callable[[], Any]) -> dict:
         for name in TIMELINE_STAGES:
             delattr(model, name)
         model.__dict__.update(own)
+        for owner, name, method in originals:
+            setattr(owner, name, method)
     stages = [{"stage": name, "host_entered_us": (entered - began) * 1e6,
                "host_left_us": (left - began) * 1e6,
                "device_done_us": cp.cuda.get_elapsed_time(start, done) * 1e3}
@@ -291,6 +299,7 @@ def staging_bandwidth(cp, rows: int, features: int, chunks: int, device: str) ->
     parts = source_chunks(rows, features, chunks)
     pinned_buffer = pinned(cp, (rows, features), np.dtype(np.float32))
     pageable = np.ones((rows, features), np.float32)
+    on_device = cp.empty((rows, features), dtype=cp.float32)
     threads = concurrent.futures.ThreadPoolExecutor(4)
     gigabytes = rows * features * 4 / 1e9
 
@@ -315,6 +324,11 @@ def staging_bandwidth(cp, rows: int, features: int, chunks: int, device: str) ->
     def rate(seconds: Callable[[np.ndarray], float], sources: list[np.ndarray]) -> float:
         return gigabytes / median_seconds(seconds, sources)
 
+    def straight_to_device(part: np.ndarray) -> None:
+        """The driver's own staging of pageable rows, instead of a copy into pinned memory."""
+        on_device.set(part)
+        cp.cuda.get_current_stream().synchronize()
+
     to_pinned = timed(lambda part: np.copyto(pinned_buffer, part))
     try:
         emit({"measure": "staging_bandwidth", "rows": rows, "features": features,
@@ -324,7 +338,8 @@ def staging_bandwidth(cp, rows: int, features: int, chunks: int, device: str) ->
                   "to_pageable": rate(timed(lambda part: np.copyto(pageable, part)), parts),
                   "to_pinned_in_4_threads": rate(
                       timed(lambda part: quartered(pinned_buffer, part)), parts),
-                  "to_pinned_beside_launches": rate(beside_launches, parts)}}, device)
+                  "to_pinned_beside_launches": rate(beside_launches, parts),
+                  "pageable_to_device": rate(timed(straight_to_device), parts)}}, device)
     finally:
         threads.shutdown()
 

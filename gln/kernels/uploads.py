@@ -4,7 +4,8 @@ overlaps the device's work on the chunk before instead of queueing behind it.
 ``cupy.asarray`` stages host rows in pinned memory and copies them on the current stream: a
 chunk's copy starts only once every launch of the chunk before has finished, and the device
 waits, idle, for the host to stage the first chunk whole. Here a chunk is staged in pieces
-(by ``STAGING_THREADS`` host threads; NumPy's copy releases the GIL), each piece's copy is
+(by up to ``STAGING_THREADS`` host threads, as many as the chunk's bytes are worth:
+``staging_threads``; NumPy's copy releases the GIL), each piece's copy is
 issued on the copy stream as soon as the piece is staged, and events order the rest:
 
 * the current stream waits for a chunk's copies before anything reads its rows (``send``);
@@ -43,11 +44,15 @@ import numpy as np
 from gln.backend import import_cupy, side_stream
 from gln.checks import EXACT_IN_FLOAT32
 
-# Host threads that stage a chunk into pinned memory (1: the calling thread alone), and the
-# pieces a chunk is staged and copied in (the first piece's copy starts while the host stages
-# the rest). On the H100's host, 4,096-row MNIST predictions, 1 x 1, 1 x 4, 4 x 1 and 4 x 4
-# were within the runs' noise of each other (benchmarks/gpu_learn.py, docs/gpu.md).
-STAGING_THREADS = 1
+# Host threads that stage a chunk into pinned memory (1: the calling thread alone), at most one
+# per STAGING_BYTES_PER_THREAD of the chunk, and the pieces a chunk is staged and copied in (the
+# first piece's copy starts while the host stages the rest). On an H200's host, 4 threads
+# staged a 2,048-row float32 MNIST chunk (6.4 MB) in 0.73 ms against 1.05 ms alone, and
+# 4,096-row float32 predictions ran at 930k rows/s against 848k; uint8 rows (1.6 MB a chunk)
+# predicted 997k against 1,041k with 4 threads, the threads' hand-offs costing more than they
+# save on so short a copy (benchmarks/gpu_staging.py, docs/gpu.md).
+STAGING_THREADS = 4
+STAGING_BYTES_PER_THREAD = 2 << 20
 STAGING_PIECES = 4
 SLOTS = 2
 # Whether a long prediction stages each next chunk on a thread of its own while the caller
@@ -159,12 +164,13 @@ def _staged_pieces(rows: np.ndarray, host: np.ndarray) -> Iterator[tuple[int, in
     order, once it is staged; every copy has finished when the generator is closed."""
     bounds = np.linspace(0, len(rows), min(STAGING_PIECES, len(rows)) + 1).astype(int)
     pieces = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
-    if STAGING_THREADS <= 1:
+    threads = staging_threads(host.nbytes)
+    if threads <= 1:
         for start, stop in pieces:
             _stage(host[start:stop], rows[start:stop])
             yield start, stop
         return
-    futures = [_staging_pool().submit(_stage, host[start:stop], rows[start:stop])
+    futures = [_staging_pool(threads).submit(_stage, host[start:stop], rows[start:stop])
                for start, stop in pieces]
     try:
         for (start, stop), future in zip(pieces, futures, strict=True):
@@ -172,6 +178,12 @@ def _staged_pieces(rows: np.ndarray, host: np.ndarray) -> Iterator[tuple[int, in
             yield start, stop
     finally:
         concurrent.futures.wait(futures)
+
+
+def staging_threads(nbytes: int) -> int:
+    """How many host threads stage a chunk of ``nbytes`` staged bytes: ``STAGING_THREADS`` at
+    most, one per ``STAGING_BYTES_PER_THREAD`` begun."""
+    return max(1, min(STAGING_THREADS, -(-nbytes // STAGING_BYTES_PER_THREAD)))
 
 
 def _stage(host: np.ndarray, rows: np.ndarray, copying: threading.Event | None = None) -> None:
@@ -203,8 +215,10 @@ def _pinned(cp: ModuleType, shape: tuple[int, int], dtype: np.dtype) -> np.ndarr
 
 
 @functools.cache
-def _staging_pool() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="gln-stage")
+def _staging_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The staging threads, one pool per count, so that a changed ``STAGING_THREADS`` takes
+    effect at the next chunk."""
+    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="gln-stage")
 
 
 @functools.cache

@@ -2,8 +2,11 @@
 
 import json
 
+import pytest
+
 import gln.staging
 from benchmarks.gpu_constants import main, recommend
+from gln.kernels import uploads
 
 
 def layer_pass(layer, kernel, learn, rows, microseconds, rows_per_warp=None):
@@ -107,11 +110,20 @@ def test_int8_gating_only_where_it_won_with_the_same_outputs():
     assert recommend(differing)["GATING_PRODUCT"] == "float32"
 
 
-def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True) -> dict:
+def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1) -> dict:
     return {"measure": "predict_by_dtype", "dtype": dtype, "stage_ahead": ahead,
-            "examples_per_second": rate, "same_outputs_as_float32": same}
+            "staging_threads": threads, "examples_per_second": rate,
+            "same_outputs_as_float32": same}
 
 
+@pytest.fixture
+def staged_by_one_thread_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's staging as these tests' rates take it: one thread, nothing ahead."""
+    monkeypatch.setattr(uploads, "STAGING_THREADS", 1)
+    monkeypatch.setattr(uploads, "STAGE_AHEAD", False)
+
+
+@pytest.mark.usefixtures("staged_by_one_thread_in_turn")
 def test_staging_ahead_only_where_it_won_for_every_dtype_with_the_same_outputs():
     rates = [by_dtype("float32", False, 800), by_dtype("uint8", False, 1000),
              by_dtype("float32", True, 950), by_dtype("uint8", True, 1010)]
@@ -122,3 +134,15 @@ def test_staging_ahead_only_where_it_won_for_every_dtype_with_the_same_outputs()
     assert recommend(differing)["STAGE_AHEAD"] is False
     assert recommend(rates[:3])["STAGE_AHEAD"] is None  # uint8 staged ahead not measured
     assert recommend(rates)["current"]["STAGE_AHEAD"] is False
+
+
+@pytest.mark.usefixtures("staged_by_one_thread_in_turn")
+def test_staging_threads_from_the_setting_whose_slower_gain_is_largest():
+    library = [by_dtype("float32", False, 800), by_dtype("uint8", False, 1000)]
+    four = [by_dtype("float32", False, 1000, threads=4), by_dtype("uint8", False, 1050, threads=4)]
+    ahead = [by_dtype("float32", True, 1200), by_dtype("uint8", True, 1020)]  # uint8: +2% only
+    chosen = recommend([*library, *four, *ahead])
+    assert (chosen["STAGING_THREADS"], chosen["STAGE_AHEAD"]) == (4, False)
+    fewer = recommend([*library, *four[:1], by_dtype("uint8", False, 900, threads=4), *ahead])
+    assert (fewer["STAGING_THREADS"], fewer["STAGE_AHEAD"]) == (1, True)
+    assert recommend(four)["STAGING_THREADS"] is None  # the library's own setting not measured

@@ -11,6 +11,7 @@ import gln.model
 import gln.staging
 from benchmarks.gpu_learn import NETWORK, first_chunk_rows, latency_profile, layer_shapes, main
 from gln import GLN
+from gln.kernels import uploads
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
 
 
@@ -70,10 +71,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
-    by_dtype = {(r["dtype"], r["stage_ahead"]): r for r in records
+    by_dtype = {(r["dtype"], r["stage_ahead"], r["staging_threads"]): r for r in records
                 if r["measure"] == "predict_by_dtype"}
-    assert set(by_dtype) == {(dtype, ahead) for dtype in ("uint8", "float32")
-                             for ahead in (False, True)}
+    assert set(by_dtype) == {(dtype, ahead, threads) for dtype in ("uint8", "float32")
+                             for ahead in (False, True) for threads in (1, 4)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
     by_kernel = {(r["kernels"], r["row_order"]): r for r in records
@@ -87,7 +88,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"])
                  for r in records if r["measure"] == "predict_by_upload"]
     assert by_upload == [("current_stream", None, None, None), ("copy_stream", 1, 1, None),
-                         ("copy_stream", 2, 3, None), ("copy_stream", 1, 4, 3)]
+                         ("copy_stream", 2, 3, None),
+                         ("copy_stream", uploads.STAGING_THREADS, uploads.STAGING_PIECES, 3)]
     layers = ("784->8", "8->8", "8->1")  # small_network's
     caps = {(r["layer"], r["max_neurons_per_block"]) for r in records
             if r["measure"] == "shared_neurons_per_block" and r["microseconds"] > 0}

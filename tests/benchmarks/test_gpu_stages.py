@@ -67,7 +67,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
     assert (staging["rows"], staging["features"]) == (3, 784)  # the longest call's rows
     assert set(staging["gb_per_s"]) == {
         "same_chunk_to_pinned", "to_pinned", "to_pageable", "to_pinned_in_4_threads",
-        "to_pinned_beside_launches"}
+        "to_pinned_beside_launches", "pageable_to_device"}
     assert all(rate > 0 for rate in staging["gb_per_s"].values())
 
 

@@ -21,8 +21,8 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, monkey
     """Each chunk on the device whole, the one before still whole in the other slot; with
     ``stage_ahead``, each next chunk staged on a thread of its own meanwhile."""
     monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
+    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)  # every thread, on small chunks
     monkeypatch.setattr(uploads, "STAGING_PIECES", pieces)
-    uploads._staging_pool.cache_clear()
     source = np.random.default_rng(0).standard_normal((200, 24)).astype(np.float32)
     lengths = [37, 1, 40, 3, 40, 19]  # more chunks than slots; the longest fills a slot
     starts = np.cumsum([0, *lengths[:-1]])
@@ -43,7 +43,15 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, monkey
             previous = (on_device, rows)
     finally:
         sender.close()
-        uploads._staging_pool.cache_clear()
+
+
+def test_a_chunk_takes_a_staging_thread_per_share_of_its_bytes_up_to_the_most(monkeypatch):
+    monkeypatch.setattr(uploads, "STAGING_THREADS", 4)
+    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1000)
+    counts = [uploads.staging_threads(n) for n in (0, 1, 1000, 1001, 2500, 4000, 4001, 10**9)]
+    assert counts == [1, 1, 1, 2, 3, 4, 4, 4]
+    monkeypatch.setattr(uploads, "STAGING_THREADS", 1)
+    assert uploads.staging_threads(10**9) == 1
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.bool_])

@@ -1,0 +1,130 @@
+"""Where a long float32 prediction's host time goes before the device can start, by staging
+setting of ``gln.kernels.uploads``, on one GPU.
+
+    python benchmarks/gpu_staging.py [--data-dir DIR] [--rows 4096] [--calls 7]
+
+Why: on an H200, a 4,096-row float32 prediction's host spent about 1.45 ms sending its first
+2,048-row chunk while the device waited, when a plain copy of as many rows into pinned memory
+took about 0.7 ms (``gpu_stages.py``: ``call_timeline``, ``staging_bandwidth``); the device's
+work on the two chunks took about 3.2 ms, so that send is most of what stands between the call
+and 1M rows/s. Lines:
+
+* ``send_parts``: per chunk of a float32 source larger than the caches, ``ChunkUploads.send``'s
+  host microseconds, the part spent in the host's copies into pinned memory (summed over the
+  staging threads), and the time until the chunk's copy to the device had finished, by
+  (``STAGING_THREADS``, ``STAGING_PIECES``); medians;
+* ``timeline_by_staging``: ``call_timeline`` of ``--calls`` float32 predictions of ``--rows``
+  rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD``, ``ChunkUploads.stage_ahead`` traced as a
+  stage: each call's time and its first send's, and the stages of the median call.
+
+MNIST's rows with ``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise. Prints one JSON
+line per measurement, naming the device. Needs CuPy and a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_learn import NETWORK, device_name, load_data, module_constant  # noqa: E402
+from benchmarks.gpu_stages import call_timeline  # noqa: E402
+from gln import GLN  # noqa: E402
+
+SEND_SETTINGS = ((1, 1), (1, 4), (4, 1), (4, 4))  # (STAGING_THREADS, STAGING_PIECES)
+TIMELINE_SETTINGS = ((1, False), (1, True), (4, False), (4, True))  # (threads, STAGE_AHEAD)
+
+
+def emit(record: dict, device: str) -> None:
+    print(json.dumps({"benchmark": "gpu_staging", "device": device, **record}), flush=True)
+
+
+def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
+    """``send_parts`` lines (see the module docstring)."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
+    chunks = [X[start:start + rows] for start in range(0, len(X) - rows + 1, rows)]
+    staged: list[float] = []
+    stage = uploads._stage
+
+    def timed_stage(host: np.ndarray, part: np.ndarray, copying=None) -> None:
+        start = time.perf_counter()
+        stage(host, part, copying)
+        staged.append(time.perf_counter() - start)
+
+    for threads, pieces in SEND_SETTINGS:
+        parts: dict[str, list[float]] = {"send": [], "staging": [], "until_copied": []}
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
+            stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
+            stack.enter_context(module_constant(uploads, "_stage", timed_stage))
+            sender = stack.enter_context(uploads.ChunkUploads(rows, X.shape[1]))
+            for chunk in chunks:
+                cp.cuda.Device().synchronize()
+                staged.clear()
+                start = time.perf_counter()
+                sender.send(chunk)
+                sent = time.perf_counter()
+                cp.cuda.get_current_stream().synchronize()
+                parts["until_copied"].append(time.perf_counter() - start)
+                parts["send"].append(sent - start)
+                parts["staging"].append(sum(staged))
+                sender.consumed()
+        emit({"measure": "send_parts", "rows": rows, "chunks": len(chunks),
+              "staging_threads": threads, "staging_pieces": pieces,
+              "median_us": {name: float(np.median(seconds)) * 1e6
+                            for name, seconds in parts.items()}}, device)
+
+
+def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int,
+                         device: str) -> None:
+    """``timeline_by_staging`` lines (see the module docstring)."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
+    model = GLN(**NETWORK, device="cuda")
+    model.learn(X[:rows], y[:rows])
+    model.predict_proba(X[:rows])
+    batches = [X[start:start + rows] for start in range(rows, len(X) - rows + 1, rows)]
+    for threads, ahead in TIMELINE_SETTINGS:
+        with module_constant(uploads, "STAGING_THREADS", threads), \
+                module_constant(uploads, "STAGE_AHEAD", ahead):
+            model.predict_proba(batches[0])  # the staging threads started
+            timelines = [call_timeline(cp, model, functools.partial(model.predict_proba, batch),
+                                       also=((uploads.ChunkUploads, "stage_ahead"),))
+                         for batch in itertools.islice(itertools.cycle(batches), calls)]
+        first_sends = [next(s for s in t["stages"] if s["stage"] == "_sent") for t in timelines]
+        median = sorted(timelines, key=lambda t: t["call_us"])[len(timelines) // 2]
+        emit({"measure": "timeline_by_staging", "rows": rows, "staging_threads": threads,
+              "stage_ahead": ahead, "call_us": [t["call_us"] for t in timelines],
+              "first_send_us": [s["host_left_us"] - s["host_entered_us"] for s in first_sends],
+              "median_call": median}, device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+    parser.add_argument("--rows", type=int, default=4096, help="rows per prediction call")
+    parser.add_argument("--send-rows", type=int, default=2048, help="rows per sent chunk")
+    parser.add_argument("--calls", type=int, default=7, help="timelines per setting")
+    parser.add_argument("--examples", type=int, default=60_000, help="rows of the source")
+    args = parser.parse_args(argv)
+
+    import cupy as cp  # noqa: PLC0415 - the benchmark needs a GPU
+
+    device = device_name(cp)
+    X, y, _ = load_data(args, args.examples)
+    send_parts(cp, X, args.send_rows, device)
+    timelines_by_staging(cp, X, y, args.rows, args.calls, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The staging benchmark runs end to end on the emulated device, so that a GPU session does not
+find it broken: every staging setting is sent and timed, and every timeline traces the staging
+ahead exactly where it is on."""
+
+import json
+
+import pytest
+
+import gln.staging
+from benchmarks.gpu_staging import SEND_SETTINGS, TIMELINE_SETTINGS, main
+from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+
+
+def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network, monkeypatch):
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)  # the copy stream's way
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 4)
+    with emulated_cupy_installed():
+        main(["--rows", "24", "--send-rows", "8", "--calls", "2", "--examples", "72"])
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    sends = [r for r in records if r["measure"] == "send_parts"]
+    assert [(r["staging_threads"], r["staging_pieces"]) for r in sends] == list(SEND_SETTINGS)
+    for record in sends:
+        assert record["chunks"] == 9
+        parts = record["median_us"]
+        assert 0 < parts["staging"] and 0 < parts["send"] <= parts["until_copied"]
+    timelines = [r for r in records if r["measure"] == "timeline_by_staging"]
+    assert [(r["staging_threads"], r["stage_ahead"]) for r in timelines] == list(
+        TIMELINE_SETTINGS)
+    for record in timelines:
+        assert len(record["call_us"]) == len(record["first_send_us"]) == 2
+        names = [s["stage"] for s in record["median_call"]["stages"]]
+        assert names.count("_sent") == 3  # 24 rows in chunks of 8
+        assert names.count("stage_ahead") == (2 if record["stage_ahead"] else 0)
+        assert min(record["call_us"]) <= record["median_call"]["call_us"] <= max(
+            record["call_us"])
