@@ -240,6 +240,15 @@ def module_constant(module: Any, name: str, value: Any) -> Iterator[None]:
         setattr(module, name, saved)
 
 
+@contextlib.contextmanager
+def module_constants(module: Any, **values: Any) -> Iterator[None]:
+    """Several of ``module``'s constants set for a while, each as ``module_constant`` sets it."""
+    with contextlib.ExitStack() as stack:
+        for name, value in values.items():
+            stack.enter_context(module_constant(module, name, value))
+        yield
+
+
 def launch_constant(name: str, value: Any) -> contextlib.AbstractContextManager[None]:
     """``gln.kernels.cuda.<name>`` set to ``value`` for a while (None: the library's)."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
@@ -362,8 +371,8 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
                     stack.enter_context(
                         module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads))
                 else:
-                    stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
-                    stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
+                    stack.enter_context(module_constants(
+                        uploads, STAGING_THREADS=threads, STAGING_PIECES=pieces))
                 stack.enter_context(first_chunk_rows(model, first))
                 rates[i].append(predict_rate(model, X, chunk))
     return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
@@ -389,11 +398,8 @@ def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
     setups = [(name, ahead, threads) for threads in staging_threads for ahead in (False, True)
               for name in batches]
 
-    def staged_as(ahead: bool, threads: int) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(module_constant(uploads, "STAGE_AHEAD", ahead))
-        stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
-        return stack
+    def staged_as(ahead: bool, threads: int) -> contextlib.AbstractContextManager[None]:
+        return module_constants(uploads, STAGE_AHEAD=ahead, STAGING_THREADS=threads)
 
     rates: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
     for _ in range(rounds):

@@ -24,7 +24,6 @@ line per measurement, naming the device. Needs CuPy and a GPU.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import itertools
 import json
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_learn import NETWORK, device_name, load_data, module_constant  # noqa: E402
+from benchmarks.gpu_learn import NETWORK, device_name, load_data, module_constants  # noqa: E402
 from benchmarks.gpu_stages import call_timeline  # noqa: E402
 from gln import GLN  # noqa: E402
 
@@ -63,11 +62,9 @@ def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
 
     for threads, pieces in SEND_SETTINGS:
         parts: dict[str, list[float]] = {"send": [], "staging": [], "until_copied": []}
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(module_constant(uploads, "STAGING_THREADS", threads))
-            stack.enter_context(module_constant(uploads, "STAGING_PIECES", pieces))
-            stack.enter_context(module_constant(uploads, "_stage", timed_stage))
-            sender = stack.enter_context(uploads.ChunkUploads(rows, X.shape[1]))
+        with module_constants(uploads, STAGING_THREADS=threads, STAGING_PIECES=pieces,
+                              _stage=timed_stage), \
+                uploads.ChunkUploads(rows, X.shape[1]) as sender:
             for chunk in chunks:
                 cp.cuda.Device().synchronize()
                 staged.clear()
@@ -95,8 +92,7 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
     model.predict_proba(X[:rows])
     batches = [X[start:start + rows] for start in range(rows, len(X) - rows + 1, rows)]
     for threads, ahead in TIMELINE_SETTINGS:
-        with module_constant(uploads, "STAGING_THREADS", threads), \
-                module_constant(uploads, "STAGE_AHEAD", ahead):
+        with module_constants(uploads, STAGING_THREADS=threads, STAGE_AHEAD=ahead):
             model.predict_proba(batches[0])  # the staging threads started
             timelines = [call_timeline(cp, model, functools.partial(model.predict_proba, batch),
                                        also=((uploads.ChunkUploads, "stage_ahead"),))
