@@ -28,7 +28,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_constants import CONSTANTS  # noqa: E402
-from benchmarks.gpu_learn import alternating_rates, device_name, load_data  # noqa: E402
+from benchmarks.gpu_learn import (  # noqa: E402
+    alternating_rates,
+    device_name,
+    load_data,
+    module_constant,
+)
 
 
 def emit(record: dict, device: str) -> None:
@@ -45,14 +50,10 @@ def changes(recommended: dict) -> dict[str, Any]:
 @contextlib.contextmanager
 def constants_set(values: dict[str, Any]) -> Iterator[None]:
     """The library's constants set to ``values`` for a while, restored afterwards."""
-    saved = {name: getattr(CONSTANTS[name], name) for name in values}
-    try:
+    with contextlib.ExitStack() as stack:
         for name, value in values.items():
-            setattr(CONSTANTS[name], name, value)
+            stack.enter_context(module_constant(CONSTANTS[name], name, value))
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(CONSTANTS[name], name, value)
 
 
 def main(argv: list[str] | None = None) -> None:
