@@ -22,6 +22,8 @@
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 * ``GATING_PRODUCT``: int8 where it both learned and predicted faster than float32
   (``learn_by_gating``, ``predict_by_gating``) with the same outputs, else float32.
+* ``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS``: of the shared kernel's settings of
+  ``predict_by_shared_layout`` (row layout x warps a block), chosen as the staging below.
 * ``STAGE_AHEAD`` and ``STAGING_THREADS`` (``gln.kernels.uploads``): of the staging settings
   of ``predict_by_dtype``, the one that predicted both float32 and uint8 rows fastest against
   the library's own (by the slower of its two ratios), where it beat the library's for both
@@ -40,6 +42,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,7 +52,8 @@ from gln.kernels import cuda, uploads  # noqa: E402
 # Every constant recommended here, and the module that holds it.
 CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
                               "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
-                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT"), cuda),
+                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT",
+                              "PREDICT_VECTOR_ROWS", "PREDICT_WARPS"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads}
 
 
@@ -95,6 +99,7 @@ def recommend(records: Iterable[dict]) -> dict:
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "GATING_PRODUCT": _gating_product(records),
+        **_shared_layout(records),
         **_staging(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
@@ -120,27 +125,47 @@ def _gating_product(records: list[dict]) -> str | None:
     return "int8" if wins and same else "float32"
 
 
+def _shared_layout(records: list[dict]) -> dict[str, bool | int | None]:
+    """``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS`` from ``predict_by_shared_layout``'s
+    side-by-side rates (None without the library's own setting and another one, each for every
+    dtype)."""
+    rates = {(r["dtype"], (r["vector_rows"], r["warps"])): r for r in records
+             if r.get("measure") == "predict_by_shared_layout"}
+    best = _best_setting(rates, (cuda.PREDICT_VECTOR_ROWS, cuda.PREDICT_WARPS))
+    vector, warps = best or (None, None)
+    return {"PREDICT_VECTOR_ROWS": vector, "PREDICT_WARPS": warps}
+
+
 def _staging(records: list[dict]) -> dict[str, bool | int | None]:
     """``STAGE_AHEAD`` and ``STAGING_THREADS`` from ``predict_by_dtype``'s side-by-side rates
     (None without the library's own setting and another one, each for every dtype)."""
-    rates = {(r["dtype"], r["stage_ahead"], r.get("staging_threads", uploads.STAGING_THREADS)):
-             r for r in records if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
-    dtypes = {dtype for dtype, _, _ in rates}
-    settings = {(ahead, threads) for _, ahead, threads in rates
-                if all((dtype, ahead, threads) in rates for dtype in dtypes)}
-    library = (uploads.STAGE_AHEAD, uploads.STAGING_THREADS)
-    if library not in settings or len(settings) < 2:
-        return {"STAGE_AHEAD": None, "STAGING_THREADS": None}
+    rates = {(r["dtype"], (r["stage_ahead"],
+                           r.get("staging_threads", uploads.STAGING_THREADS))): r
+             for r in records if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
+    best = _best_setting(rates, (uploads.STAGE_AHEAD, uploads.STAGING_THREADS))
+    ahead, threads = best or (None, None)
+    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads}
 
-    def worst_ratio(setting: tuple[bool, int]) -> float:
-        return min(rates[(dtype, *setting)]["examples_per_second"]
-                   / rates[(dtype, *library)]["examples_per_second"] for dtype in dtypes)
+
+def _best_setting(rates: dict[tuple[str, Any], dict], library: Any) -> Any:
+    """Of the settings measured for every dtype in ``rates`` (by dtype and setting), the one
+    whose slower dtype gained most over the ``library``'s setting, with the same outputs in
+    both dtypes, where it gained at all; else the library's. None unless the library's and
+    another were measured for every dtype."""
+    dtypes = {dtype for dtype, _ in rates}
+    settings = {setting for _, setting in rates
+                if all((dtype, setting) in rates for dtype in dtypes)}
+    if library not in settings or len(settings) < 2:
+        return None
+
+    def worst_ratio(setting: Any) -> float:
+        return min(rates[(dtype, setting)]["examples_per_second"]
+                   / rates[(dtype, library)]["examples_per_second"] for dtype in dtypes)
 
     alike = [setting for setting in settings
-             if all(rates[(dtype, *setting)]["same_outputs_as_float32"] for dtype in dtypes)]
+             if all(rates[(dtype, setting)]["same_outputs_as_float32"] for dtype in dtypes)]
     best = max(alike, key=worst_ratio, default=library)
-    ahead, threads = best if worst_ratio(best) > 1 else library
-    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads}
+    return best if worst_ratio(best) > 1 else library
 
 
 def _crossing(first: dict[int, float], second: dict[int, float]

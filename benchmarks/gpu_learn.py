@@ -19,7 +19,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   with each ``PREDICT_MAX_NEURONS_PER_BLOCK`` of ``--predict-neurons-per-block`` (fewer
   neurons per block let two blocks share an SM), and ``shared_sum_batch`` with each
   ``GLN_SUM_BATCH`` of ``--predict-sum-batch`` (dot products summed at once; 1: a butterfly
-  each);
+  each), and ``shared_layout`` with its rows in shared memory as in global memory and in the
+  vector layout (``PREDICT_VECTOR_ROWS``), each with the source's 16 warps a block and with
+  each ``PREDICT_WARPS`` of ``--predict-warps``, in ``--layout-turns`` alternating turns;
 * ``wide_kernel``: the kernel of rows no registers hold (``gln_layer_pass_wide``, taken by
   layers of more than 2,048 inputs) beside the streaming kernel on the first layer, learning
   and predicting, at each of ``--wide-rows``;
@@ -38,6 +40,8 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   (``STAGE_AHEAD``) and by one host thread and by up to four (``STAGING_THREADS``), in alternating
   rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows travel in a
   quarter of the bytes (``gln.kernels.uploads``), and all must predict the same bytes;
+* ``predict_by_shared_layout``: the same two dtypes under each of those settings of the shared
+  kernel, in alternating rounds (``--layout-rounds``);
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -204,6 +208,13 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                     seconds = mean_event_seconds(cp, predict, args.repeats)
                 emit({"measure": "shared_sum_batch", "layer": name, "rows": n,
                       "sum_batch": batch, "microseconds": seconds * 1e6}, device)
+            for turn in range(args.layout_turns):  # alternating: each setting in each turn
+                for vector, warps in shared_layouts(args.predict_warps):
+                    with shared_layout(vector, warps):
+                        seconds = mean_event_seconds(cp, predict, args.repeats)
+                    emit({"measure": "shared_layout", "layer": name, "rows": n,
+                          "vector_rows": vector, "warps": warps, "turn": turn,
+                          "microseconds": seconds * 1e6}, device)
 
 
 def time_wide_kernel(cp, args: argparse.Namespace, device: str) -> None:
@@ -381,43 +392,75 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
             for i, (path, threads, pieces, first) in enumerate(setups)]
 
 
-def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
-                   staging_threads: tuple[int, ...] = (1, 4)) -> list[dict]:
+def pixel_rates(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
+                settings: dict[Any, Any]) -> dict[tuple[str, Any], tuple[float, bool]]:
     """Prediction rates of pixels (``X``'s values in [0, 1] scaled back to 0-255) sent as uint8
-    and as float32, each with ``STAGE_AHEAD`` off and on and with each of ``staging_threads``
-    (``STAGING_THREADS``), by a model that learned them as float32: the medians of ``rounds``
-    alternating rounds, and whether each predicted the outputs of float32 rows staged in
-    turn."""
-    import gln.kernels.uploads as uploads  # noqa: PLC0415
-
+    and as float32 under each setting (a key and a function making a context manager that
+    holds it), by a model that learned them as float32, in alternating rounds: by (dtype,
+    setting), the median of ``rounds`` rates and whether it predicted the library's outputs of
+    the float32 rows."""
     pixels = np.rint(X * 255).astype(np.uint8)
     batches = {"uint8": pixels, "float32": pixels.astype(np.float32)}
     model = GLN(**NETWORK, device="cuda")
     model.learn(batches["float32"][:chunk], y[:chunk])
     model.predict_proba(batches["float32"][:SHORT_GEMM_ROWS])  # untimed: see SHORT_GEMM_ROWS
-    setups = [(name, ahead, threads) for threads in staging_threads for ahead in (False, True)
-              for name in batches]
-
-    def staged_as(ahead: bool, threads: int) -> contextlib.AbstractContextManager[None]:
-        return module_constants(uploads, STAGE_AHEAD=ahead, STAGING_THREADS=threads)
-
-    rates: dict[tuple[str, bool, int], list[float]] = defaultdict(list)
+    setups = [(name, key) for key in settings for name in batches]
+    rates: dict[tuple[str, Any], list[float]] = defaultdict(list)
     for _ in range(rounds):
-        for name, ahead, threads in setups:
-            with staged_as(ahead, threads):
-                rates[(name, ahead, threads)].append(predict_rate(model, batches[name], chunk))
+        for name, key in setups:
+            with settings[key]():
+                rates[(name, key)].append(predict_rate(model, batches[name], chunk))
     tail = slice(len(X) - chunk, None)
     reference = model.predict_proba(batches["float32"][tail])
     same = {}
-    for name, ahead, threads in setups:
-        with staged_as(ahead, threads):
-            same[(name, ahead, threads)] = np.array_equal(
-                model.predict_proba(batches[name][tail]), reference)
+    for name, key in setups:
+        with settings[key]():
+            same[(name, key)] = np.array_equal(model.predict_proba(batches[name][tail]),
+                                               reference)
+    return {setup: (float(np.median(rates[setup])), bool(same[setup])) for setup in setups}
+
+
+def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
+                   staging_threads: tuple[int, ...] = (1, 4)) -> list[dict]:
+    """``predict_by_dtype``: ``pixel_rates`` with ``STAGE_AHEAD`` off and on and with each of
+    ``staging_threads`` (``STAGING_THREADS``)."""
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
+    settings = {(ahead, threads): functools.partial(module_constants, uploads,
+                                                    STAGE_AHEAD=ahead, STAGING_THREADS=threads)
+                for threads in staging_threads for ahead in (False, True)}
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
              "stage_ahead": ahead, "staging_threads": threads, "examples": len(X),
-             "examples_per_second": float(np.median(rates[(name, ahead, threads)])),
-             "rounds": rounds, "same_outputs_as_float32": bool(same[(name, ahead, threads)])}
-            for name, ahead, threads in setups]
+             "examples_per_second": rate, "rounds": rounds, "same_outputs_as_float32": same}
+            for (name, (ahead, threads)), (rate, same)
+            in pixel_rates(X, y, chunk, rounds, settings).items()]
+
+
+def shared_layouts(warps: list[int]) -> list[tuple[bool, int | None]]:
+    """The shared kernel's settings timed side by side: its rows as in global memory and in
+    the vector layout (``PREDICT_VECTOR_ROWS``), each with the source's warps a block (None)
+    and with each of ``warps`` (``PREDICT_WARPS``)."""
+    return [(vector, count) for vector in (False, True)
+            for count in (None, *(w for w in warps if w != 16))]
+
+
+def shared_layout(vector: bool, warps: int | None) -> contextlib.AbstractContextManager[None]:
+    """The shared kernel's row layout and warps a block set for a while."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    return module_constants(cuda, PREDICT_VECTOR_ROWS=vector, PREDICT_WARPS=warps)
+
+
+def rates_by_shared_layout(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
+                           warps: list[int]) -> list[dict]:
+    """``predict_by_shared_layout``: ``pixel_rates`` with each of ``shared_layouts``."""
+    settings = {setting: functools.partial(shared_layout, *setting)
+                for setting in shared_layouts(warps)}
+    return [{"measure": "predict_by_shared_layout", "implementation": "kernels", "dtype": name,
+             "vector_rows": vector, "warps": count, "examples": len(X),
+             "examples_per_second": rate, "rounds": rounds, "same_outputs_as_float32": same}
+            for (name, (vector, count)), (rate, same)
+            in pixel_rates(X, y, chunk, rounds, settings).items()]
 
 
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
@@ -553,6 +596,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--predict-sum-batch", type=int_list, default=[1, 4, 8, 16, 32],
                         help="GLN_SUM_BATCH values to time the shared kernel with, at "
                              "PREDICT_CHUNK_ROWS_GPU rows")
+    parser.add_argument("--predict-warps", type=int_list, default=[20, 32],
+                        help="PREDICT_WARPS values (beside the source's 16) to time the shared "
+                             "kernel with, in either row layout")
+    parser.add_argument("--layout-turns", type=int, default=3,
+                        help="alternating turns of the shared kernel's settings (row layout x "
+                             "warps) at PREDICT_CHUNK_ROWS_GPU rows")
     parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
                         help="values of gln.staging.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],
@@ -562,6 +611,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upload-rounds", type=int, default=5)
     parser.add_argument("--dtype-rounds", type=int, default=5,
                         help="alternating rounds of uint8 and float32 pixels (0: none)")
+    parser.add_argument("--layout-rounds", type=int, default=3,
+                        help="alternating rounds of the shared kernel's settings (row layout x "
+                             "warps), predicting uint8 and float32 pixels each (0: none)")
     parser.add_argument("--gating-rounds", type=int, default=3,
                         help="alternating rounds of each GATING_PRODUCT (0: none)")
     parser.add_argument("--kernel-rounds", type=int, default=3,
@@ -636,7 +688,9 @@ def main(argv: list[str] | None = None) -> None:
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
                                           args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
+            by_layout = functools.partial(rates_by_shared_layout, warps=args.predict_warps)
             for rounds, rates_by in ((args.dtype_rounds, rates_by_dtype),
+                                     (args.layout_rounds, by_layout),
                                      (args.gating_rounds, rates_by_gating),
                                      (args.kernel_rounds, rates_by_learning_kernel)):
                 for record in rates_by(X, y, args.chunk, rounds) if rounds else ():

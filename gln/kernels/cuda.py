@@ -89,6 +89,24 @@ PREDICT_MAX_NEURONS_PER_BLOCK = 8
 # leaves it to the source, which takes as many as the registers allow for the row width.
 # Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).
 PREDICT_SUM_BATCH: int | None = None
+# Whether the shared kernel holds its rows in the vector layout (GLN_VECTOR_ROWS, layer_pass.cu):
+# a lane's elements four to a 16-byte load from shared memory instead of one to a 4-byte load,
+# a quarter of the load instructions, the same elements added in the same order (the same
+# bytes), rows padded to a multiple of four floats (785 inputs: 788). Off until a GPU has
+# timed it against the plain layout (gpu_learn.py's shared_vector_rows); kernel_sass.py counts
+# the instructions without one.
+PREDICT_VECTOR_ROWS = False
+# Warps per block of the shared kernel on rows of at most PREDICT_NARROW_LANES elements a lane
+# (GLN_PREDICT_WARPS; wider rows take 8); None leaves it to the source: 16, one block of 512
+# threads an SM on MNIST's first layer (its 201 KB of rows), 103 registers a thread. nvcc 13
+# for sm_90 fits that kernel in 96 registers at 20 warps, and in 80 at 24 and 64 at 32 once
+# the next example's input is no longer loaded ahead (GLN_PREFETCH=0, which the host then
+# sets; with it the vector layout spills at 24), nothing spilled at 1, 2, 5 or 25 a lane: more
+# warps to hide the loads' latency, fewer registers each. Off until a GPU has timed it
+# (gpu_learn.py's shared_warps).
+PREDICT_WARPS: int | None = None
+PREDICT_NARROW_LANES = 26
+PREDICT_PREFETCH_MAX_WARPS = 20  # beyond it the shared kernel loads no input ahead
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
@@ -136,11 +154,38 @@ class LayerLaunch:
     per_lane: int
     rows_per_warp: int  # examples per warp (per block for the shared kernel)
     neurons_per_block: int = 1  # the shared kernel's neurons per block
+    # Macros beyond GLN_PER_LANE that its module is compiled with (the shared kernel's settings
+    # where they differ from the source's own), as compiler options: "-DNAME=VALUE".
+    defines: tuple[str, ...] = ()
 
 
 def predict_warps(lanes: int) -> int:
     """Warps per block of the shared prediction kernel (``GLN_PREDICT_WARPS``)."""
-    return 16 if lanes <= 26 else 8
+    if lanes > PREDICT_NARROW_LANES:
+        return 8
+    return PREDICT_WARPS or 16
+
+
+def shared_defines(lanes: int, vector_rows: bool) -> tuple[str, ...]:
+    """The shared kernel's macros that differ from the source's defaults: ``PREDICT_SUM_BATCH``,
+    the vector layout and ``PREDICT_WARPS`` (rows of at most ``PREDICT_NARROW_LANES`` a lane;
+    no input loaded ahead beyond ``PREDICT_PREFETCH_MAX_WARPS``), each where set."""
+    defines = []
+    if PREDICT_SUM_BATCH is not None:
+        defines.append(f"-DGLN_SUM_BATCH={PREDICT_SUM_BATCH}")
+    if vector_rows:
+        defines.append("-DGLN_VECTOR_ROWS=1")
+    if PREDICT_WARPS is not None and lanes <= PREDICT_NARROW_LANES:
+        defines.append(f"-DGLN_PREDICT_WARPS={PREDICT_WARPS}")
+        if PREDICT_WARPS > PREDICT_PREFETCH_MAX_WARPS:
+            defines.append("-DGLN_PREFETCH=0")
+    return tuple(defines)
+
+
+def shared_row_floats(num_inputs: int, vector_rows: bool) -> int:
+    """Floats between two of a neuron's rows in the shared kernel's shared memory: I, or with
+    the vector layout I rounded up to a multiple of four (every row on 16 bytes)."""
+    return -(-num_inputs // 4) * 4 if vector_rows else num_inputs
 
 
 def per_lane(num_inputs: int) -> int:
@@ -186,13 +231,17 @@ def plan_layer_launch(
     lanes = per_lane(num_inputs)
     if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
                             and fits):
-        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, WARP, max_shared_bytes // shared_bytes)
+        vector_rows = PREDICT_VECTOR_ROWS
+        neuron_bytes = num_contexts * shared_row_floats(num_inputs, vector_rows) * 4
+        if neuron_bytes > max_shared_bytes:  # the rows fit only unpadded
+            vector_rows, neuron_bytes = False, shared_bytes
+        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, WARP, max_shared_bytes // neuron_bytes)
         blocks_per_gln = -(-num_neurons // most)
         per_block = -(-num_neurons // blocks_per_gln)  # balanced: no block of a few neurons
         rows = max(PREDICT_ROWS_PER_BLOCK, -(-n // _MAX_GRID_Y))
         return LayerLaunch(SHARED, (num_glns * blocks_per_gln, max(1, -(-n // rows))),
-                           (WARP * predict_warps(lanes),), per_block * shared_bytes, lanes, rows,
-                           per_block)
+                           (WARP * predict_warps(lanes),), per_block * neuron_bytes, lanes, rows,
+                           per_block, shared_defines(lanes, vector_rows))
     rows_fit = num_contexts <= ROW_WARPS_MAX_CONTEXTS
     if mode == "rows" and not rows_fit:
         raise ValueError(f"the row kernel takes at most {ROW_WARPS_MAX_CONTEXTS} contexts a "
@@ -273,19 +322,18 @@ def _source(name: str) -> str:
 
 
 @functools.cache
-def _layer_module(lanes: int, sum_batch: int | None = None) -> Any:
-    """The layer-pass module compiled for rows of ``lanes`` elements per lane (and, when given,
-    the shared kernel's ``GLN_SUM_BATCH``)."""
-    batch = () if sum_batch is None else (f"-DGLN_SUM_BATCH={sum_batch}",)
+def _layer_module(lanes: int, defines: tuple[str, ...] = ()) -> Any:
+    """The layer-pass module compiled for rows of ``lanes`` elements per lane, with the
+    ``defines`` of a launch (``LayerLaunch.defines``)."""
     return _cupy().RawModule(
         code=_source("layer_pass.cu"),
-        options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}", *batch),
+        options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}", *defines),
     )
 
 
 @functools.cache
-def _layer_kernel(lanes: int, name: str, sum_batch: int | None = None) -> Any:
-    return _layer_module(lanes, sum_batch).get_function(name)
+def _layer_kernel(lanes: int, name: str, defines: tuple[str, ...] = ()) -> Any:
+    return _layer_module(lanes, defines).get_function(name)
 
 
 @functools.cache
@@ -307,13 +355,12 @@ def _max_shared_bytes(device_id: int) -> int:
                                           device_id))
 
 
-_shared_limit_set: dict[tuple[int, int, str, int | None], int] = {}
+_shared_limit_set: dict[tuple[int, int, str, tuple[str, ...]], int] = {}
 
 
 def _kernel(launch: LayerLaunch, device_id: int) -> Any:
-    sum_batch = PREDICT_SUM_BATCH if launch.kernel == SHARED else None
-    kernel = _layer_kernel(launch.per_lane, launch.kernel, sum_batch)
-    key = (device_id, launch.per_lane, launch.kernel, sum_batch)
+    kernel = _layer_kernel(launch.per_lane, launch.kernel, launch.defines)
+    key = (device_id, launch.per_lane, launch.kernel, launch.defines)
     if launch.shared_bytes > _shared_limit_set.get(key, 48 * 1024):
         kernel.max_dynamic_shared_size_bytes = launch.shared_bytes  # opt in beyond 48 KB
         _shared_limit_set[key] = launch.shared_bytes

@@ -78,12 +78,23 @@
 #ifndef GLN_SUM_BATCH
 #define GLN_SUM_BATCH (GLN_PER_LANE <= 12 ? 32 : 1)
 #endif
+// Rows of gln_layer_predict_shared in shared memory laid out for 16-byte loads (1) or as in
+// global memory (0): "the vector layout", below.
+#ifndef GLN_VECTOR_ROWS
+#define GLN_VECTOR_ROWS 0
+#endif
+// A lane's elements i < 4 x GLN_VECTOR_GROUPS, which lie inside the row on every lane (all
+// but the last, inside_row), then come four to a load.
+#define GLN_VECTOR_GROUPS (GLN_VECTOR_ROWS ? (GLN_PER_LANE - 1) / 4 : 0)
 #define GLN_FULL_MASK 0xffffffffu
 #define GLN_STREAM_WARPS 4  // warps (neurons) per block of the streaming kernel
 // Warps per block of gln_layer_predict_shared: as many as the registers allow without spilling
 // (three register arrays per lane: the row, the input and the next input, and the parts of
 // GLN_SUM_BATCH dot products; nvcc 13 for sm_90 spills none up to 64 per lane with these).
+// The host may set more (gln.kernels.cuda.PREDICT_WARPS), with GLN_PREFETCH=0 beyond 20.
+#ifndef GLN_PREDICT_WARPS
 #define GLN_PREDICT_WARPS (GLN_PER_LANE <= 26 ? 16 : 8)
+#endif
 // Blocks (one warp each) of gln_layer_pass_rows an SM should hold: caps the registers a lane
 // may take (65,536 / (32 x blocks)), 128 where the row and two inputs fit in them (120 for
 // MNIST's first layer, 25 a lane; nvcc 13 spills at 32 a lane), 256 for wider rows.
@@ -148,6 +159,42 @@ __device__ __forceinline__ void store_row(float* row, const float (&r)[GLN_PER_L
     for (int i = 0; i < GLN_PER_LANE; ++i) {
         if (inside_row(i, lane, num_inputs)) mine[GLN_WARP * i] = r[i];
     }
+}
+
+// The vector layout (GLN_VECTOR_ROWS) of a row in shared memory: element e = lane + 32 i with
+// i < 4 x GLN_VECTOR_GROUPS lies at 128 q + 4 lane + i - 4 q (q = i / 4), the lane's four
+// elements of each 128 side by side, so that a lane reads them in one 16-byte load and the
+// warp's 32 loads cover 512 contiguous bytes, without bank conflicts; the others lie at e, as
+// in global memory. A lane reads the elements load_row gives it and adds them in the same
+// order, so the bytes are the same; a load takes four elements instead of one. Rows lie
+// shared_row_floats apart, a multiple of four, so that every row starts on 16 bytes (the host
+// sizes the shared memory by the same rule, gln.kernels.cuda.shared_row_floats).
+__device__ __forceinline__ int shared_row_floats(int num_inputs) {
+    return GLN_VECTOR_ROWS ? (num_inputs + 3) & ~3 : num_inputs;
+}
+
+// A lane's elements of a row in shared memory (in the vector layout with GLN_VECTOR_ROWS):
+// load_row's values.
+__device__ __forceinline__ void load_shared_row(float (&r)[GLN_PER_LANE], const float* row,
+                                                int lane, int num_inputs) {
+#if GLN_VECTOR_ROWS
+    const float4* fours = reinterpret_cast<const float4*>(row) + lane;
+#pragma unroll
+    for (int q = 0; q < GLN_VECTOR_GROUPS; ++q) {
+        const float4 v = fours[GLN_WARP * q];
+        r[4 * q] = v.x;
+        r[4 * q + 1] = v.y;
+        r[4 * q + 2] = v.z;
+        r[4 * q + 3] = v.w;
+    }
+    const float* mine = row + lane;
+#pragma unroll
+    for (int i = 4 * GLN_VECTOR_GROUPS; i < GLN_PER_LANE; ++i) {
+        r[i] = inside_row(i, lane, num_inputs) ? mine[GLN_WARP * i] : 0.0f;
+    }
+#else
+    load_row(r, row, lane, num_inputs);
+#endif
 }
 
 // A lane's elements of an input row: read-only for the whole launch, so through the
@@ -520,6 +567,23 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 }
 #endif
 
+// One float from global to shared memory, in flight until wait_for_shared_copies (cp.async,
+// sm_80+); a plain copy elsewhere.
+__device__ __forceinline__ void copy_to_shared(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
+                 :: "r"(shared_address(dst)), "l"(src) : "memory");
+#else
+    *dst = *src;
+#endif
+}
+
+__device__ __forceinline__ void wait_for_shared_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Copy `size` floats of weight rows from global to shared memory, thread `thread` of `threads`
 // taking every threads-th element; the caller synchronises the threads that shared the copy.
 // cp.async (sm_80+) keeps every request in flight at once instead of a few per thread, so the
@@ -536,15 +600,38 @@ __device__ __forceinline__ void rows_to_shared(float* dst, const float* src, lon
                          :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
         }
     } else {
-        for (long long e = thread; e < size; e += threads) {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
-                         :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
-        }
+        for (long long e = thread; e < size; e += threads) copy_to_shared(dst + e, src + e);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    wait_for_shared_copies();
 #else
     for (long long e = thread; e < size; e += threads) dst[e] = src[e];
 #endif
+}
+
+// The rows of gln_layer_predict_shared, `rows` rows of num_inputs floats, from global memory
+// into the vector layout; warp `warp` of `warps` copies rows warp, warp + warps, ... In a group of 128 elements lane l fills the
+// shared floats l, l + 32, l + 64 and l + 96 (whole banks, no conflicts), reading for each 8
+// consecutive floats with 7 other lanes (whole 32-byte sectors).
+__device__ __forceinline__ void rows_to_vector_layout(float* dst, const float* src, int rows,
+                                                      int num_inputs, int lane, int warp,
+                                                      int warps) {
+    const int stride = shared_row_floats(num_inputs);
+    for (int r = warp; r < rows; r += warps) {
+        float* to = dst + static_cast<long long>(r) * stride;
+        const float* from = src + static_cast<long long>(r) * num_inputs;
+        for (int q = 0; q < GLN_VECTOR_GROUPS; ++q) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {  // shared float s holds lane s / 4's element 4 q + s % 4
+                const int s = lane + GLN_WARP * k;
+                copy_to_shared(to + 4 * GLN_WARP * q + s,
+                               from + 4 * GLN_WARP * q + GLN_WARP * (s % 4) + s / 4);
+            }
+        }
+        for (int e = 4 * GLN_WARP * GLN_VECTOR_GROUPS + lane; e < num_inputs; e += GLN_WARP) {
+            copy_to_shared(to + e, from + e);
+        }
+    }
+    wait_for_shared_copies();
 }
 
 __device__ __forceinline__ void rows_to_global(float* dst, const float* src, long long size,
@@ -853,6 +940,7 @@ __device__ __forceinline__ void predict_example(float (&x)[GLN_PER_LANE],
                                                 int count, int t, int warps, int end, int lane,
                                                 HeldDots& held) {
     const int I = a.num_inputs;
+    const long long stride = shared_row_floats(I);
     const int mine =
         block_context(contexts, t, per_example, neuron0, lane, count, a.num_contexts);
 #if GLN_PREFETCH
@@ -860,7 +948,8 @@ __device__ __forceinline__ void predict_example(float (&x)[GLN_PER_LANE],
 #endif
     for (int j = 0; j < count; ++j) {
         const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
-        load_row(w, rows + (j * static_cast<long long>(a.num_contexts) + c) * I, lane, I);
+        load_shared_row(w, rows + (j * static_cast<long long>(a.num_contexts) + c) * stride,
+                        lane, I);
         const float dot = warp_dot(w, x);
         if (lane == held.count) {
             held.dot = dot;
@@ -901,9 +990,15 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const int I = num_inputs;
     const long long row_floats = static_cast<long long>(num_contexts) * I;
     const long long neuron0 = static_cast<long long>(g) * num_neurons + k0;
+    const long long stride = shared_row_floats(I);  // between rows in shared memory
     float* rows = dynamic_shared_floats();
+#if GLN_VECTOR_ROWS
+    rows_to_vector_layout(rows, weights + neuron0 * row_floats, count * num_contexts, I, lane,
+                         warp, warps);
+#else
     rows_to_shared(rows, weights + neuron0 * row_floats, count * row_floats, threadIdx.x,
                    blockDim.x);
+#endif
     __syncthreads();
 
     const int source = input_groups == 1 ? 0 : g;
@@ -960,7 +1055,8 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
             part[b] = 0.0f;
             if (t >= end) continue;
             const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
-            load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
+            load_shared_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * stride,
+                            lane, I);
             part[b] = lane_dot(w, x);
             if (lane / kLanesPerSum == b) {
                 my_j = j;

@@ -6,7 +6,7 @@ import pytest
 
 import gln.staging
 from benchmarks.gpu_constants import main, recommend
-from gln.kernels import uploads
+from gln.kernels import cuda, uploads
 
 
 def layer_pass(layer, kernel, learn, rows, microseconds, rows_per_warp=None):
@@ -92,6 +92,7 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     assert printed["PREDICT_SHARED_MIN_ROWS"] is None and printed["ROW_WARPS_MIN_ROWS"] is None
     assert printed["ROW_ORDER"] is None
     assert printed["GATING_PRODUCT"] is None and printed["STAGE_AHEAD"] is None
+    assert printed["PREDICT_VECTOR_ROWS"] is None and printed["PREDICT_WARPS"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
 
 
@@ -108,6 +109,31 @@ def test_int8_gating_only_where_it_won_with_the_same_outputs():
     assert recommend(slower)["GATING_PRODUCT"] == "float32"
     differing = [*gating[:3], by_gating("predict", "int8", 600, same=False)]
     assert recommend(differing)["GATING_PRODUCT"] == "float32"
+
+
+def by_layout(dtype: str, vector: bool, warps: int | None, rate: float,
+              same: bool = True) -> dict:
+    return {"measure": "predict_by_shared_layout", "dtype": dtype, "vector_rows": vector,
+            "warps": warps, "examples_per_second": rate, "same_outputs_as_float32": same}
+
+
+def test_the_shared_kernels_setting_whose_slower_dtype_gained_most_and_predicted_alike(
+        monkeypatch):
+    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", False)  # the library's, as rated here
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", None)
+    library = [by_layout("float32", False, None, 800), by_layout("uint8", False, None, 1000)]
+    vector = [by_layout("float32", True, None, 900), by_layout("uint8", True, None, 1010)]
+    warps = [by_layout("float32", True, 32, 1000), by_layout("uint8", True, 32, 1005)]
+    chosen = recommend([*library, *vector, *warps])  # the slower gains: 1% against 0.5%
+    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (True, None)
+    differing = [*vector[:1], by_layout("uint8", True, None, 1010, same=False)]
+    chosen = recommend([*library, *differing, *warps])
+    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (True, 32)
+    slower = [by_layout("float32", False, 24, 1200), by_layout("uint8", False, 24, 990)]
+    chosen = recommend([*library, *slower])  # float32 faster, uint8 slower: the library's
+    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (False, None)
+    chosen = recommend([*library[:1], *vector])  # uint8 not measured with the library's
+    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (None, None)
 
 
 def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1) -> dict:

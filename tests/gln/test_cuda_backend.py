@@ -234,25 +234,37 @@ def test_each_rows_examples_are_listed_in_order_and_the_fullest_rows_first(cp, n
     assert order[0] == 5  # neuron (0, 0)'s row 5, every example's
 
 
-# Layers for the shared prediction kernel: as LAYERS, and 37 neurons, more than one block holds.
-SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), LAYERS[-1]]
+# Layers for the shared prediction kernel: as LAYERS, 37 neurons, more than one block holds, and
+# 8 elements a lane, the last of them inside the row on some lanes (the vector layout's 16-byte
+# loads then stop short of it).
+SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), (1, 3, 4, 250), LAYERS[-1]]
 
 
 @pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize(("most", "batch"), [(32, None), (3, None), (32, 1), (32, 4)],
-                         ids=["as_many_as_fit", "at_most_3", "sums_one_by_one", "sums_by_4"])
+@pytest.mark.parametrize(("most", "batch", "vector", "warps"),
+                         [(32, None, False, None), (3, None, False, None), (32, 1, False, None),
+                          (32, 4, False, None), (32, None, True, None), (3, 1, True, None),
+                          (32, None, False, 20), (3, 1, True, 32)],
+                         ids=["as_many_as_fit", "at_most_3", "sums_one_by_one", "sums_by_4",
+                              "vector_layout", "vector_layout_at_most_3_one_by_one", "20_warps",
+                              "32_warps_vector_layout_at_most_3_one_by_one"])
 def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared, most,
-                                                                      batch, monkeypatch):
+                                                                      batch, vector, warps,
+                                                                      monkeypatch):
     """Several neurons per block (as many as fit, or at most 3), blocks of 24 examples (the
-    last one short), warps taking turns over a block's examples, dot products summed in
-    batches (as many as the width allows, one, four): the outputs of the one-neuron-per-warp
-    kernel, bit for bit, and the weights untouched."""
+    last one short), warps taking turns over a block's examples (as many as the source takes,
+    20, or 32 with no input loaded ahead), dot products summed in batches (as many as the
+    width allows, one, four), rows in shared memory as in global memory or in the vector
+    layout: the outputs of the one-neuron-per-warp kernel, bit for bit, and the weights
+    untouched."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
     monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", most)
     monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", batch)
+    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", vector)
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", warps)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)
     w_shared, p_shared = run_cuda(cp, data, False, "shared")
     _, p_stream = run_cuda(cp, data, False, "streaming")

@@ -31,6 +31,7 @@ from gln.kernels.cuda import (
     WIDE,
     per_lane,
     plan_layer_launch,
+    shared_row_floats,
 )
 from tests.gln.emulated_cupy import HOPPER_SHARED_BYTES
 
@@ -47,11 +48,20 @@ needs_nvrtc = pytest.mark.skipif(
     nvrtc_library() is None,
     reason="NVRTC's library was not found (GLN_NVRTC, nvidia-cuda-nvrtc-cu12)")
 # (source, defines) of every module the library builds: each source, and the layer pass at each
-# row width and at each sum batch of the shared prediction kernel.
+# row width, at each sum batch of the shared prediction kernel, with its vector layout and with
+# more warps to a block.
 MODULES = [(source, ()) for source in SOURCES]
 MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}",)) for p in PER_LANE_VALUES]
 MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={b}"))
             for b in (1, 8, 32)]
+MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}", "-DGLN_VECTOR_ROWS=1"))
+            for p in PER_LANE_VALUES]
+# More warps to a block of the shared kernel (gln.kernels.cuda.PREDICT_WARPS), as the host
+# compiles them (without loading an input ahead beyond 20), for MNIST's two widths.
+MORE_WARPS = (("-DGLN_PREDICT_WARPS=20",), ("-DGLN_PREDICT_WARPS=24", "-DGLN_PREFETCH=0"),
+              ("-DGLN_PREDICT_WARPS=32", "-DGLN_PREFETCH=0"))
+MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}", *vector, *warps))
+            for p in (5, 25) for vector in ((), ("-DGLN_VECTOR_ROWS=1",)) for warps in MORE_WARPS]
 
 
 def nvrtc(source: Path, *defines: str) -> tuple[int, str]:
@@ -190,6 +200,60 @@ def test_the_row_kernel_is_forced_or_chosen_from_its_length(monkeypatch):
     assert plan_layer_launch(many, 4096, True, HOPPER_SHARED_BYTES).kernel == RESIDENT
     with pytest.raises(ValueError, match="at most 12288 contexts"):
         plan_layer_launch(many, 4096, True, HOPPER_SHARED_BYTES, "rows")
+
+
+VECTOR = ("-DGLN_VECTOR_ROWS=1",)
+
+
+def test_the_vector_layout_pads_the_shared_kernels_rows_to_16_bytes(monkeypatch):
+    """With ``PREDICT_VECTOR_ROWS`` the shared kernel's rows lie a multiple of four floats
+    apart (785 inputs: 788), and the block's shared memory is sized by that; rows that fit only
+    unpadded keep the plain layout, and no other kernel is affected."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    assert [shared_row_floats(i, True) for i in (1, 4, 5, 129, 785)] == [4, 4, 8, 132, 788]
+    assert shared_row_floats(785, False) == 785
+    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", True)
+    first = plan_layer_launch((10, 128, 16, 785), 4096, False, HOPPER_SHARED_BYTES)
+    assert (first.kernel, first.defines, first.neurons_per_block) == (SHARED, VECTOR, 4)
+    assert first.shared_bytes == 4 * 16 * 788 * 4 <= HOPPER_SHARED_BYTES
+    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert (second.defines, second.shared_bytes) == (VECTOR, 8 * 16 * 132 * 4)
+    tight = (1, 1, 128, 454)  # 128 rows fill 227 KB exactly, unpadded (456 floats: too many)
+    assert 128 * 454 * 4 == HOPPER_SHARED_BYTES < 128 * shared_row_floats(454, True) * 4
+    plain = plan_layer_launch(tight, 4096, False, HOPPER_SHARED_BYTES, "shared")
+    assert (plain.kernel, plain.defines, plain.shared_bytes) == (SHARED, (),
+                                                                 HOPPER_SHARED_BYTES)
+    learn = plan_layer_launch((10, 128, 16, 785), 4096, True, HOPPER_SHARED_BYTES, "resident")
+    assert (learn.defines, learn.shared_bytes) == ((), 16 * 785 * 4)
+    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", False)
+    assert plan_layer_launch((10, 128, 16, 785), 4096, False, HOPPER_SHARED_BYTES).defines == ()
+
+
+def test_the_shared_kernels_settings_compile_into_its_module_and_size_its_block(monkeypatch):
+    """``PREDICT_SUM_BATCH``, ``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS`` reach the shared
+    kernel's module as macros (more than 20 warps without an input loaded ahead), and the
+    warps its block; ``PREDICT_WARPS`` leaves rows wider than ``PREDICT_NARROW_LANES`` at 8
+    warps, and no other kernel takes any of them."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    mnist_first = (10, 128, 16, 785)
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", 32)
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 4)
+    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", True)
+    first = plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES)
+    assert first.block == (32 * 32,)
+    assert first.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_PREDICT_WARPS=32",
+                             "-DGLN_PREFETCH=0")
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", 20)
+    first = plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES)
+    assert first.block == (20 * 32,)
+    assert first.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_PREDICT_WARPS=20")
+    wide = plan_layer_launch((1, 2, 2, 32 * 40), 4096, False, HOPPER_SHARED_BYTES)
+    assert (wide.block, wide.defines) == ((8 * 32,), ("-DGLN_SUM_BATCH=4", *VECTOR))
+    for mode, learn in (("streaming", False), ("resident", True), ("rows", True)):
+        assert plan_layer_launch(mnist_first, 4096, learn, HOPPER_SHARED_BYTES,
+                                 mode).defines == ()
 
 
 def test_the_shared_kernels_blocks_hold_at_most_the_cap(monkeypatch):
