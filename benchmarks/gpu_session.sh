@@ -13,7 +13,8 @@
 # tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl (with gpu_staging.py's lines),
 # gpu_gating_tf32.jsonl, ncu.txt
 # (Nsight Compute's reading of one prediction chunk's kernels and two learning chunks', by the
-# library's kernels and by a warp per row, where ncu is found),
+# library's kernels and by a warp per row, and of the prediction again under each shared-kernel
+# setting that is off by default, where ncu is found),
 # snapshot_bytes.jsonl; the launch constants read off gpu_learn.jsonl are printed
 # (benchmarks/gpu_constants.py reads them again from the file). docs/gpu.md says how to set up
 # .peers.
@@ -87,10 +88,11 @@ echo "gpu_tuned: exit $?"
 grep -E '"gpu_tuned"' "$OUT/gpu_learn.jsonl"
 
 # What bounds each kernel of a prediction chunk and two learning chunks (bandwidths, issue, warp
-# stalls, occupancy), by Nsight Compute's counters, with the card's clocks left as they are.
+# stalls, occupancy), and of the prediction under the shared kernel's other settings, by Nsight
+# Compute's counters, with the card's clocks left as they are.
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 if [ -n "$NCU" ]; then
-    timeout 150 "$NCU" --profile-from-start off --clock-control none \
+    timeout 200 "$NCU" --profile-from-start off --clock-control none \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
         --section WarpStateStats --section Occupancy --section LaunchStats \
         "$PYTHON" benchmarks/gpu_profile.py "${data_args[@]}" > "$OUT/ncu.txt" 2>&1
