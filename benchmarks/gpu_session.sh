@@ -30,7 +30,7 @@ cat "$OUT/device.txt"
 
 # The device machines have no Redis or FastAPI: no conftest above tests/gln (whose own gives
 # the cp fixture). The emulated variants already ran on the CPU (CI): only the real GPU's here.
-timeout 150 "$PYTHON" -m pytest -q --confcutdir=tests/gln -rs -k "not emulated" \
+timeout 240 "$PYTHON" -m pytest -q --confcutdir=tests/gln -rs -k "not emulated" \
     tests/gln/test_cuda_backend.py tests/gln/test_cuda_sources.py tests/gln/test_uploads.py \
     > "$OUT/tests.log" 2>&1
 echo "tests: exit $?"
