@@ -22,6 +22,9 @@
   best value) predicts at least as fast as the streaming one (at its best), there and beyond.
 * ``GATING_PRODUCT``: int8 where it both learned and predicted faster than float32
   (``learn_by_gating``, ``predict_by_gating``) with the same outputs, else float32.
+* ``GATING_GEMM_MIN_ROWS``: the shortest measured chunk from which the gating's products from
+  cuBLAS cost a call no more than the library's own kernel's (``gating_path``: wall time, the
+  host's part in it), there and beyond, and above ``REPLAY_MAX_ROWS``.
 * ``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS``: of the shared kernel's settings of
   ``predict_by_shared_layout`` (row layout x warps a block), chosen as the staging below.
 * ``STAGE_AHEAD`` and ``STAGING_THREADS`` (``gln.kernels.uploads``): of the staging settings
@@ -30,8 +33,8 @@
   with the same outputs; else the library's.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
-chosen from. A value is null when the lines to choose it are missing (or, for the two minimum
-lengths, when the other kernel never wins).
+chosen from. A value is null when the lines to choose it are missing (or, for the minimum
+lengths, when the other kernel or path never wins).
 """
 
 from __future__ import annotations
@@ -48,11 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import staging  # noqa: E402
 from gln.kernels import cuda, uploads  # noqa: E402
+from gln.kernels.replay import REPLAY_MAX_ROWS  # noqa: E402
 
 # Every constant recommended here, and the module that holds it.
 CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
                               "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
-                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT",
+                              "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT", "GATING_GEMM_MIN_ROWS",
                               "PREDICT_VECTOR_ROWS", "PREDICT_WARPS"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads}
 
@@ -90,6 +94,7 @@ def recommend(records: Iterable[dict]) -> dict:
         {n: us for n, (_, us) in best.get("streaming", {}).items()},
         {n: us for n, (_, us) in best.get("shared", {}).items()})
     streaming_below = (shared_min_rows or cuda.PREDICT_SHARED_MIN_ROWS) - 1
+    gemm_min_rows, gating_by_rows = _gating_gemm_min_rows(records)
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
         "ROW_ORDER": row_order,
@@ -99,6 +104,7 @@ def recommend(records: Iterable[dict]) -> dict:
                                                     staging.PREDICT_CHUNK_ROWS_GPU),
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "GATING_PRODUCT": _gating_product(records),
+        "GATING_GEMM_MIN_ROWS": gemm_min_rows,
         **_shared_layout(records),
         **_staging(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
@@ -108,7 +114,26 @@ def recommend(records: Iterable[dict]) -> dict:
                                     for n, (a, b) in uneven_by_rows.items()},
         "predict_us_by_rows": {n: {"streaming": a, "shared": b}
                                for n, (a, b) in predict_by_rows.items()},
+        "gating_us_by_rows": {n: {"kernel": a, "gemm": b} for n, (a, b) in gating_by_rows.items()},
     }
+
+
+def _gating_gemm_min_rows(records: list[dict]
+                          ) -> tuple[int | None, dict[int, tuple[float, float]]]:
+    """``GATING_GEMM_MIN_ROWS`` from the ``gating_path`` lines: the shortest length from which
+    cuBLAS's products are no slower than the library's kernel's for good, but above
+    ``REPLAY_MAX_ROWS`` (a replayed call's graph holds only the library's kernels); None where
+    cuBLAS never wins, or where the paths' contexts differed. And the paired timings."""
+    paths: dict[str, dict[int, float]] = defaultdict(dict)
+    same = True
+    for r in records:
+        if r.get("measure") == "gating_path":
+            paths[r["path"]][r["rows"]] = r["microseconds"]
+            same = same and r["same_contexts"]
+    crossing, by_rows = _crossing(paths["kernel"], paths["gemm"])
+    if crossing is None or not same:
+        return None, by_rows
+    return max(crossing, REPLAY_MAX_ROWS + 1), by_rows
 
 
 def _gating_product(records: list[dict]) -> str | None:

@@ -25,6 +25,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
 * ``wide_kernel``: the kernel of rows no registers hold (``gln_layer_pass_wide``, taken by
   layers of more than 2,048 inputs) beside the streaming kernel on the first layer, learning
   and predicting, at each of ``--wide-rows``;
+* ``gating_path``: a chunk's gating at each of ``--gating-rows``, its products from the
+  library's own kernel and from cuBLAS, wall time per call with the host's part in it, to set
+  ``GATING_GEMM_MIN_ROWS``;
 * ``learn``: ``GLN.learn`` examples per second, ``--chunk`` rows per call (the service's
   coalesced queue), with the kernels and with ``use_kernels=False`` (the reference layer pass
   in CuPy, one example at a time);
@@ -238,6 +241,47 @@ def time_wide_kernel(cp, args: argparse.Namespace, device: str) -> None:
                 seconds = mean_event_seconds(cp, launch, args.repeats)
                 emit({"measure": "wide_kernel", "layer": name, "kernel": mode, "learn": learn,
                       "rows": n, "microseconds": seconds * 1e6}, device)
+
+
+# GATING_GEMM_MIN_ROWS for each of time_gating_paths' two paths: the gating products from the
+# library's own kernel at every length (gln_halfspace_products, the close margins re-checked in
+# place) and from cuBLAS at every length (the close margins listed and re-checked in a second
+# launch).
+GATING_PATHS = {"kernel": 2**31 - 1, "gemm": 1}
+
+
+def time_gating_paths(cp, args: argparse.Namespace, device: str) -> None:
+    """``gating_path``: one call of the network's gating (``cuda_layer_contexts``, float32
+    products: int8 ones start at ``INT8_GATING_MIN_ROWS``) at each of ``--gating-rows``, on a
+    new model's planes and standardised random rows, by each path of ``GATING_PATHS``, with
+    the host's cost in it as a call feels it: the median wall time of ``--gating-calls`` calls,
+    each waited for, the paths alternating call by call. Sets ``GATING_GEMM_MIN_ROWS``
+    (``gpu_constants.py``); both paths give the same contexts, which it checks."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    model = GLN(**NETWORK, device="cuda")
+    rng = np.random.default_rng(3)
+    for n in args.gating_rows:
+        z = cp.asarray(rng.standard_normal((n, model.normals.shape[1])), cp.float32)
+        seconds: dict[str, list[float]] = defaultdict(list)
+        contexts = {}
+        for call in range(args.gating_calls + 1):  # the first of each path untimed
+            for path, min_rows in GATING_PATHS.items():
+                with launch_constant("GATING_GEMM_MIN_ROWS", min_rows):
+                    start = time.perf_counter()
+                    found = cuda.cuda_layer_contexts(z, model.normals, model.offsets,
+                                                     model.context_dim, model.num_glns,
+                                                     model.layer_sizes)
+                    cp.cuda.Device().synchronize()
+                    if call:
+                        seconds[path].append(time.perf_counter() - start)
+                contexts[path] = [c.get() for c in found]
+        same = all(np.array_equal(a, b)
+                   for a, b in zip(contexts["kernel"], contexts["gemm"], strict=True))
+        for path, times in seconds.items():
+            emit({"measure": "gating_path", "rows": n, "path": path,
+                  "microseconds": float(np.median(times)) * 1e6, "calls": len(times),
+                  "same_contexts": same}, device)
 
 
 @contextlib.contextmanager
@@ -625,6 +669,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed launches per layer_pass")
     parser.add_argument("--wide-rows", type=int_list, default=[256, 2048],
                         help="chunk lengths to time the wide kernel at, beside the streaming one")
+    parser.add_argument("--gating-rows", type=int_list, default=[1, 4, 8, 16, 32, 64, 128],
+                        help="chunk lengths at which to time the gating by either path")
+    parser.add_argument("--gating-calls", type=int, default=50,
+                        help="timed gating calls a path and length")
     parser.add_argument("--skip-layer-passes", action="store_true")
     add_pygln_argument(parser)
     parser.add_argument("--pygln-examples", type=int, default=2_000,
@@ -641,6 +689,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_layer_passes:
         time_layer_passes(cp, args, device)
         time_wide_kernel(cp, args, device)
+        time_gating_paths(cp, args, device)
 
     total = max(args.examples, args.plain_examples, args.pygln_examples) + args.latency_calls \
         + args.chunk

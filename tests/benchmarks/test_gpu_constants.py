@@ -7,6 +7,7 @@ import pytest
 import gln.staging
 from benchmarks.gpu_constants import main, recommend
 from gln.kernels import cuda, uploads
+from gln.kernels.replay import REPLAY_MAX_ROWS
 
 
 def layer_pass(layer, kernel, learn, rows, microseconds, rows_per_warp=None):
@@ -92,6 +93,7 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     assert printed["PREDICT_SHARED_MIN_ROWS"] is None and printed["ROW_WARPS_MIN_ROWS"] is None
     assert printed["ROW_ORDER"] is None
     assert printed["GATING_PRODUCT"] is None and printed["STAGE_AHEAD"] is None
+    assert printed["GATING_GEMM_MIN_ROWS"] is None
     assert printed["PREDICT_VECTOR_ROWS"] is None and printed["PREDICT_WARPS"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
 
@@ -109,6 +111,29 @@ def test_int8_gating_only_where_it_won_with_the_same_outputs():
     assert recommend(slower)["GATING_PRODUCT"] == "float32"
     differing = [*gating[:3], by_gating("predict", "int8", 600, same=False)]
     assert recommend(differing)["GATING_PRODUCT"] == "float32"
+
+
+def gating_path(rows: int, path: str, microseconds: float, same: bool = True) -> dict:
+    return {"measure": "gating_path", "rows": rows, "path": path,
+            "microseconds": microseconds, "same_contexts": same}
+
+
+def test_the_gating_gemm_from_the_length_where_it_costs_a_call_no_more_for_good():
+    # (rows, kernel us, gemm us): cuBLAS ahead at 4 (noise), behind at 8, ahead from 32 on.
+    timings = [(1, 40, 90), (4, 60, 55), (8, 70, 80), (32, 120, 100), (128, 400, 110)]
+    records = [line for n, kernel, gemm in timings
+               for line in (gating_path(n, "kernel", kernel), gating_path(n, "gemm", gemm))]
+    chosen = recommend(records)
+    assert chosen["GATING_GEMM_MIN_ROWS"] == 32
+    assert chosen["gating_us_by_rows"][8] == {"kernel": 70, "gemm": 80}
+    early = [line for n, kernel in ((1, 40), (4, 60), (16, 90)) for line in
+             (gating_path(n, "kernel", kernel), gating_path(n, "gemm", kernel - 1))]
+    assert recommend(early)["GATING_GEMM_MIN_ROWS"] == REPLAY_MAX_ROWS + 1  # not replayed
+    differing = [*records[:-1], gating_path(128, "gemm", 110, same=False)]
+    assert recommend(differing)["GATING_GEMM_MIN_ROWS"] is None
+    never = [line for n in (1, 64) for line in
+             (gating_path(n, "kernel", 10), gating_path(n, "gemm", 20))]
+    assert recommend(never)["GATING_GEMM_MIN_ROWS"] is None
 
 
 def by_layout(dtype: str, vector: bool, warps: int | None, rate: float,

@@ -55,7 +55,7 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
               "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32",
               "--gating-rounds", "1", "--kernel-rounds", "1", "--dtype-rounds", "1",
               "--predict-warps", "32", "--layout-turns", "1", "--layout-rounds", "1",
-              "--wide-rows", "2"])
+              "--wide-rows", "2", "--gating-rows", "1,3", "--gating-calls", "2"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
@@ -123,6 +123,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
             if r["measure"] == "wide_kernel" and r["microseconds"] > 0}
     assert wide == {(kernel, learn, 2, "784->8") for kernel in ("streaming", "wide")
                     for learn in (True, False)}
+    gating = {(r["rows"], r["path"]): r for r in records if r["measure"] == "gating_path"}
+    assert set(gating) == {(n, path) for n in (1, 3) for path in ("kernel", "gemm")}
+    assert all(r["same_contexts"] and r["calls"] == 2 and r["microseconds"] > 0
+               for r in gating.values())
     (agreement,) = [r for r in records if r["measure"] == "agreement"]
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5
 
