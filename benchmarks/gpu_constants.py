@@ -25,8 +25,8 @@
 * ``GATING_GEMM_MIN_ROWS``: the shortest measured chunk from which the gating's products from
   cuBLAS cost a call no more than the library's own kernel's (``gating_path``: wall time, the
   host's part in it), there and beyond, and above ``REPLAY_MAX_ROWS``.
-* ``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS``: of the shared kernel's settings of
-  ``predict_by_shared_layout`` (row layout x warps a block), chosen as the staging below.
+* ``PREDICT_VECTOR_ROWS``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP``: of the shared
+  kernel's settings of ``predict_by_shared_layout``, chosen as the staging below.
 * ``STAGE_AHEAD`` and ``STAGING_THREADS`` (``gln.kernels.uploads``): of the staging settings
   of ``predict_by_dtype``, the one that predicted both float32 and uint8 rows fastest against
   the library's own (by the slower of its two ratios), where it beat the library's for both
@@ -57,7 +57,8 @@ from gln.kernels.replay import REPLAY_MAX_ROWS  # noqa: E402
 CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
                               "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
                               "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT", "GATING_GEMM_MIN_ROWS",
-                              "PREDICT_VECTOR_ROWS", "PREDICT_WARPS"), cuda),
+                              "PREDICT_VECTOR_ROWS", "PREDICT_WARPS",
+                              "PREDICT_EXAMPLE_GROUP"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads}
 
 
@@ -151,14 +152,16 @@ def _gating_product(records: list[dict]) -> str | None:
 
 
 def _shared_layout(records: list[dict]) -> dict[str, bool | int | None]:
-    """``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS`` from ``predict_by_shared_layout``'s
-    side-by-side rates (None without the library's own setting and another one, each for every
-    dtype)."""
-    rates = {(r["dtype"], (r["vector_rows"], r["warps"])): r for r in records
-             if r.get("measure") == "predict_by_shared_layout"}
-    best = _best_setting(rates, (cuda.PREDICT_VECTOR_ROWS, cuda.PREDICT_WARPS))
-    vector, warps = best or (None, None)
-    return {"PREDICT_VECTOR_ROWS": vector, "PREDICT_WARPS": warps}
+    """``PREDICT_VECTOR_ROWS``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` from
+    ``predict_by_shared_layout``'s side-by-side rates (None without the library's own setting
+    and another one, each for every dtype)."""
+    rates = {(r["dtype"], (r["vector_rows"], r["warps"], r["example_group"])): r
+             for r in records if r.get("measure") == "predict_by_shared_layout"}
+    best = _best_setting(rates, (cuda.PREDICT_VECTOR_ROWS, cuda.PREDICT_WARPS,
+                                 cuda.PREDICT_EXAMPLE_GROUP))
+    vector, warps, group = best or (None, None, None)
+    return {"PREDICT_VECTOR_ROWS": vector, "PREDICT_WARPS": warps,
+            "PREDICT_EXAMPLE_GROUP": group}
 
 
 def _staging(records: list[dict]) -> dict[str, bool | int | None]:

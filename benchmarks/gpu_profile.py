@@ -15,9 +15,10 @@ passes), a call learning the next ``--learn-rows`` rows (one chunk of
 ``gln.model.CHUNK_ROWS_GPU`` by default, whose first two layers the resident kernel learns),
 and one learning the ``--learn-rows`` after them with a warp per row (``learn_by_rows``:
 ``gln_row_counts``, ``gln_row_order`` and ``gln_layer_pass_rows`` for every layer). Then the
-same prediction under each of the shared kernel's settings that are off by default
-(``predict_vector_rows``: ``PREDICT_VECTOR_ROWS``; ``predict_32_warps``: ``PREDICT_WARPS`` =
-32), each after an untimed call that compiles its module.
+same prediction under the shared kernel's settings that are off by default
+(``predict_vector_rows``: ``PREDICT_VECTOR_ROWS``; ``predict_32_warps_4_examples``:
+``PREDICT_WARPS`` = 32, which sets the first layer's kernel, and ``PREDICT_EXAMPLE_GROUP`` = 4,
+which sets the others'), each after an untimed call that compiles its modules.
 ``benchmarks/gpu_session.sh`` runs it under ncu where ncu is found, for each kernel's achieved
 bandwidths, issue and warp stalls: whether a kernel is bound by memory, by issuing
 instructions or by latency says which change can speed it up. Prints one JSON line per
@@ -67,8 +68,10 @@ def main(argv: list[str] | None = None) -> None:
                                                     y[learned:2 * learned]),
               contextlib.nullcontext),
              ("learn_by_rows", learned, lambda: model.learn(*by_rows), row_warps),
-             ("predict_vector_rows", args.rows, predict, lambda: shared_layout(True, None)),
-             ("predict_32_warps", args.rows, predict, lambda: shared_layout(False, 32))]
+             ("predict_vector_rows", args.rows, predict,
+              lambda: shared_layout(True, None, None)),
+             ("predict_32_warps_4_examples", args.rows, predict,
+              lambda: shared_layout(False, 32, 4))]
     for verb, count, call, setting in calls:
         if verb.startswith("predict_"):
             with setting():

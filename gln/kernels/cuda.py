@@ -89,24 +89,33 @@ PREDICT_MAX_NEURONS_PER_BLOCK = 8
 # leaves it to the source, which takes as many as the registers allow for the row width.
 # Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).
 PREDICT_SUM_BATCH: int | None = None
-# Whether the shared kernel holds its rows in the vector layout (GLN_VECTOR_ROWS, layer_pass.cu):
-# a lane's elements four to a 16-byte load from shared memory instead of one to a 4-byte load,
-# a quarter of the load instructions, the same elements added in the same order (the same
-# bytes), rows padded to a multiple of four floats (785 inputs: 788). Off until a GPU has
-# timed it against the plain layout (gpu_learn.py's shared_vector_rows); kernel_sass.py counts
-# the instructions without one.
+# Rows of at most this many elements a lane have the shared kernel's sums batched (the
+# source's GLN_SUM_BATCH: 32 up to 12 a lane, 1 beyond).
+BATCHED_MAX_LANES = 12
+# Three settings of the shared kernel, each off until a GPU has timed it against the source's
+# own (gpu_learn.py's shared_layout and predict_by_shared_layout; gpu_constants.py chooses),
+# each with the same bytes; kernel_sass.py counts their instructions without a GPU.
+# * PREDICT_VECTOR_ROWS: rows in shared memory in the vector layout (GLN_VECTOR_ROWS,
+#   layer_pass.cu), a lane's elements four to a 16-byte load instead of one to a 4-byte load,
+#   a quarter of the load instructions, rows padded to a multiple of four floats (785: 788).
 PREDICT_VECTOR_ROWS = False
-# Warps per block of the shared kernel on rows of at most PREDICT_NARROW_LANES elements a lane
-# (GLN_PREDICT_WARPS; wider rows take 8); None leaves it to the source: 16, one block of 512
-# threads an SM on MNIST's first layer (its 201 KB of rows), 103 registers a thread. nvcc 13
-# for sm_90 fits that kernel in 96 registers at 20 warps, and in 80 at 24 and 64 at 32 once
-# the next example's input is no longer loaded ahead (GLN_PREFETCH=0, which the host then
-# sets; with it the vector layout spills at 24), nothing spilled at 1, 2, 5 or 25 a lane: more
-# warps to hide the loads' latency, fewer registers each. Off until a GPU has timed it
-# (gpu_learn.py's shared_warps).
+# * PREDICT_WARPS: warps a block on rows of BATCHED_MAX_LANES to PREDICT_NARROW_LANES elements
+#   a lane (GLN_PREDICT_WARPS; None: the source's 16, one block of 512 threads an SM on MNIST's
+#   first layer, with its 201 KB of rows, 103 registers a thread). nvcc 13 for sm_90 fits that
+#   kernel in 96 registers at 20 warps, and in 80 at 24 and 64 at 32 once the next example's
+#   input is no longer loaded ahead (GLN_PREFETCH=0, which the host then sets; with it the
+#   vector layout spills at 24), nothing spilled: more warps to hide the loads' latency, fewer
+#   registers each.
 PREDICT_WARPS: int | None = None
 PREDICT_NARROW_LANES = 26
 PREDICT_PREFETCH_MAX_WARPS = 20  # beyond it the shared kernel loads no input ahead
+# * PREDICT_EXAMPLE_GROUP: examples a warp mixes at once on rows of at most BATCHED_MAX_LANES
+#   elements a lane (GLN_EXAMPLE_GROUP; None: the source's 1, pair after pair), so that a batch
+#   of 32 sums is 8 neurons by 4 examples laid out in advance: by the machine code, MNIST's
+#   second layer's loop is 946 instructions a batch instead of 3,015 (its per-pair checks of
+#   whether the example has ended, and its lanes picking their pairs out, gone), nothing
+#   spilled at 16 warps a block up to 12 a lane.
+PREDICT_EXAMPLE_GROUP: int | None = None
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
@@ -163,22 +172,32 @@ def predict_warps(lanes: int) -> int:
     """Warps per block of the shared prediction kernel (``GLN_PREDICT_WARPS``)."""
     if lanes > PREDICT_NARROW_LANES:
         return 8
-    return PREDICT_WARPS or 16
+    if PREDICT_WARPS is not None and lanes > BATCHED_MAX_LANES:
+        return PREDICT_WARPS
+    return 16
 
 
 def shared_defines(lanes: int, vector_rows: bool) -> tuple[str, ...]:
-    """The shared kernel's macros that differ from the source's defaults: ``PREDICT_SUM_BATCH``,
-    the vector layout and ``PREDICT_WARPS`` (rows of at most ``PREDICT_NARROW_LANES`` a lane;
-    no input loaded ahead beyond ``PREDICT_PREFETCH_MAX_WARPS``), each where set."""
+    """The shared kernel's macros that differ from the source's defaults, each where set:
+    ``PREDICT_SUM_BATCH``, the vector layout, ``PREDICT_WARPS`` (rows of more than
+    ``BATCHED_MAX_LANES`` and at most ``PREDICT_NARROW_LANES`` a lane; no input loaded ahead
+    beyond ``PREDICT_PREFETCH_MAX_WARPS``) and ``PREDICT_EXAMPLE_GROUP`` (rows of at most
+    ``BATCHED_MAX_LANES`` a lane, whose sums are batched)."""
     defines = []
     if PREDICT_SUM_BATCH is not None:
         defines.append(f"-DGLN_SUM_BATCH={PREDICT_SUM_BATCH}")
     if vector_rows:
         defines.append("-DGLN_VECTOR_ROWS=1")
-    if PREDICT_WARPS is not None and lanes <= PREDICT_NARROW_LANES:
+    if PREDICT_WARPS is not None and BATCHED_MAX_LANES < lanes <= PREDICT_NARROW_LANES:
         defines.append(f"-DGLN_PREDICT_WARPS={PREDICT_WARPS}")
         if PREDICT_WARPS > PREDICT_PREFETCH_MAX_WARPS:
             defines.append("-DGLN_PREFETCH=0")
+    batch = 32 if PREDICT_SUM_BATCH is None else PREDICT_SUM_BATCH
+    if PREDICT_EXAMPLE_GROUP is not None and lanes <= BATCHED_MAX_LANES and batch > 1:
+        if batch % PREDICT_EXAMPLE_GROUP:
+            raise ValueError(f"PREDICT_EXAMPLE_GROUP ({PREDICT_EXAMPLE_GROUP}) must divide the "
+                             f"sums batched at once ({batch})")
+        defines.append(f"-DGLN_EXAMPLE_GROUP={PREDICT_EXAMPLE_GROUP}")
     return tuple(defines)
 
 

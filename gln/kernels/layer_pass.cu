@@ -86,6 +86,12 @@
 // A lane's elements i < 4 x GLN_VECTOR_GROUPS, which lie inside the row on every lane (all
 // but the last, inside_row), then come four to a load.
 #define GLN_VECTOR_GROUPS (GLN_VECTOR_ROWS ? (GLN_PER_LANE - 1) / 4 : 0)
+// Examples a warp of gln_layer_predict_shared mixes at once where it batches its sums
+// (GLN_SUM_BATCH > 1): 1 takes the block's pairs one by one, example after example; more
+// groups them (see the kernel).
+#ifndef GLN_EXAMPLE_GROUP
+#define GLN_EXAMPLE_GROUP 1
+#endif
 #define GLN_FULL_MASK 0xffffffffu
 #define GLN_STREAM_WARPS 4  // warps (neurons) per block of the streaming kernel
 // Warps per block of gln_layer_predict_shared: as many as the registers allow without spilling
@@ -1028,6 +1034,58 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
 #endif
     if (lane < held.count) {
         write_outputs(a, neuron0 + held.j, g, held.t, squash(held.dot, lo, hi));
+    }
+#elif GLN_EXAMPLE_GROUP > 1
+    // The warp's examples GLN_EXAMPLE_GROUP at a time (t0, t0 + warps, ...: its turns, as
+    // above), their inputs in registers together, and the block's neurons kNeurons at a time:
+    // a batch is every pair of kNeurons neurons and the group's examples, pair (jj, e) at
+    // part[jj * GLN_EXAMPLE_GROUP + e], so where each pair's sum lands is known before it is
+    // made: no pair checks whether its example has ended, and no lane picks its pair out.
+    // Pairs past the block's neurons or the warp's examples are mixed from zeros or not at
+    // all, and never written.
+    static_assert(GLN_SUM_BATCH % GLN_EXAMPLE_GROUP == 0, "a batch holds whole groups");
+    constexpr int kNeurons = GLN_SUM_BATCH / GLN_EXAMPLE_GROUP;
+    constexpr int kLanesPerSum = GLN_WARP / GLN_SUM_BATCH;
+    float xs[GLN_EXAMPLE_GROUP][GLN_PER_LANE];
+    int mine[GLN_EXAMPLE_GROUP];
+    for (int t0 = begin + warp; t0 < end; t0 += GLN_EXAMPLE_GROUP * warps) {
+#pragma unroll
+        for (int e = 0; e < GLN_EXAMPLE_GROUP; ++e) {
+            const int t = t0 + e * warps;
+            if (t < end) {
+                load_input(xs[e], input0 + t * input_stride, lane, I);
+                mine[e] =
+                    block_context(contexts, t, per_example, neuron0, lane, count, num_contexts);
+            } else {
+#pragma unroll
+                for (int i = 0; i < GLN_PER_LANE; ++i) xs[e][i] = 0.0f;
+                mine[e] = 0;
+            }
+        }
+        for (int j0 = 0; j0 < count; j0 += kNeurons) {
+            float part[GLN_SUM_BATCH];
+#pragma unroll
+            for (int jj = 0; jj < kNeurons; ++jj) {
+                const int j = j0 + jj;  // the same on every lane
+#pragma unroll
+                for (int e = 0; e < GLN_EXAMPLE_GROUP; ++e) {
+                    part[jj * GLN_EXAMPLE_GROUP + e] = 0.0f;
+                    if (j >= count) continue;
+                    const int c = __shfl_sync(GLN_FULL_MASK, mine[e], j);
+                    load_shared_row(w, rows + (j * static_cast<long long>(num_contexts) + c) *
+                                                  stride,
+                                    lane, I);
+                    part[jj * GLN_EXAMPLE_GROUP + e] = lane_dot(w, xs[e]);
+                }
+            }
+            const float dot = batched_warp_sums(part, lane);
+            const int pair = lane / kLanesPerSum;
+            const int j = j0 + pair / GLN_EXAMPLE_GROUP;
+            const int t = t0 + pair % GLN_EXAMPLE_GROUP * warps;
+            if (lane % kLanesPerSum == 0 && j < count && t < end) {
+                write_outputs(a, neuron0 + j, g, t, squash(dot, lo, hi));
+            }
+        }
     }
 #else
 #if GLN_PREFETCH

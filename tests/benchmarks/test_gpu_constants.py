@@ -95,6 +95,7 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     assert printed["GATING_PRODUCT"] is None and printed["STAGE_AHEAD"] is None
     assert printed["GATING_GEMM_MIN_ROWS"] is None
     assert printed["PREDICT_VECTOR_ROWS"] is None and printed["PREDICT_WARPS"] is None
+    assert printed["PREDICT_EXAMPLE_GROUP"] is None
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
 
 
@@ -137,15 +138,17 @@ def test_the_gating_gemm_from_the_length_where_it_costs_a_call_no_more_for_good(
 
 
 def by_layout(dtype: str, vector: bool, warps: int | None, rate: float,
-              same: bool = True) -> dict:
+              same: bool = True, group: int | None = None) -> dict:
     return {"measure": "predict_by_shared_layout", "dtype": dtype, "vector_rows": vector,
-            "warps": warps, "examples_per_second": rate, "same_outputs_as_float32": same}
+            "warps": warps, "example_group": group, "examples_per_second": rate,
+            "same_outputs_as_float32": same}
 
 
 def test_the_shared_kernels_setting_whose_slower_dtype_gained_most_and_predicted_alike(
         monkeypatch):
     monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", False)  # the library's, as rated here
     monkeypatch.setattr(cuda, "PREDICT_WARPS", None)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", None)
     library = [by_layout("float32", False, None, 800), by_layout("uint8", False, None, 1000)]
     vector = [by_layout("float32", True, None, 900), by_layout("uint8", True, None, 1010)]
     warps = [by_layout("float32", True, 32, 1000), by_layout("uint8", True, 32, 1005)]
@@ -159,6 +162,11 @@ def test_the_shared_kernels_setting_whose_slower_dtype_gained_most_and_predicted
     assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (False, None)
     chosen = recommend([*library[:1], *vector])  # uint8 not measured with the library's
     assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (None, None)
+    grouped = [by_layout("float32", True, 32, 1100, group=4),
+               by_layout("uint8", True, 32, 1100, group=4)]
+    chosen = recommend([*library, *vector, *warps, *grouped])
+    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"],
+            chosen["PREDICT_EXAMPLE_GROUP"]) == (True, 32, 4)
 
 
 def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1) -> dict:

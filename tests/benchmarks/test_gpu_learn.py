@@ -54,7 +54,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
               "--first-chunk-rows", "3", "--upload-rounds", "1",
               "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32",
               "--gating-rounds", "1", "--kernel-rounds", "1", "--dtype-rounds", "1",
-              "--predict-warps", "32", "--layout-turns", "1", "--layout-rounds", "1",
+              "--predict-warps", "32", "--predict-example-groups", "4", "--layout-turns", "1",
+              "--layout-rounds", "1",
               "--wide-rows", "2", "--gating-rows", "1,3", "--gating-calls", "2"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
@@ -78,9 +79,10 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                              for ahead in (False, True) for threads in (1, 4)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
-    settings = [(vector, warps) for vector in (False, True) for warps in (None, 32)]
-    by_layout = {(r["dtype"], r["vector_rows"], r["warps"]): r for r in records
-                 if r["measure"] == "predict_by_shared_layout"}
+    settings = [(False, None, None), (True, None, None), (False, 32, None), (False, None, 4),
+                (True, 32, 4)]
+    by_layout = {(r["dtype"], r["vector_rows"], r["warps"], r["example_group"]): r
+                 for r in records if r["measure"] == "predict_by_shared_layout"}
     assert set(by_layout) == {(dtype, *setting) for dtype in ("uint8", "float32")
                               for setting in settings}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
@@ -105,8 +107,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     batches = {(r["layer"], r["sum_batch"]) for r in records
                if r["measure"] == "shared_sum_batch" and r["microseconds"] > 0}
     assert batches == {(layer, b) for layer in layers for b in (1, 32)}
-    layouts = [(r["layer"], r["vector_rows"], r["warps"], r["turn"]) for r in records
-               if r["measure"] == "shared_layout" and r["microseconds"] > 0]
+    layouts = [(r["layer"], r["vector_rows"], r["warps"], r["example_group"], r["turn"])
+               for r in records if r["measure"] == "shared_layout" and r["microseconds"] > 0]
     assert layouts == [(layer, *setting, 0) for layer in layers for setting in settings]
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming, resident and row learning, the rows in either order, on

@@ -44,7 +44,7 @@ def test_predictions_and_two_learning_calls_are_profiled_with_the_models_outputs
         last = model.predict_proba(X[:3])  # what the shared kernel's settings predict after it
     assert [(r["verb"], r["rows"], r["data"]) for r in records] == [
         ("predict", 3, "random"), ("learn", 9, "random"), ("learn_by_rows", 9, "random"),
-        ("predict_vector_rows", 3, "random"), ("predict_32_warps", 3, "random")]
+        ("predict_vector_rows", 3, "random"), ("predict_32_warps_4_examples", 3, "random")]
     assert [r["outputs_digest"] for r in records] == [
         digest(predicted), digest(learned), digest(by_rows), digest(last),
         digest(last)]

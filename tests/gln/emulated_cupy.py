@@ -18,6 +18,9 @@ It fails where a real GPU run would fail or go silently wrong:
 * a launch beyond the kernel's ``__launch_bounds__``, more than 48 KB of dynamic shared memory
   without opting in, an opt-in beyond the device's 227 KB;
 * lanes of a warp that leave the lockstep at a warp-collective call;
+* a block that writes where another block's outputs go, or relies on blocks running in grid
+  order: a launch runs its blocks one at a time in an order shuffled by the launch's count
+  (the same every run);
 * host and device arrays mixed in one operation, and implicit conversion of a device array
   to NumPy (``np.asarray``), which CuPy refuses;
 * during a stream capture, anything but kernel launches (recorded with their arguments and run
@@ -65,7 +68,8 @@ DEFAULT_SHARED_BYTES = 48 * 1024  # without opting in
 MAX_SHARED_OPTIN_ATTRIBUTE = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 
 # The CUDA features the kernel sources use, for g++. Launches are serial: one block at a time,
-# every thread of the block a fiber; threads switch at warp-collective calls and barriers.
+# in a shuffled order, every thread of the block a fiber; threads switch at warp-collective
+# calls and barriers.
 HEADER = r"""
 #include <math.h>
 #include <setjmp.h>
@@ -221,18 +225,33 @@ inline void run_block(int threads) {
     }
 }
 
+// Launches so far: each shuffles its blocks by a seed of its own.
+inline unsigned long long launches = 0;
+
+// The blocks of a launch one at a time, in an order shuffled by the launch's count (the same
+// order every run): a GPU runs them in any order and at once, so a block that writes into
+// another's outputs, before or after it in the grid, leaves its value there in some order
+// (in grid order, the rightful block's later write would hide one beyond a block's end).
 inline int launch(gln_dim3 grid, gln_dim3 block, size_t shared_bytes,
                   std::function<void()> kernel) {
     failed = 0;
     grid_dim = grid;
     block_dim = block;
     body = kernel;
+    std::vector<gln_dim3> order;
+    order.reserve(static_cast<size_t>(grid.x) * grid.y);
     for (unsigned y = 0; y < grid.y; ++y) {
-        for (unsigned x = 0; x < grid.x; ++x) {
-            block_idx = {x, y, 0};
-            shared.assign(shared_bytes / sizeof(float) + 4, NAN);  // poisoned
-            run_block(static_cast<int>(block.x));
-        }
+        for (unsigned x = 0; x < grid.x; ++x) order.push_back({x, y, 0});
+    }
+    unsigned long long state = 0x9e3779b97f4a7c15ull * ++launches;
+    for (size_t i = order.size(); i > 1; --i) {  // Fisher-Yates, by a 64-bit LCG
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        std::swap(order[i - 1], order[(state >> 33) % i]);
+    }
+    for (const gln_dim3& index : order) {
+        block_idx = index;
+        shared.assign(shared_bytes / sizeof(float) + 4, NAN);  // poisoned
+        run_block(static_cast<int>(block.x));
     }
     return failed;
 }

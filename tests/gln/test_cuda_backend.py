@@ -240,31 +240,43 @@ def test_each_rows_examples_are_listed_in_order_and_the_fullest_rows_first(cp, n
 SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), (1, 3, 4, 250), LAYERS[-1]]
 
 
+# Settings of the shared kernel: at most this many neurons a block, and the constants
+# PREDICT_SUM_BATCH, PREDICT_VECTOR_ROWS, PREDICT_WARPS, PREDICT_EXAMPLE_GROUP (None: the
+# source's own).
+SHARED_SETTINGS = {
+    "as_many_as_fit": (32, None, False, None, None),
+    "at_most_3": (3, None, False, None, None),
+    "sums_one_by_one": (32, 1, False, None, None),
+    "sums_by_4": (32, 4, False, None, None),
+    "vector_layout": (32, None, True, None, None),
+    "vector_layout_at_most_3_one_by_one": (3, 1, True, None, None),
+    "20_warps": (32, None, False, 20, None),
+    "32_warps_vector_layout_at_most_3_one_by_one": (3, 1, True, 32, None),
+    "examples_by_4": (32, None, False, None, 4),
+    "examples_by_2_sums_by_4_vector_layout_at_most_3": (3, 4, True, None, 2),
+}
+
+
 @pytest.mark.parametrize("layer", SHARED_LAYERS, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize(("most", "batch", "vector", "warps"),
-                         [(32, None, False, None), (3, None, False, None), (32, 1, False, None),
-                          (32, 4, False, None), (32, None, True, None), (3, 1, True, None),
-                          (32, None, False, 20), (3, 1, True, 32)],
-                         ids=["as_many_as_fit", "at_most_3", "sums_one_by_one", "sums_by_4",
-                              "vector_layout", "vector_layout_at_most_3_one_by_one", "20_warps",
-                              "32_warps_vector_layout_at_most_3_one_by_one"])
-def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared, most,
-                                                                      batch, vector, warps,
+@pytest.mark.parametrize("settings", SHARED_SETTINGS.values(), ids=SHARED_SETTINGS.keys())
+def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, shared, settings,
                                                                       monkeypatch):
     """Several neurons per block (as many as fit, or at most 3), blocks of 24 examples (the
     last one short), warps taking turns over a block's examples (as many as the source takes,
     20, or 32 with no input loaded ahead), dot products summed in batches (as many as the
-    width allows, one, four), rows in shared memory as in global memory or in the vector
-    layout: the outputs of the one-neuron-per-warp kernel, bit for bit, and the weights
-    untouched."""
+    width allows, one, four), a warp's examples taken one by one or in groups (of 4, of 2),
+    rows in shared memory as in global memory or in the vector layout: the outputs of the
+    one-neuron-per-warp kernel, bit for bit, and the weights untouched."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
+    most, batch, vector, warps, group = settings
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
     monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", most)
     monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", batch)
     monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", vector)
     monkeypatch.setattr(cuda, "PREDICT_WARPS", warps)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", group)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)
     w_shared, p_shared = run_cuda(cp, data, False, "shared")
     _, p_stream = run_cuda(cp, data, False, "streaming")

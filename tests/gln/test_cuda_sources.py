@@ -48,8 +48,7 @@ needs_nvrtc = pytest.mark.skipif(
     nvrtc_library() is None,
     reason="NVRTC's library was not found (GLN_NVRTC, nvidia-cuda-nvrtc-cu12)")
 # (source, defines) of every module the library builds: each source, and the layer pass at each
-# row width, at each sum batch of the shared prediction kernel, with its vector layout and with
-# more warps to a block.
+# row width, at each sum batch of the shared prediction kernel, and with its other settings.
 MODULES = [(source, ()) for source in SOURCES]
 MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}",)) for p in PER_LANE_VALUES]
 MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={b}"))
@@ -57,11 +56,16 @@ MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={
 MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}", "-DGLN_VECTOR_ROWS=1"))
             for p in PER_LANE_VALUES]
 # More warps to a block of the shared kernel (gln.kernels.cuda.PREDICT_WARPS), as the host
-# compiles them (without loading an input ahead beyond 20), for MNIST's two widths.
+# compiles them (without loading an input ahead beyond 20), for MNIST's first layer, and a
+# warp's examples in groups (PREDICT_EXAMPLE_GROUP) on rows whose sums are batched.
 MORE_WARPS = (("-DGLN_PREDICT_WARPS=20",), ("-DGLN_PREDICT_WARPS=24", "-DGLN_PREFETCH=0"),
               ("-DGLN_PREDICT_WARPS=32", "-DGLN_PREFETCH=0"))
-MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}", *vector, *warps))
-            for p in (5, 25) for vector in ((), ("-DGLN_VECTOR_ROWS=1",)) for warps in MORE_WARPS]
+VECTOR_OR_NOT = ((), ("-DGLN_VECTOR_ROWS=1",))
+MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=25", *vector, *warps))
+            for vector in VECTOR_OR_NOT for warps in MORE_WARPS]
+MODULES += [(KERNELS / "layer_pass.cu",
+             (f"-DGLN_PER_LANE={p}", *vector, f"-DGLN_EXAMPLE_GROUP={group}"))
+            for p in (1, 5, 12) for vector in VECTOR_OR_NOT for group in (2, 4)]
 
 
 def nvrtc(source: Path, *defines: str) -> tuple[int, str]:
@@ -231,10 +235,12 @@ def test_the_vector_layout_pads_the_shared_kernels_rows_to_16_bytes(monkeypatch)
 
 
 def test_the_shared_kernels_settings_compile_into_its_module_and_size_its_block(monkeypatch):
-    """``PREDICT_SUM_BATCH``, ``PREDICT_VECTOR_ROWS`` and ``PREDICT_WARPS`` reach the shared
-    kernel's module as macros (more than 20 warps without an input loaded ahead), and the
-    warps its block; ``PREDICT_WARPS`` leaves rows wider than ``PREDICT_NARROW_LANES`` at 8
-    warps, and no other kernel takes any of them."""
+    """``PREDICT_SUM_BATCH``, ``PREDICT_VECTOR_ROWS``, ``PREDICT_WARPS`` and
+    ``PREDICT_EXAMPLE_GROUP`` reach the shared kernel's module as macros (more than 20 warps
+    without an input loaded ahead), and the warps its block; ``PREDICT_WARPS`` is for rows
+    whose sums are not batched, up to ``PREDICT_NARROW_LANES`` a lane (wider ones keep 8
+    warps), ``PREDICT_EXAMPLE_GROUP`` for those whose sums are, and no other kernel takes any
+    of them."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     mnist_first = (10, 128, 16, 785)
@@ -251,6 +257,21 @@ def test_the_shared_kernels_settings_compile_into_its_module_and_size_its_block(
     assert first.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_PREDICT_WARPS=20")
     wide = plan_layer_launch((1, 2, 2, 32 * 40), 4096, False, HOPPER_SHARED_BYTES)
     assert (wide.block, wide.defines) == ((8 * 32,), ("-DGLN_SUM_BATCH=4", *VECTOR))
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", 4)  # for rows whose sums are batched
+    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert second.block == (16 * 32,)  # PREDICT_WARPS is for wider rows
+    assert second.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_EXAMPLE_GROUP=4")
+    assert "-DGLN_EXAMPLE_GROUP=4" not in plan_layer_launch(mnist_first, 4096, False,
+                                                            HOPPER_SHARED_BYTES).defines
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)  # the source's 32
+    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert second.defines == (*VECTOR, "-DGLN_EXAMPLE_GROUP=4")
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 1)  # no batches: no groups
+    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    assert second.defines == ("-DGLN_SUM_BATCH=1", *VECTOR)
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 2)
+    with pytest.raises(ValueError, match=r"must divide the sums batched at once \(2\)"):
+        plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
     for mode, learn in (("streaming", False), ("resident", True), ("rows", True)):
         assert plan_layer_launch(mnist_first, 4096, learn, HOPPER_SHARED_BYTES,
                                  mode).defines == ()
