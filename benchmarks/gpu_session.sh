@@ -2,7 +2,9 @@
 # Every open GPU measurement in one command, sized to finish within 10 minutes on one GPU:
 # the GPU tests and the source checks, then benchmarks/gpu_learn.py (layer-pass timings for the
 # launch constants, learn / predict / latency, the plain CuPy path and, when carried, pygln),
-# the constants read off them and the headline rates with those constants (gpu_tuned.py).
+# the constants read off them and the headline rates with those constants (gpu_tuned.py), then
+# Nsight Compute, then the measurements already made on earlier runs: the steps run from the
+# most needed, so that a run cut off at the call's limit loses the least.
 #
 #   bash benchmarks/gpu_session.sh            # from the repository root, on a GPU machine
 #
@@ -48,6 +50,32 @@ tail -5 "$OUT/gpu_learn.err"
 data_args=()
 [ -d .peers/mnist ] && data_args+=(--data-dir .peers/mnist)
 
+# The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
+constants=$(mktemp)
+"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$constants"
+
+# The headline learning and 4,096-row prediction rates with the recommended constants beside
+# the library's, in alternating rounds, so that a default changed on this run's evidence comes
+# with its figures (appended to gpu_learn.jsonl).
+timeout 90 "$PYTHON" benchmarks/gpu_tuned.py "$constants" "${data_args[@]}" \
+    >> "$OUT/gpu_learn.jsonl" 2>> "$OUT/gpu_learn.err"
+echo "gpu_tuned: exit $?"
+grep -E '"gpu_tuned"' "$OUT/gpu_learn.jsonl"
+
+# What bounds each kernel of a prediction chunk and two learning chunks (bandwidths, issue, warp
+# stalls, occupancy), and of the prediction under the shared kernel's other settings, by Nsight
+# Compute's counters, with the card's clocks left as they are.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if [ -n "$NCU" ]; then
+    timeout 200 "$NCU" --profile-from-start off --clock-control none \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats \
+        "$PYTHON" benchmarks/gpu_profile.py "${data_args[@]}" > "$OUT/ncu.txt" 2>&1
+    echo "ncu: exit $?"
+    grep -E "^  [a-z_]+|Duration|Memory Throughput|Compute \(SM\) Throughput" "$OUT/ncu.txt" \
+        | head -60
+fi
+
 # This checkout's predictions against the commit last measured, alternating, in one run.
 if [ -d .peers/base/gln ]; then
     timeout 90 "$PYTHON" benchmarks/gpu_compare.py .peers/base . "${data_args[@]}" \
@@ -74,32 +102,6 @@ timeout 60 "$PYTHON" benchmarks/gpu_gating_tf32.py "${data_args[@]}" \
     > "$OUT/gpu_gating_tf32.jsonl" 2>&1
 echo "gpu_gating_tf32: exit $?"
 cat "$OUT/gpu_gating_tf32.jsonl"
-
-# The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
-constants=$(mktemp)
-"$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$constants"
-
-# The headline learning and 4,096-row prediction rates with the recommended constants beside
-# the library's, in alternating rounds, so that a default changed on this run's evidence comes
-# with its figures (appended to gpu_learn.jsonl).
-timeout 90 "$PYTHON" benchmarks/gpu_tuned.py "$constants" "${data_args[@]}" \
-    >> "$OUT/gpu_learn.jsonl" 2>> "$OUT/gpu_learn.err"
-echo "gpu_tuned: exit $?"
-grep -E '"gpu_tuned"' "$OUT/gpu_learn.jsonl"
-
-# What bounds each kernel of a prediction chunk and two learning chunks (bandwidths, issue, warp
-# stalls, occupancy), and of the prediction under the shared kernel's other settings, by Nsight
-# Compute's counters, with the card's clocks left as they are.
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-if [ -n "$NCU" ]; then
-    timeout 200 "$NCU" --profile-from-start off --clock-control none \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-        --section WarpStateStats --section Occupancy --section LaunchStats \
-        "$PYTHON" benchmarks/gpu_profile.py "${data_args[@]}" > "$OUT/ncu.txt" 2>&1
-    echo "ncu: exit $?"
-    grep -E "^  [a-z_]+|Duration|Memory Throughput|Compute \(SM\) Throughput" "$OUT/ncu.txt" \
-        | head -60
-fi
 
 # A GPU model's bytes both ways (a snapshot or export, a restore or import). Last: the least
 # needed, so that a run cut off at the call's limit loses only this.
