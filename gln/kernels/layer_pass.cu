@@ -50,7 +50,10 @@
 //     sums by the same additions as the butterfly's (batched_warp_sums), and squashes them and
 //     writes their outputs at once, a lane each: per pair a warp spends its instructions on
 //     the products. On wide rows, where the products outweigh the butterfly, it sums each
-//     pair as it goes and squashes 32 finished sums at once.
+//     pair as it goes and squashes 32 finished sums at once. Three macros, off by default,
+//     change how (the same bytes each): GLN_VECTOR_ROWS, rows in shared memory laid out for
+//     16-byte loads; GLN_PREDICT_WARPS, more warps a block; GLN_EXAMPLE_GROUP, on narrow rows
+//     a warp's examples taken several at once.
 // Rows too wide for a lane's registers (more than 32 x 64 inputs) have a fifth, whose
 // arithmetic is the others' in the same order (wide_lane_dot):
 //   gln_layer_pass_wide: the streaming kernel's work with the active row and the input read
@@ -615,9 +618,10 @@ __device__ __forceinline__ void rows_to_shared(float* dst, const float* src, lon
 }
 
 // The rows of gln_layer_predict_shared, `rows` rows of num_inputs floats, from global memory
-// into the vector layout; warp `warp` of `warps` copies rows warp, warp + warps, ... In a group of 128 elements lane l fills the
-// shared floats l, l + 32, l + 64 and l + 96 (whole banks, no conflicts), reading for each 8
-// consecutive floats with 7 other lanes (whole 32-byte sectors).
+// into the vector layout; warp `warp` of `warps` copies rows warp, warp + warps, ... In a
+// group of 128 elements lane l fills the shared floats l, l + 32, l + 64 and l + 96 (whole
+// banks, no conflicts), reading for each 8 consecutive floats with 7 other lanes (whole
+// 32-byte sectors).
 __device__ __forceinline__ void rows_to_vector_layout(float* dst, const float* src, int rows,
                                                       int num_inputs, int lane, int warp,
                                                       int warps) {
