@@ -99,13 +99,13 @@ BATCHED_MAX_LANES = 12
 #   layer_pass.cu), a lane's elements four to a 16-byte load instead of one to a 4-byte load,
 #   a quarter of the load instructions, rows padded to a multiple of four floats (785: 788).
 PREDICT_VECTOR_ROWS = False
-# * PREDICT_WARPS: warps a block on rows of BATCHED_MAX_LANES to PREDICT_NARROW_LANES elements
-#   a lane (GLN_PREDICT_WARPS; None: the source's 16, one block of 512 threads an SM on MNIST's
-#   first layer, with its 201 KB of rows, 103 registers a thread). nvcc 13 for sm_90 fits that
-#   kernel in 96 registers at 20 warps, and in 80 at 24 and 64 at 32 once the next example's
-#   input is no longer loaded ahead (GLN_PREFETCH=0, which the host then sets; with it the
-#   vector layout spills at 24), nothing spilled: more warps to hide the loads' latency, fewer
-#   registers each.
+# * PREDICT_WARPS: warps a block on rows of more than BATCHED_MAX_LANES and at most
+#   PREDICT_NARROW_LANES elements a lane (GLN_PREDICT_WARPS; None: the source's 16, one block
+#   of 512 threads an SM on MNIST's first layer, with its 201 KB of rows, 103 registers a
+#   thread). nvcc 13 for sm_90 fits that kernel in 96 registers at 20 warps, and in 80 at 24
+#   and 64 at 32 once the next example's input is no longer loaded ahead (GLN_PREFETCH=0,
+#   which the host then sets; with it the vector layout spills at 24), nothing spilled: more
+#   warps to hide the loads' latency, fewer registers each.
 PREDICT_WARPS: int | None = None
 PREDICT_NARROW_LANES = 26
 PREDICT_PREFETCH_MAX_WARPS = 20  # beyond it the shared kernel loads no input ahead
