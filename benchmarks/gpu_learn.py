@@ -529,10 +529,10 @@ def alternating_rates(settings: dict[Any, Any], X: np.ndarray, y: np.ndarray, ch
     """Learning and prediction rates under each setting (a name and a function making a context
     manager that holds it), alternating: a new model learns one chunk (compiling what it
     needs), then up to four more timed, then predicts ``X``; the medians of ``rounds`` rounds
-    by (verb, setting), and whether every setting learned the first one's outputs and bytes to
-    the last bit, as each must."""
+    by (verb, setting), and whether every setting learned the first one's outputs and bytes
+    and then predicted its outputs for a chunk, to the last bit, as each must."""
     rates: dict[tuple[str, Any], list[float]] = defaultdict(list)
-    learned = {}
+    results = {}
     rows = min(4 * chunk, len(X) - chunk)
     for _ in range(rounds):
         for name, setting in settings.items():
@@ -541,11 +541,12 @@ def alternating_rates(settings: dict[Any, Any], X: np.ndarray, y: np.ndarray, ch
                 model.learn(X[:chunk], y[:chunk])
                 rate, outputs = learn_rate(model, X[chunk:chunk + rows], y[chunk:chunk + rows],
                                            chunk)
-                learned[name] = (outputs, model.to_bytes())
                 rates[("learn", name)].append(rate)
                 rates[("predict", name)].append(predict_rate(model, X, chunk))
-    first = learned[next(iter(settings))]
-    same = all(np.array_equal(o, first[0]) and b == first[1] for o, b in learned.values())
+                results[name] = (outputs, model.to_bytes(), model.predict_proba(X[:chunk]))
+    first = results[next(iter(settings))]
+    same = all(np.array_equal(o, first[0]) and b == first[1] and np.array_equal(p, first[2])
+               for o, b, p in results.values())
     return {key: float(np.median(values)) for key, values in rates.items()}, same
 
 

@@ -38,10 +38,22 @@ def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, ca
     monkeypatch.setattr(cuda, "INT8_GATING_MIN_ROWS", 2)
     monkeypatch.setattr(staging, "PREDICT_CHUNK_ROWS_GPU", 4)  # 8-row calls: two chunks each
     monkeypatch.setattr(staging, "HOST_WIDENED_ROWS", 2)
-    wanted = {"GATING_PRODUCT": "int8", "ROW_WARPS_MIN_ROWS": 1}
+    monkeypatch.setattr(cuda, "PREDICT_SHARED_MIN_ROWS", 1)  # 4-row chunks: the shared kernel
+    wanted = {"GATING_PRODUCT": "int8", "ROW_WARPS_MIN_ROWS": 1, "PREDICT_VECTOR_ROWS": True,
+              "PREDICT_EXAMPLE_GROUP": 4}
     constants = tmp_path / "constants.json"
     constants.write_text(json.dumps({"benchmark": "gpu_constants", "ROW_ORDER": None, **wanted,
                                      "current": {}}) + "\n")
+    shared_defines = set()  # of the shared kernel's launches
+    plan = cuda.plan_layer_launch
+
+    def planned(*args, **kwargs):
+        launch = plan(*args, **kwargs)
+        if launch.kernel == cuda.SHARED:
+            shared_defines.add(launch.defines)
+        return launch
+
+    monkeypatch.setattr(cuda, "plan_layer_launch", planned)
     with emulated_cupy_installed() as cp:
         main([str(constants), "--rows", "48", "--chunk", "8", "--rounds", "1"])
         used = dict(cp.operations)
@@ -51,10 +63,12 @@ def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, ca
         ("predict_tuned", "library"), ("predict_tuned", "recommended")]
     assert all(r["changed"] == wanted and r["same_outputs_and_bytes"]
                and r["examples_per_second"] > 0 for r in records)
-    # The recommended model ran what the values select: int8 GEMMs and the row kernel, neither
-    # of which the library's values take here.
+    # The recommended model ran what the values select: int8 GEMMs, the row kernel and the
+    # shared kernel's settings, none of which the library's values take here.
     assert used["cublas gemmEx"] > 0 and used["kernel gln_layer_pass_rows"] > 0
-    assert cuda.GATING_PRODUCT == "float32"
+    assert shared_defines == {(), ("-DGLN_VECTOR_ROWS=1",),  # the first layer's (25 a lane)
+                              ("-DGLN_VECTOR_ROWS=1", "-DGLN_EXAMPLE_GROUP=4")}  # the others'
+    assert (cuda.GATING_PRODUCT, cuda.PREDICT_VECTOR_ROWS) == ("float32", False)
 
 
 def test_nothing_to_change_is_said_and_nothing_measured(tmp_path, capsys):
