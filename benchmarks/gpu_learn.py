@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--predict-sum-batch", type=int_list, default=[1, 4, 8, 16, 32],
                         help="GLN_SUM_BATCH values to time the shared kernel with, at "
                              "PREDICT_CHUNK_ROWS_GPU rows")
-    parser.add_argument("--predict-warps", type=int_list, default=[20, 32],
+    parser.add_argument("--predict-warps", type=int_list, default=[20, 24, 32],
                         help="PREDICT_WARPS values (beside the source's 16) to time the shared "
                              "kernel with")
     parser.add_argument("--predict-example-groups", type=int_list, default=[4],
