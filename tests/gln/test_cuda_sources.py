@@ -10,6 +10,7 @@ emulation of ``emulated_cupy.py``.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -43,6 +44,9 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is
 # widest layer the kernels take (64 per lane).
 PER_LANE_VALUES = (1, 2, 5, 25, 32, 64)
 
+
+# Modules compiled at once: one a core, up to 8 (the GPU machines have 16, CI 2).
+COMPILERS = min(8, max(2, os.cpu_count() or 2))
 
 needs_nvrtc = pytest.mark.skipif(
     nvrtc_library() is None,
@@ -124,7 +128,7 @@ def test_sources_need_no_headers(source):
 
 @needs_nvcc
 def test_every_source_compiles_for_hopper(tmp_path):
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=COMPILERS) as pool:
         reports = list(pool.map(
             lambda job: nvcc(job[1][0], tmp_path / f"{job[0]}.cubin", *job[1][1]),
             enumerate(MODULES),
@@ -137,7 +141,7 @@ def test_every_source_compiles_for_hopper(tmp_path):
 def test_every_source_compiles_with_nvrtc_as_cupy_compiles_it():
     """What CuPy's RawModule runs on a GPU machine, here without one: every module compiles
     for sm_90, and no kernel keeps a stack frame or spills."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=COMPILERS) as pool:
         results = list(pool.map(lambda job: nvrtc(job[0], *job[1]), MODULES))
     for (source, defines), (status, log) in zip(MODULES, results, strict=True):
         assert status == 0, f"{source.name} {defines}: {log}"
