@@ -38,17 +38,12 @@ _CAPTURE_LOCK = threading.Lock()  # one capture at a time on the shared capture 
 
 @dataclass
 class _CapturedCall:
-    """A captured call: its graph, the buffers it reads and the array it writes."""
+    """A captured call: its graph, the buffer it reads and the array it writes."""
 
     graph: Any
-    inputs: tuple[Any, ...]  # device buffers the caller fills before each launch
+    staged: Any  # device buffer the host's staged bytes are copied into
     outputs: Any  # device array the graph writes the call's outputs to
     pool: Any  # the memory pool every array the graph uses came from
-
-    @property
-    def staged(self) -> Any:
-        """The first input: the device buffer the host's staged bytes are copied into."""
-        return self.inputs[0]
 
 
 class CallReplays:
@@ -61,9 +56,9 @@ class CallReplays:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # one replay at a time: they share buffers
-        self._captured: dict[Any, _CapturedCall] = {}
+        self._captured: dict[tuple[int, bool], _CapturedCall] = {}
         self._state: tuple[Any, ...] = ()
-        self._warm: set[Any] = set()
+        self._warm: set[tuple[int, bool]] = set()
         self.failure: str | None = None
 
     def replayed(
@@ -76,59 +71,45 @@ class CallReplays:
         other arrays are dropped. ``steps`` must change nothing on the host.
         """
         with self._lock:
-            call = self.graph(key, state, ((staged.shape, staged.dtype),), steps)
-            if call is None:
+            if self.failure is not None:
                 return None
+            if len(state) != len(self._state) or any(
+                a is not b for a, b in zip(state, self._state, strict=True)
+            ):
+                self._captured.clear()
+                self._state = state
+            call = self._captured.get(key)
+            if call is None:
+                if key not in self._warm:
+                    self._warm.add(key)
+                    return None
+                call = self._capture(staged, steps)
+                if call is None:
+                    return None
+                self._captured[key] = call
             call.staged.set(staged)
             call.graph.launch()
             return call.outputs.get()
 
-    def graph(
-        self, key: Any, state: tuple[Any, ...], inputs: tuple[tuple[tuple[int, ...], Any], ...],
-        steps: Callable[..., Any],
-    ) -> _CapturedCall | None:
-        """The call of ``key`` captured (at its second request): ``steps`` on device buffers of
-        the ``inputs``' shapes and dtypes, which they must only read; or None where the caller
-        must run the call itself (as for ``replayed``). For callers that hold the replays' lock
-        from here to their last read of the outputs, as ``replayed`` does."""
-        if self.failure is not None:
-            return None
-        if len(state) != len(self._state) or any(
-            a is not b for a, b in zip(state, self._state, strict=True)
-        ):
-            self._captured.clear()
-            self._state = state
-        call = self._captured.get(key)
-        if call is None:
-            if key not in self._warm:
-                self._warm.add(key)
-                return None
-            call = self._capture(inputs, steps)
-            if call is not None:
-                self._captured[key] = call
-        return call
-
-    def _capture(
-        self, inputs: tuple[tuple[tuple[int, ...], Any], ...], steps: Callable[..., Any]
-    ) -> _CapturedCall | None:
+    def _capture(self, staged: np.ndarray, steps: Callable[[Any], Any]) -> _CapturedCall | None:
         cp = _cupy()
         pool = cp.cuda.MemoryPool()
         stream = side_stream(cp, cp.cuda.Device().id, "capture")  # not the legacy default
-        graph = outputs = None
+        graph = outputs = buffer = None
         try:
             with _CAPTURE_LOCK, cp.cuda.using_allocator(pool.malloc):
-                buffers = tuple(cp.empty(shape, dtype=dtype) for shape, dtype in inputs)
+                buffer = cp.empty(staged.shape, dtype=staged.dtype)
                 with stream:
                     stream.begin_capture()
                     try:
-                        outputs = steps(*buffers)
+                        outputs = steps(buffer)
                     finally:
                         graph = stream.end_capture()
         except Exception as error:  # noqa: BLE001 - any failure: run the calls uncaptured
             self.failure = f"{type(error).__name__}: {error}"
-            warnings.warn(f"GPU calls of up to {REPLAY_MAX_ROWS} rows will not be replayed from "
-                          f"a CUDA graph (capture failed: {self.failure})", RuntimeWarning,
-                          stacklevel=5)
+            warnings.warn(f"GPU calls of up to {REPLAY_MAX_ROWS} rows will not be replayed "
+                          f"from a CUDA graph (capture failed: {self.failure})", RuntimeWarning,
+                          stacklevel=4)
             return None
-        return _CapturedCall(graph, buffers, outputs, pool)
+        return _CapturedCall(graph, buffer, outputs, pool)
 
