@@ -1,5 +1,5 @@
 """The launch constants of ``gln.kernels.cuda``, read off the ``layer_pass`` lines of a
-``gpu_learn.py`` run.
+``gpu_learn.py`` run (and the ``shared_grid`` lines of ``gpu_shared_grid.py`` appended to it).
 
     python benchmarks/gpu_constants.py gpu_learn.jsonl
 
@@ -25,8 +25,13 @@
 * ``GATING_GEMM_MIN_ROWS``: the shortest measured chunk from which the gating's products from
   cuBLAS cost a call no more than the library's own kernel's (``gating_path``: wall time, the
   host's part in it), there and beyond, and above ``REPLAY_MAX_ROWS``.
-* ``PREDICT_VECTOR_ROWS``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP``: of the shared
-  kernel's settings of ``predict_by_shared_layout``, chosen as the staging below.
+* ``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP``: the setting of the
+  shared kernel's grid (``shared_grid``) whose times, each layer's median over the turns,
+  sum over the layers to the least, where that beats the library's own setting by more than
+  ``GRID_MARGIN``; else the library's values. The library's setting on the grid is its
+  ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` with the sums batched as the library
+  batches them (``cuda.predict_sum_batch``) on every measured layer; a chosen batch equal to
+  that is recommended as the library's ``PREDICT_SUM_BATCH`` (None: the source's default).
 * ``STAGE_AHEAD`` and ``STAGING_THREADS`` (``gln.kernels.uploads``): of the staging settings
   of ``predict_by_dtype``, the one that predicted both float32 and uint8 rows fastest against
   the library's own (by the slower of its two ratios), where it beat the library's for both
@@ -47,6 +52,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import staging  # noqa: E402
@@ -57,9 +64,13 @@ from gln.kernels.replay import REPLAY_MAX_ROWS  # noqa: E402
 CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_ROWS",
                               "PREDICT_ROWS_PER_WARP", "PREDICT_ROWS_PER_BLOCK",
                               "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT", "GATING_GEMM_MIN_ROWS",
-                              "PREDICT_VECTOR_ROWS", "PREDICT_WARPS",
+                              "PREDICT_SUM_BATCH", "PREDICT_WARPS",
                               "PREDICT_EXAMPLE_GROUP"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads}
+# A setting of the shared kernel's grid replaces the library's only where its summed time is
+# below the library's by more than this fraction: settings within it are level, and a default
+# moved by the turns' noise alone would come back on the next run.
+GRID_MARGIN = 0.02
 
 
 def recommend(records: Iterable[dict]) -> dict:
@@ -96,6 +107,7 @@ def recommend(records: Iterable[dict]) -> dict:
         {n: us for n, (_, us) in best.get("shared", {}).items()})
     streaming_below = (shared_min_rows or cuda.PREDICT_SHARED_MIN_ROWS) - 1
     gemm_min_rows, gating_by_rows = _gating_gemm_min_rows(records)
+    grid_totals = _grid_totals(records)
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
         "ROW_ORDER": row_order,
@@ -106,7 +118,8 @@ def recommend(records: Iterable[dict]) -> dict:
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "GATING_PRODUCT": _gating_product(records),
         "GATING_GEMM_MIN_ROWS": gemm_min_rows,
-        **_shared_layout(records),
+        **_shared_grid(grid_totals, {r["layer"] for r in records
+                                     if r.get("measure") == "shared_grid"}),
         **_staging(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
@@ -116,6 +129,10 @@ def recommend(records: Iterable[dict]) -> dict:
         "predict_us_by_rows": {n: {"streaming": a, "shared": b}
                                for n, (a, b) in predict_by_rows.items()},
         "gating_us_by_rows": {n: {"kernel": a, "gemm": b} for n, (a, b) in gating_by_rows.items()},
+        "shared_grid_us": [{"sum_batch": batch, "warps": warps, "example_group": group,
+                            "microseconds": us}
+                           for (batch, warps, group), us in sorted(grid_totals.items(),
+                                                                   key=lambda item: item[1])],
     }
 
 
@@ -151,17 +168,56 @@ def _gating_product(records: list[dict]) -> str | None:
     return "int8" if wins and same else "float32"
 
 
-def _shared_layout(records: list[dict]) -> dict[str, bool | int | None]:
-    """``PREDICT_VECTOR_ROWS``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` from
-    ``predict_by_shared_layout``'s side-by-side rates (None without the library's own setting
-    and another one, each for every dtype)."""
-    rates = {(r["dtype"], (r["vector_rows"], r["warps"], r["example_group"])): r
-             for r in records if r.get("measure") == "predict_by_shared_layout"}
-    best = _best_setting(rates, (cuda.PREDICT_VECTOR_ROWS, cuda.PREDICT_WARPS,
-                                 cuda.PREDICT_EXAMPLE_GROUP))
-    vector, warps, group = best or (None, None, None)
-    return {"PREDICT_VECTOR_ROWS": vector, "PREDICT_WARPS": warps,
-            "PREDICT_EXAMPLE_GROUP": group}
+def _grid_totals(records: list[dict]) -> dict[tuple[int, int, int], float]:
+    """By (sum batch, warps, examples at once), the ``shared_grid`` lines' microseconds: each
+    layer's median over the turns, summed over the layers (a prediction runs them all); only
+    settings measured on every layer."""
+    turns: dict[tuple[int, int, int], dict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    for r in records:
+        if r.get("measure") == "shared_grid":
+            setting = (r["sum_batch"], r["warps"], r["example_group"])
+            turns[setting][r["layer"]].append(r["microseconds"])
+    layers = {layer for by_layer in turns.values() for layer in by_layer}
+    return {setting: sum(float(np.median(times)) for times in by_layer.values())
+            for setting, by_layer in turns.items() if set(by_layer) == layers}
+
+
+def _layer_lanes(layer: str) -> int:
+    """Elements a lane of a layer named as ``gpu_learn.layer_shapes`` names it ("784->128":
+    784 inputs, and the bias)."""
+    return cuda.per_lane(int(layer.split("->")[0]) + 1)
+
+
+def _library_grid_setting(layers: set[str]) -> tuple[int, int, int] | None:
+    """The library's setting as the grid writes it: the sums batched as the library batches
+    them on ``layers``, its warps a block and examples at once (the source's 16 and 1 where
+    None; examples one at a time where sums are not batched). None where the layers' batches
+    differ, which no setting of the grid, one batch for every layer, reproduces."""
+    batches = {cuda.predict_sum_batch(_layer_lanes(layer)) for layer in layers}
+    if len(batches) != 1:
+        return None
+    (batch,) = batches
+    group = (cuda.PREDICT_EXAMPLE_GROUP or 1) if batch > 1 else 1
+    return batch, cuda.PREDICT_WARPS or 16, group
+
+
+def _shared_grid(totals: dict[tuple[int, int, int], float],
+                 layers: set[str]) -> dict[str, int | None]:
+    """``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` from the grid's
+    summed times (``_grid_totals``) of ``layers``: the quickest setting where it beats the
+    library's by more than ``GRID_MARGIN``, else the library's values. None for all three
+    unless the library's setting and another were measured."""
+    library = _library_grid_setting(layers)
+    names = ("PREDICT_SUM_BATCH", "PREDICT_WARPS", "PREDICT_EXAMPLE_GROUP")
+    if library not in totals or len(totals) < 2:
+        return dict.fromkeys(names)
+    best = min(totals, key=totals.__getitem__)
+    if totals[best] >= totals[library] * (1 - GRID_MARGIN):
+        return {name: getattr(cuda, name) for name in names}
+    batch, warps, group = best
+    return {"PREDICT_SUM_BATCH": cuda.PREDICT_SUM_BATCH if batch == library[0] else batch,
+            "PREDICT_WARPS": warps, "PREDICT_EXAMPLE_GROUP": group}
 
 
 def _staging(records: list[dict]) -> dict[str, bool | int | None]:

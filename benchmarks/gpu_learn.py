@@ -19,11 +19,8 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   with each ``PREDICT_MAX_NEURONS_PER_BLOCK`` of ``--predict-neurons-per-block`` (fewer
   neurons per block let two blocks share an SM), and ``shared_sum_batch`` with each
   ``GLN_SUM_BATCH`` of ``--predict-sum-batch`` (dot products summed at once; 1: a butterfly
-  each), and ``shared_layout`` with each of its settings that are off by default, alone and
-  together (``shared_layouts``: its rows in shared memory in the vector layout,
-  ``PREDICT_VECTOR_ROWS``; each ``PREDICT_WARPS`` of ``--predict-warps``; each
-  ``PREDICT_EXAMPLE_GROUP`` of ``--predict-example-groups``), in ``--layout-turns``
-  alternating turns;
+  each); the shared kernel's warps a block and examples at once, with its sums batched, are
+  timed together by ``gpu_shared_grid.py``;
 * ``wide_kernel``: the kernel of rows no registers hold (``gln_layer_pass_wide``, taken by
   layers of more than 2,048 inputs) beside the streaming kernel on the first layer, learning
   and predicting, at each of ``--wide-rows``;
@@ -45,8 +42,6 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   (``STAGE_AHEAD``) and by one host thread and by up to four (``STAGING_THREADS``), in alternating
   rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows travel in a
   quarter of the bytes (``gln.kernels.uploads``), and all must predict the same bytes;
-* ``predict_by_shared_layout``: the same two dtypes under each of those settings of the shared
-  kernel, in alternating rounds (``--layout-rounds``);
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -77,7 +72,7 @@ import pstats
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -213,14 +208,6 @@ def time_layer_passes(cp, args: argparse.Namespace, device: str) -> None:
                     seconds = mean_event_seconds(cp, predict, args.repeats)
                 emit({"measure": "shared_sum_batch", "layer": name, "rows": n,
                       "sum_batch": batch, "microseconds": seconds * 1e6}, device)
-            for turn in range(args.layout_turns):  # alternating: each setting in each turn
-                for setting in shared_layouts(args.predict_warps, args.predict_example_groups):
-                    with shared_layout(*setting):
-                        seconds = mean_event_seconds(cp, predict, args.repeats)
-                    vector, warps, group = setting
-                    emit({"measure": "shared_layout", "layer": name, "rows": n,
-                          "vector_rows": vector, "warps": warps, "example_group": group,
-                          "turn": turn, "microseconds": seconds * 1e6}, device)
 
 
 def time_wide_kernel(cp, args: argparse.Namespace, device: str) -> None:
@@ -483,41 +470,6 @@ def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
             in pixel_rates(X, y, chunk, rounds, settings).items()]
 
 
-def shared_layouts(warps: list[int], groups: list[int]) -> list[tuple[bool, int | None,
-                                                                       int | None]]:
-    """The shared kernel's settings timed side by side, as (``PREDICT_VECTOR_ROWS``,
-    ``PREDICT_WARPS``, ``PREDICT_EXAMPLE_GROUP``), None the source's own: the library's, each
-    setting alone (the vector layout, each of ``warps`` a block, each of ``groups`` examples at
-    once), and the vector layout with each pair of the other two (warps set the kernel of wide
-    rows, groups that of narrow ones, so a pair sets both)."""
-    alone = [(True, None, None), *((False, w, None) for w in warps if w != 16),
-             *((False, None, g) for g in groups if g != 1)]
-    pairs = [(True, w, g) for w in warps if w != 16 for g in groups if g != 1]
-    return [(False, None, None), *alone, *pairs]
-
-
-def shared_layout(vector: bool, warps: int | None,
-                  group: int | None) -> contextlib.AbstractContextManager[None]:
-    """The shared kernel's row layout, warps a block and examples at once set for a while."""
-    import gln.kernels.cuda as cuda  # noqa: PLC0415
-
-    return module_constants(cuda, PREDICT_VECTOR_ROWS=vector, PREDICT_WARPS=warps,
-                            PREDICT_EXAMPLE_GROUP=group)
-
-
-def rates_by_shared_layout(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
-                           warps: list[int], groups: list[int]) -> list[dict]:
-    """``predict_by_shared_layout``: ``pixel_rates`` with each of ``shared_layouts``."""
-    settings = {setting: functools.partial(shared_layout, *setting)
-                for setting in shared_layouts(warps, groups)}
-    return [{"measure": "predict_by_shared_layout", "implementation": "kernels", "dtype": name,
-             "vector_rows": vector, "warps": count, "example_group": group,
-             "examples": len(X), "examples_per_second": rate, "rounds": rounds,
-             "same_outputs_as_float32": same}
-            for (name, (vector, count, group)), (rate, same)
-            in pixel_rates(X, y, chunk, rounds, settings).items()]
-
-
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
 
 
@@ -603,14 +555,29 @@ def latency_profile(model: GLN, X: np.ndarray, y: np.ndarray, calls: int,
     call. On the GPU small launches and copies are bound by the host, so their cost shows up
     in the function that issues them (a device-to-host copy also waits for the kernels before it).
     """
+    rows = iter(range(calls))
+
+    def learn_one() -> None:
+        t = next(rows)
+        model.learn(X[t:t + 1], y[t:t + 1])
+
+    return [{**row, "calls_per_learn": row.pop("calls_per_call")}
+            for row in call_profile(learn_one, calls, top, by="cumulative")]
+
+
+def call_profile(call: Callable[[], Any], calls: int, top: int,
+                 by: str = "cumulative") -> list[dict]:
+    """cProfile over ``calls`` calls of ``call``: the ``top`` functions by ``by`` time
+    ("cumulative" or "own"), each with its calls, own and cumulative microseconds per call."""
     profiler = cProfile.Profile()
     profiler.enable()
-    for t in range(calls):
-        model.learn(X[t:t + 1], y[t:t + 1])
+    for _ in range(calls):
+        call()
     profiler.disable()
     stats = pstats.Stats(profiler).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    ranked = sorted(stats.items(), key=lambda item: item[1][3], reverse=True)[:top]
-    return [{"function": f"{Path(file).name}:{line}:{name}", "calls_per_learn": nc / calls,
+    column = {"own": 2, "cumulative": 3}[by]
+    ranked = sorted(stats.items(), key=lambda item: item[1][column], reverse=True)[:top]
+    return [{"function": f"{Path(file).name}:{line}:{name}", "calls_per_call": nc / calls,
              "own_us": tt / calls * 1e6, "cumulative_us": ct / calls * 1e6}
             for (file, line, name), (_, nc, tt, ct, _) in ranked]
 
@@ -652,15 +619,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--predict-sum-batch", type=int_list, default=[1, 4, 8, 16, 32],
                         help="GLN_SUM_BATCH values to time the shared kernel with, at "
                              "PREDICT_CHUNK_ROWS_GPU rows")
-    parser.add_argument("--predict-warps", type=int_list, default=[20, 24, 32],
-                        help="PREDICT_WARPS values (beside the source's 16) to time the shared "
-                             "kernel with")
-    parser.add_argument("--predict-example-groups", type=int_list, default=[4],
-                        help="PREDICT_EXAMPLE_GROUP values (beside the source's 1) to time the "
-                             "shared kernel with")
-    parser.add_argument("--layout-turns", type=int, default=3,
-                        help="alternating turns of the shared kernel's settings at "
-                             "PREDICT_CHUNK_ROWS_GPU rows")
     parser.add_argument("--predict-chunk-rows", type=int_list, default=[512, 1024, 2048, 4096],
                         help="values of gln.staging.PREDICT_CHUNK_ROWS_GPU to predict with")
     parser.add_argument("--staging", type=staging_list, default=[(1, 1), (1, 4), (4, 1), (4, 4)],
@@ -670,9 +628,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upload-rounds", type=int, default=5)
     parser.add_argument("--dtype-rounds", type=int, default=5,
                         help="alternating rounds of uint8 and float32 pixels (0: none)")
-    parser.add_argument("--layout-rounds", type=int, default=3,
-                        help="alternating rounds of the shared kernel's settings, predicting "
-                             "uint8 and float32 pixels each (0: none)")
     parser.add_argument("--gating-rounds", type=int, default=3,
                         help="alternating rounds of each GATING_PRODUCT (0: none)")
     parser.add_argument("--kernel-rounds", type=int, default=3,
@@ -752,10 +707,7 @@ def main(argv: list[str] | None = None) -> None:
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
                                           args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
-            by_layout = functools.partial(rates_by_shared_layout, warps=args.predict_warps,
-                                          groups=args.predict_example_groups)
             for rounds, rates_by in ((args.dtype_rounds, rates_by_dtype),
-                                     (args.layout_rounds, by_layout),
                                      (args.gating_rounds, rates_by_gating),
                                      (args.kernel_rounds, rates_by_learning_kernel)):
                 for record in rates_by(X, y, args.chunk, rounds) if rounds else ():

@@ -14,11 +14,7 @@ default: the scaling, the gating GEMM and kernels, the shared prediction kernel'
 passes), a call learning the next ``--learn-rows`` rows (one chunk of
 ``gln.model.CHUNK_ROWS_GPU`` by default, whose first two layers the resident kernel learns),
 and one learning the ``--learn-rows`` after them with a warp per row (``learn_by_rows``:
-``gln_row_counts``, ``gln_row_order`` and ``gln_layer_pass_rows`` for every layer). Then the
-same prediction under the shared kernel's settings that are off by default
-(``predict_vector_rows``: ``PREDICT_VECTOR_ROWS``; ``predict_32_warps_4_examples``:
-``PREDICT_WARPS`` = 32, which sets the first layer's kernel, and ``PREDICT_EXAMPLE_GROUP`` = 4,
-which sets the others'), each after an untimed call that compiles its modules.
+``gln_row_counts``, ``gln_row_order`` and ``gln_layer_pass_rows`` for every layer).
 ``benchmarks/gpu_session.sh`` runs it under ncu where ncu is found, for each kernel's achieved
 bandwidths, issue and warp stalls: whether a kernel is bound by memory, by issuing
 instructions or by latency says which change can speed it up. Prints one JSON line per
@@ -39,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gln.staging  # noqa: E402
-from benchmarks.gpu_learn import NETWORK, load_data, row_warps, shared_layout  # noqa: E402
+from benchmarks.gpu_learn import NETWORK, load_data, row_warps  # noqa: E402
 from gln import GLN  # noqa: E402
 
 
@@ -60,22 +56,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = X[:args.rows]
     model.predict_proba(rows)  # every kernel compiled and loaded before the profiled calls
     by_rows = X[2 * learned:3 * learned], y[2 * learned:3 * learned]
-    def predict() -> np.ndarray:
-        return model.predict_proba(rows)
-
-    calls = [("predict", args.rows, predict, contextlib.nullcontext),
+    calls = [("predict", args.rows, lambda: model.predict_proba(rows), contextlib.nullcontext),
              ("learn", learned, lambda: model.learn(X[learned:2 * learned],
                                                     y[learned:2 * learned]),
               contextlib.nullcontext),
-             ("learn_by_rows", learned, lambda: model.learn(*by_rows), row_warps),
-             ("predict_vector_rows", args.rows, predict,
-              lambda: shared_layout(True, None, None)),
-             ("predict_32_warps_4_examples", args.rows, predict,
-              lambda: shared_layout(False, 32, 4))]
+             ("learn_by_rows", learned, lambda: model.learn(*by_rows), row_warps)]
     for verb, count, call, setting in calls:
-        if verb.startswith("predict_"):
-            with setting():
-                predict()  # its module compiled and loaded before the profiled call
         cp.cuda.Device().synchronize()
         cp.cuda.runtime.profilerStart()
         with setting():

@@ -2,7 +2,8 @@
 # Every open GPU measurement in one command, sized to finish within 10 minutes on one GPU:
 # the GPU tests and the source checks, then benchmarks/gpu_learn.py (layer-pass timings for the
 # launch constants, learn / predict / latency, the plain CuPy path and, when carried, pygln),
-# the constants read off them and the headline rates with those constants (gpu_tuned.py), then
+# the shared prediction kernel under a grid of its settings (gpu_shared_grid.py), the constants
+# read off them and the headline rates with those constants (gpu_tuned.py), then
 # Nsight Compute, then the measurements already made on earlier runs: the steps run from the
 # most needed, so that a run cut off at the call's limit loses the least.
 #
@@ -12,14 +13,12 @@
 # (a checkout of github.com/aiwabdn/pygln) and .peers/base (the gln package of the commit last
 # measured, for benchmarks/gpu_compare.py's side-by-side runs, whose lines are appended to
 # gpu_learn.jsonl: a call brings back 8 files). Writes into $OUT (default ./gpu-out): device.txt,
-# tests.log, gpu_learn.jsonl, gpu_learn.err, gpu_stages.jsonl (with gpu_staging.py's lines),
-# gpu_gating_tf32.jsonl, ncu.txt
+# tests.log, gpu_learn.jsonl (with gpu_shared_grid.py's and gpu_tuned.py's lines),
+# gpu_learn.err, gpu_stages.jsonl (with gpu_staging.py's lines), gpu_gating_tf32.jsonl, ncu.txt
 # (Nsight Compute's reading of one prediction chunk's kernels and two learning chunks', by the
-# library's kernels and by a warp per row, and of the prediction again under each shared-kernel
-# setting that is off by default, where ncu is found),
-# snapshot_bytes.jsonl; the launch constants read off gpu_learn.jsonl are printed
-# (benchmarks/gpu_constants.py reads them again from the file). docs/gpu.md says how to set up
-# .peers.
+# library's kernels and by a warp per row, where ncu is found), snapshot_bytes.jsonl; the
+# launch constants read off gpu_learn.jsonl are printed (benchmarks/gpu_constants.py reads them
+# again from the file). docs/gpu.md says how to set up .peers.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -47,10 +46,17 @@ echo "gpu_learn: exit $?"
 grep -v '"layer_pass"' "$OUT/gpu_learn.jsonl"
 tail -5 "$OUT/gpu_learn.err"
 
+# The shared prediction kernel of each layer under every combination of its sums batched at
+# once, warps a block and examples at once, in alternating turns (appended to gpu_learn.jsonl):
+# what chooses PREDICT_SUM_BATCH, PREDICT_WARPS and PREDICT_EXAMPLE_GROUP.
+timeout 150 "$PYTHON" benchmarks/gpu_shared_grid.py \
+    >> "$OUT/gpu_learn.jsonl" 2>> "$OUT/gpu_learn.err"
+echo "gpu_shared_grid: exit $?"
+
 data_args=()
 [ -d .peers/mnist ] && data_args+=(--data-dir .peers/mnist)
 
-# The launch constants of gln/kernels/cuda.py, read off the layer_pass lines.
+# The launch constants of gln/kernels/cuda.py, read off the layer_pass and shared_grid lines.
 constants=$(mktemp)
 "$PYTHON" benchmarks/gpu_constants.py "$OUT/gpu_learn.jsonl" | tee "$constants"
 
@@ -63,8 +69,7 @@ echo "gpu_tuned: exit $?"
 grep -E '"gpu_tuned"' "$OUT/gpu_learn.jsonl"
 
 # What bounds each kernel of a prediction chunk and two learning chunks (bandwidths, issue, warp
-# stalls, occupancy), and of the prediction under the shared kernel's other settings, by Nsight
-# Compute's counters, with the card's clocks left as they are.
+# stalls, occupancy), by Nsight Compute's counters, with the card's clocks left as they are.
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 if [ -n "$NCU" ]; then
     timeout 200 "$NCU" --profile-from-start off --clock-control none \

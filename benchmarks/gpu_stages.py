@@ -17,10 +17,11 @@ which shows whether the latency of one-row calls is the host's or the device's. 
 host issued and left each stage, and when the device finished it (an event recorded after
 it), so that the device's idle gaps (``device_idle_before_us``: where the device had
 finished all it was given before the host entered the stage), and what the host was doing
-then, show. Last, the parts of a 4,096-row call's two largest stages: the gating (the float32
-GEMM, the rounding bounds, the contexts kernel with its float64 re-checks in place and listed;
-CUDA events) and
-the copy in (pageable against pinned host memory) next to the host's input check, also of
+then, show; and where the host's time goes in such calls, function by function
+(``host_profile``, cProfile: the functions with the most time of their own). Last, the
+parts of a 4,096-row call's two largest stages: the gating (the float32 GEMM, the rounding
+bounds, the contexts kernel with its float64 re-checks in place and listed; CUDA events)
+and the copy in (pageable against pinned host memory) next to the host's input check, also of
 the rows as uint8 pixels (which travel as they are, a quarter of the bytes), on a model
 that has learned as many rows first, so that its inputs are standardised as in service (a new
 model's are all zero, and no margin of theirs is close to a hyperplane). And the host's
@@ -55,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gln.staging  # noqa: E402
 from benchmarks.gpu_learn import (  # noqa: E402
     NETWORK,
+    call_profile,
     device_name,
     int_list,
     load_data,
@@ -189,6 +191,23 @@ def timelines(cp, X: np.ndarray, y: np.ndarray, rows: int, device: str) -> None:
         with module_constant(uploads, "STAGE_AHEAD", ahead):
             emit({"measure": "call_timeline", "verb": verb, "rows": rows,
                   **call_timeline(cp, model, call)}, device)
+
+
+def host_profiles(X: np.ndarray, y: np.ndarray, rows: int, calls: int, device: str) -> None:
+    """Where the host's time goes in ``rows``-row float32 predictions and learning calls, by
+    cProfile over ``calls`` calls of each after one untimed (``host_profile``: the functions
+    with the most time of their own, per call). A long float32 prediction is bound by the
+    host (``call_timeline``): its staging copies and its launches show up here as the NumPy
+    and CuPy functions that issue them."""
+    model = GLN(**NETWORK, device="cuda")
+    X32 = np.ascontiguousarray(X[:3 * rows], dtype=np.float32)
+    model.learn(X32[:rows], y[:rows])
+    for verb, call in (("predict", lambda: model.predict_proba(X32[rows:2 * rows])),
+                       ("learn", lambda: model.learn(X32[2 * rows:3 * rows],
+                                                     y[2 * rows:3 * rows]))):
+        call()
+        emit({"measure": "host_profile", "verb": verb, "rows": rows, "calls": calls,
+              "functions": call_profile(call, calls, top=30, by="own")}, device)
 
 
 def host_costs(cp, calls: int, device: str) -> None:
@@ -349,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=200, help="calls per measurement")
     parser.add_argument("--rows", type=int_list, default=[1, 4096], help="rows per call")
     parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+    parser.add_argument("--profile-calls", type=int, default=10,
+                        help="calls of the longest length profiled (host_profile)")
     parser.add_argument("--staging-chunks", type=int, default=64,
                         help="chunks of the staging source (64 of 2,048 MNIST rows: 411 MB)")
     args = parser.parse_args(argv)
@@ -362,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
                     device)
     host_costs(cp, args.calls, device)
     timelines(cp, X, y, max(args.rows), device)
+    host_profiles(X, y, max(args.rows), args.profile_calls, device)
     long_call_parts(cp, X, y, max(args.rows), device)
     staging_bandwidth(cp, min(gln.staging.PREDICT_CHUNK_ROWS_GPU, max(args.rows)),
                       NETWORK["num_features"], args.staging_chunks, device)

@@ -86,41 +86,44 @@ PREDICT_ROWS_PER_BLOCK = 512
 # took 262 us with at most 8 a block against 283 with 32 (314 with 4), the same in two runs.
 PREDICT_MAX_NEURONS_PER_BLOCK = 8
 # Dot products the shared kernel sums at once (GLN_SUM_BATCH: a power of two up to 32); None
-# leaves it to the source, which takes as many as the registers allow for the row width.
+# leaves it to the source (predict_sum_batch: 16 up to PREDICT_NARROW_LANES a lane, 1 beyond).
 # Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).
 PREDICT_SUM_BATCH: int | None = None
-# Rows of at most this many elements a lane have the shared kernel's sums batched (the
-# source's GLN_SUM_BATCH: 32 up to 12 a lane, 1 beyond).
-BATCHED_MAX_LANES = 12
-# Three settings of the shared kernel, each off until a GPU has timed it against the source's
-# own (gpu_learn.py's shared_layout and predict_by_shared_layout; gpu_constants.py chooses),
-# each with the same bytes; kernel_sass.py counts their instructions without a GPU.
-# * PREDICT_VECTOR_ROWS: rows in shared memory in the vector layout (GLN_VECTOR_ROWS,
-#   layer_pass.cu), a lane's elements four to a 16-byte load instead of one to a 4-byte load,
-#   a quarter of the load instructions, rows padded to a multiple of four floats (785: 788).
-PREDICT_VECTOR_ROWS = False
-# * PREDICT_WARPS: warps a block on rows of more than BATCHED_MAX_LANES and at most
+# Rows of at most this many elements a lane have the shared kernel's examples grouped
+# (PREDICT_EXAMPLE_GROUP) and keep the source's 16 warps a block; wider rows, up to
+# PREDICT_NARROW_LANES, take PREDICT_WARPS.
+GROUPED_MAX_LANES = 12
+# How the shared kernel spreads its work, timed on a GPU (benchmarks/gpu_shared_grid.py, every
+# combination with the sums batched at once, in alternating turns; the same bytes each):
+# * PREDICT_WARPS: warps a block on rows of more than GROUPED_MAX_LANES and at most
 #   PREDICT_NARROW_LANES elements a lane (GLN_PREDICT_WARPS; None: the source's 16, one block
 #   of 512 threads an SM on MNIST's first layer, with its 201 KB of rows, 103 registers a
-#   thread). nvcc 13 for sm_90 fits that kernel in 96 registers at 20 warps, and in 80 at 24
-#   and 64 at 32 once the next example's input is no longer loaded ahead (GLN_PREFETCH=0,
-#   which the host then sets; with it the vector layout spills at 24), nothing spilled: more
-#   warps to hide the loads' latency, fewer registers each.
-PREDICT_WARPS: int | None = None
+#   thread). nvcc 13 for sm_90 fits that kernel in 64 registers at 32 warps once the next
+#   example's input is no longer loaded ahead (GLN_PREFETCH=0, which the host sets beyond
+#   PREDICT_PREFETCH_MAX_WARPS), nothing spilled: more warps to hide the loads' latency.
+#   On an H200 (2,048 rows of MNIST's first layer, three turns, sums batched by 16) 32 took
+#   491 us against 503 at 24 and 635 at the source's 16.
+PREDICT_WARPS: int | None = 32
 PREDICT_NARROW_LANES = 26
-PREDICT_PREFETCH_MAX_WARPS = 20  # beyond it the shared kernel loads no input ahead
-# * PREDICT_EXAMPLE_GROUP: examples a warp mixes at once on rows of at most BATCHED_MAX_LANES
+# Beyond this many warps the shared kernel loads no input ahead: with sums batched by 16,
+# nvcc 13 spills MNIST's first layer at 20 warps that do (96 registers), none that do not (84).
+PREDICT_PREFETCH_MAX_WARPS = 16
+# * PREDICT_EXAMPLE_GROUP: examples a warp mixes at once on rows of at most GROUPED_MAX_LANES
 #   elements a lane (GLN_EXAMPLE_GROUP; None: the source's 1, pair after pair), so that a batch
-#   of 32 sums is 8 neurons by 4 examples laid out in advance: by the machine code, MNIST's
-#   second layer's loop is 946 instructions a batch instead of 3,015 (its per-pair checks of
-#   whether the example has ended, and its lanes picking their pairs out, gone), nothing
-#   spilled at 16 warps a block up to 12 a lane.
-PREDICT_EXAMPLE_GROUP: int | None = None
+#   of sums is laid out in advance as neurons by examples: no per-pair check of whether the
+#   example has ended, no lane picking its pair out (by the machine code, MNIST's second
+#   layer's loop took 946 instructions a batch of 32 in fours against 3,015 one by one).
+#   On an H200 (MNIST's second layer, as above) pairs took 146 us against 200 in fours, 206
+#   in eights and 236 one by one; no spills at 16 warps a block up to 12 a lane.
+PREDICT_EXAMPLE_GROUP: int | None = 2
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 # Chunks shorter than this get their gating products from gln_halfspace_products instead of a
-# cuBLAS GEMM (a guess: the GEMM's host-side cost is what a one-row call feels).
-GATING_GEMM_MIN_ROWS = 16
+# cuBLAS GEMM. On an H200 (gpu_learn.py's gating_path, median of 50 calls of MNIST's first
+# layer's 10,280 planes) the GEMM was the quicker from one row on (110 us against 124; 110
+# against 162 at 8 rows, 121 against 166 at 16), so the kernel is left only to the calls that
+# gln.kernels.replay captures, whose graphs hold no cuBLAS launch.
+GATING_GEMM_MIN_ROWS = 9
 # The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (three int8
 # GEMMs of the rows' and normals' slices, gln.kernels.int8_gating, where the planes number a
 # multiple of 4), the latter from INT8_GATING_MIN_ROWS rows; the same contexts either way. On an
@@ -172,39 +175,40 @@ def predict_warps(lanes: int) -> int:
     """Warps per block of the shared prediction kernel (``GLN_PREDICT_WARPS``)."""
     if lanes > PREDICT_NARROW_LANES:
         return 8
-    if PREDICT_WARPS is not None and lanes > BATCHED_MAX_LANES:
+    if PREDICT_WARPS is not None and lanes > GROUPED_MAX_LANES:
         return PREDICT_WARPS
     return 16
 
 
-def shared_defines(lanes: int, vector_rows: bool) -> tuple[str, ...]:
+def predict_sum_batch(lanes: int) -> int:
+    """Dot products the shared kernel sums at once on rows of ``lanes`` elements a lane: the
+    source's GLN_SUM_BATCH (16 up to ``PREDICT_NARROW_LANES``, 1 beyond) or
+    ``PREDICT_SUM_BATCH``."""
+    if PREDICT_SUM_BATCH is not None:
+        return PREDICT_SUM_BATCH
+    return 16 if lanes <= PREDICT_NARROW_LANES else 1
+
+
+def shared_defines(lanes: int) -> tuple[str, ...]:
     """The shared kernel's macros that differ from the source's defaults, each where set:
-    ``PREDICT_SUM_BATCH``, the vector layout, ``PREDICT_WARPS`` (rows of more than
-    ``BATCHED_MAX_LANES`` and at most ``PREDICT_NARROW_LANES`` a lane; no input loaded ahead
+    ``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` (rows of more than
+    ``GROUPED_MAX_LANES`` and at most ``PREDICT_NARROW_LANES`` a lane; no input loaded ahead
     beyond ``PREDICT_PREFETCH_MAX_WARPS``) and ``PREDICT_EXAMPLE_GROUP`` (rows of at most
-    ``BATCHED_MAX_LANES`` a lane, whose sums are batched)."""
+    ``GROUPED_MAX_LANES`` a lane, whose sums are batched)."""
     defines = []
     if PREDICT_SUM_BATCH is not None:
         defines.append(f"-DGLN_SUM_BATCH={PREDICT_SUM_BATCH}")
-    if vector_rows:
-        defines.append("-DGLN_VECTOR_ROWS=1")
-    if PREDICT_WARPS is not None and BATCHED_MAX_LANES < lanes <= PREDICT_NARROW_LANES:
+    if PREDICT_WARPS is not None and GROUPED_MAX_LANES < lanes <= PREDICT_NARROW_LANES:
         defines.append(f"-DGLN_PREDICT_WARPS={PREDICT_WARPS}")
         if PREDICT_WARPS > PREDICT_PREFETCH_MAX_WARPS:
             defines.append("-DGLN_PREFETCH=0")
-    batch = 32 if PREDICT_SUM_BATCH is None else PREDICT_SUM_BATCH
-    if PREDICT_EXAMPLE_GROUP is not None and lanes <= BATCHED_MAX_LANES and batch > 1:
+    batch = predict_sum_batch(lanes)
+    if PREDICT_EXAMPLE_GROUP is not None and lanes <= GROUPED_MAX_LANES and batch > 1:
         if batch % PREDICT_EXAMPLE_GROUP:
             raise ValueError(f"PREDICT_EXAMPLE_GROUP ({PREDICT_EXAMPLE_GROUP}) must divide the "
                              f"sums batched at once ({batch})")
         defines.append(f"-DGLN_EXAMPLE_GROUP={PREDICT_EXAMPLE_GROUP}")
     return tuple(defines)
-
-
-def shared_row_floats(num_inputs: int, vector_rows: bool) -> int:
-    """Floats between two of a neuron's rows in the shared kernel's shared memory: I, or with
-    the vector layout I rounded up to a multiple of four (every row on 16 bytes)."""
-    return -(-num_inputs // 4) * 4 if vector_rows else num_inputs
 
 
 def per_lane(num_inputs: int) -> int:
@@ -250,17 +254,13 @@ def plan_layer_launch(
     lanes = per_lane(num_inputs)
     if mode == "shared" or (mode == "auto" and not learn and n >= PREDICT_SHARED_MIN_ROWS
                             and fits):
-        vector_rows = PREDICT_VECTOR_ROWS
-        neuron_bytes = num_contexts * shared_row_floats(num_inputs, vector_rows) * 4
-        if neuron_bytes > max_shared_bytes:  # the rows fit only unpadded
-            vector_rows, neuron_bytes = False, shared_bytes
-        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, WARP, max_shared_bytes // neuron_bytes)
+        most = min(PREDICT_MAX_NEURONS_PER_BLOCK, WARP, max_shared_bytes // shared_bytes)
         blocks_per_gln = -(-num_neurons // most)
         per_block = -(-num_neurons // blocks_per_gln)  # balanced: no block of a few neurons
         rows = max(PREDICT_ROWS_PER_BLOCK, -(-n // _MAX_GRID_Y))
         return LayerLaunch(SHARED, (num_glns * blocks_per_gln, max(1, -(-n // rows))),
-                           (WARP * predict_warps(lanes),), per_block * neuron_bytes, lanes, rows,
-                           per_block, shared_defines(lanes, vector_rows))
+                           (WARP * predict_warps(lanes),), per_block * shared_bytes, lanes, rows,
+                           per_block, shared_defines(lanes))
     rows_fit = num_contexts <= ROW_WARPS_MAX_CONTEXTS
     if mode == "rows" and not rows_fit:
         raise ValueError(f"the row kernel takes at most {ROW_WARPS_MAX_CONTEXTS} contexts a "

@@ -50,10 +50,9 @@
 //     sums by the same additions as the butterfly's (batched_warp_sums), and squashes them and
 //     writes their outputs at once, a lane each: per pair a warp spends its instructions on
 //     the products. On wide rows, where the products outweigh the butterfly, it sums each
-//     pair as it goes and squashes 32 finished sums at once. Three macros, off by default,
-//     change how (the same bytes each): GLN_VECTOR_ROWS, rows in shared memory laid out for
-//     16-byte loads; GLN_PREDICT_WARPS, more warps a block; GLN_EXAMPLE_GROUP, on narrow rows
-//     a warp's examples taken several at once.
+//     pair as it goes and squashes 32 finished sums at once. Two macros, which the host
+//     sets (the same bytes each), change how: GLN_PREDICT_WARPS, more warps a block;
+//     GLN_EXAMPLE_GROUP, on narrow rows a warp's examples taken several at once.
 // Rows too wide for a lane's registers (more than 32 x 64 inputs) have a fifth, whose
 // arithmetic is the others' in the same order (wide_lane_dot):
 //   gln_layer_pass_wide: the streaming kernel's work with the active row and the input read
@@ -75,20 +74,14 @@
 #define GLN_WARP 32
 // (neuron, example) pairs whose dot products gln_layer_predict_shared sums at once; 1 keeps a
 // butterfly per pair in a plain loop over the block's neurons. On the H100 (2,048 rows of a
-// 10 x 128-neuron layer, docs/gpu.md) batches of 32 won up to 9 elements a lane (MNIST's
-// second layer, 5 a lane: 283 us against 373) and the plain loop from 13 (MNIST's first
-// layer, 25 a lane: 830 us against 1,121 batched by 8; 3,274 against 4,241 at 64 a lane).
+// 10 x 128-neuron layer, docs/gpu.md) the plain loop won at 64 a lane (3,274 us against 4,241
+// batched by 8). On an H200, with the warps and example groups that gln.kernels.cuda sets
+// (benchmarks/gpu_shared_grid.py, three alternating turns), batches of 16 won on MNIST's first
+// layer (25 a lane, 32 warps: 491 us against 539 one by one, 541 by 32) and on its second
+// (5 a lane, examples in pairs: 146 us against 191 by 32 in fours, 236 by 32 one by one).
 #ifndef GLN_SUM_BATCH
-#define GLN_SUM_BATCH (GLN_PER_LANE <= 12 ? 32 : 1)
+#define GLN_SUM_BATCH (GLN_PER_LANE <= 26 ? 16 : 1)
 #endif
-// Rows of gln_layer_predict_shared in shared memory laid out for 16-byte loads (1) or as in
-// global memory (0): "the vector layout", below.
-#ifndef GLN_VECTOR_ROWS
-#define GLN_VECTOR_ROWS 0
-#endif
-// A lane's elements i < 4 x GLN_VECTOR_GROUPS, which lie inside the row on every lane (all
-// but the last, inside_row), then come four to a load.
-#define GLN_VECTOR_GROUPS (GLN_VECTOR_ROWS ? (GLN_PER_LANE - 1) / 4 : 0)
 // Examples a warp of gln_layer_predict_shared mixes at once where it batches its sums
 // (GLN_SUM_BATCH > 1): 1 takes the block's pairs one by one, example after example; more
 // groups them (see the kernel).
@@ -100,7 +93,7 @@
 // Warps per block of gln_layer_predict_shared: as many as the registers allow without spilling
 // (three register arrays per lane: the row, the input and the next input, and the parts of
 // GLN_SUM_BATCH dot products; nvcc 13 for sm_90 spills none up to 64 per lane with these).
-// The host may set more (gln.kernels.cuda.PREDICT_WARPS), with GLN_PREFETCH=0 beyond 20.
+// The host may set more (gln.kernels.cuda.PREDICT_WARPS), with GLN_PREFETCH=0 beyond 16.
 #ifndef GLN_PREDICT_WARPS
 #define GLN_PREDICT_WARPS (GLN_PER_LANE <= 26 ? 16 : 8)
 #endif
@@ -168,42 +161,6 @@ __device__ __forceinline__ void store_row(float* row, const float (&r)[GLN_PER_L
     for (int i = 0; i < GLN_PER_LANE; ++i) {
         if (inside_row(i, lane, num_inputs)) mine[GLN_WARP * i] = r[i];
     }
-}
-
-// The vector layout (GLN_VECTOR_ROWS) of a row in shared memory: element e = lane + 32 i with
-// i < 4 x GLN_VECTOR_GROUPS lies at 128 q + 4 lane + i - 4 q (q = i / 4), the lane's four
-// elements of each 128 side by side, so that a lane reads them in one 16-byte load and the
-// warp's 32 loads cover 512 contiguous bytes, without bank conflicts; the others lie at e, as
-// in global memory. A lane reads the elements load_row gives it and adds them in the same
-// order, so the bytes are the same; a load takes four elements instead of one. Rows lie
-// shared_row_floats apart, a multiple of four, so that every row starts on 16 bytes (the host
-// sizes the shared memory by the same rule, gln.kernels.cuda.shared_row_floats).
-__device__ __forceinline__ int shared_row_floats(int num_inputs) {
-    return GLN_VECTOR_ROWS ? (num_inputs + 3) & ~3 : num_inputs;
-}
-
-// A lane's elements of a row in shared memory (in the vector layout with GLN_VECTOR_ROWS):
-// load_row's values.
-__device__ __forceinline__ void load_shared_row(float (&r)[GLN_PER_LANE], const float* row,
-                                                int lane, int num_inputs) {
-#if GLN_VECTOR_ROWS
-    const float4* fours = reinterpret_cast<const float4*>(row) + lane;
-#pragma unroll
-    for (int q = 0; q < GLN_VECTOR_GROUPS; ++q) {
-        const float4 v = fours[GLN_WARP * q];
-        r[4 * q] = v.x;
-        r[4 * q + 1] = v.y;
-        r[4 * q + 2] = v.z;
-        r[4 * q + 3] = v.w;
-    }
-    const float* mine = row + lane;
-#pragma unroll
-    for (int i = 4 * GLN_VECTOR_GROUPS; i < GLN_PER_LANE; ++i) {
-        r[i] = inside_row(i, lane, num_inputs) ? mine[GLN_WARP * i] : 0.0f;
-    }
-#else
-    load_row(r, row, lane, num_inputs);
-#endif
 }
 
 // A lane's elements of an input row: read-only for the whole launch, so through the
@@ -617,33 +574,6 @@ __device__ __forceinline__ void rows_to_shared(float* dst, const float* src, lon
 #endif
 }
 
-// The rows of gln_layer_predict_shared, `rows` rows of num_inputs floats, from global memory
-// into the vector layout; warp `warp` of `warps` copies rows warp, warp + warps, ... In a
-// group of 128 elements lane l fills the shared floats l, l + 32, l + 64 and l + 96 (whole
-// banks, no conflicts), reading for each 8 consecutive floats with 7 other lanes (whole
-// 32-byte sectors).
-__device__ __forceinline__ void rows_to_vector_layout(float* dst, const float* src, int rows,
-                                                      int num_inputs, int lane, int warp,
-                                                      int warps) {
-    const int stride = shared_row_floats(num_inputs);
-    for (int r = warp; r < rows; r += warps) {
-        float* to = dst + static_cast<long long>(r) * stride;
-        const float* from = src + static_cast<long long>(r) * num_inputs;
-        for (int q = 0; q < GLN_VECTOR_GROUPS; ++q) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {  // shared float s holds lane s / 4's element 4 q + s % 4
-                const int s = lane + GLN_WARP * k;
-                copy_to_shared(to + 4 * GLN_WARP * q + s,
-                               from + 4 * GLN_WARP * q + GLN_WARP * (s % 4) + s / 4);
-            }
-        }
-        for (int e = 4 * GLN_WARP * GLN_VECTOR_GROUPS + lane; e < num_inputs; e += GLN_WARP) {
-            copy_to_shared(to + e, from + e);
-        }
-    }
-    wait_for_shared_copies();
-}
-
 __device__ __forceinline__ void rows_to_global(float* dst, const float* src, long long size,
                                                int lane) {
 #if defined(__CUDA_ARCH__)
@@ -950,7 +880,6 @@ __device__ __forceinline__ void predict_example(float (&x)[GLN_PER_LANE],
                                                 int count, int t, int warps, int end, int lane,
                                                 HeldDots& held) {
     const int I = a.num_inputs;
-    const long long stride = shared_row_floats(I);
     const int mine =
         block_context(contexts, t, per_example, neuron0, lane, count, a.num_contexts);
 #if GLN_PREFETCH
@@ -958,8 +887,7 @@ __device__ __forceinline__ void predict_example(float (&x)[GLN_PER_LANE],
 #endif
     for (int j = 0; j < count; ++j) {
         const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
-        load_shared_row(w, rows + (j * static_cast<long long>(a.num_contexts) + c) * stride,
-                        lane, I);
+        load_row(w, rows + (j * static_cast<long long>(a.num_contexts) + c) * I, lane, I);
         const float dot = warp_dot(w, x);
         if (lane == held.count) {
             held.dot = dot;
@@ -1000,15 +928,9 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const int I = num_inputs;
     const long long row_floats = static_cast<long long>(num_contexts) * I;
     const long long neuron0 = static_cast<long long>(g) * num_neurons + k0;
-    const long long stride = shared_row_floats(I);  // between rows in shared memory
     float* rows = dynamic_shared_floats();
-#if GLN_VECTOR_ROWS
-    rows_to_vector_layout(rows, weights + neuron0 * row_floats, count * num_contexts, I, lane,
-                         warp, warps);
-#else
     rows_to_shared(rows, weights + neuron0 * row_floats, count * row_floats, threadIdx.x,
                    blockDim.x);
-#endif
     __syncthreads();
 
     const int source = input_groups == 1 ? 0 : g;
@@ -1076,9 +998,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
                     part[jj * GLN_EXAMPLE_GROUP + e] = 0.0f;
                     if (j >= count) continue;
                     const int c = __shfl_sync(GLN_FULL_MASK, mine[e], j);
-                    load_shared_row(w, rows + (j * static_cast<long long>(num_contexts) + c) *
-                                                  stride,
-                                    lane, I);
+                    load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
                     part[jj * GLN_EXAMPLE_GROUP + e] = lane_dot(w, xs[e]);
                 }
             }
@@ -1117,8 +1037,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
             part[b] = 0.0f;
             if (t >= end) continue;
             const int c = __shfl_sync(GLN_FULL_MASK, mine, j);
-            load_shared_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * stride,
-                            lane, I);
+            load_row(w, rows + (j * static_cast<long long>(num_contexts) + c) * I, lane, I);
             part[b] = lane_dot(w, x);
             if (lane / kLanesPerSum == b) {
                 my_j = j;

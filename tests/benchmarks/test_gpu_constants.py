@@ -1,11 +1,11 @@
-"""Reading the launch constants off a GPU benchmark's layer_pass lines."""
+"""Reading the launch constants off a GPU benchmark's layer_pass and shared_grid lines."""
 
 import json
 
 import pytest
 
 import gln.staging
-from benchmarks.gpu_constants import main, recommend
+from benchmarks.gpu_constants import GRID_MARGIN, main, recommend
 from gln.kernels import cuda, uploads
 from gln.kernels.replay import REPLAY_MAX_ROWS
 
@@ -94,8 +94,8 @@ def test_nothing_to_choose_from_gives_nulls(tmp_path, capsys):
     assert printed["ROW_ORDER"] is None
     assert printed["GATING_PRODUCT"] is None and printed["STAGE_AHEAD"] is None
     assert printed["GATING_GEMM_MIN_ROWS"] is None
-    assert printed["PREDICT_VECTOR_ROWS"] is None and printed["PREDICT_WARPS"] is None
-    assert printed["PREDICT_EXAMPLE_GROUP"] is None
+    assert printed["PREDICT_SUM_BATCH"] is None and printed["PREDICT_WARPS"] is None
+    assert printed["PREDICT_EXAMPLE_GROUP"] is None and printed["shared_grid_us"] == []
     assert printed["current"]["RESIDENT_MIN_ROWS"] >= 1
 
 
@@ -137,36 +137,83 @@ def test_the_gating_gemm_from_the_length_where_it_costs_a_call_no_more_for_good(
     assert recommend(never)["GATING_GEMM_MIN_ROWS"] is None
 
 
-def by_layout(dtype: str, vector: bool, warps: int | None, rate: float,
-              same: bool = True, group: int | None = None) -> dict:
-    return {"measure": "predict_by_shared_layout", "dtype": dtype, "vector_rows": vector,
-            "warps": warps, "example_group": group, "examples_per_second": rate,
-            "same_outputs_as_float32": same}
+MNIST_LAYERS = ("784->128", "128->128", "128->1")  # 25, 5 and 5 elements a lane
 
 
-def test_the_shared_kernels_setting_whose_slower_dtype_gained_most_and_predicted_alike(
-        monkeypatch):
-    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", False)  # the library's, as rated here
-    monkeypatch.setattr(cuda, "PREDICT_WARPS", None)
-    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", None)
-    library = [by_layout("float32", False, None, 800), by_layout("uint8", False, None, 1000)]
-    vector = [by_layout("float32", True, None, 900), by_layout("uint8", True, None, 1010)]
-    warps = [by_layout("float32", True, 32, 1000), by_layout("uint8", True, 32, 1005)]
-    chosen = recommend([*library, *vector, *warps])  # the slower gains: 1% against 0.5%
-    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (True, None)
-    differing = [*vector[:1], by_layout("uint8", True, None, 1010, same=False)]
-    chosen = recommend([*library, *differing, *warps])
-    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (True, 32)
-    slower = [by_layout("float32", False, 24, 1200), by_layout("uint8", False, 24, 990)]
-    chosen = recommend([*library, *slower])  # float32 faster, uint8 slower: the library's
-    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (False, None)
-    chosen = recommend([*library[:1], *vector])  # uint8 not measured with the library's
-    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"]) == (None, None)
-    grouped = [by_layout("float32", True, 32, 1100, group=4),
-               by_layout("uint8", True, 32, 1100, group=4)]
-    chosen = recommend([*library, *vector, *warps, *grouped])
-    assert (chosen["PREDICT_VECTOR_ROWS"], chosen["PREDICT_WARPS"],
-            chosen["PREDICT_EXAMPLE_GROUP"]) == (True, 32, 4)
+def grid(setting: tuple[int, int, int], *times: list[float],
+         layers: tuple[str, ...] = MNIST_LAYERS) -> list[dict]:
+    """``shared_grid`` lines of one setting: each layer's microseconds turn by turn."""
+    batch, warps, group = setting
+    return [{"measure": "shared_grid", "layer": layer, "rows": 2048, "sum_batch": batch,
+             "warps": warps, "example_group": group, "turn": turn, "microseconds": us}
+            for layer, by_turn in zip(layers, times, strict=True)
+            for turn, us in enumerate(by_turn)]
+
+
+@pytest.fixture
+def library_grid_setting(monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, int]:
+    """The library's shared-kernel settings as these tests take them: the source's sum batch
+    (16 on MNIST's layers), 32 warps, examples in pairs; as the grid writes them."""
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", 32)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", 2)
+    return 16, 32, 2
+
+
+def shared_constants(chosen: dict) -> tuple:
+    return (chosen["PREDICT_SUM_BATCH"], chosen["PREDICT_WARPS"],
+            chosen["PREDICT_EXAMPLE_GROUP"])
+
+
+def test_the_grid_setting_least_in_time_summed_over_layers_of_medians_over_turns(
+        library_grid_setting):
+    library = grid(library_grid_setting, [500, 510, 490], [150, 140, 160], [10, 10, 10])
+    # Each layer's median (not mean: one slow turn) sums to 600, under the library's 660.
+    quick = grid((8, 24, 4), [450, 3000, 450], [140, 150, 140], [10, 10, 10])
+    # Quickest on the first layer, but not summed over the three.
+    first = grid((32, 16, 8), [400, 400, 400], [300, 300, 300], [10, 10, 10])
+    # Quickest of all, but not measured on the last layer: not a candidate.
+    partial = grid((1, 16, 1), [100, 100, 100], [100, 100, 100],
+                   layers=MNIST_LAYERS[:2])
+    chosen = recommend([*library, *quick, *first, *partial])
+    assert shared_constants(chosen) == (8, 24, 4)
+    totals = {(r["sum_batch"], r["warps"], r["example_group"]): r["microseconds"]
+              for r in chosen["shared_grid_us"]}
+    assert totals == {(8, 24, 4): 600, (16, 32, 2): 660, (32, 16, 8): 710}
+    assert [r["microseconds"] for r in chosen["shared_grid_us"]] == [600, 660, 710]
+
+
+def test_the_librarys_values_unless_the_grid_beats_them_by_more_than_the_margin(
+        library_grid_setting):
+    library = grid(library_grid_setting, [1000], [100], [10])
+    near = 1 - GRID_MARGIN / 2  # quicker, but within the margin
+    level = grid((8, 24, 4), [1000 * near], [100 * near], [10 * near])
+    assert shared_constants(recommend([*library, *level])) == (None, 32, 2)
+    beyond = 1 - 2 * GRID_MARGIN
+    ahead = grid((8, 24, 4), [1000 * beyond], [100 * beyond], [10 * beyond])
+    assert shared_constants(recommend([*library, *level, *ahead])) == (8, 24, 4)
+    # The library's own batch with other warps: the batch stays the library's (the source's).
+    warps = grid((16, 24, 2), [1000 * beyond], [100 * beyond], [10 * beyond])
+    assert shared_constants(recommend([*library, *level, *warps])) == (None, 24, 2)
+
+
+def test_no_grid_choice_without_the_librarys_setting_or_another(library_grid_setting,
+                                                                monkeypatch):
+    library = grid(library_grid_setting, [1000], [100], [10])
+    other = grid((8, 24, 4), [500], [50], [5])
+    assert shared_constants(recommend(library)) == (None, None, None)  # nothing else
+    assert shared_constants(recommend(other)) == (None, None, None)  # the library's not timed
+    # With the library's batch set to 8, the lines batched by 16 are another setting's.
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 8)
+    by_eight = grid((8, 32, 2), [2000], [200], [20])
+    assert shared_constants(recommend([*library, *by_eight])) == (16, 32, 2)
+    # A layer of 65 elements a lane, whose sums the source does not batch: no setting of the
+    # grid, one batch for every layer, is the library's.
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)
+    wide = ("2048->8", *MNIST_LAYERS[1:])
+    mixed = [*grid(library_grid_setting, [1000], [100], [10], layers=wide),
+             *grid((8, 24, 4), [500], [50], [5], layers=wide)]
+    assert shared_constants(recommend(mixed)) == (None, None, None)
 
 
 def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1) -> dict:

@@ -2,6 +2,7 @@
 the whole script on the emulated device, so that a GPU session does not find it broken."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +10,14 @@ import pytest
 import gln.kernels.cuda
 import gln.model
 import gln.staging
-from benchmarks.gpu_learn import NETWORK, first_chunk_rows, latency_profile, layer_shapes, main
+from benchmarks.gpu_learn import (
+    NETWORK,
+    call_profile,
+    first_chunk_rows,
+    latency_profile,
+    layer_shapes,
+    main,
+)
 from gln import GLN
 from gln.kernels import uploads
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
@@ -54,11 +62,11 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
               "--first-chunk-rows", "3", "--upload-rounds", "1",
               "--predict-neurons-per-block", "1,32", "--predict-sum-batch", "1,32",
               "--gating-rounds", "1", "--kernel-rounds", "1", "--dtype-rounds", "1",
-              "--predict-warps", "32", "--predict-example-groups", "4", "--layout-turns", "1",
-              "--layout-rounds", "1",
               "--wide-rows", "2", "--gating-rows", "1,3", "--gating-calls", "2"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["device"] for r in records} == {"emulated (CPU)"}
+    # The shared kernel's warps and example groups are gpu_shared_grid.py's to time.
+    assert not {"shared_layout", "predict_by_shared_layout"} & {r["measure"] for r in records}
     kinds = [(r["measure"], r.get("implementation")) for r in records]
     for kind in [("learn", "kernels"), ("predict", "kernels"), ("learn_latency", "kernels"),
                  ("learn_latency", "kernels_uncaptured"), ("predict_latency", "kernels"),
@@ -79,14 +87,6 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                              for ahead in (False, True) for threads in (1, 4)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
-    settings = [(False, None, None), (True, None, None), (False, 32, None), (False, None, 4),
-                (True, 32, 4)]
-    by_layout = {(r["dtype"], r["vector_rows"], r["warps"], r["example_group"]): r
-                 for r in records if r["measure"] == "predict_by_shared_layout"}
-    assert set(by_layout) == {(dtype, *setting) for dtype in ("uint8", "float32")
-                              for setting in settings}
-    assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
-               for r in by_layout.values())
     by_kernel = {(r["kernels"], r["row_order"]): r for r in records
                  if r["measure"] == "learn_by_kernel"}
     assert set(by_kernel) == {("library", None), ("rows", "longest_first"), ("rows", "natural")}
@@ -107,9 +107,6 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     batches = {(r["layer"], r["sum_batch"]) for r in records
                if r["measure"] == "shared_sum_batch" and r["microseconds"] > 0}
     assert batches == {(layer, b) for layer in layers for b in (1, 32)}
-    layouts = [(r["layer"], r["vector_rows"], r["warps"], r["example_group"], r["turn"])
-               for r in records if r["measure"] == "shared_layout" and r["microseconds"] > 0]
-    assert layouts == [(layer, *setting, 0) for layer in layers for setting in settings]
     layer_passes = [r for r in records if r["measure"] == "layer_pass"]
     # Three layers x (streaming, resident and row learning, the rows in either order, on
     # uniform and on uneven contexts, streaming and shared prediction on uniform ones) at one
@@ -148,3 +145,36 @@ def test_a_short_first_chunk_changes_the_cut_not_the_predictions(monkeypatch):
             assert model._chunk_bounds(30) == [(0, 30)]  # learning's chunks are left alone
             np.testing.assert_array_equal(model.predict_proba(X), usual)
         assert model._chunk_bounds(30, 8) == [(0, 8), (8, 16), (16, 24), (24, 30)]
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_call_profile_ranks_functions_by_their_own_time_per_call():
+    """Two helpers, one spinning four times as long, each called twice a call: ranked by own
+    time the slower leads, and each is counted twice a call with its time per call."""
+    def slow() -> None:
+        _spin(0.004)
+
+    def quick() -> None:
+        _spin(0.001)
+
+    def call() -> None:
+        for _ in range(2):
+            slow()
+            quick()
+
+    rows = call_profile(call, calls=3, top=50, by="own")
+    by_name = {row["function"].rsplit(":", 1)[1]: row for row in rows}
+    assert by_name["_spin"]["calls_per_call"] == 4
+    assert by_name["slow"]["calls_per_call"] == by_name["quick"]["calls_per_call"] == 2
+    assert by_name["slow"]["cumulative_us"] > 3 * by_name["quick"]["cumulative_us"]
+    assert by_name["slow"]["cumulative_us"] >= 2 * 4000
+    own = [row["own_us"] for row in rows]
+    assert own == sorted(own, reverse=True)
+    cumulative = call_profile(call, calls=1, top=50)
+    assert [row["cumulative_us"] for row in cumulative] == sorted(
+        (row["cumulative_us"] for row in cumulative), reverse=True)

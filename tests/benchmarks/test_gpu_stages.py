@@ -33,7 +33,7 @@ def test_every_stage_of_learn_and_predict_is_timed_and_results_are_unchanged(mon
 
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network):
     with emulated_cupy_installed():
-        main(["--calls", "2", "--rows", "1,3"])
+        main(["--calls", "2", "--rows", "1,3", "--profile-calls", "2"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     stages = {(r["verb"], r["rows"]): r for r in records if r["measure"] == "stages"}
     assert set(stages) == {(verb, rows) for verb in ("learn", "predict") for rows in (1, 3)}
@@ -54,6 +54,13 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
         assert all(s["device_done_us"] >= 0 for s in stages)
         idle = [s["device_idle_before_us"] for s in stages]
         assert min(idle) >= 0 and timeline["device_idle_us"] == pytest.approx(sum(idle))
+    profiles = {r["verb"]: r for r in records if r["measure"] == "host_profile"}
+    assert set(profiles) == {"predict", "learn"}
+    for profile in profiles.values():
+        assert (profile["rows"], profile["calls"]) == (3, 2)
+        own = [f["own_us"] for f in profile["functions"]]
+        assert own and own == sorted(own, reverse=True)  # the most time of their own first
+        assert all(f["cumulative_us"] >= f["own_us"] >= 0 for f in profile["functions"])
     parts = next(r for r in records if r["measure"] == "long_call_parts")
     assert parts["rows"] == 3 and 0 <= parts["margins_rechecked"] <= 1
     assert parts["learned_before"] == 3 and parts["nonzero_inputs"] > 0.5  # not a new model's

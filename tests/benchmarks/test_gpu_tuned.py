@@ -30,8 +30,8 @@ def test_the_constants_are_set_in_their_module_and_restored_even_after_an_error(
 
 
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
-def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, capsys, monkeypatch,
-                                                                    small_network):
+def test_the_recommended_constants_are_measured_beside_the_librarys(
+        tmp_path, capsys, monkeypatch, small_network, shared_launch_defines):
     monkeypatch.delenv("GLN_DATA_DIR", raising=False)
     monkeypatch.setattr(cuda, "GATING_PRODUCT", "float32")
     monkeypatch.setattr(cuda, "GATING_GEMM_MIN_ROWS", 2)  # the int8 GEMMs from 2 rows
@@ -39,21 +39,17 @@ def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, ca
     monkeypatch.setattr(staging, "PREDICT_CHUNK_ROWS_GPU", 4)  # 8-row calls: two chunks each
     monkeypatch.setattr(staging, "HOST_WIDENED_ROWS", 2)
     monkeypatch.setattr(cuda, "PREDICT_SHARED_MIN_ROWS", 1)  # 4-row chunks: the shared kernel
-    wanted = {"GATING_PRODUCT": "int8", "ROW_WARPS_MIN_ROWS": 1, "PREDICT_VECTOR_ROWS": True,
-              "PREDICT_EXAMPLE_GROUP": 4}
+    # The library's shared-kernel settings as this test takes them: the source's sum batch, 32
+    # warps a block on the first layer (25 a lane), the others' examples in pairs (1 a lane).
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", 32)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", 2)
+    wanted = {"GATING_PRODUCT": "int8", "ROW_WARPS_MIN_ROWS": 1, "PREDICT_SUM_BATCH": 8,
+              "PREDICT_WARPS": 24, "PREDICT_EXAMPLE_GROUP": 4}
     constants = tmp_path / "constants.json"
     constants.write_text(json.dumps({"benchmark": "gpu_constants", "ROW_ORDER": None, **wanted,
                                      "current": {}}) + "\n")
-    shared_defines = set()  # of the shared kernel's launches
-    plan = cuda.plan_layer_launch
-
-    def planned(*args, **kwargs):
-        launch = plan(*args, **kwargs)
-        if launch.kernel == cuda.SHARED:
-            shared_defines.add(launch.defines)
-        return launch
-
-    monkeypatch.setattr(cuda, "plan_layer_launch", planned)
+    shared_defines = shared_launch_defines
     with emulated_cupy_installed() as cp:
         main([str(constants), "--rows", "48", "--chunk", "8", "--rounds", "1"])
         used = dict(cp.operations)
@@ -66,9 +62,12 @@ def test_the_recommended_constants_are_measured_beside_the_librarys(tmp_path, ca
     # The recommended model ran what the values select: int8 GEMMs, the row kernel and the
     # shared kernel's settings, none of which the library's values take here.
     assert used["cublas gemmEx"] > 0 and used["kernel gln_layer_pass_rows"] > 0
-    assert shared_defines == {(), ("-DGLN_VECTOR_ROWS=1",),  # the first layer's (25 a lane)
-                              ("-DGLN_VECTOR_ROWS=1", "-DGLN_EXAMPLE_GROUP=4")}  # the others'
-    assert (cuda.GATING_PRODUCT, cuda.PREDICT_VECTOR_ROWS) == ("float32", False)
+    assert shared_defines == {
+        ("-DGLN_PREDICT_WARPS=32", "-DGLN_PREFETCH=0"), ("-DGLN_EXAMPLE_GROUP=2",),  # library's
+        ("-DGLN_SUM_BATCH=8", "-DGLN_PREDICT_WARPS=24", "-DGLN_PREFETCH=0"),  # first layer's
+        ("-DGLN_SUM_BATCH=8", "-DGLN_EXAMPLE_GROUP=4")}  # the others'
+    assert (cuda.GATING_PRODUCT, cuda.PREDICT_SUM_BATCH, cuda.PREDICT_WARPS,
+            cuda.PREDICT_EXAMPLE_GROUP) == ("float32", None, 32, 2)
 
 
 def test_nothing_to_change_is_said_and_nothing_measured(tmp_path, capsys):

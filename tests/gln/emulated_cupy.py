@@ -88,7 +88,6 @@ HEADER = r"""
 #define __launch_bounds__(...)
 
 struct gln_dim3 { unsigned x, y, z; };
-struct alignas(16) float4 { float x, y, z, w; };
 
 namespace emu {
 constexpr int kLanes = 32;

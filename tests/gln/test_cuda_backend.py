@@ -235,25 +235,23 @@ def test_each_rows_examples_are_listed_in_order_and_the_fullest_rows_first(cp, n
 
 
 # Layers for the shared prediction kernel: as LAYERS, 37 neurons, more than one block holds, and
-# 8 elements a lane, the last of them inside the row on some lanes (the vector layout's 16-byte
-# loads then stop short of it).
+# 8 elements a lane, the last of them inside the row on some lanes.
 SHARED_LAYERS = [*LAYERS[:-1], (2, 37, 4, 33), (1, 3, 4, 250), LAYERS[-1]]
 
 
 # Settings of the shared kernel: at most this many neurons a block, and the constants
-# PREDICT_SUM_BATCH, PREDICT_VECTOR_ROWS, PREDICT_WARPS, PREDICT_EXAMPLE_GROUP (None: the
-# source's own).
+# PREDICT_SUM_BATCH, PREDICT_WARPS, PREDICT_EXAMPLE_GROUP (None: the source's own).
 SHARED_SETTINGS = {
-    "as_many_as_fit": (32, None, False, None, None),
-    "at_most_3": (3, None, False, None, None),
-    "sums_one_by_one": (32, 1, False, None, None),
-    "sums_by_4": (32, 4, False, None, None),
-    "vector_layout": (32, None, True, None, None),
-    "vector_layout_at_most_3_one_by_one": (3, 1, True, None, None),
-    "20_warps": (32, None, False, 20, None),
-    "32_warps_vector_layout_at_most_3_one_by_one": (3, 1, True, 32, None),
-    "examples_by_4": (32, None, False, None, 4),
-    "examples_by_2_sums_by_4_vector_layout_at_most_3": (3, 4, True, None, 2),
+    "as_many_as_fit": (32, None, None, None),
+    "at_most_3": (3, None, None, None),
+    "sums_one_by_one": (32, 1, None, None),
+    "sums_by_4": (32, 4, None, None),
+    "sums_by_32": (32, 32, None, None),
+    "20_warps": (32, None, 20, None),
+    "32_warps_at_most_3_one_by_one": (3, 1, 32, None),
+    "32_warps_examples_by_2": (32, None, 32, 2),
+    "examples_by_4_sums_by_32": (32, 32, None, 4),
+    "examples_by_2_sums_by_4_at_most_3": (3, 4, None, 2),
 }
 
 
@@ -264,17 +262,16 @@ def test_shared_prediction_equals_the_streaming_kernel_byte_for_byte(cp, layer, 
                                                                       monkeypatch):
     """Several neurons per block (as many as fit, or at most 3), blocks of 24 examples (the
     last one short), warps taking turns over a block's examples (as many as the source takes,
-    20, or 32 with no input loaded ahead), dot products summed in batches (as many as the
-    width allows, one, four), a warp's examples taken one by one or in groups (of 4, of 2),
-    rows in shared memory as in global memory or in the vector layout: the outputs of the
-    one-neuron-per-warp kernel, bit for bit, and the weights untouched."""
+    20 or 32 with no input loaded ahead), dot products summed in batches (the source's, one,
+    four, 32), a warp's examples taken one by one or in groups (of 4, of 2: the library's
+    with 32 warps): the outputs of the one-neuron-per-warp kernel, bit for bit, and the
+    weights untouched."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
-    most, batch, vector, warps, group = settings
+    most, batch, warps, group = settings
     monkeypatch.setattr(cuda, "PREDICT_ROWS_PER_BLOCK", 24)
     monkeypatch.setattr(cuda, "PREDICT_MAX_NEURONS_PER_BLOCK", most)
     monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", batch)
-    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", vector)
     monkeypatch.setattr(cuda, "PREDICT_WARPS", warps)
     monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", group)
     data = random_layer(np.random.default_rng(7), *layer, 100, shared)

@@ -32,7 +32,6 @@ from gln.kernels.cuda import (
     WIDE,
     per_lane,
     plan_layer_launch,
-    shared_row_floats,
 )
 from tests.gln.emulated_cupy import HOPPER_SHARED_BYTES
 
@@ -57,19 +56,17 @@ MODULES = [(source, ()) for source in SOURCES]
 MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}",)) for p in PER_LANE_VALUES]
 MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={b}"))
             for b in (1, 8, 32)]
-MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}", "-DGLN_VECTOR_ROWS=1"))
-            for p in PER_LANE_VALUES]
 # More warps to a block of the shared kernel (gln.kernels.cuda.PREDICT_WARPS), as the host
-# compiles them (without loading an input ahead beyond 20), for MNIST's first layer, and a
-# warp's examples in groups (PREDICT_EXAMPLE_GROUP) on rows whose sums are batched.
-MORE_WARPS = (("-DGLN_PREDICT_WARPS=20",), ("-DGLN_PREDICT_WARPS=24", "-DGLN_PREFETCH=0"),
+# compiles them (without loading an input ahead beyond 16), for MNIST's first layer, and a
+# warp's examples in groups (PREDICT_EXAMPLE_GROUP) on rows whose sums are batched, by the
+# source's batch and by 32.
+MORE_WARPS = (("-DGLN_PREDICT_WARPS=20", "-DGLN_PREFETCH=0"),
+              ("-DGLN_PREDICT_WARPS=24", "-DGLN_PREFETCH=0"),
               ("-DGLN_PREDICT_WARPS=32", "-DGLN_PREFETCH=0"))
-VECTOR_OR_NOT = ((), ("-DGLN_VECTOR_ROWS=1",))
-MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=25", *vector, *warps))
-            for vector in VECTOR_OR_NOT for warps in MORE_WARPS]
-MODULES += [(KERNELS / "layer_pass.cu",
-             (f"-DGLN_PER_LANE={p}", *vector, f"-DGLN_EXAMPLE_GROUP={group}"))
-            for p in (1, 5, 12) for vector in VECTOR_OR_NOT for group in (2, 4)]
+MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=25", *warps)) for warps in MORE_WARPS]
+MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}", *batch,
+                                         f"-DGLN_EXAMPLE_GROUP={group}"))
+            for p in (1, 5, 12) for batch in ((), ("-DGLN_SUM_BATCH=32",)) for group in (2, 4)]
 
 
 def nvrtc(source: Path, *defines: str) -> tuple[int, str]:
@@ -162,7 +159,8 @@ def test_launch_plan(monkeypatch):
     single = plan_layer_launch(mnist_first, 1, True, HOPPER_SHARED_BYTES)
     assert (single.kernel, single.grid, single.rows_per_warp) == (STREAMING, (320, 1), 1)
     predict = plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES)
-    assert (predict.kernel, predict.block) == (SHARED, (512,))  # 4 neurons' rows a block
+    assert (predict.kernel, predict.block) == (SHARED, (cuda.PREDICT_WARPS * 32,))
+    assert predict.neurons_per_block == 4  # 4 neurons' rows a block
     assert (predict.grid, predict.neurons_per_block) == ((320, 4096 // 512), 4)
     assert predict.shared_bytes == 4 * 16 * 785 * 4 <= HOPPER_SHARED_BYTES
     second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
@@ -210,69 +208,45 @@ def test_the_row_kernel_is_forced_or_chosen_from_its_length(monkeypatch):
         plan_layer_launch(many, 4096, True, HOPPER_SHARED_BYTES, "rows")
 
 
-VECTOR = ("-DGLN_VECTOR_ROWS=1",)
-
-
-def test_the_vector_layout_pads_the_shared_kernels_rows_to_16_bytes(monkeypatch):
-    """With ``PREDICT_VECTOR_ROWS`` the shared kernel's rows lie a multiple of four floats
-    apart (785 inputs: 788), and the block's shared memory is sized by that; rows that fit only
-    unpadded keep the plain layout, and no other kernel is affected."""
-    import gln.kernels.cuda as cuda  # noqa: PLC0415
-
-    assert [shared_row_floats(i, True) for i in (1, 4, 5, 129, 785)] == [4, 4, 8, 132, 788]
-    assert shared_row_floats(785, False) == 785
-    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", True)
-    first = plan_layer_launch((10, 128, 16, 785), 4096, False, HOPPER_SHARED_BYTES)
-    assert (first.kernel, first.defines, first.neurons_per_block) == (SHARED, VECTOR, 4)
-    assert first.shared_bytes == 4 * 16 * 788 * 4 <= HOPPER_SHARED_BYTES
-    second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
-    assert (second.defines, second.shared_bytes) == (VECTOR, 8 * 16 * 132 * 4)
-    tight = (1, 1, 128, 454)  # 128 rows fill 227 KB exactly, unpadded (456 floats: too many)
-    assert 128 * 454 * 4 == HOPPER_SHARED_BYTES < 128 * shared_row_floats(454, True) * 4
-    plain = plan_layer_launch(tight, 4096, False, HOPPER_SHARED_BYTES, "shared")
-    assert (plain.kernel, plain.defines, plain.shared_bytes) == (SHARED, (),
-                                                                 HOPPER_SHARED_BYTES)
-    learn = plan_layer_launch((10, 128, 16, 785), 4096, True, HOPPER_SHARED_BYTES, "resident")
-    assert (learn.defines, learn.shared_bytes) == ((), 16 * 785 * 4)
-    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", False)
-    assert plan_layer_launch((10, 128, 16, 785), 4096, False, HOPPER_SHARED_BYTES).defines == ()
-
-
 def test_the_shared_kernels_settings_compile_into_its_module_and_size_its_block(monkeypatch):
-    """``PREDICT_SUM_BATCH``, ``PREDICT_VECTOR_ROWS``, ``PREDICT_WARPS`` and
-    ``PREDICT_EXAMPLE_GROUP`` reach the shared kernel's module as macros (more than 20 warps
-    without an input loaded ahead), and the warps its block; ``PREDICT_WARPS`` is for rows
-    whose sums are not batched, up to ``PREDICT_NARROW_LANES`` a lane (wider ones keep 8
-    warps), ``PREDICT_EXAMPLE_GROUP`` for those whose sums are, and no other kernel takes any
-    of them."""
+    """``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` reach the
+    shared kernel's module as macros (more than 16 warps without an input loaded ahead), and
+    the warps its block; ``PREDICT_WARPS`` is for rows wider than ``GROUPED_MAX_LANES``, up to
+    ``PREDICT_NARROW_LANES`` a lane (wider ones keep 8 warps), ``PREDICT_EXAMPLE_GROUP`` for
+    rows of at most ``GROUPED_MAX_LANES`` whose sums are batched, and no other kernel takes
+    any of them."""
     import gln.kernels.cuda as cuda  # noqa: PLC0415
 
     mnist_first = (10, 128, 16, 785)
     monkeypatch.setattr(cuda, "PREDICT_WARPS", 32)
     monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 4)
-    monkeypatch.setattr(cuda, "PREDICT_VECTOR_ROWS", True)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", None)
     first = plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES)
     assert first.block == (32 * 32,)
-    assert first.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_PREDICT_WARPS=32",
+    assert first.defines == ("-DGLN_SUM_BATCH=4", "-DGLN_PREDICT_WARPS=32",
                              "-DGLN_PREFETCH=0")
     monkeypatch.setattr(cuda, "PREDICT_WARPS", 20)
     first = plan_layer_launch(mnist_first, 4096, False, HOPPER_SHARED_BYTES)
     assert first.block == (20 * 32,)
-    assert first.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_PREDICT_WARPS=20")
+    assert first.defines == ("-DGLN_SUM_BATCH=4", "-DGLN_PREDICT_WARPS=20", "-DGLN_PREFETCH=0")
     wide = plan_layer_launch((1, 2, 2, 32 * 40), 4096, False, HOPPER_SHARED_BYTES)
-    assert (wide.block, wide.defines) == ((8 * 32,), ("-DGLN_SUM_BATCH=4", *VECTOR))
+    assert (wide.block, wide.defines) == ((8 * 32,), ("-DGLN_SUM_BATCH=4",))
     monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", 4)  # for rows whose sums are batched
     second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
     assert second.block == (16 * 32,)  # PREDICT_WARPS is for wider rows
-    assert second.defines == ("-DGLN_SUM_BATCH=4", *VECTOR, "-DGLN_EXAMPLE_GROUP=4")
+    assert second.defines == ("-DGLN_SUM_BATCH=4", "-DGLN_EXAMPLE_GROUP=4")
     assert "-DGLN_EXAMPLE_GROUP=4" not in plan_layer_launch(mnist_first, 4096, False,
                                                             HOPPER_SHARED_BYTES).defines
-    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)  # the source's 32
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)  # the source's 16
     second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
-    assert second.defines == (*VECTOR, "-DGLN_EXAMPLE_GROUP=4")
+    assert second.defines == ("-DGLN_EXAMPLE_GROUP=4",)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", 32)  # more than the source's batch
+    with pytest.raises(ValueError, match=r"must divide the sums batched at once \(16\)"):
+        plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
+    monkeypatch.setattr(cuda, "PREDICT_EXAMPLE_GROUP", 4)
     monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 1)  # no batches: no groups
     second = plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
-    assert second.defines == ("-DGLN_SUM_BATCH=1", *VECTOR)
+    assert second.defines == ("-DGLN_SUM_BATCH=1",)
     monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", 2)
     with pytest.raises(ValueError, match=r"must divide the sums batched at once \(2\)"):
         plan_layer_launch((10, 128, 16, 129), 4096, False, HOPPER_SHARED_BYTES)
