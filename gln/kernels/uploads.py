@@ -55,11 +55,14 @@ STAGING_THREADS = 4
 STAGING_BYTES_PER_THREAD = 2 << 20
 STAGING_PIECES = 4
 SLOTS = 2
-# Whether a long prediction stages each next chunk on a thread of its own while the caller
-# launches the chunk before. Off until a GPU run measures it with the handshake above (a first
-# version without it, which overlapped nothing, measured 877k against 855k float32 rows/s on
-# an H200, within the noise; benchmarks/gpu_learn.py's predict_by_dtype lines compare both).
-STAGE_AHEAD = False
+# Whether a long prediction of float32 rows stages each next chunk on a thread of its own while
+# the caller launches the chunk before. On an H200, 4,096-row float32 MNIST predictions in
+# processes that alternated with the same code staging in turn (benchmarks/gpu_compare.py, 5
+# and 4 rounds of 3 passes over 60,000 rows, two runs) ran at 856k and 834k rows/s against
+# 756k and 780k, the same bytes. Pixels sent as uint8 (1.6 MB a 2,048-row chunk, staged in
+# about 0.24 ms) never stage ahead: they were slower so in each of five runs (gpu_learn.py's
+# predict_by_dtype: 967k against 1,040k rows/s in the last).
+STAGE_AHEAD = True
 
 
 @dataclass
