@@ -97,10 +97,11 @@ GROUPED_MAX_LANES = 12
 # combination with the sums batched at once, in alternating turns; the same bytes each):
 # * PREDICT_WARPS: warps a block on rows of more than GROUPED_MAX_LANES and at most
 #   PREDICT_NARROW_LANES elements a lane (GLN_PREDICT_WARPS; None: the source's 16, one block
-#   of 512 threads an SM on MNIST's first layer, with its 201 KB of rows, 103 registers a
-#   thread). nvcc 13 for sm_90 fits that kernel in 64 registers at 32 warps once the next
-#   example's input is no longer loaded ahead (GLN_PREFETCH=0, which the host sets beyond
-#   PREDICT_PREFETCH_MAX_WARPS), nothing spilled: more warps to hide the loads' latency.
+#   of 512 threads an SM on MNIST's first layer, with its 201 KB of rows, 116 registers a
+#   thread with the sums batched by 16). nvcc 13 for sm_90 fits that kernel in 64 registers
+#   at 32 warps once the next example's input is no longer loaded ahead (GLN_PREFETCH=0,
+#   which the host sets beyond PREDICT_PREFETCH_MAX_WARPS), nothing spilled: more warps to
+#   hide the loads' latency.
 #   On an H200 (2,048 rows of MNIST's first layer, three turns, sums batched by 16) 32 took
 #   491 us against 503 at 24 and 635 at the source's 16.
 PREDICT_WARPS: int | None = 32

@@ -56,10 +56,19 @@ def _tools_present() -> bool:
 @pytest.mark.skipif(not _tools_present(),
                     reason="needs cuobjdump (nvidia-cuda-cuobjdump, -nvdisasm) and NVRTC or nvcc")
 def test_the_shared_kernels_row_loads_compare_only_the_last_element(capsys):
-    """MNIST's first layer, 25 elements a lane: the inner loop loads a row from shared memory
-    (25 loads) and checks only the last element against the row's end, not each of them."""
-    main(["--kernel", "gln_layer_predict_shared", "--define", "GLN_PER_LANE=25"])
+    """MNIST's first layer, 25 elements a lane: a row is 25 loads from shared memory, with
+    only the last element checked against the row's end, not each of them: in the plain loop
+    (one sum at a time), a pair's loop holds fewer than 12 integer compares; in the source's
+    batched loop (16 sums at once), the loop over the whole batch as few a pair."""
+    main(["--kernel", "gln_layer_predict_shared", "--define", "GLN_PER_LANE=25",
+          "--define", "GLN_SUM_BATCH=1"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     inner = [r for r in records if r["shared_loads"] == 25]
     assert inner, records
     assert all(r["integer_compares"] < 12 for r in inner), inner
+    main(["--kernel", "gln_layer_predict_shared", "--define", "GLN_PER_LANE=25"])
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    batch = max(records, key=lambda r: r["shared_loads"])
+    pairs = batch["shared_loads"] // 25
+    assert pairs == 16 and batch["shared_loads"] == 25 * pairs, batch
+    assert batch["integer_compares"] < 12 * pairs, batch
