@@ -937,8 +937,9 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
     const long long input_stride = static_cast<long long>(input_groups) * I;
     const float* input0 = inputs + static_cast<long long>(source) * I;
     const long long per_example = static_cast<long long>(num_glns) * num_neurons;
-    float w[GLN_PER_LANE], x[GLN_PER_LANE];
+    float w[GLN_PER_LANE];  // a row (the group's inputs are their own, below)
 #if GLN_SUM_BATCH == 1
+    float x[GLN_PER_LANE];
     HeldDots held = {0, 0, 0, 0.0f};
     int t = begin + warp;
     if (t < end) load_input(x, input0 + t * input_stride, lane, I);
@@ -1012,6 +1013,7 @@ gln_layer_predict_shared(GLN_LAYER_KERNEL_PARAMETERS) {
         }
     }
 #else
+    float x[GLN_PER_LANE];
 #if GLN_PREFETCH
     float x_next[GLN_PER_LANE];
 #endif
