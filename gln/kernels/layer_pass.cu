@@ -533,23 +533,6 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 }
 #endif
 
-// One float from global to shared memory, in flight until wait_for_shared_copies (cp.async,
-// sm_80+); a plain copy elsewhere.
-__device__ __forceinline__ void copy_to_shared(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
-                 :: "r"(shared_address(dst)), "l"(src) : "memory");
-#else
-    *dst = *src;
-#endif
-}
-
-__device__ __forceinline__ void wait_for_shared_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // Copy `size` floats of weight rows from global to shared memory, thread `thread` of `threads`
 // taking every threads-th element; the caller synchronises the threads that shared the copy.
 // cp.async (sm_80+) keeps every request in flight at once instead of a few per thread, so the
@@ -566,9 +549,12 @@ __device__ __forceinline__ void rows_to_shared(float* dst, const float* src, lon
                          :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
         }
     } else {
-        for (long long e = thread; e < size; e += threads) copy_to_shared(dst + e, src + e);
+        for (long long e = thread; e < size; e += threads) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n"
+                         :: "r"(shared_address(dst + e)), "l"(src + e) : "memory");
+        }
     }
-    wait_for_shared_copies();
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
 #else
     for (long long e = thread; e < size; e += threads) dst[e] = src[e];
 #endif
