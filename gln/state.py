@@ -107,17 +107,19 @@ class StateMixin:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the model's arrays (weights, hyperplanes, statistics, and on the CPU
-        the 16-bit copy of the normals once a short call has made it)."""
+        """Bytes held by the model's arrays (weights, hyperplanes, statistics) and its copy of
+        the normals, once a call has made it: 16-bit on the CPU (a short call), int8 slices on
+        the GPU (a long chunk)."""
         arrays = [*self.weights, self.normals, self.offsets, self.moments.total,
                   self.moments.total_sq, self.moments_shift]
         arrays += self._blur or ()
-        copies = getattr(self._layer_contexts, "nbytes", 0)  # CpuLayerContexts has one
+        copies = getattr(self._layer_contexts, "nbytes", 0)  # the kernels' contexts have one
         return int(sum(a.nbytes for a in arrays)) + copies
 
     def config_for_estimate(self) -> dict[str, Any]:
         """The size-determining arguments, as ``estimate_nbytes`` takes them."""
         return {"num_features": self.num_features, "num_classes": self.num_classes,
+                "device": self._device,
                 "layer_sizes": self.layer_sizes, "context_dim": self.context_dim,
                 "side_info_blur": self.side_info_blur,
                 "image_shape": None if self.image_shape is None else list(self.image_shape)}
@@ -130,9 +132,10 @@ class StateMixin:
         optionally ``num_classes``, ``layer_sizes``, ``context_dim``, ``side_info_blur`` and
         ``image_shape`` (constructor defaults otherwise); raises the constructor's
         ``ValueError`` for any of them it would refuse.
-        Counts the 16-bit copy of the normals that a CPU model makes on its first call of a
-        few rows (``gln.kernels.cpu_int16_gating``): ``nbytes`` reaches this then, and stays
-        below it on a GPU.
+        Counts the copy of the normals that a model on ``device`` (the constructor's,
+        default "cpu") makes: the 16-bit one of a CPU model's first call of a few rows
+        (``gln.kernels.cpu_int16_gating``), the int8 slices of a GPU model's first long chunk
+        (``gln.kernels.int8_gating``); the larger of the two for "auto" or an unknown device.
         """
         features = checks.positive_int("num_features", config.get("num_features"))
         classes = checks.num_classes(config.get("num_classes", 2))
@@ -140,14 +143,20 @@ class StateMixin:
         context_dim = checks.context_dim(config.get("context_dim", 4))
         layout = _state_layout(features, 1 if classes == 2 else classes, sizes, context_dim)
         state = sum(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
-        planes = layout["normals"][0][0]
+        planes, dim = layout["normals"][0]
         # gln.kernels.cpu_int16_gating.Int16Normals: int16 values; per plane a float32 scale
         # and two float64 norms (the module is not imported here: it loads Numba).
         int16_copy = 2 * planes * features + (4 + 8 + 8) * planes
+        # gln.kernels.int8_gating.Int8Planes: three int8 slices of a row padded to 16 columns;
+        # per plane a float64 scale, three slices' norms, an L1 norm and a length; 64 warps'
+        # six partial maxima (the module is not imported here: it is the GPU's).
+        int8_cut = planes * (3 * -(-dim // 16) * 16 + 8 * 6) + 64 * 6 * 8
         blur = checks.number_in("side_info_blur", config.get("side_info_blur", 0.0), 0.0,
                                 100.0, closed=True)
         image_shape = checks.image_shape(config.get("image_shape"), features)
-        return state + int16_copy + _blur_matrices_nbytes(image_shape, blur)
+        copy = {"cpu": int16_copy, "cuda": int8_cut}.get(config.get("device", "cpu"),
+                                                          max(int16_copy, int8_cut))
+        return state + copy + _blur_matrices_nbytes(image_shape, blur)
 
     @contextlib.contextmanager
     def _memory_as_value_error(self) -> Iterator[None]:

@@ -327,7 +327,7 @@ class ModelRegistry:
                     f"(on a case-insensitive file system they would share their files)")
             try:
                 # Sized before it is built: an oversized config must never be allocated.
-                needed = GLN.estimate_nbytes(config)
+                needed = GLN.estimate_nbytes({**config, "device": self.settings.device})
                 if needed > self.settings.max_model_bytes:
                     raise InvalidRequest(
                         f"{invalid}: the model would hold {needed} bytes, more than "

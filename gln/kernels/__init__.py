@@ -40,15 +40,16 @@ def layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> LayerPass:
 def contexts_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
     """``f(z, normals, offsets, context_dim, num_glns, layer_sizes)``: each layer's (n, G, K_l)
     int32 context indices (``gln.gating.layer_contexts``) for ``xp``. Call it once per model:
-    on the CPU it is a ``CpuLayerContexts``, which keeps a copy of that model's normals."""
+    on the CPU it is a ``CpuLayerContexts``, which keeps a 16-bit copy of that model's normals,
+    on the GPU a ``CudaLayerContexts``, which keeps them cut into int8 slices."""
     if use_kernels and xp is np:
         from gln.kernels.cpu_gating import CpuLayerContexts  # noqa: PLC0415
 
         return CpuLayerContexts()
     if use_kernels and xp.__name__ == "cupy":
-        from gln.kernels.cuda import cuda_layer_contexts  # noqa: PLC0415 - needs CuPy
+        from gln.kernels.cuda import CudaLayerContexts  # noqa: PLC0415 - needs CuPy
 
-        return cuda_layer_contexts
+        return CudaLayerContexts()
     return functools.partial(layer_contexts, xp)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -522,7 +522,7 @@ def moments_before_each_row(
 
 def cuda_layer_contexts(
     z: Any, normals: Any, offsets: Any, context_dim: int, num_glns: int,
-    layer_sizes: Sequence[int],
+    layer_sizes: Sequence[int], int8_planes: Callable[[], Any] | None = None,
 ) -> list[Any]:
     """``gln.gating.layer_contexts`` on the GPU without waiting for it: (n, G, K_l) per layer.
 
@@ -530,6 +530,9 @@ def cuda_layer_contexts(
     than ``GATING_GEMM_MIN_ROWS``); the margins they cannot settle are redone in float64 inside
     the kernel, so nothing is copied back to the host to find them. The kernel writes each
     layer's block in place: the per-layer arrays are views of one buffer, with no copies.
+    ``int8_planes()``: the hyperplanes already cut for the int8 products
+    (``gln.kernels.int8_gating.Int8Planes``), asked for only where a chunk takes them; without
+    it a chunk cuts them for itself.
     """
     if os.environ.get("CUPY_TF32", "0") != "0":
         raise RuntimeError(
@@ -551,7 +554,7 @@ def cuda_layer_contexts(
         # makes the rows' bounds zeroes.
         rechecks = recheck_list(n * neurons * context_dim) if n >= GATING_GEMM_MIN_ROWS else None
         products, tolerance = _gating_products_and_bounds(
-            z, normals, offsets, None if rechecks is None else rechecks.count)
+            z, normals, offsets, None if rechecks is None else rechecks.count, int8_planes)
         launch_halfspace_contexts(products, z, normals, offsets, tolerance, context_dim,
                                   layer_sizes, contexts, rechecks)
         if rechecks is not None:
@@ -560,6 +563,30 @@ def cuda_layer_contexts(
     bounds = np.cumsum([0, *layer_sizes]) * n * num_glns
     return [contexts[a:b].reshape(n, num_glns, k)
             for a, b, k in zip(bounds[:-1], bounds[1:], layer_sizes, strict=True)]
+
+
+class CudaLayerContexts:
+    """``cuda_layer_contexts`` for one model, keeping its hyperplanes cut for the int8
+    products (``gln.kernels.int8_gating.Int8PlanesCache``) from its first long chunk on."""
+
+    def __init__(self) -> None:
+        from gln.kernels.int8_gating import Int8PlanesCache  # noqa: PLC0415 - imports this
+
+        self._int8_planes = Int8PlanesCache()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the hyperplanes' int8 cut (0 until a long chunk makes it)."""
+        return self._int8_planes.nbytes
+
+    def __call__(
+        self, z: Any, normals: Any, offsets: Any, context_dim: int, num_glns: int,
+        layer_sizes: Sequence[int],
+    ) -> list[Any]:
+        # Keyed by the model's own arrays, as given: those are the ones a restore replaces.
+        planes = functools.partial(self._int8_planes.planes, normals, offsets)
+        return cuda_layer_contexts(z, normals, offsets, context_dim, num_glns, layer_sizes,
+                                   planes)
 
 
 @dataclass(frozen=True)
@@ -640,11 +667,13 @@ def _layer_arguments(layer_sizes: Sequence[int], device_id: int) -> tuple[Any, n
 
 
 def _gating_products_and_bounds(
-    z: Any, normals: Any, offsets: Any, pending_count: Any = None
+    z: Any, normals: Any, offsets: Any, pending_count: Any = None,
+    int8_planes: Callable[[], Any] | None = None,
 ) -> tuple[Any, Any]:
     """The margins' products (n, P), float32 or ``Int8Products``, and each row's bound of
     their float32 error (n,), by ``GATING_PRODUCT`` for long chunks: what
-    ``launch_halfspace_contexts`` takes; ``pending_count`` zeroed when given."""
+    ``launch_halfspace_contexts`` takes; ``pending_count`` zeroed when given; the int8
+    products' planes from ``int8_planes()`` when given."""
     if GATING_PRODUCT not in ("float32", "int8"):
         raise ValueError(f"GATING_PRODUCT is 'float32' or 'int8', not {GATING_PRODUCT!r}")
     # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.
@@ -652,7 +681,8 @@ def _gating_products_and_bounds(
             and normals.shape[0] % 4 == 0):
         from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
 
-        return int8_products(z, normals, offsets, pending_count)
+        planes = int8_planes() if int8_planes is not None else None
+        return int8_products(z, normals, offsets, pending_count, planes)
     products = _gating_products(z, normals)
     tolerance = _cupy().empty(z.shape[0], dtype=np.float32)
     launch_rounding_tolerances(z, tolerance, pending_count)

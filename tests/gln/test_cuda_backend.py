@@ -742,6 +742,56 @@ def test_int8_gating_learns_and_predicts_the_same_bytes(cp, side_info, monkeypat
         assert cp.operations["cublas gemmEx"] >= gemms_before + 6  # three a chunk
 
 
+def test_a_model_cuts_its_hyperplanes_for_int8_once(cp, monkeypatch):
+    """The hyperplanes never change, so a model cuts them into int8 slices on its first long
+    chunk and keeps the cut (counted in ``nbytes``): later chunks cut only their rows, and
+    predict the bytes of a model that cuts the planes afresh for every chunk."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+    import gln.staging as staging  # noqa: PLC0415
+
+    X, y = stream(300)
+    gate_on_int8(monkeypatch)
+    monkeypatch.setattr(staging, "PREDICT_CHUNK_ROWS_GPU", 100)
+    model = GLN(**CONFIG, device="cuda")
+    afresh = GLN(**CONFIG, device="cuda")
+    afresh._layer_contexts = cuda.cuda_layer_contexts  # no cache: cut for every chunk
+    before = model.nbytes
+    assert model.learn(X[:40], y[:40]).tobytes() == afresh.learn(X[:40], y[:40]).tobytes()
+    counted = getattr(cp, "operations", {})
+    cuts = counted.get("kernel gln_int8_slices", 0)
+    np.testing.assert_array_equal(model.predict_proba(X), afresh.predict_proba(X))
+    np.testing.assert_array_equal(model.predict_proba(X), afresh.predict_proba(X))
+    cut = model._layer_contexts.nbytes
+    planes, features = model.normals.shape
+    assert cut >= planes * 3 * features  # three int8 slices of every normal
+    assert model.nbytes == before + cut
+    assert model.nbytes <= GLN.estimate_nbytes(model.config_for_estimate())
+    if hasattr(cp, "operations"):  # the emulated device counts them
+        # Each model's six chunks' rows; the planes again for each of the afresh model's
+        # chunks, and never for the model's, which cut them when it learned.
+        assert cp.operations["kernel gln_int8_slices"] == cuts + 6 + 6 + 6
+
+
+def test_the_int8_cut_follows_the_models_hyperplanes(cp):
+    """A cut is kept for the arrays it was made from: other normals or offsets (a restore
+    replaces them) are cut again, to their own slices."""
+    from gln.kernels.int8_gating import Int8PlanesCache, int8_planes  # noqa: PLC0415
+
+    rng = np.random.default_rng(8)
+    normals, offsets = (cp.asarray(a) for a in sample_halfspaces(rng, 16, 24, 0.05))
+    cache = Int8PlanesCache()
+    assert cache.nbytes == 0
+    first = cache.planes(normals, offsets)
+    assert cache.planes(normals, offsets) is first
+    assert cache.nbytes == first.nbytes > 0
+    other_normals = normals * -1
+    flipped = cache.planes(other_normals, offsets)
+    assert flipped is not first
+    np.testing.assert_array_equal(
+        flipped.slices.slices.get(), int8_planes(other_normals, offsets).slices.slices.get())
+    assert cache.planes(other_normals, offsets.copy()) is not flipped
+
+
 def test_learning_with_a_warp_per_row_gives_the_same_bytes(cp, monkeypatch):
     """A model whose chunks learn with the row kernel (ROW_WARPS_MIN_ROWS) learns and
     predicts exactly as one with the library's kernels, over chunks long and short, and
