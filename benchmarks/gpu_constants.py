@@ -36,6 +36,9 @@
   of ``predict_by_dtype``, the one that predicted both float32 and uint8 rows fastest against
   the library's own (by the slower of its two ratios), where it beat the library's for both
   with the same outputs; else the library's.
+* ``PREDICT_FIRST_CHUNK_ROWS`` (``gln.staging``): of the first chunk lengths of
+  ``predict_by_upload`` (float32 rows on the copy stream with the library's staging), the one
+  that predicted fastest, where it beat the library's own; else the library's.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
 chosen from. A value is null when the lines to choose it are missing (or, for the minimum
@@ -66,7 +69,8 @@ CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_R
                               "PREDICT_SHARED_MIN_ROWS", "GATING_PRODUCT", "GATING_GEMM_MIN_ROWS",
                               "PREDICT_SUM_BATCH", "PREDICT_WARPS",
                               "PREDICT_EXAMPLE_GROUP"), cuda),
-             "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads}
+             "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads,
+             "PREDICT_FIRST_CHUNK_ROWS": staging}
 # A setting of the shared kernel's grid replaces the library's only where its summed time is
 # below the library's by more than this fraction: settings within it are level, and a default
 # moved by the turns' noise alone would come back on the next run.
@@ -121,6 +125,7 @@ def recommend(records: Iterable[dict]) -> dict:
         **_shared_grid(grid_totals, {r["layer"] for r in records
                                      if r.get("measure") == "shared_grid"}),
         **_staging(records),
+        "PREDICT_FIRST_CHUNK_ROWS": _first_chunk_rows(records),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
@@ -229,6 +234,21 @@ def _staging(records: list[dict]) -> dict[str, bool | int | None]:
     best = _best_setting(rates, (uploads.STAGE_AHEAD, uploads.STAGING_THREADS))
     ahead, threads = best or (None, None)
     return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads}
+
+
+def _first_chunk_rows(records: list[dict]) -> int | None:
+    """``PREDICT_FIRST_CHUNK_ROWS`` from ``predict_by_upload``'s rates with the library's
+    staging, by first chunk length (null in a line: as long as the others). None, the
+    library's value where it is None, unless the library's and another length were measured."""
+    library_staging = (uploads.STAGING_THREADS, uploads.STAGING_PIECES)
+    rates = {r["first_chunk_rows"]: r["examples_per_second"] for r in records
+             if r.get("measure") == "predict_by_upload" and r["uploads"] == "copy_stream"
+             and (r["staging_threads"], r["staging_pieces"]) == library_staging}
+    library = staging.PREDICT_FIRST_CHUNK_ROWS
+    if library not in rates or len(rates) < 2:
+        return None
+    best = max(rates, key=rates.__getitem__)
+    return best if rates[best] > rates[library] else library
 
 
 def _best_setting(rates: dict[tuple[str, Any], dict], library: Any) -> Any:

@@ -376,25 +376,10 @@ class CurrentStreamUploads:
         """Nothing runs on another stream."""
 
 
-@contextlib.contextmanager
-def first_chunk_rows(model: GLN, rows: int | None) -> Iterator[None]:
-    """The model's long predictions cut with a first chunk of ``rows`` rows, the rest as usual
-    (None: as usual): with the copies on a stream of their own, the device may start sooner."""
-    if not rows:
-        yield
-        return
-    usual = model._chunk_bounds
-
-    def bounds(n: int, size: int | None = None) -> list[tuple[int, int]]:
-        if size != gln.staging.PREDICT_CHUNK_ROWS_GPU or n <= rows:
-            return usual(n, size)
-        return [(0, rows), *((a + rows, b + rows) for a, b in usual(n - rows, size))]
-
-    model._chunk_bounds = bounds
-    try:
-        yield
-    finally:
-        del model._chunk_bounds
+def first_chunk_rows(rows: int | None) -> contextlib.AbstractContextManager[None]:
+    """Long float32 predictions cut with a first chunk of ``rows`` rows, the rest as usual
+    (``gln.staging.PREDICT_FIRST_CHUNK_ROWS``; None: the library's)."""
+    return module_constant(gln.staging, "PREDICT_FIRST_CHUNK_ROWS", rows)
 
 
 def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[int, int]],
@@ -418,10 +403,11 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
                 else:
                     stack.enter_context(module_constants(
                         uploads, STAGING_THREADS=threads, STAGING_PIECES=pieces))
-                stack.enter_context(first_chunk_rows(model, first))
+                stack.enter_context(first_chunk_rows(first))
                 rates[i].append(predict_rate(model, X, chunk))
     return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
-             "staging_pieces": pieces, "first_chunk_rows": first,
+             "staging_pieces": pieces,
+             "first_chunk_rows": first or gln.staging.PREDICT_FIRST_CHUNK_ROWS,
              "examples_per_second": float(np.median(rates[i])), "rounds": rounds}
             for i, (path, threads, pieces, first) in enumerate(setups)]
 

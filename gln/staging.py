@@ -29,6 +29,13 @@ from gln.scaling import RunningMoments
 # 609k rows/s in chunks of 2,048, 509k of 1,024, 324k of 512 and 476k in one chunk
 # (docs/benchmarks.md).
 PREDICT_CHUNK_ROWS_GPU = 2048
+# A long prediction of rows that travel as float32 starts with a chunk of this many rows (the
+# rest PREDICT_CHUNK_ROWS_GPU each), or, None, with one as long as the others. The device waits,
+# idle, while the host stages the first chunk (1.1 ms of a 4,096-row call's 4.6 on an H200, with
+# each next chunk staged while the device works: docs/gpu.md), so a shorter one lets it start
+# sooner, for a chunk's launches more. Without STAGE_AHEAD, 512 and 1,024 rows were slower;
+# gpu_learn.py's predict_by_upload lines measure it with it, and gpu_constants.py reads it off.
+PREDICT_FIRST_CHUNK_ROWS: int | None = None
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
 # their rates and targets; longer ones as float32 (see GLN._staged).
 HOST_WIDENED_ROWS = 64
@@ -152,7 +159,8 @@ class StagingMixin:
         is the whole batch's host check's, naming its first bad value. With
         ``gln.kernels.uploads.STAGE_AHEAD``, rows that travel as float32 get each next chunk
         staged while the host launches the chunk before (a quarter of the bytes, pixels as
-        uint8 stage too quickly for the hand-off to pay)."""
+        uint8 stage too quickly for the hand-off to pay), and the first chunk of such rows is
+        ``PREDICT_FIRST_CHUNK_ROWS`` long where set."""
         from gln.kernels.cuda import flag_nonfinite  # noqa: PLC0415 - GPU models only
 
         xp = self._xp
@@ -163,7 +171,8 @@ class StagingMixin:
         nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None  # set by the device
         sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
                    else contextlib.nullcontext())
-        chunks = [X[start:stop] for start, stop in self._chunk_bounds(len(X), full)]
+        first = PREDICT_FIRST_CHUNK_ROWS if device_checked else None
+        chunks = [X[start:stop] for start, stop in prediction_bounds(len(X), full, first)]
         # Sent as they are (through ``uploads``): checked by the device, or needing no check.
         as_they_are = [staged_raw and len(rows) > HOST_WIDENED_ROWS for rows in chunks]
         with sending as uploads:
@@ -195,3 +204,11 @@ class StagingMixin:
         if not outputs:
             return None
         return to_numpy(outputs[0] if len(outputs) == 1 else self._xp.concatenate(outputs))
+
+
+def prediction_bounds(n: int, size: int, first: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges of a long prediction's chunks: ``size`` rows each, after a first chunk of
+    ``first`` rows where that is shorter than ``size`` and than ``n``."""
+    head = first if first and first < min(size, n) else 0
+    return ([(0, head)] if head else []) + [(start, min(start + size, n))
+                                           for start in range(head, n, size)]

@@ -252,3 +252,22 @@ def test_staging_threads_from_the_setting_whose_slower_gain_is_largest():
     fewer = recommend([*library, *four[:1], by_dtype("uint8", False, 900, threads=4), *ahead])
     assert (fewer["STAGING_THREADS"], fewer["STAGE_AHEAD"]) == (1, True)
     assert recommend(four)["STAGING_THREADS"] is None  # the library's own setting not measured
+
+
+def by_upload(first: int | None, rate: float, threads: int = uploads.STAGING_THREADS,
+              pieces: int = uploads.STAGING_PIECES) -> dict:
+    return {"measure": "predict_by_upload", "uploads": "copy_stream", "staging_threads": threads,
+            "staging_pieces": pieces, "first_chunk_rows": first, "examples_per_second": rate}
+
+
+def test_the_first_chunk_length_that_beat_the_librarys_with_its_staging():
+    current_stream = {**by_upload(None, 2000), "uploads": "current_stream"}
+    other_staging = by_upload(256, 3000, threads=1, pieces=1)
+    rates = [by_upload(None, 900), by_upload(512, 950), by_upload(1024, 920), current_stream,
+             other_staging]
+    assert recommend(rates)["PREDICT_FIRST_CHUNK_ROWS"] == 512
+    slower = [by_upload(None, 900), by_upload(512, 890), by_upload(1024, 850), current_stream]
+    assert recommend(slower)["PREDICT_FIRST_CHUNK_ROWS"] is None  # the library's: none
+    assert recommend(rates[1:])["PREDICT_FIRST_CHUNK_ROWS"] is None  # no library line
+    assert recommend([by_upload(None, 900)])["PREDICT_FIRST_CHUNK_ROWS"] is None
+    assert recommend(rates)["current"]["PREDICT_FIRST_CHUNK_ROWS"] is None

@@ -140,11 +140,22 @@ def test_a_short_first_chunk_changes_the_cut_not_the_predictions(monkeypatch):
         model = GLN(num_features=6, num_classes=3, layer_sizes=(4, 1), seed=0, device="cuda")
         model.learn(X, rng.integers(0, 3, 30))
         usual = model.predict_proba(X)
-        with first_chunk_rows(model, 3):
-            assert model._chunk_bounds(30, 8) == [(0, 3), (3, 11), (11, 19), (19, 27), (27, 30)]
-            assert model._chunk_bounds(30) == [(0, 30)]  # learning's chunks are left alone
+        sent = []
+        send = gln.staging.ChunkUploads.send
+        monkeypatch.setattr(gln.staging.ChunkUploads, "send",
+                            lambda self, rows: sent.append(len(rows)) or send(self, rows))
+        with first_chunk_rows(3):
             np.testing.assert_array_equal(model.predict_proba(X), usual)
-        assert model._chunk_bounds(30, 8) == [(0, 8), (8, 16), (16, 24), (24, 30)]
+            assert sent == [3, 8, 8, 8, 3]
+            sent.clear()
+            model.predict_proba(X.astype(np.float64))  # float64 rows travel as float32 too
+            assert sent == [3, 8, 8, 8, 3]
+            sent.clear()
+            model.predict_proba((X * 255).astype(np.uint8))  # pixels: chunks as they were
+            assert sent == [8, 8, 8, 6]
+            sent.clear()
+        model.predict_proba(X)
+        assert sent == [8, 8, 8, 6]
 
 
 def _spin(seconds: float) -> None:
