@@ -363,8 +363,13 @@ class CurrentStreamUploads:
 
         self._cp = cupy
 
+    sent_while_staging = False  # the rows are staged as they are sent
+
     def send(self, rows: np.ndarray) -> Any:
         return self._cp.asarray(np.ascontiguousarray(rows, dtype=np.float32))
+
+    def stage_ahead(self, rows: np.ndarray) -> None:
+        """Stages nothing ahead: ``send`` stages the rows."""
 
     def consumed(self) -> None:
         """The memory pool orders the reuse of the rows' memory on the one stream."""

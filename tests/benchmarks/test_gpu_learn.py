@@ -189,3 +189,25 @@ def test_a_call_profile_ranks_functions_by_their_own_time_per_call():
     cumulative = call_profile(call, calls=1, top=50)
     assert [row["cumulative_us"] for row in cumulative] == sorted(
         (row["cumulative_us"] for row in cumulative), reverse=True)
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
+    """``rates_by_upload`` on calls of several chunks sent as they are (the library's staging
+    ahead among them), each path's predictions the library's."""
+    from benchmarks.gpu_learn import CurrentStreamUploads, module_constant, rates_by_upload
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through the uploads
+    monkeypatch.setattr(uploads, "STAGE_AHEAD", True)
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 1, (30, 6)).astype(np.float32)
+    with emulated_cupy_installed():
+        model = GLN(num_features=6, num_classes=3, layer_sizes=(4, 1), seed=0, device="cuda")
+        model.learn(X, rng.integers(0, 3, 30))
+        usual = model.predict_proba(X)
+        records = rates_by_upload(model, X, 30, [(1, 1), (2, 3)], [3], rounds=1)
+        with module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads):
+            np.testing.assert_array_equal(model.predict_proba(X), usual)
+    assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 3]
+    assert all(r["examples_per_second"] > 0 for r in records)
