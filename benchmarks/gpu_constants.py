@@ -32,10 +32,10 @@
   ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` with the sums batched as the library
   batches them (``cuda.predict_sum_batch``) on every measured layer; a chosen batch equal to
   that is recommended as the library's ``PREDICT_SUM_BATCH`` (None: the source's default).
-* ``STAGE_AHEAD`` and ``STAGING_THREADS`` (``gln.kernels.uploads``): of the staging settings
-  of ``predict_by_dtype``, the one that predicted both float32 and uint8 rows fastest against
-  the library's own (by the slower of its two ratios), where it beat the library's for both
-  with the same outputs; else the library's.
+* ``STAGE_AHEAD``, ``STAGING_THREADS`` and ``LAUNCH_WHILE_STAGING`` (``gln.kernels.uploads``):
+  of the staging settings of ``predict_by_dtype``, the one that predicted both float32 and
+  uint8 rows fastest against the library's own (by the slower of its two ratios), where it
+  beat the library's for both with the same outputs; else the library's.
 * ``PREDICT_FIRST_CHUNK_ROWS`` (``gln.staging``): of the first chunk lengths of
   ``predict_by_upload`` (float32 rows on the copy stream with the library's staging), the one
   that predicted fastest, where it beat the library's own; else the library's.
@@ -70,6 +70,7 @@ CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_R
                               "PREDICT_SUM_BATCH", "PREDICT_WARPS",
                               "PREDICT_EXAMPLE_GROUP"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads,
+             "LAUNCH_WHILE_STAGING": uploads,
              "PREDICT_FIRST_CHUNK_ROWS": staging}
 # A setting of the shared kernel's grid replaces the library's only where its summed time is
 # below the library's by more than this fraction: settings within it are level, and a default
@@ -226,14 +227,17 @@ def _shared_grid(totals: dict[tuple[int, int, int], float],
 
 
 def _staging(records: list[dict]) -> dict[str, bool | int | None]:
-    """``STAGE_AHEAD`` and ``STAGING_THREADS`` from ``predict_by_dtype``'s side-by-side rates
-    (None without the library's own setting and another one, each for every dtype)."""
+    """``STAGE_AHEAD``, ``STAGING_THREADS`` and ``LAUNCH_WHILE_STAGING`` from
+    ``predict_by_dtype``'s side-by-side rates (None without the library's own setting and
+    another one, each for every dtype; a line without a value had the library's)."""
     rates = {(r["dtype"], (r["stage_ahead"],
-                           r.get("staging_threads", uploads.STAGING_THREADS))): r
+                           r.get("staging_threads", uploads.STAGING_THREADS),
+                           r.get("launch_while_staging", uploads.LAUNCH_WHILE_STAGING))): r
              for r in records if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
-    best = _best_setting(rates, (uploads.STAGE_AHEAD, uploads.STAGING_THREADS))
-    ahead, threads = best or (None, None)
-    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads}
+    best = _best_setting(rates, (uploads.STAGE_AHEAD, uploads.STAGING_THREADS,
+                                 uploads.LAUNCH_WHILE_STAGING))
+    ahead, threads, behind = best or (None, None, None)
+    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads, "LAUNCH_WHILE_STAGING": behind}
 
 
 def _first_chunk_rows(records: list[dict]) -> int | None:

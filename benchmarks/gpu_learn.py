@@ -39,9 +39,11 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
   and as float32, each with each next chunk staged ahead on a thread of its own and not
-  (``STAGE_AHEAD``) and by one host thread and by up to four (``STAGING_THREADS``), in alternating
-  rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows travel in a
-  quarter of the bytes (``gln.kernels.uploads``), and all must predict the same bytes;
+  (``STAGE_AHEAD``), by one host thread and by up to four (``STAGING_THREADS``), and with the
+  chunks not staged ahead sent while they are staged and not (``LAUNCH_WHILE_STAGING``, where
+  ``launch_while_staging_probe`` found that it works here), in alternating rounds
+  (``--dtype-rounds``) on a model that learned them as float32; uint8 rows travel in a quarter
+  of the bytes (``gln.kernels.uploads``), and all must predict the same bytes;
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -69,6 +71,7 @@ import functools
 import json
 import os
 import pstats
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -445,19 +448,51 @@ def pixel_rates(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
     return {setup: (float(np.median(rates[setup])), bool(same[setup])) for setup in setups}
 
 
+# A process that sends one chunk with LAUNCH_WHILE_STAGING and checks that it arrived whole.
+WHILE_STAGING_PROBE = """
+import numpy as np
+import gln.kernels.uploads as uploads
+uploads.LAUNCH_WHILE_STAGING, uploads.STAGING_BYTES_PER_THREAD = True, 1
+rows = np.arange(2048 * 784, dtype=np.float32).reshape(2048, 784)
+with uploads.ChunkUploads(2048, 784) as sender:
+    assert (sender.send(rows).get() == rows).all(), "the rows arrived changed"
+"""
+
+
+def sending_while_staging_works(timeout: float = 60) -> tuple[bool, str]:
+    """Whether ``LAUNCH_WHILE_STAGING`` sends a chunk whole on this machine, tried in a process
+    of its own (a device that cannot read the marks would fault, which spoils a CUDA context
+    for good, or wait for ever), and what went wrong if not."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    try:
+        result = subprocess.run([sys.executable, "-c", WHILE_STAGING_PROBE], cwd=root, env=env,
+                                capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"no answer within {timeout} s"
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return result.returncode == 0, (lines[-1] if lines and result.returncode else "")
+
+
 def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
-                   staging_threads: tuple[int, ...] = (1, 4)) -> list[dict]:
-    """``predict_by_dtype``: ``pixel_rates`` with ``STAGE_AHEAD`` off and on and with each of
-    ``staging_threads`` (``STAGING_THREADS``)."""
+                   staging_threads: tuple[int, ...] = (1, 4),
+                   while_staging: tuple[bool, ...] = (False, True)) -> list[dict]:
+    """``predict_by_dtype``: ``pixel_rates`` with ``STAGE_AHEAD`` off and on, with each of
+    ``staging_threads`` (``STAGING_THREADS``), and with each of ``while_staging``
+    (``LAUNCH_WHILE_STAGING``)."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
-    settings = {(ahead, threads): functools.partial(module_constants, uploads,
-                                                    STAGE_AHEAD=ahead, STAGING_THREADS=threads)
-                for threads in staging_threads for ahead in (False, True)}
+    settings = {(ahead, threads, behind): functools.partial(
+                    module_constants, uploads, STAGE_AHEAD=ahead, STAGING_THREADS=threads,
+                    LAUNCH_WHILE_STAGING=behind)
+                for threads in staging_threads for ahead in (False, True)
+                for behind in while_staging}
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
-             "stage_ahead": ahead, "staging_threads": threads, "examples": len(X),
+             "stage_ahead": ahead, "staging_threads": threads,
+             "launch_while_staging": behind, "examples": len(X),
              "examples_per_second": rate, "rounds": rounds, "same_outputs_as_float32": same}
-            for (name, (ahead, threads)), (rate, same)
+            for (name, (ahead, threads, behind)), (rate, same)
             in pixel_rates(X, y, chunk, rounds, settings).items()]
 
 
@@ -698,7 +733,12 @@ def main(argv: list[str] | None = None) -> None:
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
                                           args.first_chunk_rows, args.upload_rounds):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
-            for rounds, rates_by in ((args.dtype_rounds, rates_by_dtype),
+            works, why = sending_while_staging_works()
+            emit({"measure": "launch_while_staging_probe", "works": works, "error": why,
+                  **common}, device)
+            by_dtype = functools.partial(rates_by_dtype,
+                                         while_staging=(False, True) if works else (False,))
+            for rounds, rates_by in ((args.dtype_rounds, by_dtype),
                                      (args.gating_rounds, rates_by_gating),
                                      (args.kernel_rounds, rates_by_learning_kernel)):
                 for record in rates_by(X, y, args.chunk, rounds) if rounds else ():

@@ -14,7 +14,8 @@ and 1M rows/s. Lines:
   staging threads), and the time until the chunk's copy to the device had finished, by
   (``STAGING_THREADS``, ``STAGING_PIECES``); medians;
 * ``timeline_by_staging``: ``call_timeline`` of ``--calls`` float32 predictions of ``--rows``
-  rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD``, ``ChunkUploads.stage_ahead`` traced as a
+  rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD`` (and four threads staging ahead with
+  ``LAUNCH_WHILE_STAGING``), ``ChunkUploads.stage_ahead`` traced as a
   stage: each call's time and its first send's, and the stages of the median call.
 
 MNIST's rows with ``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise. Prints one JSON
@@ -40,7 +41,9 @@ from benchmarks.gpu_stages import call_timeline  # noqa: E402
 from gln import GLN  # noqa: E402
 
 SEND_SETTINGS = ((1, 1), (1, 4), (4, 1), (4, 4))  # (STAGING_THREADS, STAGING_PIECES)
-TIMELINE_SETTINGS = ((1, False), (1, True), (4, False), (4, True))  # (threads, STAGE_AHEAD)
+# (STAGING_THREADS, STAGE_AHEAD, LAUNCH_WHILE_STAGING)
+TIMELINE_SETTINGS = ((1, False, False), (1, True, False), (4, False, False), (4, True, False),
+                     (4, True, True))
 
 
 def emit(record: dict, device: str) -> None:
@@ -91,8 +94,9 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
     model.learn(X[:rows], y[:rows])
     model.predict_proba(X[:rows])
     batches = [X[start:start + rows] for start in range(rows, len(X) - rows + 1, rows)]
-    for threads, ahead in TIMELINE_SETTINGS:
-        with module_constants(uploads, STAGING_THREADS=threads, STAGE_AHEAD=ahead):
+    for threads, ahead, behind in TIMELINE_SETTINGS:
+        with module_constants(uploads, STAGING_THREADS=threads, STAGE_AHEAD=ahead,
+                              LAUNCH_WHILE_STAGING=behind):
             model.predict_proba(batches[0])  # the staging threads started
             timelines = [call_timeline(cp, model, functools.partial(model.predict_proba, batch),
                                        also=((uploads.ChunkUploads, "stage_ahead"),))
@@ -100,7 +104,8 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
         first_sends = [next(s for s in t["stages"] if s["stage"] == "_sent") for t in timelines]
         median = sorted(timelines, key=lambda t: t["call_us"])[len(timelines) // 2]
         emit({"measure": "timeline_by_staging", "rows": rows, "staging_threads": threads,
-              "stage_ahead": ahead, "call_us": [t["call_us"] for t in timelines],
+              "stage_ahead": ahead, "launch_while_staging": behind,
+              "call_us": [t["call_us"] for t in timelines],
               "first_send_us": [s["host_left_us"] - s["host_entered_us"] for s in first_sends],
               "median_call": median}, device)
 

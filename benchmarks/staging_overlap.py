@@ -12,6 +12,13 @@ caches: the copy alone, the caller's work alone (``--work-ms`` of pure Python), 
 together, the copy submitted first, with the caller going straight on (``no_handshake``) and
 with the caller waiting until the thread is copying (``handshake``, as ``stage_ahead`` does).
 
+``gln.kernels.uploads.LAUNCH_WHILE_STAGING`` has the staging thread write a mark, which needs
+the GIL, as soon as its copy ends, while the caller launches: ``marked_*`` times, from the
+submission with its handshake, when a thread staging the chunk could write its mark, with the
+caller's pure Python beside it (``marked_beside_python``) and with a caller that lets go of the
+GIL for a moment every 20 us, as CuPy's calls into the driver do (``marked_beside_launches``),
+against the copy alone.
+
 Prints one JSON line: milliseconds per chunk (medians).
 """
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import ctypes
 import json
 import sys
 import threading
@@ -38,6 +46,20 @@ def python_work(seconds: float) -> None:
     start, count = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         count += 1
+
+
+def launch_like_work(seconds: float, every: float = 20e-6) -> None:
+    """Python for ``seconds`` that lets go of the GIL for a moment every ``every`` seconds, as
+    a caller launching kernels does (CuPy calls the driver without the GIL)."""
+    release = _C_LIBRARY.getpid  # any call through ctypes runs without the GIL
+    start = due = time.perf_counter()
+    while (now := time.perf_counter()) - start < seconds:
+        if now >= due:
+            release()
+            due = now + every
+
+
+_C_LIBRARY = ctypes.CDLL(None)
 
 
 def source_chunks(rows: int, features: int, chunks: int) -> list[np.ndarray]:
@@ -77,14 +99,31 @@ def measure(rows: int, features: int, chunks: int, work_ms: float) -> dict:
         python_work(work)
         staged.result()
 
-    steps = {"copy": lambda chunk: _stage(target, chunk),
-             "python_work": lambda _: python_work(work),
-             "no_handshake": lambda chunk: beside(chunk, False),
-             "handshake": lambda chunk: beside(chunk, True)}
+    def marked(caller_work: Callable[[float], None]) -> Callable[[np.ndarray], float]:
+        """Seconds from the submission until the staging thread, its copy done, runs Python
+        again (where it would write its mark), with ``caller_work`` beside it."""
+        def seconds(chunk: np.ndarray) -> float:
+            copying, marked_at = threading.Event(), []
+            start = time.perf_counter()
+            staged = pool.submit(lambda: (_stage(target, chunk, copying),
+                                          marked_at.append(time.perf_counter())))
+            copying.wait()
+            caller_work(work)
+            staged.result()
+            return marked_at[0] - start
+
+        return seconds
+
+    steps = {"copy": timed(lambda chunk: _stage(target, chunk)),
+             "python_work": timed(lambda _: python_work(work)),
+             "no_handshake": timed(lambda chunk: beside(chunk, False)),
+             "handshake": timed(lambda chunk: beside(chunk, True)),
+             "marked_beside_python": marked(python_work),
+             "marked_beside_launches": marked(launch_like_work)}
     try:
         return {"benchmark": "staging_overlap", "rows": rows, "features": features,
                 "chunks": chunks, "ms_per_chunk": {
-                    name: median_seconds(timed(step), parts) * 1e3
+                    name: median_seconds(step, parts) * 1e3
                     for name, step in steps.items()}}
     finally:
         pool.shutdown()

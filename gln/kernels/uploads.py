@@ -20,6 +20,11 @@ that thread is inside NumPy's copy, which runs without the GIL: a thread that ne
 start gets it from a caller busy in Python (as launching is) only once the interpreter's
 switch interval (5 ms) has passed, by when the launches are over and nothing overlaps.
 
+With ``LAUNCH_WHILE_STAGING`` a chunk's copies are issued before the host has staged its rows,
+each behind a launch that holds the copy stream until the piece's staging thread marks it
+staged (``gln_wait_for_host``, in ``uploads.cu``), so that the caller launches the chunk's work
+while the threads stage its rows.
+
 Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
 copied while the device works on the other, and a batch of any length holds two chunks' rows
 on the device.
@@ -63,6 +68,14 @@ SLOTS = 2
 # about 0.24 ms) never stage ahead: they were slower so in each of five runs (gpu_learn.py's
 # predict_by_dtype: 967k against 1,040k rows/s in the last).
 STAGE_AHEAD = True
+# Whether a chunk not staged ahead is sent while its rows are staged: each staging thread stages
+# one piece and marks it staged in pinned memory the device reads, and the piece's copy, issued
+# at once, waits on the copy stream for that mark, so the caller launches the chunk's work
+# while the threads stage its rows instead of after. A 4,096-row float32 call's first chunk is
+# staged while the device waits, idle (1.1 ms of 4.6 on an H200, docs/gpu.md), and its
+# launches (about 0.6 ms of the host's) follow; here they would overlap. Off until a GPU has
+# measured it (gpu_learn.py's predict_by_dtype lines).
+LAUNCH_WHILE_STAGING = False
 
 
 @dataclass
@@ -73,6 +86,7 @@ class _Slot:
     device: Any
     copied: Any = None  # on the copy stream, after the slot's last copy
     consumed: Any = None  # on the reading stream, after the last launch that read the slot
+    staging: list[concurrent.futures.Future] | None = None  # threads staging it while it is sent
 
 
 def travelling_dtype(dtype: np.dtype) -> np.dtype | None:
@@ -102,6 +116,10 @@ class ChunkUploads:
                        for _ in range(SLOTS)]
         self._sent = 0
         self._ahead: tuple[np.ndarray, concurrent.futures.Future] | None = None
+        # Each slot's pieces' marks for LAUNCH_WHILE_STAGING, made by its first such send: the
+        # serial number of the last send whose piece is staged (sends count from 1).
+        self._marks: np.ndarray | None = None
+        self.sent_while_staging = False  # whether the last send issued its copies so
 
     def send(self, rows: np.ndarray) -> Any:
         """``rows`` (n, d) on the device as float32 (rounded to nearest as they are staged as
@@ -109,7 +127,8 @@ class ChunkUploads:
         they travel in), ready for the current stream's next launches; the view stays valid
         until ``consumed`` after the next-but-one ``send``. Rows given to ``stage_ahead``
         just before (the same array object) are copied as they were staged there."""
-        slot = self._slots[self._sent % SLOTS]
+        slot_index = self._sent % SLOTS
+        slot = self._slots[slot_index]
         self._sent += 1
         n = len(rows)
         ahead, self._ahead = self._ahead, None
@@ -117,17 +136,49 @@ class ChunkUploads:
             ahead[1].result()  # staged (or raises), after the slot's last copy had finished
         elif slot.copied is not None:
             slot.copied.synchronize()
+        _raise_staging_failure(slot)
         if slot.consumed is not None:
             self._stream.wait_event(slot.consumed)
         host, device = slot.host[:n], slot.device[:n]
+        self.sent_while_staging = False
         if ahead is not None and ahead[0] is rows:
             device.set(host, stream=self._stream)
+        elif LAUNCH_WHILE_STAGING:
+            if self._marks is None:
+                self._marks = _pinned(self._cp, (SLOTS, max(STAGING_THREADS, 1)),
+                                      np.dtype(np.int32))
+                self._marks[:] = 0
+            slot.staging = self._sent_while_staged(rows, host, device, self._marks[slot_index])
+            self.sent_while_staging = True
         else:
             for start, stop in _staged_pieces(rows, host):
                 device[start:stop].set(host[start:stop], stream=self._stream)
         slot.copied = self._stream.record()
         self._cp.cuda.get_current_stream().wait_event(slot.copied)
         return device if self._dtype == np.float32 else device.astype(self._cp.float32)
+
+    def _sent_while_staged(self, rows: np.ndarray, host: np.ndarray, device: Any,
+                           marks: np.ndarray) -> list[concurrent.futures.Future]:
+        """Issues the copies of ``rows`` from ``host`` to ``device``, each piece's behind a
+        launch that waits for its mark in ``marks``, while threads of their own (one a piece)
+        stage the pieces into ``host`` and mark them; returns the threads' futures once every
+        thread is copying (a thread that needs the GIL to start gets it late from a caller
+        busy launching, as ``stage_ahead`` says)."""
+        pieces = _piece_bounds(len(rows), min(staging_threads(host.nbytes), len(marks)))
+        copying = [threading.Event() for _ in pieces]
+        pool = _staging_pool(len(pieces))
+        futures = [pool.submit(_stage_and_mark, host[start:stop], rows[start:stop], marks,
+                               piece, self._sent, copying[piece])
+                   for piece, (start, stop) in enumerate(pieces)]
+        for started in copying:
+            started.wait()
+        wait_for_host = _wait_for_host_kernel()
+        with self._stream:
+            for piece, (start, stop) in enumerate(pieces):
+                wait_for_host((1,), (1,), (np.uint64(marks[piece:].ctypes.data),
+                                           np.int32(self._sent)))
+                device[start:stop].set(host[start:stop], stream=self._stream)
+        return futures
 
     def stage_ahead(self, rows: np.ndarray) -> None:
         """Stage ``rows``, the next chunk to ``send``, on a thread of its own into the pinned
@@ -154,6 +205,8 @@ class ChunkUploads:
         for slot in self._slots:
             if slot.copied is not None:
                 slot.copied.synchronize()
+        for slot in self._slots:
+            _raise_staging_failure(slot)
 
     def __enter__(self) -> ChunkUploads:
         return self
@@ -162,11 +215,24 @@ class ChunkUploads:
         self.close()
 
 
+def _piece_bounds(rows: int, pieces: int) -> list[tuple[int, int]]:
+    """``rows`` cut into at most ``pieces`` row ranges of nearly equal lengths."""
+    bounds = np.linspace(0, rows, min(pieces, rows) + 1).astype(int)
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+
+
+def _raise_staging_failure(slot: _Slot) -> None:
+    """Raises what the threads that staged ``slot`` while it was sent raised, if anything (they
+    have finished: the slot's copy, which waited for them, has)."""
+    staging, slot.staging = slot.staging, None
+    for future in staging or ():
+        future.result()
+
+
 def _staged_pieces(rows: np.ndarray, host: np.ndarray) -> Iterator[tuple[int, int]]:
     """Copies ``rows`` into ``host`` in ``STAGING_PIECES`` row ranges, yielding each range, in
     order, once it is staged; every copy has finished when the generator is closed."""
-    bounds = np.linspace(0, len(rows), min(STAGING_PIECES, len(rows)) + 1).astype(int)
-    pieces = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+    pieces = _piece_bounds(len(rows), STAGING_PIECES)
     threads = staging_threads(host.nbytes)
     if threads <= 1:
         for start, stop in pieces:
@@ -200,6 +266,18 @@ def _stage(host: np.ndarray, rows: np.ndarray, copying: threading.Event | None =
         np.copyto(host, rows)
 
 
+def _stage_and_mark(host: np.ndarray, rows: np.ndarray, marks: np.ndarray, piece: int,
+                    serial: int, copying: threading.Event) -> None:
+    """``_stage`` a piece, then mark it staged (``marks[piece] = serial``), which the device
+    waits for before copying it: marked also where the staging failed, so that no copy waits
+    for ever (the failure is raised from the future)."""
+    try:
+        _stage(host, rows, copying)
+    finally:
+        copying.set()
+        marks[piece] = serial
+
+
 def _stage_after(slot: _Slot, rows: np.ndarray, copying: threading.Event) -> None:
     """``rows`` into ``slot``'s pinned buffer once the copy that last read it has finished;
     ``copying`` set when the copy starts, or when it failed to."""
@@ -222,6 +300,14 @@ def _staging_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
     """The staging threads, one pool per count, so that a changed ``STAGING_THREADS`` takes
     effect at the next chunk."""
     return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="gln-stage")
+
+
+@functools.cache
+def _wait_for_host_kernel() -> Any:
+    """``gln_wait_for_host`` of ``uploads.cu``, compiled once."""
+    from gln.kernels.cuda import _function  # noqa: PLC0415 - the CUDA kernels' module
+
+    return _function("uploads.cu", "gln_wait_for_host")
 
 
 @functools.cache

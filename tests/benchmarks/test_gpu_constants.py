@@ -216,10 +216,14 @@ def test_no_grid_choice_without_the_librarys_setting_or_another(library_grid_set
     assert shared_constants(recommend(mixed)) == (None, None, None)
 
 
-def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1) -> dict:
-    return {"measure": "predict_by_dtype", "dtype": dtype, "stage_ahead": ahead,
+def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1,
+             behind: bool | None = None) -> dict:
+    """A ``predict_by_dtype`` line; without ``behind``, one from before its
+    ``launch_while_staging`` (the library's, then)."""
+    line = {"measure": "predict_by_dtype", "dtype": dtype, "stage_ahead": ahead,
             "staging_threads": threads, "examples_per_second": rate,
             "same_outputs_as_float32": same}
+    return line if behind is None else {**line, "launch_while_staging": behind}
 
 
 @pytest.fixture
@@ -271,3 +275,17 @@ def test_the_first_chunk_length_that_beat_the_librarys_with_its_staging():
     assert recommend(rates[1:])["PREDICT_FIRST_CHUNK_ROWS"] is None  # no library line
     assert recommend([by_upload(None, 900)])["PREDICT_FIRST_CHUNK_ROWS"] is None
     assert recommend(rates)["current"]["PREDICT_FIRST_CHUNK_ROWS"] is None
+
+
+@pytest.mark.usefixtures("staged_by_one_thread_in_turn")
+def test_sending_while_staging_where_it_won_for_every_dtype():
+    library = [by_dtype("float32", False, 800, behind=False),
+               by_dtype("uint8", False, 1000, behind=False)]
+    behind = [by_dtype("float32", False, 900, behind=True),
+              by_dtype("uint8", False, 1010, behind=True)]
+    chosen = recommend([*library, *behind])
+    assert (chosen["LAUNCH_WHILE_STAGING"], chosen["STAGE_AHEAD"]) == (True, False)
+    slower = [behind[0], by_dtype("uint8", False, 990, behind=True)]
+    assert recommend([*library, *slower])["LAUNCH_WHILE_STAGING"] is False
+    assert recommend(behind)["LAUNCH_WHILE_STAGING"] is None  # the library's not measured
+    assert recommend(library)["current"]["LAUNCH_WHILE_STAGING"] is False

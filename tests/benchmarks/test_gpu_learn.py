@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+import benchmarks.gpu_learn
 import gln.kernels.cuda
 import gln.model
 import gln.staging
@@ -54,6 +55,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     # emulated device captures kernel launches alone).
     monkeypatch.setattr(gln.kernels.cuda, "GATING_GEMM_MIN_ROWS", 2)
     monkeypatch.setattr(gln.model, "REPLAY_MAX_ROWS", 1)
+    # The probe's process has no emulated device: sending while staging works in this one.
+    monkeypatch.setattr(benchmarks.gpu_learn, "sending_while_staging_works", lambda: (True, ""))
     with emulated_cupy_installed():
         main(["--examples", "6", "--plain-examples", "2", "--chunk", "4", "--latency-calls", "3",
               "--plain-latency-calls", "1", "--profile-calls", "1", "--layer-rows", "1",
@@ -81,10 +84,11 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
-    by_dtype = {(r["dtype"], r["stage_ahead"], r["staging_threads"]): r for r in records
-                if r["measure"] == "predict_by_dtype"}
-    assert set(by_dtype) == {(dtype, ahead, threads) for dtype in ("uint8", "float32")
-                             for ahead in (False, True) for threads in (1, 4)}
+    by_dtype = {(r["dtype"], r["stage_ahead"], r["staging_threads"], r["launch_while_staging"]): r
+                for r in records if r["measure"] == "predict_by_dtype"}
+    assert set(by_dtype) == {(dtype, ahead, threads, behind) for dtype in ("uint8", "float32")
+                             for ahead in (False, True) for threads in (1, 4)
+                             for behind in (False, True)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
     by_kernel = {(r["kernels"], r["row_order"]): r for r in records
@@ -211,3 +215,16 @@ def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
             np.testing.assert_array_equal(model.predict_proba(X), usual)
     assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 3]
     assert all(r["examples_per_second"] > 0 for r in records)
+
+
+def test_the_while_staging_probe_reports_a_process_that_cannot_send():
+    """Without a GPU (CuPy missing, or no device) the probe's process fails, and the probe
+    says so with the process's last word instead of failing the benchmark."""
+    try:
+        import cupy  # noqa: F401, PLC0415
+
+        pytest.skip("CuPy is installed: the probe may work here")
+    except ImportError:
+        pass
+    works, why = benchmarks.gpu_learn.sending_while_staging_works()
+    assert not works and "cupy" in why.lower()

@@ -33,6 +33,9 @@ It fails where a real GPU run would fail or go silently wrong:
   synchronised, or ``s`` is: then they read the host memory, as a DMA would. Reading the
   destination before waiting for the copy sees its old contents, and host memory changed
   before the copy finished reaches the device changed.
+* a kernel argument that is a host address (a ``numpy.uint64``) must lie in pinned memory
+  (``alloc_pinned_memory``), which a GPU maps at the host's addresses; a kernel launched
+  there runs at once, so one that waits for the host's write waits for it.
 
 It does not model timing, races between warps, asynchronous launches or the GPU's rounding of
 ``expf`` (the host's libm stands in). The same tests on a GPU
@@ -72,6 +75,7 @@ MAX_SHARED_OPTIN_ATTRIBUTE = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 # calls and barriers.
 HEADER = r"""
 #include <math.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -318,6 +322,7 @@ inline double __ddiv_rn(double a, double b) { return a / b; }
 inline double __dsqrt_rn(double a) { return sqrt(a); }
 inline float __double2float_rn(double a) { return static_cast<float>(a); }
 inline float* dynamic_shared_floats() { return emu::shared.data(); }
+inline void __nanosleep(unsigned) { sched_yield(); }  // a thread of the host waits
 // Threads switch only at warp-collective calls and barriers, so plain updates are atomic.
 inline int atomicAdd(int* p, int v) { const int old = *p; *p = old + v; return old; }
 inline int atomicOr(int* p, int v) { const int old = *p; *p = old | v; return old; }
@@ -407,6 +412,35 @@ def _capturing_stream() -> Any:
     """The current stream if it is capturing, else None."""
     streams = _streams()
     return streams[-1] if streams and streams[-1].launches is not None else None
+
+
+class _PinnedMemory(bytearray):
+    """``cupy.cuda.alloc_pinned_memory``'s memory: host memory whose addresses a kernel may
+    take (a GPU maps pinned memory into its address space, at the host's addresses, under
+    unified addressing), which no other host memory is."""
+
+    def address(self) -> int:
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
+
+
+_PINNED: dict[int, weakref.ref] = {}  # every pinned allocation alive, by id
+
+
+def _alloc_pinned_memory(size: int) -> _PinnedMemory:
+    memory = _PinnedMemory(size)
+    _PINNED[id(memory)] = weakref.ref(memory)
+    weakref.finalize(memory, _PINNED.pop, id(memory), None)
+    return memory
+
+
+def _pinned_holds(address: int, size: int) -> bool:
+    """Whether ``size`` bytes from ``address`` lie in one pinned allocation."""
+    for ref in list(_PINNED.values()):
+        memory = ref()
+        if memory is not None and memory.address() <= address <= (
+                memory.address() + len(memory) - size):
+            return True
+    return False
 
 
 class _Stream:
@@ -784,6 +818,12 @@ class EmulatedKernel:
             where = f"{self.name} argument {i}"
             if code in _POINTER_DTYPES and value is None:  # CuPy passes None as a null pointer
                 holders.append(ctypes.c_void_p(None))
+            elif code in _POINTER_DTYPES and type(value) is np.uint64:  # an address
+                size = np.dtype(_POINTER_DTYPES[code]).itemsize
+                if not _pinned_holds(int(value), size):
+                    raise TypeError(f"{where}: an address outside pinned host memory, which "
+                                    f"is all the device can read of the host's")
+                holders.append(ctypes.c_void_p(int(value)))
             elif code in _POINTER_DTYPES:
                 if not isinstance(value, DeviceArray):
                     raise TypeError(f"{where}: a device array, got {type(value).__name__}")
@@ -848,7 +888,7 @@ class EmulatedCupy(types.ModuleType):
                                           get_current_stream=_current_stream,
                                           MemoryPool=_MemoryPool,
                                           using_allocator=_using_allocator,
-                                          alloc_pinned_memory=bytearray,
+                                          alloc_pinned_memory=_alloc_pinned_memory,
                                           cublas=types.SimpleNamespace(gemmEx=_gemm_ex),
                                           device=types.SimpleNamespace(
                                               get_cublas_handle=lambda: 0))

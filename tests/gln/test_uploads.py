@@ -17,9 +17,14 @@ from tests.gln.emulated_cupy import emulated_cupy_installed
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("pieces", [1, 4])
 @pytest.mark.parametrize("ahead", [False, True], ids=["in_turn", "staged_ahead"])
-def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, monkeypatch):
+@pytest.mark.parametrize("while_staging", [False, True], ids=["", "while_staging"])
+def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, while_staging,
+                                              monkeypatch):
     """Each chunk on the device whole, the one before still whole in the other slot; with
-    ``stage_ahead``, each next chunk staged on a thread of its own meanwhile."""
+    ``stage_ahead``, each next chunk staged on a thread of its own meanwhile; with
+    ``LAUNCH_WHILE_STAGING``, the chunks not staged ahead copied behind the device's wait for
+    their staging threads."""
+    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", while_staging)
     monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
     monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)  # every thread, on small chunks
     monkeypatch.setattr(uploads, "STAGING_PIECES", pieces)
@@ -43,6 +48,65 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, monkey
             previous = (on_device, rows)
     finally:
         sender.close()
+
+
+def test_a_chunk_sent_while_staging_is_sent_before_it_is_staged(cp, monkeypatch):
+    """With ``LAUNCH_WHILE_STAGING`` a GPU's ``send`` returns while the staging threads still
+    copy (held here until released): the device holds the copy until each piece is marked
+    staged, and the rows arrive whole. (The emulated device runs the wait as it is launched,
+    so its ``send`` returns only once the pieces are staged: a GPU's test.)"""
+    if hasattr(cp, "operations"):
+        pytest.skip("the emulated device runs a launch at once: it cannot return first")
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", True)
+    monkeypatch.setattr(uploads, "STAGING_THREADS", 3)
+    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)
+    stage, release = uploads._stage, threading.Event()
+
+    def held(host, rows, copying=None):
+        copying.set()
+        assert release.wait(30)
+        stage(host, rows)
+
+    monkeypatch.setattr(uploads, "_stage", held)
+    rows = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
+    with uploads.ChunkUploads(30, 8) as sender:
+        on_device = sender.send(rows)
+        assert sender.sent_while_staging
+        doubled = on_device * 2  # launched behind the copy, before the rows are staged
+        release.set()
+        np.testing.assert_array_equal(doubled.get(), 2 * rows)
+
+
+def test_a_failed_staging_thread_is_raised_and_holds_no_copy(cp, monkeypatch):
+    """A staging thread that fails still marks its piece, so the device's wait ends and
+    nothing hangs; the failure is raised when the slot is next taken, or at the close."""
+    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", True)
+    stage = uploads._stage
+
+    def failing(host, rows, copying=None):
+        copying.set()
+        raise MemoryError("staging failed")
+
+    rows = np.ones((4, 6), dtype=np.float32)
+    sender = uploads.ChunkUploads(4, 6)
+    monkeypatch.setattr(uploads, "_stage", failing)
+    sender.send(rows)
+    sender.consumed()
+    monkeypatch.setattr(uploads, "_stage", stage)
+    with pytest.raises(MemoryError, match="staging failed"):
+        sender.close()
+    sender = uploads.ChunkUploads(4, 6)
+    monkeypatch.setattr(uploads, "_stage", failing)
+    sender.send(rows)
+    sender.consumed()
+    monkeypatch.setattr(uploads, "_stage", stage)
+    np.testing.assert_array_equal(sender.send(rows + 1).get(), rows + 1)  # the other slot
+    sender.consumed()
+    with pytest.raises(MemoryError, match="staging failed"):
+        sender.send(rows)  # the failed one's slot again
+    sender.close()
 
 
 def test_a_chunk_takes_a_staging_thread_per_share_of_its_bytes_up_to_the_most(monkeypatch):
@@ -107,10 +171,13 @@ def test_staging_ahead_returns_once_its_thread_copies(cp, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
-def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, monkeypatch):
+@pytest.mark.parametrize("while_staging", [False, True], ids=["", "while_staging"])
+def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, while_staging,
+                                                                  monkeypatch):
     """A model's predictions of many chunks are the same bytes with each next chunk of float32
     rows staged on a thread of its own (STAGE_AHEAD) as with every chunk staged when it is
-    sent; uint8 rows are staged when sent either way."""
+    sent; uint8 rows are staged when sent either way. With LAUNCH_WHILE_STAGING too, every
+    chunk not staged ahead is sent while it is staged."""
     import gln.staging  # noqa: PLC0415
     from gln import GLN  # noqa: PLC0415
 
@@ -122,6 +189,24 @@ def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, mon
     model.learn(X[:100].astype(np.float32), y[:100])
     monkeypatch.setattr(uploads, "STAGE_AHEAD", False)
     in_turn = model.predict_proba(X)
+    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", while_staging)
+    sent = []
+    send = uploads.ChunkUploads.send
+
+    def sending(self, rows):
+        on_device = send(self, rows)
+        sent.append(self.sent_while_staging)
+        return on_device
+
+    monkeypatch.setattr(uploads.ChunkUploads, "send", sending)
+    waits = getattr(cp, "operations", {}).get("kernel gln_wait_for_host", 0)
+    np.testing.assert_array_equal(model.predict_proba(X), in_turn)
+    assert sent == [while_staging] * 3
+    if hasattr(cp, "operations"):  # the emulated device counts them: a piece's wait each
+        pieces = uploads.staging_threads(80 * 12 * np.dtype(dtype).itemsize)
+        waited = cp.operations.get("kernel gln_wait_for_host", 0) - waits
+        assert waited == while_staging * 3 * pieces
+    sent.clear()
     staged, stage_ahead = [], uploads.ChunkUploads.stage_ahead
 
     def recorded(self, rows):
@@ -135,6 +220,8 @@ def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, mon
     # widened with the count, not staged; pixels as uint8 are never staged ahead
     assert gln.staging.HOST_WIDENED_ROWS == 64
     assert staged == ([80, 80] if dtype == np.float32 else [])
+    assert sent == ([while_staging, False, False] if dtype == np.float32
+                    else [while_staging] * 3)
 
 
 def test_a_chunk_is_read_only_after_its_copy():
