@@ -123,7 +123,7 @@ def recommend(records: Iterable[dict]) -> dict:
         "PREDICT_SHARED_MIN_ROWS": shared_min_rows,
         "GATING_PRODUCT": _gating_product(records),
         "GATING_GEMM_MIN_ROWS": gemm_min_rows,
-        **_shared_grid(grid_totals, {r["layer"] for r in records
+        **_shared_grid(grid_totals, {r["layer"]: r["inputs"] for r in records
                                      if r.get("measure") == "shared_grid"}),
         **_staging(records),
         "PREDICT_FIRST_CHUNK_ROWS": _first_chunk_rows(records),
@@ -189,18 +189,13 @@ def _grid_totals(records: list[dict]) -> dict[tuple[int, int, int], float]:
             for setting, by_layer in turns.items() if set(by_layer) == layers}
 
 
-def _layer_lanes(layer: str) -> int:
-    """Elements a lane of a layer named as ``gpu_learn.layer_shapes`` names it ("784->128":
-    784 inputs, and the bias)."""
-    return cuda.per_lane(int(layer.split("->")[0]) + 1)
-
-
-def _library_grid_setting(layers: set[str]) -> tuple[int, int, int] | None:
+def _library_grid_setting(inputs: dict[str, int]) -> tuple[int, int, int] | None:
     """The library's setting as the grid writes it: the sums batched as the library batches
-    them on ``layers``, its warps a block and examples at once (the source's 16 and 1 where
-    None; examples one at a time where sums are not batched). None where the layers' batches
-    differ, which no setting of the grid, one batch for every layer, reproduces."""
-    batches = {cuda.predict_sum_batch(_layer_lanes(layer)) for layer in layers}
+    them on the layers of ``inputs`` (each layer's inputs with the bias, by name), its warps a
+    block and examples at once (the source's 16 and 1 where None; examples one at a time where
+    sums are not batched). None where the layers' batches differ, which no setting of the grid,
+    one batch for every layer, reproduces."""
+    batches = {cuda.predict_sum_batch(cuda.per_lane(width)) for width in inputs.values()}
     if len(batches) != 1:
         return None
     (batch,) = batches
@@ -209,9 +204,10 @@ def _library_grid_setting(layers: set[str]) -> tuple[int, int, int] | None:
 
 
 def _shared_grid(totals: dict[tuple[int, int, int], float],
-                 layers: set[str]) -> dict[str, int | None]:
+                 layers: dict[str, int]) -> dict[str, int | None]:
     """``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` from the grid's
-    summed times (``_grid_totals``) of ``layers``: the quickest setting where it beats the
+    summed times (``_grid_totals``) of ``layers`` (their inputs with the bias, by name): the
+    quickest setting where it beats the
     library's by more than ``GRID_MARGIN``, else the library's values. None for all three
     unless the library's setting and another were measured."""
     library = _library_grid_setting(layers)

@@ -138,14 +138,16 @@ def test_the_gating_gemm_from_the_length_where_it_costs_a_call_no_more_for_good(
 
 
 MNIST_LAYERS = ("784->128", "128->128", "128->1")  # 25, 5 and 5 elements a lane
+INPUTS = {"784->128": 785, "128->128": 129, "128->1": 129, "2048->8": 2049}  # with the bias
 
 
 def grid(setting: tuple[int, int, int], *times: list[float],
          layers: tuple[str, ...] = MNIST_LAYERS) -> list[dict]:
     """``shared_grid`` lines of one setting: each layer's microseconds turn by turn."""
     batch, warps, group = setting
-    return [{"measure": "shared_grid", "layer": layer, "rows": 2048, "sum_batch": batch,
-             "warps": warps, "example_group": group, "turn": turn, "microseconds": us}
+    return [{"measure": "shared_grid", "layer": layer, "inputs": INPUTS[layer], "rows": 2048,
+             "sum_batch": batch, "warps": warps, "example_group": group, "turn": turn,
+             "microseconds": us}
             for layer, by_turn in zip(layers, times, strict=True)
             for turn, us in enumerate(by_turn)]
 

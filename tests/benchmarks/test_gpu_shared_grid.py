@@ -43,6 +43,8 @@ def test_every_layer_setting_and_turn_is_timed_once_on_the_emulated_device(
                                    for setting in grid for turn in range(2))
     assert all(r["measure"] == "shared_grid" and r["rows"] == 24 and r["microseconds"] > 0
                and r["device"] == "emulated (CPU)" for r in records)
+    inputs = {name: width for name, _, _, width, _ in gpu_learn.layer_shapes(gpu_learn.NETWORK)}
+    assert all(r["inputs"] == inputs[r["layer"]] for r in records)  # with the bias
     # Each setting reached the kernel (2 a lane: the warps leave these layers' kernels alone),
     # and the library's values came back afterwards.
     assert defines == {(f"-DGLN_SUM_BATCH={batch}",
