@@ -13,6 +13,55 @@ import pytest
 import gln.kernels.uploads as uploads
 from tests.gln.emulated_cupy import emulated_cupy_installed
 
+# Set where a GPU never saw a staging thread's mark (the first test below): the copy stream
+# would then hold every later copy for ever, so the other tests that send while staging skip.
+MARKS_UNSEEN: list[str] = []
+
+
+def send_while_staging(cp, monkeypatch: pytest.MonkeyPatch, on: bool = True) -> None:
+    """``LAUNCH_WHILE_STAGING`` set to ``on`` for a test, which skips on a GPU that never saw
+    the marks."""
+    if on and MARKS_UNSEEN and not hasattr(cp, "operations"):
+        pytest.skip(MARKS_UNSEEN[0])
+    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", on)
+
+
+def test_a_chunk_sent_while_staging_is_sent_before_it_is_staged(cp, monkeypatch):
+    """With ``LAUNCH_WHILE_STAGING`` a GPU's ``send`` returns while the staging threads still
+    copy (held here until released): the device holds the copy until each piece is marked
+    staged, and the rows arrive whole. (The emulated device runs the wait as it is launched,
+    so its ``send`` returns only once the pieces are staged: a GPU's test.) A device that does
+    not see the marks within 30 s fails it, and is let go by marks it cannot miss."""
+    if hasattr(cp, "operations"):
+        pytest.skip("the emulated device runs a launch at once: it cannot return first")
+    import threading  # noqa: PLC0415
+
+    send_while_staging(cp, monkeypatch)
+    monkeypatch.setattr(uploads, "STAGING_THREADS", 3)
+    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)
+    stage, release = uploads._stage, threading.Event()
+
+    def held(host, rows, copying=None):
+        copying.set()
+        assert release.wait(30)
+        stage(host, rows)
+
+    monkeypatch.setattr(uploads, "_stage", held)
+    rows = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
+    with uploads.ChunkUploads(30, 8) as sender:
+        on_device = sender.send(rows)
+        assert sender.sent_while_staging
+        doubled = on_device * 2  # launched behind the copy, before the rows are staged
+        release.set()
+        deadline = time.monotonic() + 30
+        while not cp.cuda.get_current_stream().done:
+            if time.monotonic() > deadline:
+                MARKS_UNSEEN.append("the GPU did not see a staging thread's mark in 30 s")
+                sender._marks[:] = np.iinfo(np.int32).max  # lets the copies go
+                pytest.fail(MARKS_UNSEEN[0])
+            time.sleep(0.001)
+        np.testing.assert_array_equal(doubled.get(), 2 * rows)
+
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("pieces", [1, 4])
@@ -24,7 +73,7 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, while_
     ``stage_ahead``, each next chunk staged on a thread of its own meanwhile; with
     ``LAUNCH_WHILE_STAGING``, the chunks not staged ahead copied behind the device's wait for
     their staging threads."""
-    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", while_staging)
+    send_while_staging(cp, monkeypatch, while_staging)
     monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
     monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)  # every thread, on small chunks
     monkeypatch.setattr(uploads, "STAGING_PIECES", pieces)
@@ -50,39 +99,10 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, while_
         sender.close()
 
 
-def test_a_chunk_sent_while_staging_is_sent_before_it_is_staged(cp, monkeypatch):
-    """With ``LAUNCH_WHILE_STAGING`` a GPU's ``send`` returns while the staging threads still
-    copy (held here until released): the device holds the copy until each piece is marked
-    staged, and the rows arrive whole. (The emulated device runs the wait as it is launched,
-    so its ``send`` returns only once the pieces are staged: a GPU's test.)"""
-    if hasattr(cp, "operations"):
-        pytest.skip("the emulated device runs a launch at once: it cannot return first")
-    import threading  # noqa: PLC0415
-
-    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", True)
-    monkeypatch.setattr(uploads, "STAGING_THREADS", 3)
-    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)
-    stage, release = uploads._stage, threading.Event()
-
-    def held(host, rows, copying=None):
-        copying.set()
-        assert release.wait(30)
-        stage(host, rows)
-
-    monkeypatch.setattr(uploads, "_stage", held)
-    rows = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
-    with uploads.ChunkUploads(30, 8) as sender:
-        on_device = sender.send(rows)
-        assert sender.sent_while_staging
-        doubled = on_device * 2  # launched behind the copy, before the rows are staged
-        release.set()
-        np.testing.assert_array_equal(doubled.get(), 2 * rows)
-
-
 def test_a_failed_staging_thread_is_raised_and_holds_no_copy(cp, monkeypatch):
     """A staging thread that fails still marks its piece, so the device's wait ends and
     nothing hangs; the failure is raised when the slot is next taken, or at the close."""
-    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", True)
+    send_while_staging(cp, monkeypatch)
     stage = uploads._stage
 
     def failing(host, rows, copying=None):
@@ -189,7 +209,7 @@ def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, whi
     model.learn(X[:100].astype(np.float32), y[:100])
     monkeypatch.setattr(uploads, "STAGE_AHEAD", False)
     in_turn = model.predict_proba(X)
-    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", while_staging)
+    send_while_staging(cp, monkeypatch, while_staging)
     sent = []
     send = uploads.ChunkUploads.send
 
