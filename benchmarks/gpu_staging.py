@@ -15,8 +15,13 @@ and 1M rows/s. Lines:
   (``STAGING_THREADS``, ``STAGING_PIECES``); medians;
 * ``timeline_by_staging``: ``call_timeline`` of ``--calls`` float32 predictions of ``--rows``
   rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD`` (and four threads staging ahead with
-  ``LAUNCH_WHILE_STAGING``), ``ChunkUploads.stage_ahead`` traced as a
-  stage: each call's time and its first send's, and the stages of the median call.
+  ``LAUNCH_WHILE_STAGING``), ``ChunkUploads.stage_ahead`` traced as a stage: each call's time
+  and its first send's, and the stages of the median call;
+* ``registered_send``: per chunk, the host's microseconds to page-lock its rows where they lie
+  (``cudaHostRegister``), to copy them from there to the device on a stream of their own until
+  done, and to unlock them: whether a float32 chunk sent from where it lies (one DMA, no
+  staging copy) could beat staging it into pinned memory (``send_parts``); an ``error`` in
+  the line where the driver refused.
 
 MNIST's rows with ``--data-dir`` (or ``GLN_DATA_DIR``), random pixels otherwise. Prints one JSON
 line per measurement, naming the device. Needs CuPy and a GPU.
@@ -85,6 +90,34 @@ def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
                             for name, seconds in parts.items()}}, device)
 
 
+def registered_sends(cp, X: np.ndarray, rows: int, device: str) -> None:
+    """The ``registered_send`` line (see the module docstring)."""
+    chunks = [np.ascontiguousarray(X[start:start + rows])
+              for start in range(0, len(X) - rows + 1, rows)]
+    target = cp.empty((rows, X.shape[1]), dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    runtime = cp.cuda.runtime
+    parts: dict[str, list[float]] = {"register": [], "copy": [], "unregister": []}
+    try:
+        for chunk in chunks:
+            start = time.perf_counter()
+            runtime.hostRegister(chunk.ctypes.data, chunk.nbytes, 0)
+            registered = time.perf_counter()
+            target.set(chunk, stream=stream)
+            stream.synchronize()
+            copied = time.perf_counter()
+            runtime.hostUnregister(chunk.ctypes.data)
+            parts["register"].append(registered - start)
+            parts["copy"].append(copied - registered)
+            parts["unregister"].append(time.perf_counter() - copied)
+    except Exception as exc:  # noqa: BLE001 - the driver's refusal is the finding
+        emit({"measure": "registered_send", "rows": rows, "error": repr(exc)}, device)
+        return
+    emit({"measure": "registered_send", "rows": rows, "chunks": len(chunks),
+          "median_us": {name: float(np.median(seconds)) * 1e6
+                        for name, seconds in parts.items()}}, device)
+
+
 def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int,
                          device: str) -> None:
     """``timeline_by_staging`` lines (see the module docstring)."""
@@ -125,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     X, y, _ = load_data(args, args.examples)
     send_parts(cp, X, args.send_rows, device)
     timelines_by_staging(cp, X, y, args.rows, args.calls, device)
+    registered_sends(cp, X, args.send_rows, device)  # last: the driver may refuse it
 
 
 if __name__ == "__main__":

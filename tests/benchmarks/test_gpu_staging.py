@@ -35,3 +35,5 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
         assert names.count("stage_ahead") == (2 if record["stage_ahead"] else 0)
         assert min(record["call_us"]) <= record["median_call"]["call_us"] <= max(
             record["call_us"])
+    (registered,) = [r for r in records if r["measure"] == "registered_send"]
+    assert registered["chunks"] == 9 and all(us > 0 for us in registered["median_us"].values())

@@ -881,6 +881,8 @@ class EmulatedCupy(types.ModuleType):
             cudaDevAttrMaxSharedMemoryPerBlockOptin=MAX_SHARED_OPTIN_ATTRIBUTE,
             deviceGetAttribute=_device_attribute,
             profilerStart=lambda: _operation("profiler start"),
+            hostRegister=lambda ptr, size, flags: _operation("host register"),
+            hostUnregister=lambda ptr: _operation("host unregister"),
             profilerStop=lambda: _operation("profiler stop"),
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
