@@ -1,8 +1,10 @@
 """The GPU benchmark: its latency profile on the CPU model (the profiling is device-blind), and
 the whole script on the emulated device, so that a GPU session does not find it broken."""
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -134,16 +136,24 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     assert agreement["agree"] and agreement["max_abs_difference"] < 1e-5
 
 
-@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
-def test_a_short_first_chunk_changes_the_cut_not_the_predictions(monkeypatch):
+@contextlib.contextmanager
+def a_model_predicting_in_chunks(monkeypatch, seed: int) -> Iterator[tuple[GLN, np.ndarray,
+                                                                           np.ndarray]]:
+    """On the emulated device, a model that learned 30 float32 rows, which it predicts in
+    chunks of 8 sent through ``ChunkUploads``: the model, the rows, its predictions of them."""
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)
-    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through ChunkUploads
-    rng = np.random.default_rng(0)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through the uploads
+    rng = np.random.default_rng(seed)
     X = rng.uniform(0, 1, (30, 6)).astype(np.float32)
     with emulated_cupy_installed():
         model = GLN(num_features=6, num_classes=3, layer_sizes=(4, 1), seed=0, device="cuda")
         model.learn(X, rng.integers(0, 3, 30))
-        usual = model.predict_proba(X)
+        yield model, X, model.predict_proba(X)
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_a_short_first_chunk_changes_the_cut_not_the_predictions(monkeypatch):
+    with a_model_predicting_in_chunks(monkeypatch, seed=0) as (model, X, usual):
         sent = []
         send = gln.staging.ChunkUploads.send
         monkeypatch.setattr(gln.staging.ChunkUploads, "send",
@@ -201,15 +211,8 @@ def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
     ahead among them), each path's predictions the library's."""
     from benchmarks.gpu_learn import CurrentStreamUploads, module_constant, rates_by_upload
 
-    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)
-    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through the uploads
     monkeypatch.setattr(uploads, "STAGE_AHEAD", True)
-    rng = np.random.default_rng(1)
-    X = rng.uniform(0, 1, (30, 6)).astype(np.float32)
-    with emulated_cupy_installed():
-        model = GLN(num_features=6, num_classes=3, layer_sizes=(4, 1), seed=0, device="cuda")
-        model.learn(X, rng.integers(0, 3, 30))
-        usual = model.predict_proba(X)
+    with a_model_predicting_in_chunks(monkeypatch, seed=1) as (model, X, usual):
         records = rates_by_upload(model, X, 30, [(1, 1), (2, 3)], [3], rounds=1)
         with module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads):
             np.testing.assert_array_equal(model.predict_proba(X), usual)
