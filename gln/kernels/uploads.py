@@ -68,12 +68,14 @@ SLOTS = 2
 # about 0.24 ms) never stage ahead: they were slower so in each of five runs (gpu_learn.py's
 # predict_by_dtype: 967k against 1,040k rows/s in the last).
 STAGE_AHEAD = True
-# Whether a chunk not staged ahead is sent while its rows are staged: each staging thread stages
-# one piece and marks it staged in pinned memory the device reads, and the piece's copy, issued
-# at once, waits on the copy stream for that mark, so the caller launches the chunk's work
-# while the threads stage its rows instead of after. A 4,096-row float32 call's first chunk is
-# staged while the device waits, idle (1.1 ms of 4.6 on an H200, docs/gpu.md), and its
-# launches (about 0.6 ms of the host's) follow; here they would overlap. Off until a GPU has
+# Whether a chunk of float32 rows not staged ahead is sent while its rows are staged: each
+# staging thread stages one piece and marks it staged in pinned memory the device reads, and the
+# piece's copy, issued at once, waits on the copy stream for that mark, so the caller launches
+# the chunk's work while the threads stage its rows instead of after. A 4,096-row float32
+# call's first chunk is staged while the device waits, idle (1.1 ms of 4.6 on an H200,
+# docs/gpu.md), and its launches (about 0.6 ms of the host's) follow; here they would overlap.
+# Pixels as uint8 are staged in about 0.24 ms, less than the launches, and a thread done before
+# the caller's launches gets the GIL for its mark only after them. Off until a GPU has
 # measured it (gpu_learn.py's predict_by_dtype lines).
 LAUNCH_WHILE_STAGING = False
 
@@ -143,7 +145,7 @@ class ChunkUploads:
         self.sent_while_staging = False
         if ahead is not None and ahead[0] is rows:
             device.set(host, stream=self._stream)
-        elif LAUNCH_WHILE_STAGING:
+        elif LAUNCH_WHILE_STAGING and self._dtype == np.float32:
             if self._marks is None:
                 self._marks = _pinned(self._cp, (SLOTS, max(STAGING_THREADS, 1)),
                                       np.dtype(np.int32))
