@@ -94,13 +94,13 @@ class Int8Planes:
     slices' columns a slice (``stride``), and the partial maxima of the planes' factors that
     every row's bound takes (``gln_int8_plane_terms``)."""
 
-    slices: Int8Slices
+    cut: Int8Slices
     stride: int
     terms: Any
 
     @property
     def nbytes(self) -> int:
-        cut = self.slices
+        cut = self.cut
         return int(sum(a.nbytes for a in (cut.slices, cut.scale, cut.norms, cut.kept_l1,
                                           cut.length, self.terms)))
 
@@ -167,9 +167,9 @@ def int8_products(
     for order, out in enumerate(orders):
         # A_0 .. A_order against B_order .. B_0: the rows' first slices, the planes' last.
         width = (order + 1) * stride
-        int8_product(rows.slices[:, :width], plane.slices.slices[:, SLICES * stride - width:],
+        int8_product(rows.slices[:, :width], plane.cut.slices[:, SLICES * stride - width:],
                      out, accumulate=False)
-    return Int8Products(orders, rows.scale, plane.slices.scale), tolerance
+    return Int8Products(orders, rows.scale, plane.cut.scale), tolerance
 
 
 def sliced(x: Any, stride: int, reversed: bool = False) -> Int8Slices:

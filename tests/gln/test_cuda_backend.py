@@ -788,7 +788,7 @@ def test_the_int8_cut_follows_the_models_hyperplanes(cp):
     flipped = cache.planes(other_normals, offsets)
     assert flipped is not first
     np.testing.assert_array_equal(
-        flipped.slices.slices.get(), int8_planes(other_normals, offsets).slices.slices.get())
+        flipped.cut.slices.get(), int8_planes(other_normals, offsets).cut.slices.get())
     assert cache.planes(other_normals, offsets.copy()) is not flipped
 
 
