@@ -33,8 +33,9 @@ PREDICT_CHUNK_ROWS_GPU = 2048
 # rest PREDICT_CHUNK_ROWS_GPU each), or, None, with one as long as the others. The device waits,
 # idle, while the host stages the first chunk (1.1 ms of a 4,096-row call's 4.6 on an H200, with
 # each next chunk staged while the device works: docs/gpu.md), so a shorter one lets it start
-# sooner, for a chunk's launches more. Without STAGE_AHEAD, 512 and 1,024 rows were slower;
-# gpu_learn.py's predict_by_upload lines measure it with it, and gpu_constants.py reads it off.
+# sooner, for a chunk's launches more. Without STAGE_AHEAD, first chunks of 512 and 1,024 rows
+# were slower; with it, gpu_learn.py's predict_by_upload lines time them and gpu_constants.py
+# reads the value off those.
 PREDICT_FIRST_CHUNK_ROWS: int | None = None
 # Chunks up to this many rows go to the device already widened to float64, in one copy with
 # their rates and targets; longer ones as float32 (see GLN._staged).
