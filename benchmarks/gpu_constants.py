@@ -38,8 +38,9 @@
   ``OTHER_DTYPE_MARGIN`` of the library's, with the same outputs; else the library's. Float32
   first: it is the dtype short of 1M rows/s, and two of the three settings change only it.
 * ``PREDICT_FIRST_CHUNK_ROWS`` (``gln.staging``): of the first chunk lengths of
-  ``predict_by_upload`` (float32 rows on the copy stream with the library's staging), the one
-  that predicted fastest, where it beat the library's own; else the library's.
+  ``predict_by_upload`` (float32 rows on the copy stream with the library's staging, and
+  ``LAUNCH_WHILE_STAGING`` as recommended above), the one that predicted fastest, where it
+  beat the library's own; else the library's.
 
 Prints one JSON line: the values, the library's current ones, and the summed timings they were
 chosen from. A value is null when the lines to choose it are missing (or, for the minimum
@@ -117,6 +118,7 @@ def recommend(records: Iterable[dict]) -> dict:
     streaming_below = (shared_min_rows or cuda.PREDICT_SHARED_MIN_ROWS) - 1
     gemm_min_rows, gating_by_rows = _gating_gemm_min_rows(records)
     grid_totals = _grid_totals(records)
+    staged = _staging(records)
     return {
         "RESIDENT_MIN_ROWS": resident_min_rows,
         "ROW_ORDER": row_order,
@@ -129,8 +131,10 @@ def recommend(records: Iterable[dict]) -> dict:
         "GATING_GEMM_MIN_ROWS": gemm_min_rows,
         **_shared_grid(grid_totals, {r["layer"]: r["inputs"] for r in records
                                      if r.get("measure") == "shared_grid"}),
-        **_staging(records),
-        "PREDICT_FIRST_CHUNK_ROWS": _first_chunk_rows(records),
+        **staged,
+        "PREDICT_FIRST_CHUNK_ROWS": _first_chunk_rows(records, (
+            uploads.LAUNCH_WHILE_STAGING if staged["LAUNCH_WHILE_STAGING"] is None
+            else staged["LAUNCH_WHILE_STAGING"])),
         "current": {name: getattr(module, name) for name, module in CONSTANTS.items()},
         "learn_us_by_rows": {n: {"streaming": a, "resident": b}
                              for n, (a, b) in learn_by_rows.items()},
@@ -240,14 +244,16 @@ def _staging(records: list[dict]) -> dict[str, bool | int | None]:
     return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads, "LAUNCH_WHILE_STAGING": behind}
 
 
-def _first_chunk_rows(records: list[dict]) -> int | None:
+def _first_chunk_rows(records: list[dict], while_staging: bool) -> int | None:
     """``PREDICT_FIRST_CHUNK_ROWS`` from ``predict_by_upload``'s rates with the library's
-    staging, by first chunk length (null in a line: as long as the others). None, the
+    staging and ``LAUNCH_WHILE_STAGING`` = ``while_staging`` (a line without it: the
+    library's), by first chunk length (null in a line: as long as the others). None, the
     library's value where it is None, unless the library's and another length were measured."""
     library_staging = (uploads.STAGING_THREADS, uploads.STAGING_PIECES)
     rates = {r["first_chunk_rows"]: r["examples_per_second"] for r in records
              if r.get("measure") == "predict_by_upload" and r["uploads"] == "copy_stream"
-             and (r["staging_threads"], r["staging_pieces"]) == library_staging}
+             and (r["staging_threads"], r["staging_pieces"]) == library_staging
+             and r.get("launch_while_staging", uploads.LAUNCH_WHILE_STAGING) == while_staging}
     library = staging.PREDICT_FIRST_CHUNK_ROWS
     if library not in rates or len(rates) < 2:
         return None

@@ -36,7 +36,9 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
 * ``predict_by_upload``: the same, the rows sent on the current stream as CuPy's ``asarray``
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
-  chunk of each ``--first-chunk-rows``, in alternating rounds (median of ``--upload-rounds``);
+  chunk of each ``--first-chunk-rows``, and, where ``launch_while_staging_probe`` found that it
+  works here, with ``LAUNCH_WHILE_STAGING`` and each of those first chunks or none, in
+  alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
   and as float32, each with each next chunk staged ahead on a thread of its own and not
   (``STAGE_AHEAD``), by one host thread and by up to four (``STAGING_THREADS``), and with the
@@ -391,19 +393,25 @@ def first_chunk_rows(rows: int | None) -> contextlib.AbstractContextManager[None
 
 
 def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[int, int]],
-                    first_chunks: list[int], rounds: int) -> list[dict]:
+                    first_chunks: list[int], rounds: int,
+                    while_staging: bool = False) -> list[dict]:
     """Prediction rates with the rows sent on the current stream, on the copy stream with each
     (threads, pieces) of ``staging``, and on it with the library's staging and each first chunk
-    length of ``first_chunks``: the median of ``rounds`` alternating rounds."""
+    length of ``first_chunks``, and, with ``while_staging``, those first chunks and the usual
+    one again with ``LAUNCH_WHILE_STAGING`` on (the two together start the device soonest): the
+    median of ``rounds`` alternating rounds."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
     library = (uploads.STAGING_THREADS, uploads.STAGING_PIECES)
-    setups = [("current_stream", None, None, None),
-              *(("copy_stream", t, p, None) for t, p in staging),
-              *(("copy_stream", *library, rows) for rows in first_chunks)]
+    usual = uploads.LAUNCH_WHILE_STAGING
+    setups = [("current_stream", None, None, None, usual),
+              *(("copy_stream", t, p, None, usual) for t, p in staging),
+              *(("copy_stream", *library, rows, usual) for rows in first_chunks),
+              *(("copy_stream", *library, rows, not usual)
+                for rows in ((None, *first_chunks) if while_staging else ()))]
     rates: dict[int, list[float]] = {i: [] for i in range(len(setups))}
     for _ in range(rounds):
-        for i, (path, threads, pieces, first) in enumerate(setups):
+        for i, (path, threads, pieces, first, behind) in enumerate(setups):
             with contextlib.ExitStack() as stack:
                 if path == "current_stream":
                     stack.enter_context(
@@ -411,13 +419,15 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
                 else:
                     stack.enter_context(module_constants(
                         uploads, STAGING_THREADS=threads, STAGING_PIECES=pieces))
+                stack.enter_context(module_constant(uploads, "LAUNCH_WHILE_STAGING", behind))
                 stack.enter_context(first_chunk_rows(first))
                 rates[i].append(predict_rate(model, X, chunk))
     return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
              "staging_pieces": pieces,
              "first_chunk_rows": first or gln.staging.PREDICT_FIRST_CHUNK_ROWS,
+             "launch_while_staging": behind,
              "examples_per_second": float(np.median(rates[i])), "rounds": rounds}
-            for i, (path, threads, pieces, first) in enumerate(setups)]
+            for i, (path, threads, pieces, first, behind) in enumerate(setups)]
 
 
 def pixel_rates(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
@@ -730,12 +740,12 @@ def main(argv: list[str] | None = None) -> None:
                       "predict_chunk_rows": rows, "examples_per_second": rate, **common},
                      device)
         if name == "kernels":
-            for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
-                                          args.first_chunk_rows, args.upload_rounds):
-                emit({"measure": "predict_by_upload", **record, **common}, device)
             works, why = sending_while_staging_works()
             emit({"measure": "launch_while_staging_probe", "works": works, "error": why,
                   **common}, device)
+            for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
+                                          args.first_chunk_rows, args.upload_rounds, works):
+                emit({"measure": "predict_by_upload", **record, **common}, device)
             by_dtype = functools.partial(rates_by_dtype,
                                          while_staging=(False, True) if works else (False,))
             for rounds, rates_by in ((args.dtype_rounds, by_dtype),

@@ -265,10 +265,15 @@ def test_staging_threads_from_the_setting_whose_float32_gain_is_largest():
     assert recommend(four)["STAGING_THREADS"] is None  # the library's own setting not measured
 
 
-def by_upload(first: int | None, rate: float, threads: int = uploads.STAGING_THREADS,
-              pieces: int = uploads.STAGING_PIECES) -> dict:
-    return {"measure": "predict_by_upload", "uploads": "copy_stream", "staging_threads": threads,
-            "staging_pieces": pieces, "first_chunk_rows": first, "examples_per_second": rate}
+def by_upload(first: int | None, rate: float, threads: int | None = None,
+              pieces: int | None = None, behind: bool | None = None) -> dict:
+    """A ``predict_by_upload`` line, by default with the library's staging as it is when
+    called; without ``behind``, one without ``launch_while_staging`` (the library's, then)."""
+    line = {"measure": "predict_by_upload", "uploads": "copy_stream",
+            "staging_threads": threads or uploads.STAGING_THREADS,
+            "staging_pieces": pieces or uploads.STAGING_PIECES, "first_chunk_rows": first,
+            "examples_per_second": rate}
+    return line if behind is None else {**line, "launch_while_staging": behind}
 
 
 def test_the_first_chunk_length_that_beat_the_librarys_with_its_staging():
@@ -298,3 +303,21 @@ def test_sending_while_staging_where_float32_gained_and_uint8_kept_its_pace():
     assert recommend([*library, *no_gain])["LAUNCH_WHILE_STAGING"] is False
     assert recommend(behind)["LAUNCH_WHILE_STAGING"] is None  # the library's not measured
     assert recommend(library)["current"]["LAUNCH_WHILE_STAGING"] is False
+
+
+@pytest.mark.usefixtures("staged_by_one_thread_in_turn")
+def test_the_first_chunk_is_chosen_among_lines_sent_as_the_staging_recommended():
+    """Sending while staging recommended (off predict_by_dtype's lines): the first chunk comes
+    from the lines sent so, whose best may differ from the lines sent as before."""
+    upload = [by_upload(None, 900, behind=False), by_upload(512, 880, behind=False),
+              by_upload(1024, 950, behind=False), by_upload(None, 1000, behind=True),
+              by_upload(512, 1100, behind=True), by_upload(1024, 1050, behind=True)]
+    staged_before = [by_dtype("float32", False, 800, behind=False),
+                     by_dtype("uint8", False, 1000, behind=False)]
+    staged_behind = [by_dtype("float32", False, 900, behind=True),
+                     by_dtype("uint8", False, 1000, behind=True)]
+    chosen = recommend([*upload, *staged_before, *staged_behind])
+    assert (chosen["LAUNCH_WHILE_STAGING"], chosen["PREDICT_FIRST_CHUNK_ROWS"]) == (True, 512)
+    staged_behind[0] = by_dtype("float32", False, 700, behind=True)  # sending so lost
+    chosen = recommend([*upload, *staged_before, *staged_behind])
+    assert (chosen["LAUNCH_WHILE_STAGING"], chosen["PREDICT_FIRST_CHUNK_ROWS"]) == (False, 1024)

@@ -101,11 +101,14 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                for r in by_kernel.values())
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
     assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
-    by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"])
+    by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"],
+                  r["launch_while_staging"])
                  for r in records if r["measure"] == "predict_by_upload"]
-    assert by_upload == [("current_stream", None, None, None), ("copy_stream", 1, 1, None),
-                         ("copy_stream", 2, 3, None),
-                         ("copy_stream", uploads.STAGING_THREADS, uploads.STAGING_PIECES, 3)]
+    library = (uploads.STAGING_THREADS, uploads.STAGING_PIECES)
+    assert by_upload == [("current_stream", None, None, None, False),
+                         ("copy_stream", 1, 1, None, False), ("copy_stream", 2, 3, None, False),
+                         ("copy_stream", *library, 3, False),  # then sending while staging:
+                         ("copy_stream", *library, None, True), ("copy_stream", *library, 3, True)]
     layers = ("784->8", "8->8", "8->1")  # small_network's
     caps = {(r["layer"], r["max_neurons_per_block"]) for r in records
             if r["measure"] == "shared_neurons_per_block" and r["microseconds"] > 0}
@@ -208,15 +211,17 @@ def test_a_call_profile_ranks_functions_by_their_own_time_per_call():
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
     """``rates_by_upload`` on calls of several chunks sent as they are (the library's staging
-    ahead among them), each path's predictions the library's."""
+    ahead among them, and sending while staging), each path's predictions the library's."""
     from benchmarks.gpu_learn import CurrentStreamUploads, module_constant, rates_by_upload
 
     monkeypatch.setattr(uploads, "STAGE_AHEAD", True)
     with a_model_predicting_in_chunks(monkeypatch, seed=1) as (model, X, usual):
-        records = rates_by_upload(model, X, 30, [(1, 1), (2, 3)], [3], rounds=1)
+        records = rates_by_upload(model, X, 30, [(1, 1), (2, 3)], [3], rounds=1,
+                                  while_staging=True)
         with module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads):
             np.testing.assert_array_equal(model.predict_proba(X), usual)
-    assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 3]
+    assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 5]
+    assert [r["launch_while_staging"] for r in records] == [False] * 4 + [True] * 2
     assert all(r["examples_per_second"] > 0 for r in records)
 
 
