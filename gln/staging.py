@@ -190,7 +190,7 @@ class StagingMixin:
                 stage_next = uploads_module.STAGE_AHEAD and device_checked and next_as_it_is
                 # A chunk sent while its rows are staged has the host's threads busy with them
                 # until its work is launched: the next chunk's staging waits until then.
-                staging_behind = uploads is not None and uploads.sent_while_staging
+                staging_behind = as_they_are[index] and uploads.sent_while_staging
                 if stage_next and not staging_behind:
                     uploads.stage_ahead(chunks[index + 1])
                 if device_checked and not checked_here:
