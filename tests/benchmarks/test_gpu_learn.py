@@ -236,3 +236,21 @@ def test_the_while_staging_probe_reports_a_process_that_cannot_send():
         pass
     works, why = benchmarks.gpu_learn.sending_while_staging_works()
     assert not works and "cupy" in why.lower()
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_every_staging_setting_predicts_pixels_in_several_chunks(monkeypatch, small_network):
+    """``predict_by_dtype`` on calls of two chunks sent through the uploads, as a GPU run's
+    4,096-row calls are (the script's own run above sends one-row chunks, widened): every
+    setting, staged ahead, sent while staging or neither, predicts the float32 rows' outputs
+    for both dtypes."""
+    from benchmarks.gpu_learn import rates_by_dtype
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 4)
+    monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through the uploads
+    rng = np.random.default_rng(2)
+    X = rng.uniform(0, 1, (16, small_network["num_features"])).astype(np.float32)
+    with emulated_cupy_installed():
+        records = rates_by_dtype(X, rng.integers(0, 10, 16), 8, rounds=1)
+    assert len(records) == 16  # two dtypes x staging ahead x threads x sending while staging
+    assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0 for r in records)
