@@ -215,9 +215,9 @@ def _shared_grid(totals: dict[tuple[int, int, int], float],
                  layers: dict[str, int]) -> dict[str, int | None]:
     """``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` from the grid's
     summed times (``_grid_totals``) of ``layers`` (their inputs with the bias, by name): the
-    quickest setting where it beats the
-    library's by more than ``GRID_MARGIN``, else the library's values. None for all three
-    unless the library's setting and another were measured."""
+    quickest setting where it beats the library's by more than ``GRID_MARGIN``, else the
+    library's values. None for all three unless the library's setting and another were
+    measured."""
     library = _library_grid_setting(layers)
     names = ("PREDICT_SUM_BATCH", "PREDICT_WARPS", "PREDICT_EXAMPLE_GROUP")
     if library not in totals or len(totals) < 2:

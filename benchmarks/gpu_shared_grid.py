@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> None:
                     seconds = mean_event_seconds(cp, predict, args.repeats)
                 print(json.dumps({"benchmark": "gpu_shared_grid", "device": device,
                                   "measure": "shared_grid", "layer": name, "inputs": inputs,
-                                  "rows": args.rows,
-                                  "sum_batch": batch, "warps": count, "example_group": group,
+                                  "rows": args.rows, "sum_batch": batch, "warps": count,
+                                  "example_group": group,
                                   "turn": turn, "microseconds": seconds * 1e6}), flush=True)
 
 

@@ -423,22 +423,20 @@ class _PinnedMemory(bytearray):
         return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
 
 
-_PINNED: dict[int, weakref.ref] = {}  # every pinned allocation alive, by id
+_PINNED: weakref.WeakValueDictionary[int, _PinnedMemory] = weakref.WeakValueDictionary()
 
 
 def _alloc_pinned_memory(size: int) -> _PinnedMemory:
     memory = _PinnedMemory(size)
-    _PINNED[id(memory)] = weakref.ref(memory)
-    weakref.finalize(memory, _PINNED.pop, id(memory), None)
+    _PINNED[id(memory)] = memory  # while it lives
     return memory
 
 
 def _pinned_holds(address: int, size: int) -> bool:
     """Whether ``size`` bytes from ``address`` lie in one pinned allocation."""
-    for ref in list(_PINNED.values()):
-        memory = ref()
-        if memory is not None and memory.address() <= address <= (
-                memory.address() + len(memory) - size):
+    for memory in list(_PINNED.values()):
+        start = memory.address()
+        if start <= address <= start + len(memory) - size:
             return True
     return False
 
@@ -881,9 +879,9 @@ class EmulatedCupy(types.ModuleType):
             cudaDevAttrMaxSharedMemoryPerBlockOptin=MAX_SHARED_OPTIN_ATTRIBUTE,
             deviceGetAttribute=_device_attribute,
             profilerStart=lambda: _operation("profiler start"),
+            profilerStop=lambda: _operation("profiler stop"),
             hostRegister=lambda ptr, size, flags: _operation("host register"),
             hostUnregister=lambda ptr: _operation("host unregister"),
-            profilerStop=lambda: _operation("profiler stop"),
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
                                           get_elapsed_time=_Event.elapsed_ms, Stream=_Stream,
