@@ -12,11 +12,19 @@ and 1M rows/s. Lines:
 * ``send_parts``: per chunk of a float32 source larger than the caches, ``ChunkUploads.send``'s
   host microseconds, the part spent in the host's copies into pinned memory (summed over the
   staging threads), and the time until the chunk's copy to the device had finished, by
-  (``STAGING_THREADS``, ``STAGING_PIECES``); medians;
+  (``STAGING_THREADS``, ``STAGING_PIECES``, ``STAGING_BYTES_PER_THREAD``); medians. Eight
+  threads, one a 512 KiB, beside the library's four: whether a host with more cores than
+  this project's copies a chunk faster with more of them;
 * ``timeline_by_staging``: ``call_timeline`` of ``--calls`` float32 predictions of ``--rows``
-  rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD`` (and four threads staging ahead with
-  ``LAUNCH_WHILE_STAGING``), ``ChunkUploads.stage_ahead`` traced as a stage: each call's time
-  and its first send's, and the stages of the median call;
+  rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD`` (and four threads with
+  ``LAUNCH_WHILE_STAGING``, for the first chunk with the next staged ahead and for every
+  chunk), ``ChunkUploads.stage_ahead`` traced as a stage: each call's time
+  and its first send's, and the stages of the median call. With ``LAUNCH_WHILE_STAGING``
+  also ``marks``: per call and chunk sent while staging, when its last piece was marked
+  (from its first thread's start), and the most time one of its threads spent off the CPU
+  between its start and its mark (its wall time less its CPU time): a thread done copying
+  waits for the GIL to write its mark, and this says how long a caller busy launching kept it
+  waiting, which the CPU measures only beside stand-ins (``staging_overlap.py``);
 * ``registered_send``: per chunk, the host's microseconds to page-lock its rows where they lie
   (``cudaHostRegister``), to copy them from there to the device on a stream of their own until
   done, and to unlock them: whether a float32 chunk sent from where it lies (one DMA, no
@@ -35,6 +43,8 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,10 +55,12 @@ from benchmarks.gpu_learn import NETWORK, device_name, load_data, module_constan
 from benchmarks.gpu_stages import call_timeline  # noqa: E402
 from gln import GLN  # noqa: E402
 
-SEND_SETTINGS = ((1, 1), (1, 4), (4, 1), (4, 4))  # (STAGING_THREADS, STAGING_PIECES)
+# (STAGING_THREADS, STAGING_PIECES, STAGING_BYTES_PER_THREAD)
+SEND_SETTINGS = ((1, 1, 2 << 20), (1, 4, 2 << 20), (4, 1, 2 << 20), (4, 4, 2 << 20),
+                 (8, 8, 1 << 19))
 # (STAGING_THREADS, STAGE_AHEAD, LAUNCH_WHILE_STAGING)
 TIMELINE_SETTINGS = ((1, False, False), (1, True, False), (4, False, False), (4, True, False),
-                     (4, True, True))
+                     (4, True, True), (4, False, True))
 
 
 def emit(record: dict, device: str) -> None:
@@ -68,10 +80,10 @@ def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
         stage(host, part, copying)
         staged.append(time.perf_counter() - start)
 
-    for threads, pieces in SEND_SETTINGS:
+    for threads, pieces, bytes_per_thread in SEND_SETTINGS:
         parts: dict[str, list[float]] = {"send": [], "staging": [], "until_copied": []}
         with module_constants(uploads, STAGING_THREADS=threads, STAGING_PIECES=pieces,
-                              _stage=timed_stage), \
+                              STAGING_BYTES_PER_THREAD=bytes_per_thread, _stage=timed_stage), \
                 uploads.ChunkUploads(rows, X.shape[1]) as sender:
             for chunk in chunks:
                 cp.cuda.Device().synchronize()
@@ -86,6 +98,7 @@ def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
                 sender.consumed()
         emit({"measure": "send_parts", "rows": rows, "chunks": len(chunks),
               "staging_threads": threads, "staging_pieces": pieces,
+              "staging_bytes_per_thread": bytes_per_thread,
               "median_us": {name: float(np.median(seconds)) * 1e6
                             for name, seconds in parts.items()}}, device)
 
@@ -118,6 +131,49 @@ def registered_sends(cp, X: np.ndarray, rows: int, device: str) -> None:
                         for name, seconds in parts.items()}}, device)
 
 
+@dataclass
+class PieceMark:
+    """One staging thread of a chunk sent while staging: the send's serial number, when the
+    thread started and marked its piece (``time.perf_counter``), and its CPU time between."""
+
+    serial: int
+    started: float
+    marked: float
+    cpu: float
+
+
+def traced_marks(stage_and_mark: Callable, marks: list[PieceMark]) -> Callable:
+    """``uploads._stage_and_mark`` appending a ``PieceMark`` to ``marks`` for each piece."""
+    @functools.wraps(stage_and_mark)
+    def traced(host, rows, marks_array, piece, serial, copying) -> None:
+        started, cpu = time.perf_counter(), time.thread_time()
+        try:
+            stage_and_mark(host, rows, marks_array, piece, serial, copying)
+        finally:
+            marks.append(PieceMark(serial, started, time.perf_counter(),
+                                   time.thread_time() - cpu))
+
+    return traced
+
+
+def marks_summary(calls: list[list[PieceMark]]) -> dict:
+    """``timeline_by_staging``'s ``marks`` (see the module docstring): per call, a list over
+    its chunks sent while staging of the microseconds from the chunk's first staging thread's
+    start until its last mark, of the most any of its threads spent off the CPU between its
+    start and its mark, and of its pieces."""
+    summary: dict[str, list[list[float]]] = {"last_marked_us": [], "most_off_cpu_us": [],
+                                             "pieces": []}
+    for call in calls:
+        chunks = [[m for m in call if m.serial == serial]
+                  for serial in sorted({m.serial for m in call})]
+        summary["last_marked_us"].append(
+            [(max(m.marked for m in c) - min(m.started for m in c)) * 1e6 for c in chunks])
+        summary["most_off_cpu_us"].append(
+            [max(m.marked - m.started - m.cpu for m in c) * 1e6 for c in chunks])
+        summary["pieces"].append([len(c) for c in chunks])
+    return summary
+
+
 def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int,
                          device: str) -> None:
     """``timeline_by_staging`` lines (see the module docstring)."""
@@ -128,19 +184,30 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
     model.predict_proba(X[:rows])
     batches = [X[start:start + rows] for start in range(rows, len(X) - rows + 1, rows)]
     for threads, ahead, behind in TIMELINE_SETTINGS:
+        marks: list[PieceMark] = []
+        by_call: list[list[PieceMark]] = []
+        timelines = []
         with module_constants(uploads, STAGING_THREADS=threads, STAGE_AHEAD=ahead,
-                              LAUNCH_WHILE_STAGING=behind):
+                              LAUNCH_WHILE_STAGING=behind,
+                              _stage_and_mark=traced_marks(uploads._stage_and_mark, marks)):
             model.predict_proba(batches[0])  # the staging threads started
-            timelines = [call_timeline(cp, model, functools.partial(model.predict_proba, batch),
-                                       also=((uploads.ChunkUploads, "stage_ahead"),))
-                         for batch in itertools.islice(itertools.cycle(batches), calls)]
+            for batch in itertools.islice(itertools.cycle(batches), calls):
+                marks.clear()
+                timelines.append(call_timeline(
+                    cp, model, functools.partial(model.predict_proba, batch),
+                    also=((uploads.ChunkUploads, "stage_ahead"),)))
+                by_call.append(list(marks))
         first_sends = [next(s for s in t["stages"] if s["stage"] == "_sent") for t in timelines]
         median = sorted(timelines, key=lambda t: t["call_us"])[len(timelines) // 2]
-        emit({"measure": "timeline_by_staging", "rows": rows, "staging_threads": threads,
-              "stage_ahead": ahead, "launch_while_staging": behind,
-              "call_us": [t["call_us"] for t in timelines],
-              "first_send_us": [s["host_left_us"] - s["host_entered_us"] for s in first_sends],
-              "median_call": median}, device)
+        record = {"measure": "timeline_by_staging", "rows": rows, "staging_threads": threads,
+                  "stage_ahead": ahead, "launch_while_staging": behind,
+                  "call_us": [t["call_us"] for t in timelines],
+                  "first_send_us": [s["host_left_us"] - s["host_entered_us"]
+                                    for s in first_sends],
+                  "median_call": median}
+        if all(by_call):  # chunks were sent while staging
+            record["marks"] = marks_summary(by_call)
+        emit(record, device)
 
 
 def main(argv: list[str] | None = None) -> None:
