@@ -2,6 +2,7 @@
 without the caller waiting until the thread is inside its copy (no GPU needed).
 
     python benchmarks/staging_overlap.py [--rows 2048] [--features 784] [--work-ms 1.5]
+                                         [--switch-interval-ms 5]
 
 ``gln.kernels.uploads.ChunkUploads.stage_ahead`` stages the next chunk of a long prediction
 on a thread of its own while the caller launches the work of the chunk before, which is Python
@@ -17,7 +18,9 @@ the GIL, as soon as its copy ends, while the caller launches: ``marked_*`` times
 submission with its handshake, when a thread staging the chunk could write its mark, with the
 caller's pure Python beside it (``marked_beside_python``) and with a caller that lets go of the
 GIL for a moment every 20 us, as CuPy's calls into the driver do (``marked_beside_launches``),
-against the copy alone.
+against the copy alone. ``--switch-interval-ms`` sets the interpreter's switch interval
+(``sys.setswitchinterval``; Python's default is 5 ms): how soon a thread waiting for the GIL
+asks a thread running Python to let go of it.
 
 Prints one JSON line: milliseconds per chunk (medians).
 """
@@ -137,8 +140,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="chunks of the source (64 of 2,048 x 784: 411 MB)")
     parser.add_argument("--work-ms", type=float, default=1.5,
                         help="the caller's Python per chunk, in milliseconds")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the interpreter's switch interval (default: as it is, 5 ms)")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.rows, args.features, args.chunks, args.work_ms)), flush=True)
+    interval = sys.getswitchinterval()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    try:
+        record = measure(args.rows, args.features, args.chunks, args.work_ms)
+        record["switch_interval_ms"] = round(sys.getswitchinterval() * 1e3, 6)
+    finally:
+        sys.setswitchinterval(interval)
+    print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":
