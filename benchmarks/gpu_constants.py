@@ -32,8 +32,9 @@
   ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` with the sums batched as the library
   batches them (``cuda.predict_sum_batch``) on every measured layer; a chosen batch equal to
   that is recommended as the library's ``PREDICT_SUM_BATCH`` (None: the source's default).
-* ``STAGE_AHEAD``, ``STAGING_THREADS`` and ``LAUNCH_WHILE_STAGING`` (``gln.kernels.uploads``):
-  of the staging settings of ``predict_by_dtype``, the one that predicted float32 rows fastest,
+* ``STAGE_AHEAD``, ``STAGING_THREADS``, ``LAUNCH_WHILE_STAGING`` and ``SEND_REGISTERED``
+  (``gln.kernels.uploads``): of the settings of ``predict_by_dtype``, staged or page-locked
+  where they lie, the one that predicted float32 rows fastest,
   where that beat the library's own and the setting predicted every other dtype (uint8) within
   ``OTHER_DTYPE_MARGIN`` of the library's, with the same outputs; else the library's. Float32
   first: it is the dtype short of 1M rows/s, and two of the three settings change only it.
@@ -72,7 +73,7 @@ CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_R
                               "PREDICT_SUM_BATCH", "PREDICT_WARPS",
                               "PREDICT_EXAMPLE_GROUP"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads,
-             "LAUNCH_WHILE_STAGING": uploads,
+             "LAUNCH_WHILE_STAGING": uploads, "SEND_REGISTERED": uploads,
              "PREDICT_FIRST_CHUNK_ROWS": staging}
 # A setting of the shared kernel's grid replaces the library's only where its summed time is
 # below the library's by more than this fraction: settings within it are level, and a default
@@ -231,17 +232,19 @@ def _shared_grid(totals: dict[tuple[int, int, int], float],
 
 
 def _staging(records: list[dict]) -> dict[str, bool | int | None]:
-    """``STAGE_AHEAD``, ``STAGING_THREADS`` and ``LAUNCH_WHILE_STAGING`` from
-    ``predict_by_dtype``'s side-by-side rates (None without the library's own setting and
+    """``STAGE_AHEAD``, ``STAGING_THREADS``, ``LAUNCH_WHILE_STAGING`` and ``SEND_REGISTERED``
+    from ``predict_by_dtype``'s side-by-side rates (None without the library's own setting and
     another one, each for every dtype; a line without a value had the library's)."""
     rates = {(r["dtype"], (r["stage_ahead"],
                            r.get("staging_threads", uploads.STAGING_THREADS),
-                           r.get("launch_while_staging", uploads.LAUNCH_WHILE_STAGING))): r
+                           r.get("launch_while_staging", uploads.LAUNCH_WHILE_STAGING),
+                           r.get("send_registered", uploads.SEND_REGISTERED))): r
              for r in records if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
     best = _best_setting(rates, (uploads.STAGE_AHEAD, uploads.STAGING_THREADS,
-                                 uploads.LAUNCH_WHILE_STAGING))
-    ahead, threads, behind = best or (None, None, None)
-    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads, "LAUNCH_WHILE_STAGING": behind}
+                                 uploads.LAUNCH_WHILE_STAGING, uploads.SEND_REGISTERED))
+    ahead, threads, behind, locked = best or (None, None, None, None)
+    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads, "LAUNCH_WHILE_STAGING": behind,
+            "SEND_REGISTERED": locked}
 
 
 def _first_chunk_rows(records: list[dict], while_staging: bool) -> int | None:

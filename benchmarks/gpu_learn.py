@@ -37,15 +37,18 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
   chunk of each ``--first-chunk-rows``, and, where ``launch_while_staging_probe`` found that it
-  works here, with ``LAUNCH_WHILE_STAGING`` and each of those first chunks or none, in
-  alternating rounds (median of ``--upload-rounds``);
+  works here, with ``LAUNCH_WHILE_STAGING`` and each of those first chunks or none, and with
+  each call's rows page-locked where they lie instead of staged (``page_locked``:
+  ``SEND_REGISTERED``), in alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
   and as float32, each with each next chunk staged ahead on a thread of its own and not
   (``STAGE_AHEAD``), by one host thread and by up to four (``STAGING_THREADS``), and with the
   chunks not staged ahead sent while they are staged and not (``LAUNCH_WHILE_STAGING``, where
-  ``launch_while_staging_probe`` found that it works here), in alternating rounds
-  (``--dtype-rounds``) on a model that learned them as float32; uint8 rows travel in a quarter
-  of the bytes (``gln.kernels.uploads``), and all must predict the same bytes;
+  ``launch_while_staging_probe`` found that it works here), and with the library's staging
+  settings and each call's rows page-locked where they lie instead (``SEND_REGISTERED``), in
+  alternating rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows
+  travel in a quarter of the bytes (``gln.kernels.uploads``), and all must predict the same
+  bytes;
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -361,9 +364,10 @@ def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
 class CurrentStreamUploads:
     """``gln.kernels.uploads.ChunkUploads``'s interface over ``cupy.asarray``: the rows staged
     by one thread and copied on the current stream, behind the chunk before, as float32 in
-    whatever dtype they came."""
+    whatever dtype they came (a ``source`` is never page-locked)."""
 
-    def __init__(self, max_rows: int, num_features: int, dtype: Any = np.float32) -> None:
+    def __init__(self, max_rows: int, num_features: int, dtype: Any = np.float32,
+                 source: np.ndarray | None = None) -> None:
         import cupy  # noqa: PLC0415
 
         self._cp = cupy
@@ -408,7 +412,8 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
               *(("copy_stream", t, p, None, usual) for t, p in staging),
               *(("copy_stream", *library, rows, usual) for rows in first_chunks),
               *(("copy_stream", *library, rows, not usual)
-                for rows in ((None, *first_chunks) if while_staging else ()))]
+                for rows in ((None, *first_chunks) if while_staging else ())),
+              ("page_locked", *library, None, usual)]
     rates: dict[int, list[float]] = {i: [] for i in range(len(setups))}
     for _ in range(rounds):
         for i, (path, threads, pieces, first, behind) in enumerate(setups):
@@ -419,7 +424,9 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
                 else:
                     stack.enter_context(module_constants(
                         uploads, STAGING_THREADS=threads, STAGING_PIECES=pieces))
-                stack.enter_context(module_constant(uploads, "LAUNCH_WHILE_STAGING", behind))
+                stack.enter_context(module_constants(
+                    uploads, LAUNCH_WHILE_STAGING=behind,
+                    SEND_REGISTERED=path == "page_locked"))
                 stack.enter_context(first_chunk_rows(first))
                 rates[i].append(predict_rate(model, X, chunk))
     return [{"implementation": "kernels", "uploads": path, "staging_threads": threads,
@@ -490,19 +497,25 @@ def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
                    while_staging: tuple[bool, ...] = (False, True)) -> list[dict]:
     """``predict_by_dtype``: ``pixel_rates`` with ``STAGE_AHEAD`` off and on, with each of
     ``staging_threads`` (``STAGING_THREADS``), and with each of ``while_staging``
-    (``LAUNCH_WHILE_STAGING``)."""
+    (``LAUNCH_WHILE_STAGING``), all staged; and with the library's staging settings and the
+    calls' rows page-locked where they lie instead (``SEND_REGISTERED``)."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
-    settings = {(ahead, threads, behind): functools.partial(
-                    module_constants, uploads, STAGE_AHEAD=ahead, STAGING_THREADS=threads,
-                    LAUNCH_WHILE_STAGING=behind)
-                for threads in staging_threads for ahead in (False, True)
-                for behind in while_staging}
+    def setting(ahead: bool, threads: int, behind: bool, locked: bool) -> Callable:
+        return functools.partial(module_constants, uploads, STAGE_AHEAD=ahead,
+                                 STAGING_THREADS=threads, LAUNCH_WHILE_STAGING=behind,
+                                 SEND_REGISTERED=locked)
+
+    staged = [(ahead, threads, behind, False) for threads in staging_threads
+              for ahead in (False, True) for behind in while_staging]
+    locked = (uploads.STAGE_AHEAD, uploads.STAGING_THREADS, False, True)
+    settings = {key: setting(*key) for key in (*staged, locked)}
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
              "stage_ahead": ahead, "staging_threads": threads,
-             "launch_while_staging": behind, "examples": len(X),
-             "examples_per_second": rate, "rounds": rounds, "same_outputs_as_float32": same}
-            for (name, (ahead, threads, behind)), (rate, same)
+             "launch_while_staging": behind, "send_registered": registered,
+             "examples": len(X), "examples_per_second": rate, "rounds": rounds,
+             "same_outputs_as_float32": same}
+            for (name, (ahead, threads, behind, registered)), (rate, same)
             in pixel_rates(X, y, chunk, rounds, settings).items()]
 
 

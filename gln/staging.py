@@ -170,7 +170,7 @@ class StagingMixin:
         full = PREDICT_CHUNK_ROWS_GPU
         outputs, flagged = [], False
         nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None  # set by the device
-        sending = (ChunkUploads(full, self.num_features, travelling) if staged_raw
+        sending = (ChunkUploads(full, self.num_features, travelling, source=X) if staged_raw
                    else contextlib.nullcontext())
         first = PREDICT_FIRST_CHUNK_ROWS if device_checked else None
         chunks = [X[start:stop] for start, stop in prediction_bounds(len(X), full, first)]

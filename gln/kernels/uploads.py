@@ -25,6 +25,10 @@ each behind a launch that holds the copy stream until the piece's staging thread
 staged (``gln_wait_for_host``, in ``uploads.cu``), so that the caller launches the chunk's work
 while the threads stage its rows.
 
+With ``SEND_REGISTERED`` nothing is staged where the batch's rows travel as they lie: its pages
+are locked for the call (``cudaHostRegister``) and the device copies each chunk from there, until
+``close`` unlocks them.
+
 Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
 copied while the device works on the other, and a batch of any length holds two chunks' rows
 on the device.
@@ -78,6 +82,18 @@ STAGE_AHEAD = True
 # the caller's launches gets the GIL for its mark only after them. Off until a GPU has
 # measured it (gpu_learn.py's predict_by_dtype lines).
 LAUNCH_WHILE_STAGING = False
+# Whether the rows of a long prediction that travel in their own bytes (float32 rows, or pixels
+# as uint8: a dtype that needs no rounding), C-contiguous and SEND_REGISTERED_MIN_BYTES to
+# SEND_REGISTERED_MAX_BYTES long, are page-locked where they lie for the call
+# (cudaHostRegister) and copied from there by the device's own DMA, instead of copied by the
+# host into pinned memory first: no staging at all (a 4,096-row float32 call's first chunk,
+# 6.4 MB, took the host about 1.1 ms on an H200's host, the device idle), for the cost of
+# locking the batch's pages. Where the driver refuses (rows already in page-locked memory, or
+# sharing a page with it), the rows are staged as before. Off until a GPU has measured it
+# (gpu_staging.py's registered_send, gpu_learn.py's predict_by_dtype).
+SEND_REGISTERED = False
+SEND_REGISTERED_MIN_BYTES = 1 << 20
+SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
 
 
 @dataclass
@@ -104,14 +120,22 @@ class ChunkUploads:
     """Chunks of at most ``max_rows`` rows of ``num_features`` values, sent in turn as
     ``dtype`` (float32, or one of ``EXACT_IN_FLOAT32``) and read on the device as float32.
 
+    ``source``: the batch that the rows sent are chunks of, which is page-locked on the first
+    send from it (``SEND_REGISTERED``) until ``close``, so that its chunks are copied from where
+    they lie (``registered`` says whether it was).
+
     >>> with ChunkUploads(2048, 784) as uploads:           # doctest: +SKIP
     ...     rows32 = uploads.send(X[:2048]); launch(rows32); uploads.consumed()
     """
 
-    def __init__(self, max_rows: int, num_features: int, dtype: Any = np.float32) -> None:
+    def __init__(self, max_rows: int, num_features: int, dtype: Any = np.float32,
+                 source: np.ndarray | None = None) -> None:
         cp = import_cupy()
         self._cp = cp
         self._dtype = np.dtype(dtype)
+        self._unregistered_source = source  # until the first send from it tries to lock it
+        self._source: np.ndarray | None = None  # page-locked while this sends
+        self.registered = False  # whether the source was page-locked
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
                              cp.empty((max_rows, num_features), dtype=self._dtype))
@@ -133,17 +157,20 @@ class ChunkUploads:
         slot = self._slots[slot_index]
         self._sent += 1
         n = len(rows)
+        locked = self._in_locked_source(rows)
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead[1].result()  # staged (or raises), after the slot's last copy had finished
-        elif slot.copied is not None:
+        elif slot.copied is not None and not locked:
             slot.copied.synchronize()
         _raise_staging_failure(slot)
         if slot.consumed is not None:
             self._stream.wait_event(slot.consumed)
         host, device = slot.host[:n], slot.device[:n]
         self.sent_while_staging = False
-        if ahead is not None and ahead[0] is rows:
+        if locked:  # the device copies them from where they lie
+            device.set(rows, stream=self._stream)
+        elif ahead is not None and ahead[0] is rows:
             device.set(host, stream=self._stream)
         elif LAUNCH_WHILE_STAGING and self._dtype == np.float32:
             if self._marks is None:
@@ -187,7 +214,7 @@ class ChunkUploads:
         buffer of the slot they will take (once that slot's last copy has finished); returns
         once that thread is copying."""
         slot = self._slots[self._sent % SLOTS]
-        if self._ahead is not None or len(rows) > len(slot.host):
+        if self._ahead is not None or len(rows) > len(slot.host) or self._in_locked_source(rows):
             return
         copying = threading.Event()
         self._ahead = (rows, _ahead_pool().submit(_stage_after, slot, rows, copying))
@@ -198,15 +225,30 @@ class ChunkUploads:
         later call, after chunks sent otherwise, only makes their slot wait longer)."""
         self._slots[(self._sent - 1) % SLOTS].consumed = self._cp.cuda.get_current_stream().record()
 
+    def _in_locked_source(self, rows: np.ndarray) -> bool:
+        """Whether ``rows`` lie in the page-locked source, locking it first where this is the
+        first send from it (``SEND_REGISTERED``): the device then copies them from there."""
+        source = self._unregistered_source
+        if source is not None and _lies_in(rows, source):
+            self._unregistered_source = None
+            self._source = _page_locked(self._cp, source, self._dtype)
+            self.registered = self._source is not None
+        return self._source is not None and _lies_in(rows, self._source)
+
     def close(self) -> None:
         """Waits for the staging and the copies still running, so the pinned buffers can go back
-        to the pool."""
-        if self._ahead is not None:
-            concurrent.futures.wait([self._ahead[1]])
-            self._ahead = None
-        for slot in self._slots:
-            if slot.copied is not None:
-                slot.copied.synchronize()
+        to the pool and the source's pages be unlocked."""
+        try:
+            if self._ahead is not None:
+                concurrent.futures.wait([self._ahead[1]])
+                self._ahead = None
+            for slot in self._slots:
+                if slot.copied is not None:
+                    slot.copied.synchronize()
+        finally:
+            source, self._source, self._unregistered_source = self._source, None, None
+            if source is not None:  # no copy reads it any more
+                self._cp.cuda.runtime.hostUnregister(source.ctypes.data)
         for slot in self._slots:
             _raise_staging_failure(slot)
 
@@ -289,6 +331,28 @@ def _stage_after(slot: _Slot, rows: np.ndarray, copying: threading.Event) -> Non
         _stage(slot.host[:len(rows)], rows, copying)
     finally:
         copying.set()
+
+
+def _lies_in(rows: np.ndarray, source: np.ndarray) -> bool:
+    """Whether ``rows`` are contiguous bytes of ``source``'s, of the same dtype."""
+    start = source.__array_interface__["data"][0]
+    first = rows.__array_interface__["data"][0]
+    return (rows.dtype == source.dtype and rows.flags.c_contiguous
+            and start <= first and first + rows.nbytes <= start + source.nbytes)
+
+
+def _page_locked(cp: ModuleType, source: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """``source`` once its pages are locked (``cudaHostRegister``), where ``SEND_REGISTERED``
+    and it travels as it lies (``dtype``, C-contiguous, ``SEND_REGISTERED_MIN_BYTES`` to
+    ``SEND_REGISTERED_MAX_BYTES``) and the driver agrees; else None (its rows are staged)."""
+    if not (SEND_REGISTERED and source.dtype == dtype and source.flags.c_contiguous
+            and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES):
+        return None
+    try:
+        cp.cuda.runtime.hostRegister(source.ctypes.data, source.nbytes, 0)
+    except cp.cuda.runtime.CUDARuntimeError:  # already page-locked, or sharing a page with such
+        return None
+    return source
 
 
 def _pinned(cp: ModuleType, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:

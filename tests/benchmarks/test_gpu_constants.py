@@ -219,13 +219,15 @@ def test_no_grid_choice_without_the_librarys_setting_or_another(library_grid_set
 
 
 def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: int = 1,
-             behind: bool | None = None) -> dict:
-    """A ``predict_by_dtype`` line; without ``behind``, one from before its
-    ``launch_while_staging`` (the library's, then)."""
+             behind: bool | None = None, locked: bool | None = None) -> dict:
+    """A ``predict_by_dtype`` line; without ``behind`` or ``locked``, one from before its
+    ``launch_while_staging`` or ``send_registered`` (the library's, then)."""
     line = {"measure": "predict_by_dtype", "dtype": dtype, "stage_ahead": ahead,
             "staging_threads": threads, "examples_per_second": rate,
             "same_outputs_as_float32": same}
-    return line if behind is None else {**line, "launch_while_staging": behind}
+    if behind is not None:
+        line["launch_while_staging"] = behind
+    return line if locked is None else {**line, "send_registered": locked}
 
 
 @pytest.fixture
@@ -303,6 +305,24 @@ def test_sending_while_staging_where_float32_gained_and_uint8_kept_its_pace():
     assert recommend([*library, *no_gain])["LAUNCH_WHILE_STAGING"] is False
     assert recommend(behind)["LAUNCH_WHILE_STAGING"] is None  # the library's not measured
     assert recommend(library)["current"]["LAUNCH_WHILE_STAGING"] is False
+
+
+@pytest.mark.usefixtures("staged_by_one_thread_in_turn")
+def test_page_locked_rows_where_float32_gained_and_uint8_kept_its_pace():
+    staged = [by_dtype("float32", False, 800, behind=False, locked=False),
+              by_dtype("uint8", False, 1000, behind=False, locked=False)]
+    locked = [by_dtype("float32", False, 1000, behind=False, locked=True),
+              by_dtype("uint8", False, 1005, behind=False, locked=True)]
+    chosen = recommend([*staged, *locked])
+    assert (chosen["SEND_REGISTERED"], chosen["STAGE_AHEAD"], chosen["STAGING_THREADS"],
+            chosen["LAUNCH_WHILE_STAGING"]) == (True, False, 1, False)
+    slower = [locked[0], by_dtype("uint8", False, 950, behind=False, locked=True)]
+    assert recommend([*staged, *slower])["SEND_REGISTERED"] is False
+    differing = [locked[0], by_dtype("uint8", False, 1005, same=False, behind=False,
+                                     locked=True)]
+    assert recommend([*staged, *differing])["SEND_REGISTERED"] is False
+    assert recommend(locked)["SEND_REGISTERED"] is None  # the library's not measured
+    assert recommend(staged)["current"]["SEND_REGISTERED"] is False
 
 
 @pytest.mark.usefixtures("staged_by_one_thread_in_turn")

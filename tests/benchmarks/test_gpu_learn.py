@@ -86,11 +86,13 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
-    by_dtype = {(r["dtype"], r["stage_ahead"], r["staging_threads"], r["launch_while_staging"]): r
+    by_dtype = {(r["dtype"], r["stage_ahead"], r["staging_threads"], r["launch_while_staging"],
+                 r["send_registered"]): r
                 for r in records if r["measure"] == "predict_by_dtype"}
-    assert set(by_dtype) == {(dtype, ahead, threads, behind) for dtype in ("uint8", "float32")
-                             for ahead in (False, True) for threads in (1, 4)
-                             for behind in (False, True)}
+    library_staging = (uploads.STAGE_AHEAD, uploads.STAGING_THREADS, False, True)
+    assert set(by_dtype) == {(dtype, *setting) for dtype in ("uint8", "float32") for setting in (
+        *((ahead, threads, behind, False) for ahead in (False, True) for threads in (1, 4)
+          for behind in (False, True)), library_staging)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
     by_kernel = {(r["kernels"], r["row_order"]): r for r in records
@@ -108,7 +110,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     assert by_upload == [("current_stream", None, None, None, False),
                          ("copy_stream", 1, 1, None, False), ("copy_stream", 2, 3, None, False),
                          ("copy_stream", *library, 3, False),  # then sending while staging:
-                         ("copy_stream", *library, None, True), ("copy_stream", *library, 3, True)]
+                         ("copy_stream", *library, None, True), ("copy_stream", *library, 3, True),
+                         ("page_locked", *library, None, False)]
     layers = ("784->8", "8->8", "8->1")  # small_network's
     caps = {(r["layer"], r["max_neurons_per_block"]) for r in records
             if r["measure"] == "shared_neurons_per_block" and r["microseconds"] > 0}
@@ -208,6 +211,20 @@ def test_a_call_profile_ranks_functions_by_their_own_time_per_call():
         (row["cumulative_us"] for row in cumulative), reverse=True)
 
 
+def page_locked_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each ``ChunkUploads`` closed from now on had its source page-locked, with
+    rows of any length locked where ``SEND_REGISTERED`` is on."""
+    monkeypatch.setattr(uploads, "SEND_REGISTERED_MIN_BYTES", 1)
+    locked, close = [], uploads.ChunkUploads.close
+
+    def closing(self):
+        locked.append(self.registered)
+        close(self)
+
+    monkeypatch.setattr(uploads.ChunkUploads, "close", closing)
+    return locked
+
+
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
     """``rates_by_upload`` on calls of several chunks sent as they are (the library's staging
@@ -215,14 +232,17 @@ def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
     from benchmarks.gpu_learn import CurrentStreamUploads, module_constant, rates_by_upload
 
     monkeypatch.setattr(uploads, "STAGE_AHEAD", True)
+    locked = page_locked_calls(monkeypatch)
     with a_model_predicting_in_chunks(monkeypatch, seed=1) as (model, X, usual):
         records = rates_by_upload(model, X, 30, [(1, 1), (2, 3)], [3], rounds=1,
                                   while_staging=True)
         with module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads):
             np.testing.assert_array_equal(model.predict_proba(X), usual)
-    assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 5]
-    assert [r["launch_while_staging"] for r in records] == [False] * 4 + [True] * 2
+    assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 5,
+                                               "page_locked"]
+    assert [r["launch_while_staging"] for r in records] == [False] * 4 + [True] * 2 + [False]
     assert all(r["examples_per_second"] > 0 for r in records)
+    assert any(locked)  # the page-locked path's calls were
 
 
 def test_the_while_staging_probe_reports_a_process_that_cannot_send():
@@ -242,15 +262,18 @@ def test_the_while_staging_probe_reports_a_process_that_cannot_send():
 def test_every_staging_setting_predicts_pixels_in_several_chunks(monkeypatch, small_network):
     """``predict_by_dtype`` on calls of two chunks sent through the uploads, as a GPU run's
     4,096-row calls are (the script's own run above sends one-row chunks, widened): every
-    setting, staged ahead, sent while staging or neither, predicts the float32 rows' outputs
-    for both dtypes."""
+    setting, staged ahead, sent while staging or neither, or page-locked where the rows lie,
+    predicts the float32 rows' outputs for both dtypes."""
     from benchmarks.gpu_learn import rates_by_dtype
 
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 4)
     monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 2)  # every chunk through the uploads
     rng = np.random.default_rng(2)
     X = rng.uniform(0, 1, (16, small_network["num_features"])).astype(np.float32)
+    locked = page_locked_calls(monkeypatch)
     with emulated_cupy_installed():
         records = rates_by_dtype(X, rng.integers(0, 10, 16), 8, rounds=1)
-    assert len(records) == 16  # two dtypes x staging ahead x threads x sending while staging
+    # two dtypes x (staging ahead x threads x sending while staging, and page-locked)
+    assert len(records) == 2 * (8 + 1)
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0 for r in records)
+    assert any(locked)  # the page-locked setting's calls were

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import gln.kernels.uploads
 import gln.staging
 from benchmarks.gpu_staging import SEND_SETTINGS, TIMELINE_SETTINGS, main
 from tests.gln.emulated_cupy import GXX, emulated_cupy_installed
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g
 def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network, monkeypatch):
     monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 8)  # the copy stream's way
     monkeypatch.setattr(gln.staging, "HOST_WIDENED_ROWS", 4)
+    monkeypatch.setattr(gln.kernels.uploads, "SEND_REGISTERED_MIN_BYTES", 1)  # small rows too
     with emulated_cupy_installed():
         main(["--rows", "24", "--send-rows", "8", "--calls", "2", "--examples", "72"])
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -27,12 +29,13 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
         parts = record["median_us"]
         assert 0 < parts["staging"] and 0 < parts["send"] <= parts["until_copied"]
     timelines = [r for r in records if r["measure"] == "timeline_by_staging"]
-    assert [(r["staging_threads"], r["stage_ahead"], r["launch_while_staging"])
-            for r in timelines] == list(TIMELINE_SETTINGS)
+    assert [(r["staging_threads"], r["stage_ahead"], r["launch_while_staging"],
+             r["send_registered"]) for r in timelines] == list(TIMELINE_SETTINGS)
     for record in timelines:
         assert len(record["call_us"]) == len(record["first_send_us"]) == 2
         names = [s["stage"] for s in record["median_call"]["stages"]]
         assert names.count("_sent") == 3  # 24 rows in chunks of 8
+        # traced where on, and returning at once for page-locked rows
         assert names.count("stage_ahead") == (2 if record["stage_ahead"] else 0)
         assert min(record["call_us"]) <= record["median_call"]["call_us"] <= max(
             record["call_us"])

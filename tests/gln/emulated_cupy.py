@@ -36,6 +36,10 @@ It fails where a real GPU run would fail or go silently wrong:
 * a kernel argument that is a host address (a ``numpy.uint64``) must lie in pinned memory
   (``alloc_pinned_memory``), which a GPU maps at the host's addresses; a kernel launched
   there runs at once, so one that waits for the host's write waits for it.
+* host memory page-locked where it lies (``runtime.hostRegister``) is refused, as CUDA refuses
+  it, where it shares a page with memory already registered or lies in pinned memory, and
+  unlocking it (``hostUnregister``) while a copy from it is still pending is an error: a GPU's
+  copy would read pages no longer locked.
 
 It does not model timing, races between warps, asynchronous launches or the GPU's rounding of
 ``expf`` (the host's libm stands in). The same tests on a GPU
@@ -441,6 +445,49 @@ def _pinned_holds(address: int, size: int) -> bool:
     return False
 
 
+class CUDARuntimeError(RuntimeError):
+    """``cupy.cuda.runtime.CUDARuntimeError``: a runtime call refused, with its status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"CUDA runtime error {status}")
+        self.status = status
+
+
+_HOST_MEMORY_ALREADY_REGISTERED, _HOST_MEMORY_NOT_REGISTERED = 712, 713
+_PAGE_BYTES = 4096
+_REGISTERED: dict[int, int] = {}  # page-locked host ranges (cudaHostRegister): start -> end
+_REGISTERED_LOCK = threading.Lock()
+
+
+def _host_register(address: int, size: int, flags: int) -> None:
+    """``cudaHostRegister``: refused, as CUDA refuses it, for a range sharing a page with one
+    already registered or lying in pinned memory."""
+    _operation("host register")
+    first, last = address // _PAGE_BYTES, (address + size - 1) // _PAGE_BYTES
+    with _REGISTERED_LOCK:
+        shared = any(first <= (end - 1) // _PAGE_BYTES and start // _PAGE_BYTES <= last
+                     for start, end in _REGISTERED.items())
+        if shared or any(_pinned_holds(a, 1) for a in (address, address + size - 1)):
+            raise CUDARuntimeError(_HOST_MEMORY_ALREADY_REGISTERED)
+        _REGISTERED[address] = address + size
+
+
+def _host_unregister(address: int) -> None:
+    """``cudaHostUnregister``: refused for a range never registered; an error where a copy from
+    the range is still pending, which a GPU would run from pages no longer locked."""
+    _operation("host unregister")
+    with _REGISTERED_LOCK:
+        end = _REGISTERED.pop(address, None)
+    if end is None:
+        raise CUDARuntimeError(_HOST_MEMORY_NOT_REGISTERED)
+    for stream in list(_STREAMS):
+        for copy in stream.held:
+            start, size = copy.source
+            if start < end and address < start + size:
+                raise RuntimeError("host memory unregistered while a copy from it was pending: "
+                                   "a GPU's DMA would read pages no longer locked")
+
+
 class _Stream:
     """``cupy.cuda.Stream``: ``with stream`` makes it current; capture records its launches."""
 
@@ -686,6 +733,7 @@ class DeviceArray(NDArrayOperatorsMixin):
         def copy() -> None:
             destination[...] = array
 
+        copy.source = (array.__array_interface__["data"][0], array.nbytes)  # type: ignore[attr-defined]
         (stream or _current_stream()).run_later(copy)
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -880,8 +928,9 @@ class EmulatedCupy(types.ModuleType):
             deviceGetAttribute=_device_attribute,
             profilerStart=lambda: _operation("profiler start"),
             profilerStop=lambda: _operation("profiler stop"),
-            hostRegister=lambda ptr, size, flags: _operation("host register"),
-            hostUnregister=lambda ptr: _operation("host unregister"),
+            hostRegister=_host_register,
+            hostUnregister=_host_unregister,
+            CUDARuntimeError=CUDARuntimeError,
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
                                           get_elapsed_time=_Event.elapsed_ms, Stream=_Stream,

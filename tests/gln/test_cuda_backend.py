@@ -1161,9 +1161,9 @@ def test_a_long_prediction_of_integer_rows_equals_that_of_their_floats(cp, dtype
     long_predictions_in_chunks_of_16(monkeypatch)
     travelled = []
 
-    def recorded(max_rows, num_features, dtype):
+    def recorded(max_rows, num_features, dtype, source=None):
         travelled.append(dtype)
-        return uploads.ChunkUploads(max_rows, num_features, dtype)
+        return uploads.ChunkUploads(max_rows, num_features, dtype, source)
 
     monkeypatch.setattr(gln.staging, "ChunkUploads", recorded)
     as_floats = model.predict_proba(pixels.astype(np.float32))

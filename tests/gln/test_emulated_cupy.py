@@ -268,3 +268,34 @@ def test_a_copy_on_a_side_stream_runs_when_it_is_waited_for(cp):
     assert device.get().tolist() == [7.0, 1.0, 1.0, 1.0]
     device.set(np.full(4, 2.0, dtype=np.float32))  # on the current stream: at once
     assert device.get().tolist() == [2.0] * 4
+
+
+def test_host_memory_is_page_locked_as_cuda_allows(cp):
+    """``hostRegister`` refuses a range sharing a page with one registered, or lying in pinned
+    memory; ``hostUnregister`` refuses a range never registered, and unlocking pages that a
+    pending copy reads is an error (a GPU's DMA would read them unlocked)."""
+    runtime = cp.cuda.runtime
+    host = np.zeros(4 * 4096, dtype=np.uint8)
+    start = -(-host.ctypes.data // 4096) * 4096  # three whole pages of it from here
+    runtime.hostRegister(start + 4096, 10, 0)
+    for address, size in ((start + 4096 + 100, 10), (start, 4097), (start + 8191, 2)):
+        with pytest.raises(runtime.CUDARuntimeError) as refused:
+            runtime.hostRegister(address, size, 0)
+        assert refused.value.status == 712
+    runtime.hostUnregister(start + 4096)
+    runtime.hostRegister(start, 4097, 0)  # the page free again
+    runtime.hostUnregister(start)
+    with pytest.raises(runtime.CUDARuntimeError) as refused:
+        runtime.hostUnregister(start)
+    assert refused.value.status == 713
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(64), dtype=np.uint8)
+    with pytest.raises(runtime.CUDARuntimeError):
+        runtime.hostRegister(pinned.ctypes.data + 8, 8, 0)
+
+    rows = np.ones(16, dtype=np.float32)
+    side = cp.cuda.Stream(non_blocking=True)
+    runtime.hostRegister(rows.ctypes.data, rows.nbytes, 0)
+    cp.zeros(16, dtype=cp.float32).set(rows, stream=side)  # held until waited for
+    with pytest.raises(RuntimeError, match="copy from it was pending"):
+        runtime.hostUnregister(rows.ctypes.data)
+    side.synchronize()

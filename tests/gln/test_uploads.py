@@ -279,3 +279,124 @@ def test_float64_rows_arrive_rounded_as_check_input_rounds_them(cp):
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(on_device, rows.astype(np.float32))
     assert on_device[3, 2] == -np.inf
+
+
+def page_locking(monkeypatch: pytest.MonkeyPatch, min_bytes: int = 1) -> None:
+    """``SEND_REGISTERED`` on for a test, from ``min_bytes`` (small rows lock too)."""
+    monkeypatch.setattr(uploads, "SEND_REGISTERED", True)
+    monkeypatch.setattr(uploads, "SEND_REGISTERED_MIN_BYTES", min_bytes)
+
+
+def counted_staging(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every staging copy from now on, as they are made."""
+    stage, staged = uploads._stage, []
+
+    def counted(host, rows, copying=None):
+        staged.append(len(rows))
+        stage(host, rows, copying)
+
+    monkeypatch.setattr(uploads, "_stage", counted)
+    return staged
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_chunks_of_a_page_locked_source_are_copied_from_where_they_lie(cp, dtype, monkeypatch):
+    """With ``SEND_REGISTERED`` a batch's chunks reach the device whole with nothing staged,
+    in turn through both slots (staging ahead is a no-op for them), and the batch's pages are
+    unlocked at the close, so that they can be locked again."""
+    page_locking(monkeypatch)
+    staged = counted_staging(monkeypatch)
+    source = np.random.default_rng(5).integers(0, 256, (50, 24)).astype(dtype)
+    bounds = ((0, 20), (20, 35), (35, 50))  # the first slot taken again
+    with uploads.ChunkUploads(20, 24, dtype, source=source) as sender:
+        for index, (start, stop) in enumerate(bounds):
+            on_device = sender.send(source[start:stop])
+            if index + 1 < len(bounds):
+                sender.stage_ahead(source[slice(*bounds[index + 1])])
+            doubled = on_device * 2  # a launch on the current stream reads the rows
+            sender.consumed()
+            np.testing.assert_array_equal(doubled.get(), 2 * source[start:stop].astype(
+                np.float32))
+        assert sender.registered
+    assert staged == []
+    cp.cuda.runtime.hostRegister(source.ctypes.data, source.nbytes, 0)  # unlocked: lockable
+    cp.cuda.runtime.hostUnregister(source.ctypes.data)
+
+
+def test_a_source_the_driver_refuses_to_lock_is_staged(cp, monkeypatch):
+    """Rows whose pages are locked already (here by the test) cannot be locked again: they are
+    staged into pinned memory as without ``SEND_REGISTERED``, and the lock that was there is
+    left as it was."""
+    page_locking(monkeypatch)
+    staged = counted_staging(monkeypatch)
+    source = np.random.default_rng(6).standard_normal((30, 8)).astype(np.float32)
+    cp.cuda.runtime.hostRegister(source.ctypes.data, source.nbytes, 0)
+    try:
+        with uploads.ChunkUploads(30, 8, source=source) as sender:
+            np.testing.assert_array_equal(sender.send(source).get(), source)
+            sender.consumed()
+            assert not sender.registered
+        assert sum(staged) == 30
+    finally:
+        cp.cuda.runtime.hostUnregister(source.ctypes.data)  # still the test's own lock
+
+
+def test_only_a_source_that_travels_as_it_lies_is_page_locked(cp, monkeypatch):
+    """Rows rounded as they are staged (float64), a source whose rows are not contiguous, one
+    below ``SEND_REGISTERED_MIN_BYTES`` or with ``SEND_REGISTERED`` off are staged; so are
+    rows from elsewhere than a locked source."""
+    page_locking(monkeypatch)
+    rng = np.random.default_rng(7)
+    wide = rng.standard_normal((12, 8))
+    sources = {"float64": wide, "not contiguous": np.asfortranarray(wide, dtype=np.float32)}
+    for name, source in sources.items():
+        with uploads.ChunkUploads(12, 8, source=source) as sender:
+            sender.send(source)
+            sender.consumed()
+            assert not sender.registered, name
+    rows = rng.standard_normal((12, 8)).astype(np.float32)
+    for setting, value in (("SEND_REGISTERED_MIN_BYTES", rows.nbytes + 1),
+                           ("SEND_REGISTERED", False)):
+        with monkeypatch.context() as patched:
+            patched.setattr(uploads, setting, value)
+            with uploads.ChunkUploads(12, 8, source=rows) as sender:
+                sender.send(rows)
+                sender.consumed()
+                assert not sender.registered, setting
+    staged = counted_staging(monkeypatch)
+    elsewhere = rows + 1
+    with uploads.ChunkUploads(12, 8, source=rows) as sender:
+        np.testing.assert_array_equal(sender.send(rows[:6]).get(), rows[:6])
+        sender.consumed()
+        np.testing.assert_array_equal(sender.send(elsewhere).get(), elsewhere)
+        sender.consumed()
+        assert sender.registered
+    assert sum(staged) == 12  # the rows from elsewhere alone
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, monkeypatch):
+    """A model's predictions of many chunks are the same bytes with the batch page-locked and
+    copied from where it lies (``SEND_REGISTERED``) as staged, and the batch is locked once a
+    call."""
+    import gln.staging  # noqa: PLC0415
+    from gln import GLN  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 80)
+    rng = np.random.default_rng(8)
+    X = rng.integers(0, 256, (300, 12)).astype(dtype)
+    y = rng.integers(0, 3, 300)
+    model = GLN(num_features=12, num_classes=3, layer_sizes=(8, 1), device="cuda", seed=1)
+    model.learn(X[:100].astype(np.float32), y[:100])
+    staged_outputs = model.predict_proba(X)
+    page_locking(monkeypatch)
+    locked, close = [], uploads.ChunkUploads.close
+
+    def closing(self):
+        locked.append(self.registered)
+        close(self)
+
+    monkeypatch.setattr(uploads.ChunkUploads, "close", closing)
+    staged = counted_staging(monkeypatch)
+    np.testing.assert_array_equal(model.predict_proba(X), staged_outputs)
+    assert locked == [True] and staged == []
