@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import mmap
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -134,7 +135,8 @@ class ChunkUploads:
         self._cp = cp
         self._dtype = np.dtype(dtype)
         self._unregistered_source = source  # until the first send from it tries to lock it
-        self._source: np.ndarray | None = None  # page-locked while this sends
+        self._source: np.ndarray | None = None  # page-locked while this sends ...
+        self._locked_pages = 0  # ... from this address (its first page's)
         self.registered = False  # whether the source was page-locked
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
@@ -231,8 +233,9 @@ class ChunkUploads:
         source = self._unregistered_source
         if source is not None and _lies_in(rows, source):
             self._unregistered_source = None
-            self._source = _page_locked(self._cp, source, self._dtype)
-            self.registered = self._source is not None
+            self._locked_pages = _page_locked(self._cp, source, self._dtype)
+            self.registered = self._locked_pages is not None
+            self._source = source if self.registered else None
         return self._source is not None and _lies_in(rows, self._source)
 
     def close(self) -> None:
@@ -248,7 +251,7 @@ class ChunkUploads:
         finally:
             source, self._source, self._unregistered_source = self._source, None, None
             if source is not None:  # no copy reads it any more
-                self._cp.cuda.runtime.hostUnregister(source.ctypes.data)
+                self._cp.cuda.runtime.hostUnregister(self._locked_pages)
         for slot in self._slots:
             _raise_staging_failure(slot)
 
@@ -341,18 +344,22 @@ def _lies_in(rows: np.ndarray, source: np.ndarray) -> bool:
             and start <= first and first + rows.nbytes <= start + source.nbytes)
 
 
-def _page_locked(cp: ModuleType, source: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """``source`` once its pages are locked (``cudaHostRegister``), where ``SEND_REGISTERED``
-    and it travels as it lies (``dtype``, C-contiguous, ``SEND_REGISTERED_MIN_BYTES`` to
-    ``SEND_REGISTERED_MAX_BYTES``) and the driver agrees; else None (its rows are staged)."""
+def _page_locked(cp: ModuleType, source: np.ndarray, dtype: np.dtype) -> int | None:
+    """Locks the pages that ``source`` lies in (``cudaHostRegister``, whole pages, as the
+    driver locks them anyway), where ``SEND_REGISTERED`` and it travels as it lies (``dtype``,
+    C-contiguous, ``SEND_REGISTERED_MIN_BYTES`` to ``SEND_REGISTERED_MAX_BYTES``) and the driver
+    agrees: the address of their first, for ``cudaHostUnregister``; else None (its rows are
+    staged)."""
     if not (SEND_REGISTERED and source.dtype == dtype and source.flags.c_contiguous
             and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES):
         return None
+    start = source.ctypes.data
+    first, end = start // mmap.PAGESIZE * mmap.PAGESIZE, start + source.nbytes
     try:
-        cp.cuda.runtime.hostRegister(source.ctypes.data, source.nbytes, 0)
+        cp.cuda.runtime.hostRegister(first, -(-(end - first) // mmap.PAGESIZE) * mmap.PAGESIZE, 0)
     except cp.cuda.runtime.CUDARuntimeError:  # already page-locked, or sharing a page with such
         return None
-    return source
+    return first
 
 
 def _pinned(cp: ModuleType, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:

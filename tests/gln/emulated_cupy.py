@@ -53,6 +53,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import mmap
 import re
 import shutil
 import subprocess
@@ -418,20 +419,21 @@ def _capturing_stream() -> Any:
     return streams[-1] if streams and streams[-1].launches is not None else None
 
 
-class _PinnedMemory(bytearray):
+class _PinnedMemory(mmap.mmap):
     """``cupy.cuda.alloc_pinned_memory``'s memory: host memory whose addresses a kernel may
     take (a GPU maps pinned memory into its address space, at the host's addresses, under
-    unified addressing), which no other host memory is."""
+    unified addressing), which no other host memory is. Whole pages of their own, as
+    ``cudaHostAlloc`` gives them, which no other array shares."""
 
     def address(self) -> int:
-        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self))
 
 
 _PINNED: weakref.WeakValueDictionary[int, _PinnedMemory] = weakref.WeakValueDictionary()
 
 
 def _alloc_pinned_memory(size: int) -> _PinnedMemory:
-    memory = _PinnedMemory(size)
+    memory = _PinnedMemory(-1, max(size, 1))  # anonymous, page-aligned; at least a byte
     _PINNED[id(memory)] = memory  # while it lives
     return memory
 
@@ -467,7 +469,9 @@ def _host_register(address: int, size: int, flags: int) -> None:
     with _REGISTERED_LOCK:
         shared = any(first <= (end - 1) // _PAGE_BYTES and start // _PAGE_BYTES <= last
                      for start, end in _REGISTERED.items())
-        if shared or any(_pinned_holds(a, 1) for a in (address, address + size - 1)):
+        pinned = any(memory.address() < address + size and address < memory.address() + len(memory)
+                     for memory in list(_PINNED.values()))
+        if shared or pinned:
             raise CUDARuntimeError(_HOST_MEMORY_ALREADY_REGISTERED)
         _REGISTERED[address] = address + size
 
