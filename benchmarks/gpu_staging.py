@@ -107,6 +107,8 @@ def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
 
 def registered_sends(cp, X: np.ndarray, rows: int, device: str) -> None:
     """The ``registered_send`` line (see the module docstring)."""
+    from gln.kernels.uploads import pages_of  # noqa: PLC0415
+
     chunks = [np.ascontiguousarray(X[start:start + rows])
               for start in range(0, len(X) - rows + 1, rows)]
     target = cp.empty((rows, X.shape[1]), dtype=cp.float32)
@@ -115,13 +117,14 @@ def registered_sends(cp, X: np.ndarray, rows: int, device: str) -> None:
     parts: dict[str, list[float]] = {"register": [], "copy": [], "unregister": []}
     try:
         for chunk in chunks:
+            first, size = pages_of(chunk)  # the whole pages, as the library locks them
             start = time.perf_counter()
-            runtime.hostRegister(chunk.ctypes.data, chunk.nbytes, 0)
+            runtime.hostRegister(first, size, 0)
             registered = time.perf_counter()
             target.set(chunk, stream=stream)
             stream.synchronize()
             copied = time.perf_counter()
-            runtime.hostUnregister(chunk.ctypes.data)
+            runtime.hostUnregister(first)
             parts["register"].append(registered - start)
             parts["copy"].append(copied - registered)
             parts["unregister"].append(time.perf_counter() - copied)

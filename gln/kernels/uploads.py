@@ -353,13 +353,20 @@ def _page_locked(cp: ModuleType, source: np.ndarray, dtype: np.dtype) -> int | N
     if not (SEND_REGISTERED and source.dtype == dtype and source.flags.c_contiguous
             and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES):
         return None
-    start = source.ctypes.data
-    first, end = start // mmap.PAGESIZE * mmap.PAGESIZE, start + source.nbytes
+    first, size = pages_of(source)
     try:
-        cp.cuda.runtime.hostRegister(first, -(-(end - first) // mmap.PAGESIZE) * mmap.PAGESIZE, 0)
+        cp.cuda.runtime.hostRegister(first, size, 0)
     except cp.cuda.runtime.CUDARuntimeError:  # already page-locked, or sharing a page with such
         return None
     return first
+
+
+def pages_of(rows: np.ndarray) -> tuple[int, int]:
+    """The address of the first page that ``rows`` (contiguous) lie in, and the bytes of the
+    whole pages they lie in."""
+    start = rows.__array_interface__["data"][0]
+    first = start // mmap.PAGESIZE * mmap.PAGESIZE
+    return first, -(-(start + rows.nbytes - first) // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _pinned(cp: ModuleType, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:

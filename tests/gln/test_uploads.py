@@ -400,3 +400,16 @@ def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, mo
     staged = counted_staging(monkeypatch)
     np.testing.assert_array_equal(model.predict_proba(X), staged_outputs)
     assert locked == [True] and staged == []
+
+
+def test_a_batch_is_locked_in_the_whole_pages_it_lies_in():
+    import mmap  # noqa: PLC0415
+
+    rows = np.zeros((3 * mmap.PAGESIZE + 10,), dtype=np.uint8)
+    for start, stop in ((0, 1), (5, mmap.PAGESIZE + 7), (mmap.PAGESIZE, 3 * mmap.PAGESIZE)):
+        part = rows[start:stop]
+        address = part.ctypes.data
+        first, size = uploads.pages_of(part)
+        assert first % mmap.PAGESIZE == 0 and size % mmap.PAGESIZE == 0
+        assert first <= address < first + mmap.PAGESIZE  # no page before the rows' first
+        assert address + part.nbytes <= first + size < address + part.nbytes + mmap.PAGESIZE
