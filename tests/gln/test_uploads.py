@@ -190,6 +190,21 @@ def test_staging_ahead_returns_once_its_thread_copies(cp, monkeypatch):
         sender.consumed()
 
 
+def a_model_predicting_in_chunks_of_80(monkeypatch: pytest.MonkeyPatch, dtype: type,
+                                       seed: int) -> tuple:
+    """A GPU model that learned 100 rows, with 300 pixels of ``dtype`` to predict in chunks
+    of 80 rows."""
+    import gln.staging  # noqa: PLC0415
+    from gln import GLN  # noqa: PLC0415
+
+    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 80)
+    rng = np.random.default_rng(seed)
+    X = rng.integers(0, 256, (300, 12)).astype(dtype)
+    model = GLN(num_features=12, num_classes=3, layer_sizes=(8, 1), device="cuda", seed=1)
+    model.learn(X[:100].astype(np.float32), rng.integers(0, 3, 100))
+    return model, X
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
 @pytest.mark.parametrize("while_staging", [False, True], ids=["", "while_staging"])
 def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, while_staging,
@@ -199,14 +214,8 @@ def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, whi
     sent; uint8 rows are staged when sent either way. With LAUNCH_WHILE_STAGING too, every
     float32 chunk not staged ahead is sent while it is staged (uint8 ones never)."""
     import gln.staging  # noqa: PLC0415
-    from gln import GLN  # noqa: PLC0415
 
-    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 80)
-    rng = np.random.default_rng(3)
-    X = rng.integers(0, 256, (300, 12)).astype(dtype)
-    y = rng.integers(0, 3, 300)
-    model = GLN(num_features=12, num_classes=3, layer_sizes=(8, 1), device="cuda", seed=1)
-    model.learn(X[:100].astype(np.float32), y[:100])
+    model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=3)
     monkeypatch.setattr(uploads, "STAGE_AHEAD", False)
     in_turn = model.predict_proba(X)
     send_while_staging(cp, monkeypatch, while_staging)
@@ -379,15 +388,7 @@ def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, mo
     """A model's predictions of many chunks are the same bytes with the batch page-locked and
     copied from where it lies (``SEND_REGISTERED``) as staged, and the batch is locked once a
     call."""
-    import gln.staging  # noqa: PLC0415
-    from gln import GLN  # noqa: PLC0415
-
-    monkeypatch.setattr(gln.staging, "PREDICT_CHUNK_ROWS_GPU", 80)
-    rng = np.random.default_rng(8)
-    X = rng.integers(0, 256, (300, 12)).astype(dtype)
-    y = rng.integers(0, 3, 300)
-    model = GLN(num_features=12, num_classes=3, layer_sizes=(8, 1), device="cuda", seed=1)
-    model.learn(X[:100].astype(np.float32), y[:100])
+    model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=8)
     staged_outputs = model.predict_proba(X)
     page_locking(monkeypatch)
     locked, close = [], uploads.ChunkUploads.close
