@@ -37,7 +37,8 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
   chunk of each ``--first-chunk-rows``, and, where ``launch_while_staging_probe`` found that it
-  works here, with ``LAUNCH_WHILE_STAGING`` and each of those first chunks or none, and with
+  works here, with ``LAUNCH_WHILE_STAGING`` and each of those first chunks or none, and,
+  where ``page_locking_probe`` found that the driver locks a 4,096-row batch's pages, with
   each call's rows page-locked where they lie instead of staged (``page_locked``:
   ``SEND_REGISTERED``), in alternating rounds (median of ``--upload-rounds``);
 * ``predict_by_dtype``: 4,096-row predictions of the same pixel values (0-255) sent as uint8
@@ -45,7 +46,8 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   (``STAGE_AHEAD``), by one host thread and by up to four (``STAGING_THREADS``), and with the
   chunks not staged ahead sent while they are staged and not (``LAUNCH_WHILE_STAGING``, where
   ``launch_while_staging_probe`` found that it works here), and with the library's staging
-  settings and each call's rows page-locked where they lie instead (``SEND_REGISTERED``), in
+  settings and each call's rows page-locked where they lie instead (``SEND_REGISTERED``,
+  where ``page_locking_probe`` found that it works here), in
   alternating rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows
   travel in a quarter of the bytes (``gln.kernels.uploads``), and all must predict the same
   bytes;
@@ -398,12 +400,13 @@ def first_chunk_rows(rows: int | None) -> contextlib.AbstractContextManager[None
 
 def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[int, int]],
                     first_chunks: list[int], rounds: int,
-                    while_staging: bool = False) -> list[dict]:
+                    while_staging: bool = False, page_locked: bool = False) -> list[dict]:
     """Prediction rates with the rows sent on the current stream, on the copy stream with each
     (threads, pieces) of ``staging``, and on it with the library's staging and each first chunk
     length of ``first_chunks``, and, with ``while_staging``, those first chunks and the usual
-    one again with ``LAUNCH_WHILE_STAGING`` on (the two together start the device soonest): the
-    median of ``rounds`` alternating rounds."""
+    one again with ``LAUNCH_WHILE_STAGING`` on (the two together start the device soonest),
+    and, with ``page_locked``, with the calls' rows page-locked where they lie instead
+    (``SEND_REGISTERED``): the median of ``rounds`` alternating rounds."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
     library = (uploads.STAGING_THREADS, uploads.STAGING_PIECES)
@@ -413,7 +416,7 @@ def rates_by_upload(model: GLN, X: np.ndarray, chunk: int, staging: list[tuple[i
               *(("copy_stream", *library, rows, usual) for rows in first_chunks),
               *(("copy_stream", *library, rows, not usual)
                 for rows in ((None, *first_chunks) if while_staging else ())),
-              ("page_locked", *library, None, usual)]
+              *((("page_locked", *library, None, usual),) if page_locked else ())]
     rates: dict[int, list[float]] = {i: [] for i in range(len(setups))}
     for _ in range(rounds):
         for i, (path, threads, pieces, first, behind) in enumerate(setups):
@@ -492,13 +495,32 @@ def sending_while_staging_works(timeout: float = 60) -> tuple[bool, str]:
     return result.returncode == 0, (lines[-1] if lines and result.returncode else "")
 
 
+def page_locking_works(rows: int = 4096, features: int = 784) -> tuple[bool, str]:
+    """Whether the driver page-locks a batch of ``rows`` x ``features`` float32 where it lies
+    (``SEND_REGISTERED``'s ``cudaHostRegister``), and its refusal if not: where it refuses,
+    every call would be staged, and timing the setting would time staging again."""
+    import cupy  # noqa: PLC0415
+
+    import gln.kernels.uploads as uploads  # noqa: PLC0415
+
+    first, size = uploads.pages_of(np.zeros((rows, features), dtype=np.float32))
+    try:
+        cupy.cuda.runtime.hostRegister(first, size, 0)
+    except cupy.cuda.runtime.CUDARuntimeError as refusal:
+        return False, str(refusal)
+    cupy.cuda.runtime.hostUnregister(first)
+    return True, ""
+
+
 def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
                    staging_threads: tuple[int, ...] = (1, 4),
-                   while_staging: tuple[bool, ...] = (False, True)) -> list[dict]:
+                   while_staging: tuple[bool, ...] = (False, True),
+                   page_locked: bool = True) -> list[dict]:
     """``predict_by_dtype``: ``pixel_rates`` with ``STAGE_AHEAD`` off and on, with each of
     ``staging_threads`` (``STAGING_THREADS``), and with each of ``while_staging``
-    (``LAUNCH_WHILE_STAGING``), all staged; and with the library's staging settings and the
-    calls' rows page-locked where they lie instead (``SEND_REGISTERED``)."""
+    (``LAUNCH_WHILE_STAGING``), all staged; and, with ``page_locked``, with the library's
+    staging settings and the calls' rows page-locked where they lie instead
+    (``SEND_REGISTERED``)."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
     def setting(ahead: bool, threads: int, behind: bool, locked: bool) -> Callable:
@@ -508,8 +530,8 @@ def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
 
     staged = [(ahead, threads, behind, False) for threads in staging_threads
               for ahead in (False, True) for behind in while_staging]
-    locked = (uploads.STAGE_AHEAD, uploads.STAGING_THREADS, False, True)
-    settings = {key: setting(*key) for key in (*staged, locked)}
+    locked = [(uploads.STAGE_AHEAD, uploads.STAGING_THREADS, False, True)] if page_locked else []
+    settings = {key: setting(*key) for key in (*staged, *locked)}
     return [{"measure": "predict_by_dtype", "implementation": "kernels", "dtype": name,
              "stage_ahead": ahead, "staging_threads": threads,
              "launch_while_staging": behind, "send_registered": registered,
@@ -756,11 +778,16 @@ def main(argv: list[str] | None = None) -> None:
             works, why = sending_while_staging_works()
             emit({"measure": "launch_while_staging_probe", "works": works, "error": why,
                   **common}, device)
+            locks, refusal = page_locking_works()
+            emit({"measure": "page_locking_probe", "works": locks, "error": refusal,
+                  **common}, device)
             for record in rates_by_upload(model, predict_rows, args.chunk, args.staging,
-                                          args.first_chunk_rows, args.upload_rounds, works):
+                                          args.first_chunk_rows, args.upload_rounds, works,
+                                          locks):
                 emit({"measure": "predict_by_upload", **record, **common}, device)
             by_dtype = functools.partial(rates_by_dtype,
-                                         while_staging=(False, True) if works else (False,))
+                                         while_staging=(False, True) if works else (False,),
+                                         page_locked=locks)
             for rounds, rates_by in ((args.dtype_rounds, by_dtype),
                                      (args.gating_rounds, rates_by_gating),
                                      (args.kernel_rounds, rates_by_learning_kernel)):

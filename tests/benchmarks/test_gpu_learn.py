@@ -86,6 +86,8 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
                               for product in ("float32", "int8")}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_gating.values())
+    (probe,) = [r for r in records if r["measure"] == "page_locking_probe"]
+    assert probe["works"] and probe["error"] == ""  # so the page-locked settings are timed
     by_dtype = {(r["dtype"], r["stage_ahead"], r["staging_threads"], r["launch_while_staging"],
                  r["send_registered"]): r
                 for r in records if r["measure"] == "predict_by_dtype"}
@@ -235,7 +237,7 @@ def test_every_upload_path_predicts_calls_of_several_chunks(monkeypatch):
     locked = page_locked_calls(monkeypatch)
     with a_model_predicting_in_chunks(monkeypatch, seed=1) as (model, X, usual):
         records = rates_by_upload(model, X, 30, [(1, 1), (2, 3)], [3], rounds=1,
-                                  while_staging=True)
+                                  while_staging=True, page_locked=True)
         with module_constant(gln.staging, "ChunkUploads", CurrentStreamUploads):
             np.testing.assert_array_equal(model.predict_proba(X), usual)
     assert [r["uploads"] for r in records] == ["current_stream", *["copy_stream"] * 5,
@@ -277,3 +279,22 @@ def test_every_staging_setting_predicts_pixels_in_several_chunks(monkeypatch, sm
     assert len(records) == 2 * (8 + 1)
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0 for r in records)
     assert any(locked)  # the page-locked setting's calls were
+
+
+@pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
+def test_the_page_locking_probe_reports_the_drivers_refusal(monkeypatch):
+    """The probe locks and unlocks a batch where the driver agrees (the emulated device does),
+    and reports the refusal where it does not, so that the benchmark times the setting only
+    where it would lock anything."""
+    from benchmarks.gpu_learn import page_locking_works
+
+    with emulated_cupy_installed() as cp:
+        assert page_locking_works(16, 8) == (True, "")
+        assert page_locking_works(16, 8) == (True, "")  # unlocked after the first
+
+        def refusing(address, size, flags):
+            raise cp.cuda.runtime.CUDARuntimeError(801)
+
+        monkeypatch.setattr(cp.cuda.runtime, "hostRegister", refusing)
+        works, why = page_locking_works(16, 8)
+        assert not works and "801" in why
