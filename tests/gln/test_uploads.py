@@ -328,8 +328,9 @@ def test_chunks_of_a_page_locked_source_are_copied_from_where_they_lie(cp, dtype
                 np.float32))
         assert sender.registered
     assert staged == []
-    cp.cuda.runtime.hostRegister(source.ctypes.data, source.nbytes, 0)  # unlocked: lockable
-    cp.cuda.runtime.hostUnregister(source.ctypes.data)
+    first, size = uploads.pages_of(source)
+    cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
+    cp.cuda.runtime.hostUnregister(first)
 
 
 def test_a_source_the_driver_refuses_to_lock_is_staged(cp, monkeypatch):
@@ -339,7 +340,8 @@ def test_a_source_the_driver_refuses_to_lock_is_staged(cp, monkeypatch):
     page_locking(monkeypatch)
     staged = counted_staging(monkeypatch)
     source = np.random.default_rng(6).standard_normal((30, 8)).astype(np.float32)
-    cp.cuda.runtime.hostRegister(source.ctypes.data, source.nbytes, 0)
+    first, size = uploads.pages_of(source)
+    cp.cuda.runtime.hostRegister(first, size, 0)
     try:
         with uploads.ChunkUploads(30, 8, source=source) as sender:
             np.testing.assert_array_equal(sender.send(source).get(), source)
@@ -347,7 +349,7 @@ def test_a_source_the_driver_refuses_to_lock_is_staged(cp, monkeypatch):
             assert not sender.registered
         assert sum(staged) == 30
     finally:
-        cp.cuda.runtime.hostUnregister(source.ctypes.data)  # still the test's own lock
+        cp.cuda.runtime.hostUnregister(first)  # still the test's own lock
 
 
 def test_only_a_source_that_travels_as_it_lies_is_page_locked(cp, monkeypatch):
