@@ -208,6 +208,30 @@ def test_the_row_kernel_is_forced_or_chosen_from_its_length(monkeypatch):
         plan_layer_launch(many, 4096, True, HOPPER_SHARED_BYTES, "rows")
 
 
+def source_default(name: str, lanes: int) -> int:
+    """The layer pass source's own default of the macro ``name`` for rows of ``lanes`` elements
+    a lane (its ``#define NAME (GLN_PER_LANE <= LIMIT ? NARROW : WIDE)``)."""
+    match = re.search(rf"#ifndef {name}\n#define {name} \(GLN_PER_LANE <= (\d+) \? (\d+) : "
+                      rf"(\d+)\)\n#endif", (KERNELS / "layer_pass.cu").read_text())
+    assert match, f"{name}'s default is no longer of the form this test reads"
+    limit, narrow, wide = map(int, match.groups())
+    return narrow if lanes <= limit else wide
+
+
+def test_the_hosts_shared_kernel_defaults_are_the_sources(monkeypatch):
+    """Where the host leaves them to the source (``PREDICT_SUM_BATCH`` and ``PREDICT_WARPS``
+    None), it sizes the shared kernel's blocks and batches as the source's defaults do: the
+    two are written in both places (the host needs the block's warps to launch it), and this
+    keeps them equal."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(cuda, "PREDICT_SUM_BATCH", None)
+    monkeypatch.setattr(cuda, "PREDICT_WARPS", None)
+    for lanes in range(1, 65):
+        assert cuda.predict_sum_batch(lanes) == source_default("GLN_SUM_BATCH", lanes), lanes
+        assert cuda.predict_warps(lanes) == source_default("GLN_PREDICT_WARPS", lanes), lanes
+
+
 def test_the_shared_kernels_settings_compile_into_its_module_and_size_its_block(monkeypatch):
     """``PREDICT_SUM_BATCH``, ``PREDICT_WARPS`` and ``PREDICT_EXAMPLE_GROUP`` reach the
     shared kernel's module as macros (more than 16 warps without an input loaded ahead), and
