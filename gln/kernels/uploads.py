@@ -135,9 +135,8 @@ class ChunkUploads:
         self._cp = cp
         self._dtype = np.dtype(dtype)
         self._unregistered_source = source  # until the first send from it tries to lock it
-        self._source: np.ndarray | None = None  # page-locked while this sends ...
-        self._locked_pages = 0  # ... from this address (its first page's)
-        self.registered = False  # whether the source was page-locked
+        self._source: np.ndarray | None = None  # page-locked, until close unlocks it ...
+        self._locked_pages: int | None = None  # ... from this address (its first page's)
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
                              cp.empty((max_rows, num_features), dtype=self._dtype))
@@ -227,6 +226,11 @@ class ChunkUploads:
         later call, after chunks sent otherwise, only makes their slot wait longer)."""
         self._slots[(self._sent - 1) % SLOTS].consumed = self._cp.cuda.get_current_stream().record()
 
+    @property
+    def registered(self) -> bool:
+        """Whether the source was page-locked."""
+        return self._locked_pages is not None
+
     def _in_locked_source(self, rows: np.ndarray) -> bool:
         """Whether ``rows`` lie in the page-locked source, locking it first where this is the
         first send from it (``SEND_REGISTERED``): the device then copies them from there."""
@@ -234,7 +238,6 @@ class ChunkUploads:
         if source is not None and _lies_in(rows, source):
             self._unregistered_source = None
             self._locked_pages = _page_locked(self._cp, source, self._dtype)
-            self.registered = self._locked_pages is not None
             self._source = source if self.registered else None
         return self._source is not None and _lies_in(rows, self._source)
 
@@ -249,8 +252,8 @@ class ChunkUploads:
                 if slot.copied is not None:
                     slot.copied.synchronize()
         finally:
-            source, self._source, self._unregistered_source = self._source, None, None
-            if source is not None:  # no copy reads it any more
+            locked, self._source, self._unregistered_source = self._source, None, None
+            if locked is not None:  # no copy reads it any more
                 self._cp.cuda.runtime.hostUnregister(self._locked_pages)
         for slot in self._slots:
             _raise_staging_failure(slot)
