@@ -80,19 +80,27 @@ STAGE_AHEAD = True
 # call's first chunk is staged while the device waits, idle (1.1 ms of 4.6 on an H200,
 # docs/gpu.md), and its launches (about 0.6 ms of the host's) follow; here they would overlap.
 # Pixels as uint8 are staged in about 0.24 ms, less than the launches, and a thread done before
-# the caller's launches gets the GIL for its mark only after them. Off until a GPU has
-# measured it (gpu_learn.py's predict_by_dtype lines).
+# the caller's launches gets the GIL for its mark only after them. Off: on an H200 it sped
+# float32 rows up with one staging thread (949k against 888k rows/s) and slowed them with four
+# staged ahead (842k against 876k, gpu_learn.py's predict_by_dtype); and the first launch of a
+# kernel in the process, while a chunk waits for its marks, waits for them too (CUDA loads the
+# kernel's module then, once the device's running kernels are done).
 LAUNCH_WHILE_STAGING = False
 # Whether the rows of a long prediction that travel in their own bytes (float32 rows, or pixels
 # as uint8: a dtype that needs no rounding), C-contiguous and SEND_REGISTERED_MIN_BYTES to
 # SEND_REGISTERED_MAX_BYTES long, are page-locked where they lie for the call
 # (cudaHostRegister) and copied from there by the device's own DMA, instead of copied by the
-# host into pinned memory first: no staging at all (a 4,096-row float32 call's first chunk,
-# 6.4 MB, took the host about 1.1 ms on an H200's host, the device idle), for the cost of
-# locking the batch's pages. Where the driver refuses (rows already in page-locked memory, or
-# sharing a page with it), the rows are staged as before. Off until a GPU has measured it
-# (gpu_staging.py's registered_send, gpu_learn.py's predict_by_dtype).
-SEND_REGISTERED = False
+# host into pinned memory first. On an H200, 4,096-row MNIST predictions so beat the library's
+# staging (four threads, float32 staged ahead) in each run, with the same outputs
+# (gpu_learn.py's predict_by_dtype): float32 946k against 876k rows/s and uint8 1,095k against
+# 1,019k (5 rounds), and 878k against 728k and 1,001k against 899k on another machine (7
+# rounds), where processes of each alternating (gpu_compare.py, 3 rounds) predicted float32
+# rows at 822k, 965k and 966k against 557k, 674k and 838k (each round's mean). Where the
+# driver refuses (rows already in page-locked memory, or sharing a page with it), the rows are
+# staged as before.
+# Locking piece by piece as sent and unlocking each piece once copied lost (775k against 997k):
+# cudaHostUnregister waits for the device's work, so the host stalled mid-call (docs/gpu.md).
+SEND_REGISTERED = True
 SEND_REGISTERED_MIN_BYTES = 1 << 20
 SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
 

@@ -232,9 +232,11 @@ def by_dtype(dtype: str, ahead: bool, rate: float, same: bool = True, threads: i
 
 @pytest.fixture
 def staged_by_one_thread_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The library's staging as these tests' rates take it: one thread, nothing ahead."""
+    """The library's staging as these tests' rates take it: one thread, nothing ahead, the
+    rows staged (not page-locked)."""
     monkeypatch.setattr(uploads, "STAGING_THREADS", 1)
     monkeypatch.setattr(uploads, "STAGE_AHEAD", False)
+    monkeypatch.setattr(uploads, "SEND_REGISTERED", False)
 
 
 @pytest.mark.usefixtures("staged_by_one_thread_in_turn")

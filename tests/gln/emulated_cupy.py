@@ -37,9 +37,10 @@ It fails where a real GPU run would fail or go silently wrong:
   (``alloc_pinned_memory``), which a GPU maps at the host's addresses; a kernel launched
   there runs at once, so one that waits for the host's write waits for it.
 * host memory page-locked where it lies (``runtime.hostRegister``) is refused, as CUDA refuses
-  it, where it shares a page with memory already registered or lies in pinned memory, and
-  unlocking it (``hostUnregister``) while a copy from it is still pending is an error: a GPU's
-  copy would read pages no longer locked.
+  it, where it shares a page with memory already registered or lies in pinned memory; so is a
+  copy that starts in one registered range and runs past its end; and unlocking it
+  (``hostUnregister``) while a copy from it is still pending is an error: a GPU's copy would
+  read pages no longer locked.
 
 It does not model timing, races between warps, asynchronous launches or the GPU's rounding of
 ``expf`` (the host's libm stands in). The same tests on a GPU
@@ -455,7 +456,7 @@ class CUDARuntimeError(RuntimeError):
         self.status = status
 
 
-_HOST_MEMORY_ALREADY_REGISTERED, _HOST_MEMORY_NOT_REGISTERED = 712, 713
+_INVALID_VALUE, _HOST_MEMORY_ALREADY_REGISTERED, _HOST_MEMORY_NOT_REGISTERED = 1, 712, 713
 _PAGE_BYTES = 4096
 _REGISTERED: dict[int, int] = {}  # page-locked host ranges (cudaHostRegister): start -> end
 _REGISTERED_LOCK = threading.Lock()
@@ -490,6 +491,17 @@ def _host_unregister(address: int) -> None:
             if start < end and address < start + size:
                 raise RuntimeError("host memory unregistered while a copy from it was pending: "
                                    "a GPU's DMA would read pages no longer locked")
+
+
+def _check_within_one_registration(array: np.ndarray) -> None:
+    """A copy from page-locked memory must lie in one registration: CUDA takes a source that
+    starts in a registered range for that range's, and refuses one running past its end
+    (``cudaErrorInvalidValue``), as where it runs into the next registration."""
+    start = array.__array_interface__["data"][0]
+    with _REGISTERED_LOCK:
+        ends = [end for first, end in _REGISTERED.items() if first <= start < end]
+    if ends and start + array.nbytes > ends[0]:
+        raise CUDARuntimeError(_INVALID_VALUE)
 
 
 class _Stream:
@@ -732,6 +744,7 @@ class DeviceArray(NDArrayOperatorsMixin):
         if not self.host_view.flags.c_contiguous:
             raise RuntimeError("set() into a non-contiguous array")
         _operation("copy host->device")
+        _check_within_one_registration(array)
         destination = self.host_view
 
         def copy() -> None:

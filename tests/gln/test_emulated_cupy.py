@@ -8,6 +8,7 @@ bounds, CuPy's separation of host and device arrays, and what a stream capture m
 from __future__ import annotations
 
 import contextlib
+import mmap
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -299,3 +300,30 @@ def test_host_memory_is_page_locked_as_cuda_allows(cp):
     with pytest.raises(RuntimeError, match="copy from it was pending"):
         runtime.hostUnregister(rows.ctypes.data)
     side.synchronize()
+
+
+def test_a_copy_from_page_locked_memory_lies_in_one_registered_range(cp):
+    """A copy that starts in a registered range and runs past its end, as into the next one, is
+    refused (``cudaErrorInvalidValue``), as CUDA refuses it; copies each within one range, or
+    from memory never registered, arrive."""
+    runtime = cp.cuda.runtime
+    memory = mmap.mmap(-1, 3 * mmap.PAGESIZE)
+    host = np.frombuffer(memory, np.float32)
+    host[:] = np.arange(len(host))
+    start, page = host.ctypes.data, mmap.PAGESIZE // 4
+    runtime.hostRegister(start, mmap.PAGESIZE, 0)
+    runtime.hostRegister(start + mmap.PAGESIZE, 2 * mmap.PAGESIZE, 0)
+    try:
+        device = cp.zeros(len(host), dtype=cp.float32)
+        with pytest.raises(runtime.CUDARuntimeError) as refused:
+            device[page - 4:page + 4].set(host[page - 4:page + 4])
+        assert refused.value.status == 1
+        for part in (slice(0, page), slice(page, None)):
+            device[part].set(host[part])
+        np.testing.assert_array_equal(device.get(), host)
+    finally:
+        runtime.hostUnregister(start)
+        runtime.hostUnregister(start + mmap.PAGESIZE)
+    unlocked = np.ones(8, dtype=np.float32)
+    device[:8].set(unlocked)
+    np.testing.assert_array_equal(device[:8].get(), unlocked)
