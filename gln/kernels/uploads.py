@@ -27,7 +27,7 @@ while the threads stage its rows.
 
 With ``SEND_REGISTERED`` nothing is staged where the batch's rows travel as they lie: its pages
 are locked for the call (``cudaHostRegister``) and the device copies each chunk from there, until
-``close`` unlocks them.
+``close`` unlocks them (with ``UNLOCK_AFTER_RETURN``, a thread of its own after it).
 
 Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
 copied while the device works on the other, and a batch of any length holds two chunks' rows
@@ -103,6 +103,15 @@ LAUNCH_WHILE_STAGING = False
 SEND_REGISTERED = True
 SEND_REGISTERED_MIN_BYTES = 1 << 20
 SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
+# Whether a call's page-locked batch is unlocked after the call has returned, by a thread of
+# its own, instead of before: unlocking a 4,096-row float32 batch (12.8 MB) took an H200's host
+# about 0.3 ms (gpu_staging.py's registered_send: 0.13-0.17 ms for half of it), the device
+# idle and the caller waiting, where it could overlap what the caller does next. The thread
+# holds the batch until it is unlocked, so that its memory outlives the lock whatever the
+# caller drops; a later batch refused a lock (one sharing a page with it, as the next slice of
+# the same array does) waits for the pending unlocks and tries again. Off until a GPU has
+# measured it (gpu_learn.py's predict_by_unlock lines).
+UNLOCK_AFTER_RETURN = False
 
 
 @dataclass
@@ -261,7 +270,9 @@ class ChunkUploads:
                     slot.copied.synchronize()
         finally:
             locked, self._source, self._unregistered_source = self._source, None, None
-            if locked is not None:  # no copy reads it any more
+            if locked is not None and UNLOCK_AFTER_RETURN:
+                _unlock_after_return(self._cp, self._locked_pages, locked)
+            elif locked is not None:  # no copy reads it any more
                 self._cp.cuda.runtime.hostUnregister(self._locked_pages)
         for slot in self._slots:
             _raise_staging_failure(slot)
@@ -365,11 +376,44 @@ def _page_locked(cp: ModuleType, source: np.ndarray, dtype: np.dtype) -> int | N
             and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES):
         return None
     first, size = pages_of(source)
-    try:
-        cp.cuda.runtime.hostRegister(first, size, 0)
-    except cp.cuda.runtime.CUDARuntimeError:  # already page-locked, or sharing a page with such
-        return None
-    return first
+    for last_try in (False, True):
+        try:
+            cp.cuda.runtime.hostRegister(first, size, 0)
+            return first
+        except cp.cuda.runtime.CUDARuntimeError:  # page-locked already, or sharing a page with such
+            if last_try or not wait_for_unlocks():
+                return None
+    return None
+
+
+_UNLOCKING: list[concurrent.futures.Future] = []  # unlocks after return, not yet waited for
+_UNLOCKING_GUARD = threading.Lock()
+
+
+def _unlock_after_return(cp: ModuleType, first: int, source: np.ndarray) -> None:
+    """Unlocks the pages from ``first`` (``source``'s, whose copies have all finished) on a
+    thread of its own, which holds ``source`` until then (``UNLOCK_AFTER_RETURN``)."""
+    future = _unlock_pool().submit(_unlock, cp, first, source)
+    with _UNLOCKING_GUARD:  # those done well are let go; a failed one waits to be raised
+        _UNLOCKING[:] = [f for f in _UNLOCKING if not f.done() or f.exception() is not None]
+        _UNLOCKING.append(future)
+
+
+def _unlock(cp: ModuleType, first: int, source: np.ndarray) -> None:
+    """``cudaHostUnregister`` of the pages from ``first``; ``source``, the batch they hold, is
+    an argument only to live until then."""
+    cp.cuda.runtime.hostUnregister(first)
+
+
+def wait_for_unlocks() -> bool:
+    """Returns once every batch handed to be unlocked after its call (``UNLOCK_AFTER_RETURN``)
+    is unlocked, raising what an unlock raised; whether there was any."""
+    with _UNLOCKING_GUARD:
+        pending = list(_UNLOCKING)
+        _UNLOCKING.clear()
+    for future in pending:
+        future.result()
+    return bool(pending)
 
 
 def pages_of(rows: np.ndarray) -> tuple[int, int]:
@@ -399,6 +443,11 @@ def _wait_for_host_kernel() -> Any:
     from gln.kernels.cuda import _function  # noqa: PLC0415 - the CUDA kernels' module
 
     return _function("uploads.cu", "gln_wait_for_host")
+
+
+@functools.cache
+def _unlock_pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gln-unlock")
 
 
 @functools.cache

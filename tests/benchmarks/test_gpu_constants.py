@@ -327,6 +327,27 @@ def test_page_locked_rows_where_float32_gained_and_uint8_kept_its_pace():
     assert recommend(staged)["current"]["SEND_REGISTERED"] is False
 
 
+def by_unlock(dtype: str, after: bool, rate: float, same: bool = True) -> dict:
+    """A ``predict_by_unlock`` line."""
+    return {"measure": "predict_by_unlock", "dtype": dtype, "unlock_after_return": after,
+            "examples_per_second": rate, "same_outputs_as_float32": same}
+
+
+def test_unlocking_after_return_where_float32_gained_and_uint8_kept_its_pace(monkeypatch):
+    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", False)
+    before = [by_unlock("float32", False, 900), by_unlock("uint8", False, 1000)]
+    after = [by_unlock("float32", True, 950), by_unlock("uint8", True, 990)]
+    assert recommend([*before, *after])["UNLOCK_AFTER_RETURN"] is True
+    slower = [after[0], by_unlock("uint8", True, 950)]
+    assert recommend([*before, *slower])["UNLOCK_AFTER_RETURN"] is False
+    no_gain = [by_unlock("float32", True, 890), after[1]]
+    assert recommend([*before, *no_gain])["UNLOCK_AFTER_RETURN"] is False
+    differing = [by_unlock("float32", True, 950, same=False), after[1]]
+    assert recommend([*before, *differing])["UNLOCK_AFTER_RETURN"] is False
+    assert recommend(after)["UNLOCK_AFTER_RETURN"] is None  # the library's not measured
+    assert recommend(before)["current"]["UNLOCK_AFTER_RETURN"] is False
+
+
 @pytest.mark.usefixtures("staged_by_one_thread_in_turn")
 def test_the_first_chunk_is_chosen_among_lines_sent_as_the_staging_recommended():
     """Sending while staging recommended (off predict_by_dtype's lines): the first chunk comes

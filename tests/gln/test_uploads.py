@@ -390,14 +390,87 @@ def test_only_a_source_that_travels_as_it_lies_is_page_locked(cp, monkeypatch):
     assert sum(staged) == 12  # the rows from elsewhere alone
 
 
+def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkeypatch):
+    """With ``UNLOCK_AFTER_RETURN`` the batch's pages are still locked after the close, until
+    the unlocking thread (held here) has unlocked them, and the thread holds the batch until
+    then, so that its memory outlives the lock though the caller drops it."""
+    import gc  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    import weakref  # noqa: PLC0415
+
+    page_locking(monkeypatch)
+    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", True)
+    release, unlock = threading.Event(), uploads._unlock
+
+    def held(*args):
+        assert release.wait(30)
+        unlock(*args)
+
+    monkeypatch.setattr(uploads, "_unlock", held)
+    source = np.random.default_rng(12).standard_normal((40, 24)).astype(np.float32)
+    alive, (first, size) = weakref.ref(source), uploads.pages_of(source)
+    with uploads.ChunkUploads(20, 24, source=source) as sender:
+        for start in (0, 20):
+            doubled = sender.send(source[start:start + 20]) * 2
+            sender.consumed()
+            np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 20])
+        assert sender.registered
+    del source
+    gc.collect()
+    assert alive() is not None
+    with pytest.raises(cp.cuda.runtime.CUDARuntimeError):
+        cp.cuda.runtime.hostRegister(first, size, 0)  # still locked
+    release.set()
+    assert uploads.wait_for_unlocks()
+    gc.collect()
+    assert alive() is None
+    cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
+    cp.cuda.runtime.hostUnregister(first)
+
+
+def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp, monkeypatch):
+    """A batch refused a lock for a page it shares with the batch before, still being unlocked
+    (held here, then let go by a timer), waits for that unlock and is locked, not staged."""
+    import threading  # noqa: PLC0415
+
+    page_locking(monkeypatch)
+    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", True)
+    release, unlock = threading.Event(), uploads._unlock
+
+    def held(*args):
+        assert release.wait(30)
+        unlock(*args)
+
+    monkeypatch.setattr(uploads, "_unlock", held)
+    staged = counted_staging(monkeypatch)
+    import mmap  # noqa: PLC0415
+
+    # Rows of 4,000 bytes from a page's start: the first three end on the page where the last
+    # three begin.
+    rows = np.frombuffer(mmap.mmap(-1, 6 * 4000), np.float32).reshape(6, 1000)
+    rows[:] = np.random.default_rng(13).standard_normal(rows.shape)
+    for half, batch in enumerate((rows[:3], rows[3:])):
+        if half:
+            threading.Timer(0.2, release.set).start()
+        with uploads.ChunkUploads(3, 1000, source=batch) as sender:
+            np.testing.assert_array_equal(sender.send(batch).get(), batch)
+            sender.consumed()
+            assert sender.registered
+    assert release.is_set() and staged == []
+    uploads.wait_for_unlocks()
+
+
+@pytest.mark.parametrize("after_return", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
-def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, monkeypatch):
+def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, after_return,
+                                                                    monkeypatch):
     """A model's predictions of many chunks are the same bytes with the batch page-locked and
     copied from where it lies (``SEND_REGISTERED``) as staged, and the batch is locked once a
-    call."""
+    call (and unlocked after it, with ``UNLOCK_AFTER_RETURN``)."""
     model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=8)
     staged_outputs = model.predict_proba(X)
     page_locking(monkeypatch)
+    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", after_return)
     locked, close = [], uploads.ChunkUploads.close
 
     def closing(self):
@@ -408,6 +481,10 @@ def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, mo
     staged = counted_staging(monkeypatch)
     np.testing.assert_array_equal(model.predict_proba(X), staged_outputs)
     assert locked == [True] and staged == []
+    assert uploads.wait_for_unlocks() is after_return
+    first, size = uploads.pages_of(X)
+    cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
+    cp.cuda.runtime.hostUnregister(first)
 
 
 def test_a_batch_is_locked_in_the_whole_pages_it_lies_in():
