@@ -4,6 +4,7 @@ they are waited for)."""
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -34,8 +35,6 @@ def test_a_chunk_sent_while_staging_is_sent_before_it_is_staged(cp, monkeypatch)
     not see the marks within 30 s fails it, and is let go by marks it cannot miss."""
     if hasattr(cp, "operations"):
         pytest.skip("the emulated device runs a launch at once: it cannot return first")
-    import threading  # noqa: PLC0415
-
     send_while_staging(cp, monkeypatch)
     monkeypatch.setattr(uploads, "STAGING_THREADS", 3)
     monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)
@@ -390,14 +389,9 @@ def test_only_a_source_that_travels_as_it_lies_is_page_locked(cp, monkeypatch):
     assert sum(staged) == 12  # the rows from elsewhere alone
 
 
-def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkeypatch):
-    """With ``UNLOCK_AFTER_RETURN`` the batch's pages are still locked after the close, until
-    the unlocking thread (held here) has unlocked them, and the thread holds the batch until
-    then, so that its memory outlives the lock though the caller drops it."""
-    import gc  # noqa: PLC0415
-    import threading  # noqa: PLC0415
-    import weakref  # noqa: PLC0415
-
+def unlocking_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """``SEND_REGISTERED`` and ``UNLOCK_AFTER_RETURN`` on for a test, each unlock after return
+    held until the event returned is set."""
     page_locking(monkeypatch)
     monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", True)
     release, unlock = threading.Event(), uploads._unlock
@@ -407,6 +401,17 @@ def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkey
         unlock(*args)
 
     monkeypatch.setattr(uploads, "_unlock", held)
+    return release
+
+
+def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkeypatch):
+    """With ``UNLOCK_AFTER_RETURN`` the batch's pages are still locked after the close, until
+    the unlocking thread (held here) has unlocked them, and the thread holds the batch until
+    then, so that its memory outlives the lock though the caller drops it."""
+    import gc  # noqa: PLC0415
+    import weakref  # noqa: PLC0415
+
+    release = unlocking_held(monkeypatch)
     source = np.random.default_rng(12).standard_normal((40, 24)).astype(np.float32)
     alive, (first, size) = weakref.ref(source), uploads.pages_of(source)
     with uploads.ChunkUploads(20, 24, source=source) as sender:
@@ -431,19 +436,10 @@ def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkey
 def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp, monkeypatch):
     """A batch refused a lock for a page it shares with the batch before, still being unlocked
     (held here, then let go by a timer), waits for that unlock and is locked, not staged."""
-    import threading  # noqa: PLC0415
-
-    page_locking(monkeypatch)
-    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", True)
-    release, unlock = threading.Event(), uploads._unlock
-
-    def held(*args):
-        assert release.wait(30)
-        unlock(*args)
-
-    monkeypatch.setattr(uploads, "_unlock", held)
-    staged = counted_staging(monkeypatch)
     import mmap  # noqa: PLC0415
+
+    release = unlocking_held(monkeypatch)
+    staged = counted_staging(monkeypatch)
 
     # Rows of 4,000 bytes from a page's start: the first three end on the page where the last
     # three begin.
