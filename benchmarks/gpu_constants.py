@@ -38,9 +38,9 @@
   where that beat the library's own and the setting predicted every other dtype (uint8) within
   ``OTHER_DTYPE_MARGIN`` of the library's, with the same outputs; else the library's. Float32
   first: it is the dtype short of 1M rows/s, and two of the three settings change only it.
-* ``UNLOCK_AFTER_RETURN`` (``gln.kernels.uploads``): unlocking a page-locked batch after
-  the call returns, where ``predict_by_unlock``'s rates chose it as the staging settings above
-  are chosen; else the library's.
+* ``UNLOCK_AFTER_RETURN`` and ``LOCK_REST_AHEAD`` (``gln.kernels.uploads``): of the ways
+  of ``predict_by_locking`` to lock and unlock a page-locked batch, the one chosen as the
+  staging settings above are chosen; else the library's.
 * ``PREDICT_FIRST_CHUNK_ROWS`` (``gln.staging``): of the first chunk lengths of
   ``predict_by_upload`` (float32 rows on the copy stream with the library's staging, and
   ``LAUNCH_WHILE_STAGING`` as recommended above), the one that predicted fastest, where it
@@ -77,7 +77,7 @@ CONSTANTS = {**dict.fromkeys(("RESIDENT_MIN_ROWS", "ROW_ORDER", "ROW_WARPS_MIN_R
                               "PREDICT_EXAMPLE_GROUP"), cuda),
              "STAGE_AHEAD": uploads, "STAGING_THREADS": uploads,
              "LAUNCH_WHILE_STAGING": uploads, "SEND_REGISTERED": uploads,
-             "UNLOCK_AFTER_RETURN": uploads,
+             "UNLOCK_AFTER_RETURN": uploads, "LOCK_REST_AHEAD": uploads,
              "PREDICT_FIRST_CHUNK_ROWS": staging}
 # A setting of the shared kernel's grid replaces the library's only where its summed time is
 # below the library's by more than this fraction: settings within it are level, and a default
@@ -137,7 +137,7 @@ def recommend(records: Iterable[dict]) -> dict:
         **_shared_grid(grid_totals, {r["layer"]: r["inputs"] for r in records
                                      if r.get("measure") == "shared_grid"}),
         **staged,
-        "UNLOCK_AFTER_RETURN": _unlock_after_return(records),
+        **_locking(records),
         "PREDICT_FIRST_CHUNK_ROWS": _first_chunk_rows(records, (
             uploads.LAUNCH_WHILE_STAGING if staged["LAUNCH_WHILE_STAGING"] is None
             else staged["LAUNCH_WHILE_STAGING"])),
@@ -252,12 +252,14 @@ def _staging(records: list[dict]) -> dict[str, bool | int | None]:
             "SEND_REGISTERED": locked}
 
 
-def _unlock_after_return(records: list[dict]) -> bool | None:
-    """``UNLOCK_AFTER_RETURN`` from ``predict_by_unlock``'s side-by-side rates, chosen as the
-    staging settings are (``_best_setting``)."""
-    rates = {(r["dtype"], r["unlock_after_return"]): r for r in records
-             if r.get("measure") == "predict_by_unlock"}
-    return _best_setting(rates, uploads.UNLOCK_AFTER_RETURN)
+def _locking(records: list[dict]) -> dict[str, bool | None]:
+    """``UNLOCK_AFTER_RETURN`` and ``LOCK_REST_AHEAD`` from ``predict_by_locking``'s
+    side-by-side rates, chosen as the staging settings are (``_best_setting``)."""
+    rates = {(r["dtype"], (r["unlock_after_return"], r["lock_rest_ahead"])): r for r in records
+             if r.get("measure") == "predict_by_locking"}
+    best = _best_setting(rates, (uploads.UNLOCK_AFTER_RETURN, uploads.LOCK_REST_AHEAD))
+    after, ahead = best or (None, None)
+    return {"UNLOCK_AFTER_RETURN": after, "LOCK_REST_AHEAD": ahead}
 
 
 def _first_chunk_rows(records: list[dict], while_staging: bool) -> int | None:

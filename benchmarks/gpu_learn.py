@@ -51,10 +51,11 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
   alternating rounds (``--dtype-rounds``) on a model that learned them as float32; uint8 rows
   travel in a quarter of the bytes (``gln.kernels.uploads``), and all must predict the same
   bytes;
-* ``predict_by_unlock``: the same pixels, each call's rows page-locked where they lie and
-  unlocked before the call returns and after it, by a thread of its own
-  (``UNLOCK_AFTER_RETURN``), where ``page_locking_probe`` found that the driver locks them, in
-  alternating rounds (``--dtype-rounds``);
+* ``predict_by_locking``: the same pixels, each call's rows page-locked where they lie, all
+  before the first chunk's copy and only the first chunk's, the rest by a thread of its own
+  (``LOCK_REST_AHEAD``), and unlocked before the call returns and after it, by a thread of its
+  own (``UNLOCK_AFTER_RETURN``), where ``page_locking_probe`` found that the driver locks
+  them, in alternating rounds (``--dtype-rounds``);
 * ``learn_by_gating`` / ``predict_by_gating``: each ``GATING_PRODUCT`` (float32, int8), and
   ``learn_by_kernel``: the library's learning kernels and a warp per row for every chunk, in
   alternating rounds on new models (``--gating-rounds``, ``--kernel-rounds``), each checked to
@@ -545,18 +546,21 @@ def rates_by_dtype(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int,
             in pixel_rates(X, y, chunk, rounds, settings).items()]
 
 
-def rates_by_unlock(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
-    """``predict_by_unlock``: ``pixel_rates`` with each call's rows page-locked where they lie
-    (``SEND_REGISTERED``) and unlocked before the call returns and after it
-    (``UNLOCK_AFTER_RETURN``)."""
+def rates_by_locking(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> list[dict]:
+    """``predict_by_locking``: ``pixel_rates`` with each call's rows page-locked where they lie
+    (``SEND_REGISTERED``), whole before the first copy or the rest ahead (``LOCK_REST_AHEAD``),
+    and unlocked before the call returns or after it (``UNLOCK_AFTER_RETURN``)."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
 
-    settings = {after: functools.partial(module_constants, uploads, SEND_REGISTERED=True,
-                                         UNLOCK_AFTER_RETURN=after) for after in (False, True)}
-    return [{"measure": "predict_by_unlock", "implementation": "kernels", "dtype": name,
-             "unlock_after_return": after, "examples": len(X), "examples_per_second": rate,
-             "rounds": rounds, "same_outputs_as_float32": same}
-            for (name, after), (rate, same) in pixel_rates(X, y, chunk, rounds, settings).items()]
+    settings = {(after, ahead): functools.partial(
+        module_constants, uploads, SEND_REGISTERED=True, UNLOCK_AFTER_RETURN=after,
+        LOCK_REST_AHEAD=ahead) for after in (False, True) for ahead in (False, True)}
+    rates = pixel_rates(X, y, chunk, rounds, settings)
+    uploads.wait_for_unlocks()  # none left locked for what follows
+    return [{"measure": "predict_by_locking", "implementation": "kernels", "dtype": name,
+             "unlock_after_return": after, "lock_rest_ahead": ahead, "examples": len(X),
+             "examples_per_second": rate, "rounds": rounds, "same_outputs_as_float32": same}
+            for (name, (after, ahead)), (rate, same) in rates.items()]
 
 
 GATING_PRODUCTS = ("float32", "int8")  # the values of gln.kernels.cuda.GATING_PRODUCT
@@ -807,7 +811,7 @@ def main(argv: list[str] | None = None) -> None:
                                          while_staging=(False, True) if works else (False,),
                                          page_locked=locks)
             for rounds, rates_by in ((args.dtype_rounds, by_dtype),
-                                     (args.dtype_rounds if locks else 0, rates_by_unlock),
+                                     (args.dtype_rounds if locks else 0, rates_by_locking),
                                      (args.gating_rounds, rates_by_gating),
                                      (args.kernel_rounds, rates_by_learning_kernel)):
                 for record in rates_by(X, y, args.chunk, rounds) if rounds else ():

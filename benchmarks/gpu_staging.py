@@ -18,7 +18,9 @@ and 1M rows/s. Lines:
 * ``timeline_by_staging``: ``call_timeline`` of ``--calls`` float32 predictions of ``--rows``
   rows with each ``STAGING_THREADS`` x ``STAGE_AHEAD`` (and four threads with
   ``LAUNCH_WHILE_STAGING``, for the first chunk with the next staged ahead and for every
-  chunk; and with each call's rows page-locked where they lie, ``SEND_REGISTERED``),
+  chunk; and with each call's rows page-locked where they lie, ``SEND_REGISTERED``, locked
+  whole before the first copy, and the first chunk's first and the rest on a thread of its
+  own, unlocked after the call returns, ``LOCK_REST_AHEAD`` and ``UNLOCK_AFTER_RETURN``),
   ``ChunkUploads.stage_ahead`` traced as a stage: each call's time
   and its first send's, and the stages of the median call. With ``LAUNCH_WHILE_STAGING``
   also ``marks``: per call and chunk sent while staging, when its last piece was marked
@@ -59,10 +61,12 @@ from gln import GLN  # noqa: E402
 # (STAGING_THREADS, STAGING_PIECES, STAGING_BYTES_PER_THREAD)
 SEND_SETTINGS = ((1, 1, 2 << 20), (1, 4, 2 << 20), (4, 1, 2 << 20), (4, 4, 2 << 20),
                  (8, 8, 1 << 19))
-# (STAGING_THREADS, STAGE_AHEAD, LAUNCH_WHILE_STAGING, SEND_REGISTERED)
-TIMELINE_SETTINGS = ((1, False, False, False), (1, True, False, False), (4, False, False, False),
-                     (4, True, False, False), (4, True, True, False), (4, False, True, False),
-                     (4, True, False, True))
+# (STAGING_THREADS, STAGE_AHEAD, LAUNCH_WHILE_STAGING, SEND_REGISTERED, and both of
+# LOCK_REST_AHEAD and UNLOCK_AFTER_RETURN)
+TIMELINE_SETTINGS = ((1, False, False, False, False), (1, True, False, False, False),
+                     (4, False, False, False, False), (4, True, False, False, False),
+                     (4, True, True, False, False), (4, False, True, False, False),
+                     (4, True, False, True, False), (4, True, False, True, True))
 
 
 def emit(record: dict, device: str) -> None:
@@ -188,12 +192,13 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
     model.learn(X[:rows], y[:rows])
     model.predict_proba(X[:rows])
     batches = [X[start:start + rows] for start in range(rows, len(X) - rows + 1, rows)]
-    for threads, ahead, behind, locked in TIMELINE_SETTINGS:
+    for threads, ahead, behind, locked, around in TIMELINE_SETTINGS:
         marks: list[PieceMark] = []
         by_call: list[list[PieceMark]] = []
         timelines = []
         with module_constants(uploads, STAGING_THREADS=threads, STAGE_AHEAD=ahead,
                               LAUNCH_WHILE_STAGING=behind, SEND_REGISTERED=locked,
+                              LOCK_REST_AHEAD=around, UNLOCK_AFTER_RETURN=around,
                               _stage_and_mark=traced_marks(uploads._stage_and_mark, marks)):
             model.predict_proba(batches[0])  # the staging threads started
             for batch in itertools.islice(itertools.cycle(batches), calls):
@@ -206,13 +211,15 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
         median = sorted(timelines, key=lambda t: t["call_us"])[len(timelines) // 2]
         record = {"measure": "timeline_by_staging", "rows": rows, "staging_threads": threads,
                   "stage_ahead": ahead, "launch_while_staging": behind,
-                  "send_registered": locked, "call_us": [t["call_us"] for t in timelines],
+                  "send_registered": locked, "lock_rest_ahead": around,
+                  "unlock_after_return": around, "call_us": [t["call_us"] for t in timelines],
                   "first_send_us": [s["host_left_us"] - s["host_entered_us"]
                                     for s in first_sends],
                   "median_call": median}
         if all(by_call):  # chunks were sent while staging
             record["marks"] = marks_summary(by_call)
         emit(record, device)
+    uploads.wait_for_unlocks()  # none left locked for what follows
 
 
 def main(argv: list[str] | None = None) -> None:

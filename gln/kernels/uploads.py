@@ -27,7 +27,9 @@ while the threads stage its rows.
 
 With ``SEND_REGISTERED`` nothing is staged where the batch's rows travel as they lie: its pages
 are locked for the call (``cudaHostRegister``) and the device copies each chunk from there, until
-``close`` unlocks them (with ``UNLOCK_AFTER_RETURN``, a thread of its own after it).
+``close`` unlocks them (with ``UNLOCK_AFTER_RETURN``, a thread of its own after it; with
+``LOCK_REST_AHEAD``, the first chunk's pages are locked before its copy and the rest by that
+thread while the device copies it).
 
 Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
 copied while the device works on the other, and a batch of any length holds two chunks' rows
@@ -110,8 +112,18 @@ SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
 # holds the batch until it is unlocked, so that its memory outlives the lock whatever the
 # caller drops; a later batch refused a lock (one sharing a page with it, as the next slice of
 # the same array does) waits for the pending unlocks and tries again. Off until a GPU has
-# measured it (gpu_learn.py's predict_by_unlock lines).
+# measured it (gpu_learn.py's predict_by_locking lines).
 UNLOCK_AFTER_RETURN = False
+# Whether a page-locked batch is locked in two: the first chunk's pages before its copy, and the
+# rest by a thread of its own while the device copies and works on that chunk, instead of the
+# whole batch before the first copy. Locking a 4,096-row float32 batch (12.8 MB) before its
+# first chunk could be copied took an H200's host about 0.3-0.45 ms of the call, the device
+# idle (gpu_staging.py's registered_send: 0.16-0.23 ms for half of it); the first chunk's half
+# would take half of that. A chunk lying in both locks is copied in two, one copy from each
+# (CUDA refuses a copy that runs past the end of the range registered where it starts); one
+# reaching into pages the thread could not lock is staged. Off until a GPU has measured it
+# (gpu_learn.py's predict_by_locking lines).
+LOCK_REST_AHEAD = False
 
 
 @dataclass
@@ -152,8 +164,11 @@ class ChunkUploads:
         self._cp = cp
         self._dtype = np.dtype(dtype)
         self._unregistered_source = source  # until the first send from it tries to lock it
-        self._source: np.ndarray | None = None  # page-locked, until close unlocks it ...
-        self._locked_pages: int | None = None  # ... from this address (its first page's)
+        self._source: np.ndarray | None = None  # page-locked, until close unlocks it, in ...
+        self._locks: list[tuple[int, int]] = []  # ... these pages: (first's address, end)
+        self._rest: tuple[int, int] | None = None  # its pages left to lock ahead, until ...
+        self._locking: concurrent.futures.Future | None = None  # ... this thread has
+        self.registered = False  # whether the source was page-locked
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
                              cp.empty((max_rows, num_features), dtype=self._dtype))
@@ -187,7 +202,8 @@ class ChunkUploads:
         host, device = slot.host[:n], slot.device[:n]
         self.sent_while_staging = False
         if locked:  # the device copies them from where they lie
-            device.set(rows, stream=self._stream)
+            self._copied_lock_by_lock(rows, device)
+            self._lock_rest_ahead()
         elif ahead is not None and ahead[0] is rows:
             device.set(host, stream=self._stream)
         elif LAUNCH_WHILE_STAGING and self._dtype == np.float32:
@@ -232,8 +248,9 @@ class ChunkUploads:
         buffer of the slot they will take (once that slot's last copy has finished); returns
         once that thread is copying."""
         slot = self._slots[self._sent % SLOTS]
-        if self._ahead is not None or len(rows) > len(slot.host) or self._in_locked_source(rows):
-            return
+        if (self._ahead is not None or len(rows) > len(slot.host)
+                or self._source is not None and _lies_in(rows, self._source)):
+            return  # (rows of the locked source are sent from where they lie, or staged then)
         copying = threading.Event()
         self._ahead = (rows, _ahead_pool().submit(_stage_after, slot, rows, copying))
         copying.wait()
@@ -243,20 +260,58 @@ class ChunkUploads:
         later call, after chunks sent otherwise, only makes their slot wait longer)."""
         self._slots[(self._sent - 1) % SLOTS].consumed = self._cp.cuda.get_current_stream().record()
 
-    @property
-    def registered(self) -> bool:
-        """Whether the source was page-locked."""
-        return self._locked_pages is not None
-
     def _in_locked_source(self, rows: np.ndarray) -> bool:
-        """Whether ``rows`` lie in the page-locked source, locking it first where this is the
-        first send from it (``SEND_REGISTERED``): the device then copies them from there."""
+        """Whether ``rows`` lie in the page-locked pages of the source, locking it first where
+        this is the first send from it (``SEND_REGISTERED``; with ``LOCK_REST_AHEAD``, only the
+        pages of ``rows``, the rest by ``_lock_rest_ahead``): the device then copies them from
+        there."""
         source = self._unregistered_source
         if source is not None and _lies_in(rows, source):
             self._unregistered_source = None
-            self._locked_pages = _page_locked(self._cp, source, self._dtype)
-            self._source = source if self.registered else None
-        return self._source is not None and _lies_in(rows, self._source)
+            if _lockable(source, self._dtype):
+                first, size = pages_of(source)
+                end = sum(pages_of(rows)) if LOCK_REST_AHEAD else first + size
+                if _page_locked(self._cp, first, end - first):
+                    self._source, self._locks, self.registered = source, [(first, end)], True
+                    self._rest = (end, first + size) if end < first + size else None
+        if self._source is None or not _lies_in(rows, self._source):
+            return False
+        end = rows.__array_interface__["data"][0] + rows.nbytes
+        if end > self._locks[-1][1]:  # reaching into the pages left to lock ahead
+            self._lock_rest_ahead()
+            self._rest_locked()
+        return end <= self._locks[-1][1]
+
+    def _lock_rest_ahead(self) -> None:
+        """Starts locking the source's pages left (``LOCK_REST_AHEAD``) on a thread of its own,
+        if any are left and it has not started."""
+        if self._rest is not None and self._locking is None:
+            first, end = self._rest
+            self._locking = _locking_pool().submit(_page_locked, self._cp, first, end - first,
+                                                   False)
+
+    def _rest_locked(self) -> None:
+        """Waits for the thread locking the source's pages left, and takes its lock (if the
+        driver agreed: else the rows there are staged)."""
+        locking, self._locking = self._locking, None
+        if locking is not None and locking.result():
+            self._locks.append(self._rest)
+        self._rest = None
+
+    def _copied_lock_by_lock(self, rows: np.ndarray, device: Any) -> None:
+        """Issues the copy of ``rows``, which lie in the locked pages, to ``device``: a copy of
+        its own from each lock they lie in, since CUDA refuses a copy from page-locked memory
+        that runs past the end of the range registered where it starts."""
+        start = rows.__array_interface__["data"][0]
+        parts = [(max(start, first), min(start + rows.nbytes, end)) for first, end in self._locks]
+        parts = [(a - start, b - start) for a, b in parts if a < b]
+        if len(parts) == 1:
+            device.set(rows, stream=self._stream)
+            return
+        flat_rows, flat_device = rows.reshape(-1), device.reshape(-1)
+        for a, b in parts:
+            part = slice(a // rows.itemsize, b // rows.itemsize)
+            flat_device[part].set(flat_rows[part], stream=self._stream)
 
     def close(self) -> None:
         """Waits for the staging and the copies still running, so the pinned buffers can go back
@@ -269,11 +324,14 @@ class ChunkUploads:
                 if slot.copied is not None:
                     slot.copied.synchronize()
         finally:
+            self._rest_locked()
             locked, self._source, self._unregistered_source = self._source, None, None
-            if locked is not None and UNLOCK_AFTER_RETURN:
-                _unlock_after_return(self._cp, self._locked_pages, locked)
-            elif locked is not None:  # no copy reads it any more
-                self._cp.cuda.runtime.hostUnregister(self._locked_pages)
+            locks, self._locks = self._locks, []
+            for first, _ in locks:  # no copy reads them any more
+                if UNLOCK_AFTER_RETURN:
+                    _unlock_after_return(self._cp, first, locked)
+                else:
+                    self._cp.cuda.runtime.hostUnregister(first)
         for slot in self._slots:
             _raise_staging_failure(slot)
 
@@ -366,24 +424,27 @@ def _lies_in(rows: np.ndarray, source: np.ndarray) -> bool:
             and start <= first and first + rows.nbytes <= start + source.nbytes)
 
 
-def _page_locked(cp: ModuleType, source: np.ndarray, dtype: np.dtype) -> int | None:
-    """Locks the pages that ``source`` lies in (``cudaHostRegister``, whole pages, as the
-    driver locks them anyway), where ``SEND_REGISTERED`` and it travels as it lies (``dtype``,
-    C-contiguous, ``SEND_REGISTERED_MIN_BYTES`` to ``SEND_REGISTERED_MAX_BYTES``) and the driver
-    agrees: the address of their first, for ``cudaHostUnregister``; else None (its rows are
-    staged)."""
-    if not (SEND_REGISTERED and source.dtype == dtype and source.flags.c_contiguous
-            and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES):
-        return None
-    first, size = pages_of(source)
-    for last_try in (False, True):
+def _lockable(source: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether ``source``'s pages are to be locked (``SEND_REGISTERED``): it travels as it lies
+    (``dtype``, C-contiguous) and is ``SEND_REGISTERED_MIN_BYTES`` to
+    ``SEND_REGISTERED_MAX_BYTES`` long."""
+    return (SEND_REGISTERED and source.dtype == dtype and source.flags.c_contiguous
+            and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES)
+
+
+def _page_locked(cp: ModuleType, first: int, size: int, wait: bool = True) -> bool:
+    """Whether the driver locked the ``size`` bytes of whole pages from ``first``
+    (``cudaHostRegister``); where it refuses (page-locked already, or sharing a page with such)
+    while batches are being unlocked after their calls, once those are, it is asked again
+    (with ``wait``: not on the thread that unlocks them)."""
+    for last_try in (False, True) if wait else (True,):
         try:
             cp.cuda.runtime.hostRegister(first, size, 0)
-            return first
-        except cp.cuda.runtime.CUDARuntimeError:  # page-locked already, or sharing a page with such
+            return True
+        except cp.cuda.runtime.CUDARuntimeError:
             if last_try or not wait_for_unlocks():
-                return None
-    return None
+                return False
+    return False
 
 
 _UNLOCKING: list[concurrent.futures.Future] = []  # unlocks after return, not yet waited for
@@ -393,7 +454,7 @@ _UNLOCKING_GUARD = threading.Lock()
 def _unlock_after_return(cp: ModuleType, first: int, source: np.ndarray) -> None:
     """Unlocks the pages from ``first`` (``source``'s, whose copies have all finished) on a
     thread of its own, which holds ``source`` until then (``UNLOCK_AFTER_RETURN``)."""
-    future = _unlock_pool().submit(_unlock, cp, first, source)
+    future = _locking_pool().submit(_unlock, cp, first, source)
     with _UNLOCKING_GUARD:  # those done well are let go; a failed one waits to be raised
         _UNLOCKING[:] = [f for f in _UNLOCKING if not f.done() or f.exception() is not None]
         _UNLOCKING.append(future)
@@ -446,8 +507,9 @@ def _wait_for_host_kernel() -> Any:
 
 
 @functools.cache
-def _unlock_pool() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gln-unlock")
+def _locking_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that locks pages ahead and unlocks them after return, one at a time."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gln-page-lock")
 
 
 @functools.cache

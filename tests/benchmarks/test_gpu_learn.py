@@ -97,12 +97,12 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
           for behind in (False, True)), library_staging)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
                for r in by_dtype.values())
-    by_unlock = {(r["dtype"], r["unlock_after_return"]): r for r in records
-                 if r["measure"] == "predict_by_unlock"}
-    assert set(by_unlock) == {(dtype, after) for dtype in ("uint8", "float32")
-                              for after in (False, True)}
+    by_locking = {(r["dtype"], r["unlock_after_return"], r["lock_rest_ahead"]): r
+                  for r in records if r["measure"] == "predict_by_locking"}
+    assert set(by_locking) == {(dtype, after, ahead) for dtype in ("uint8", "float32")
+                               for after in (False, True) for ahead in (False, True)}
     assert all(r["same_outputs_as_float32"] and r["examples_per_second"] > 0
-               for r in by_unlock.values())
+               for r in by_locking.values())
     by_kernel = {(r["kernels"], r["row_order"]): r for r in records
                  if r["measure"] == "learn_by_kernel"}
     assert set(by_kernel) == {("library", None), ("rows", "longest_first"), ("rows", "natural")}

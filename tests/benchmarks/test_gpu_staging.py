@@ -30,7 +30,9 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, small_network
         assert 0 < parts["staging"] and 0 < parts["send"] <= parts["until_copied"]
     timelines = [r for r in records if r["measure"] == "timeline_by_staging"]
     assert [(r["staging_threads"], r["stage_ahead"], r["launch_while_staging"],
-             r["send_registered"]) for r in timelines] == list(TIMELINE_SETTINGS)
+             r["send_registered"], r["lock_rest_ahead"]) for r in timelines] == list(
+        TIMELINE_SETTINGS)
+    assert all(r["unlock_after_return"] == r["lock_rest_ahead"] for r in timelines)
     for record in timelines:
         assert len(record["call_us"]) == len(record["first_send_us"]) == 2
         names = [s["stage"] for s in record["median_call"]["stages"]]

@@ -456,17 +456,90 @@ def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp
     uploads.wait_for_unlocks()
 
 
-@pytest.mark.parametrize("after_return", [False, True])
+def rows_of_4000_bytes(rows: int, seed: int) -> np.ndarray:
+    """``rows`` float32 rows of 4,000 bytes each from a page's start: chunks of them end and
+    begin mid-page."""
+    import mmap  # noqa: PLC0415
+
+    batch = np.frombuffer(mmap.mmap(-1, rows * 4000), np.float32).reshape(rows, 1000)
+    batch[:] = np.random.default_rng(seed).standard_normal(batch.shape)
+    return batch
+
+
+def locking_ahead_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """``SEND_REGISTERED`` and ``LOCK_REST_AHEAD`` on for a test, the thread that locks the
+    rest of a batch held until the event returned is set."""
+    page_locking(monkeypatch)
+    monkeypatch.setattr(uploads, "LOCK_REST_AHEAD", True)
+    release, page_locked = threading.Event(), uploads._page_locked
+
+    def held(*args):
+        assert release.wait(30)
+        return page_locked(*args)
+
+    monkeypatch.setattr(uploads, "_page_locked", lambda cp, first, size, wait=True: (
+        page_locked(cp, first, size) if wait else held(cp, first, size, wait)))
+    return release
+
+
+def test_a_batch_locked_in_two_is_copied_from_each_lock_it_lies_in(cp, monkeypatch):
+    """With ``LOCK_REST_AHEAD`` the first chunk's pages are locked before its copy and the rest
+    by a thread of its own (held here), which the next chunk waits for; a chunk lying in both
+    locks arrives whole (copied from each), nothing is staged, and the close unlocks both."""
+    release = locking_ahead_held(monkeypatch)
+    staged = counted_staging(monkeypatch)
+    source = rows_of_4000_bytes(12, seed=14)
+    with uploads.ChunkUploads(5, 1000, source=source) as sender:
+        for start in (0, 5, 10):
+            if start == 5:  # the rest not locked yet: lockable by the test
+                first, size = uploads.pages_of(source[6:])
+                cp.cuda.runtime.hostRegister(first, size, 0)
+                cp.cuda.runtime.hostUnregister(first)
+                release.set()
+            doubled = sender.send(source[start:start + 5]) * 2
+            sender.consumed()
+            np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 5])
+        assert sender.registered
+    assert staged == []
+    first, size = uploads.pages_of(source)
+    cp.cuda.runtime.hostRegister(first, size, 0)  # both unlocked: lockable again
+    cp.cuda.runtime.hostUnregister(first)
+
+
+def test_rows_in_pages_the_thread_could_not_lock_are_staged(cp, monkeypatch):
+    """Where the driver refuses the rest of a batch (here the test locked part of it), the
+    chunks reaching into it are staged, the first chunk copied from where it lies."""
+    release = locking_ahead_held(monkeypatch)
+    release.set()
+    staged = counted_staging(monkeypatch)
+    source = rows_of_4000_bytes(12, seed=15)
+    first, size = uploads.pages_of(source[10:])
+    cp.cuda.runtime.hostRegister(first, size, 0)
+    try:
+        with uploads.ChunkUploads(5, 1000, source=source) as sender:
+            for start in (0, 5, 10):
+                doubled = sender.send(source[start:start + 5]) * 2
+                sender.consumed()
+                np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 5])
+            assert sender.registered
+        assert sum(staged) == 7  # the second chunk and the third
+    finally:
+        cp.cuda.runtime.hostUnregister(first)  # still the test's own lock
+
+
+@pytest.mark.parametrize(("after_return", "rest_ahead"), [(False, False), (True, True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
 def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, after_return,
-                                                                    monkeypatch):
+                                                                    rest_ahead, monkeypatch):
     """A model's predictions of many chunks are the same bytes with the batch page-locked and
     copied from where it lies (``SEND_REGISTERED``) as staged, and the batch is locked once a
-    call (and unlocked after it, with ``UNLOCK_AFTER_RETURN``)."""
+    call (the first chunk's pages before the rest with ``LOCK_REST_AHEAD``, and unlocked after
+    the call with ``UNLOCK_AFTER_RETURN``)."""
     model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=8)
     staged_outputs = model.predict_proba(X)
     page_locking(monkeypatch)
     monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", after_return)
+    monkeypatch.setattr(uploads, "LOCK_REST_AHEAD", rest_ahead)
     locked, close = [], uploads.ChunkUploads.close
 
     def closing(self):
