@@ -85,15 +85,15 @@ STAGE_AHEAD = True
 # the caller's launches gets the GIL for its mark only after them. Off: on an H200 it sped
 # float32 rows up with one staging thread (949k against 888k rows/s) and slowed them with four
 # staged ahead (842k against 876k, gpu_learn.py's predict_by_dtype); and the first launch of a
-# kernel in the process, while a chunk waits for its marks, waits for them too (CUDA loads the
-# kernel's module then, once the device's running kernels are done).
+# kernel in the process, while a chunk waits for its marks, was seen to wait for them too
+# (likely CUDA loading the kernel's module then, once the device's running kernels are done).
 LAUNCH_WHILE_STAGING = False
 # Whether the rows of a long prediction that travel in their own bytes (float32 rows, or pixels
 # as uint8: a dtype that needs no rounding), C-contiguous and SEND_REGISTERED_MIN_BYTES to
 # SEND_REGISTERED_MAX_BYTES long, are page-locked where they lie for the call
 # (cudaHostRegister) and copied from there by the device's own DMA, instead of copied by the
-# host into pinned memory first. On an H200, 4,096-row MNIST predictions so beat the library's
-# staging (four threads, float32 staged ahead) in each run, with the same outputs
+# host into pinned memory first. On H200s, 4,096-row MNIST predictions so beat the library's
+# staging (four threads, float32 staged ahead) in each measurement, with the same outputs
 # (gpu_learn.py's predict_by_dtype): float32 946k against 876k rows/s and uint8 1,095k against
 # 1,019k (5 rounds), and 878k against 728k and 1,001k against 899k on another machine (7
 # rounds), where processes of each alternating (gpu_compare.py, 3 rounds) predicted float32

@@ -47,10 +47,10 @@ def test_a_chunk_sent_while_staging_is_sent_before_it_is_staged(cp, monkeypatch)
 
     monkeypatch.setattr(uploads, "_stage", held)
     rows = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
-    # Not the first launch of its kernel in the process, which would wait for the launch that
-    # holds the copy stream (CUDA loads a kernel's module at its first launch, once the
-    # device's running kernels are done), and so for the release below: alone in a new
-    # process, the held threads timed out after their 30 s and the rows arrived unstaged.
+    # Not the first launch of its kernel in the process, which waited for the launch that holds
+    # the copy stream (likely CUDA loading the kernel's module then, once the device's running
+    # kernels are done), and so for the release below: first in a new process, the held
+    # threads timed out after their 30 s and the rows arrived unstaged.
     (cp.ones(1, dtype=cp.float32) * 2).get()
     with uploads.ChunkUploads(30, 8) as sender:
         on_device = sender.send(rows)
