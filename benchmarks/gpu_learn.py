@@ -506,9 +506,9 @@ def page_locking_works(rows: int = 4096, features: int = 784) -> tuple[bool, str
     every call would be staged, and timing the setting would time staging again."""
     import cupy  # noqa: PLC0415
 
-    import gln.kernels.uploads as uploads  # noqa: PLC0415
+    from gln.kernels.page_locks import pages_of  # noqa: PLC0415
 
-    first, size = uploads.pages_of(np.zeros((rows, features), dtype=np.float32))
+    first, size = pages_of(np.zeros((rows, features), dtype=np.float32))
     try:
         cupy.cuda.runtime.hostRegister(first, size, 0)
     except cupy.cuda.runtime.CUDARuntimeError as refusal:
@@ -551,12 +551,13 @@ def rates_by_locking(X: np.ndarray, y: np.ndarray, chunk: int, rounds: int) -> l
     (``SEND_REGISTERED``), whole before the first copy or the rest ahead (``LOCK_REST_AHEAD``),
     and unlocked before the call returns or after it (``UNLOCK_AFTER_RETURN``)."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
+    from gln.kernels.page_locks import wait_for_unlocks  # noqa: PLC0415
 
     settings = {(after, ahead): functools.partial(
         module_constants, uploads, SEND_REGISTERED=True, UNLOCK_AFTER_RETURN=after,
         LOCK_REST_AHEAD=ahead) for after in (False, True) for ahead in (False, True)}
     rates = pixel_rates(X, y, chunk, rounds, settings)
-    uploads.wait_for_unlocks()  # none left locked for what follows
+    wait_for_unlocks()  # none left locked for what follows
     return [{"measure": "predict_by_locking", "implementation": "kernels", "dtype": name,
              "unlock_after_return": after, "lock_rest_ahead": ahead, "examples": len(X),
              "examples_per_second": rate, "rounds": rounds, "same_outputs_as_float32": same}

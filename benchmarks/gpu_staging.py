@@ -111,7 +111,7 @@ def send_parts(cp, X: np.ndarray, rows: int, device: str) -> None:
 
 def registered_sends(cp, X: np.ndarray, rows: int, device: str) -> None:
     """The ``registered_send`` line (see the module docstring)."""
-    from gln.kernels.uploads import pages_of  # noqa: PLC0415
+    from gln.kernels.page_locks import pages_of  # noqa: PLC0415
 
     chunks = [np.ascontiguousarray(X[start:start + rows])
               for start in range(0, len(X) - rows + 1, rows)]
@@ -187,6 +187,7 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
                          device: str) -> None:
     """``timeline_by_staging`` lines (see the module docstring)."""
     import gln.kernels.uploads as uploads  # noqa: PLC0415
+    from gln.kernels.page_locks import wait_for_unlocks  # noqa: PLC0415
 
     model = GLN(**NETWORK, device="cuda")
     model.learn(X[:rows], y[:rows])
@@ -219,7 +220,7 @@ def timelines_by_staging(cp, X: np.ndarray, y: np.ndarray, rows: int, calls: int
         if all(by_call):  # chunks were sent while staging
             record["marks"] = marks_summary(by_call)
         emit(record, device)
-    uploads.wait_for_unlocks()  # none left locked for what follows
+    wait_for_unlocks()  # none left locked for what follows
 
 
 def main(argv: list[str] | None = None) -> None:

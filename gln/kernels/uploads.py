@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import mmap
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +54,8 @@ import numpy as np
 
 from gln.backend import import_cupy, side_stream
 from gln.checks import EXACT_IN_FLOAT32
+from gln.kernels import page_locks
+from gln.kernels.page_locks import pages_of
 
 # Host threads that stage a chunk into pinned memory (1: the calling thread alone), at most one
 # per STAGING_BYTES_PER_THREAD of the chunk, and the pieces a chunk is staged and copied in (the
@@ -271,7 +272,7 @@ class ChunkUploads:
             if _lockable(source, self._dtype):
                 first, size = pages_of(source)
                 end = sum(pages_of(rows)) if LOCK_REST_AHEAD else first + size
-                if _page_locked(self._cp, first, end - first):
+                if page_locks.page_locked(self._cp, first, end - first):
                     self._source, self._locks, self.registered = source, [(first, end)], True
                     self._rest = (end, first + size) if end < first + size else None
         if self._source is None or not _lies_in(rows, self._source):
@@ -287,8 +288,8 @@ class ChunkUploads:
         if any are left and it has not started."""
         if self._rest is not None and self._locking is None:
             first, end = self._rest
-            self._locking = _locking_pool().submit(_page_locked, self._cp, first, end - first,
-                                                   False)
+            self._locking = page_locks.locking_pool().submit(
+                page_locks.page_locked, self._cp, first, end - first, False)
 
     def _rest_locked(self) -> None:
         """Waits for the thread locking the source's pages left, and takes its lock (if the
@@ -329,7 +330,7 @@ class ChunkUploads:
             locks, self._locks = self._locks, []
             for first, _ in locks:  # no copy reads them any more
                 if UNLOCK_AFTER_RETURN:
-                    _unlock_after_return(self._cp, first, locked)
+                    page_locks.unlock_after_return(self._cp, first, locked)
                 else:
                     self._cp.cuda.runtime.hostUnregister(first)
         for slot in self._slots:
@@ -432,59 +433,6 @@ def _lockable(source: np.ndarray, dtype: np.dtype) -> bool:
             and SEND_REGISTERED_MIN_BYTES <= source.nbytes <= SEND_REGISTERED_MAX_BYTES)
 
 
-def _page_locked(cp: ModuleType, first: int, size: int, wait: bool = True) -> bool:
-    """Whether the driver locked the ``size`` bytes of whole pages from ``first``
-    (``cudaHostRegister``); where it refuses (page-locked already, or sharing a page with such)
-    while batches are being unlocked after their calls, once those are, it is asked again
-    (with ``wait``: not on the thread that unlocks them)."""
-    for last_try in (False, True) if wait else (True,):
-        try:
-            cp.cuda.runtime.hostRegister(first, size, 0)
-            return True
-        except cp.cuda.runtime.CUDARuntimeError:
-            if last_try or not wait_for_unlocks():
-                return False
-    return False
-
-
-_UNLOCKING: list[concurrent.futures.Future] = []  # unlocks after return, not yet waited for
-_UNLOCKING_GUARD = threading.Lock()
-
-
-def _unlock_after_return(cp: ModuleType, first: int, source: np.ndarray) -> None:
-    """Unlocks the pages from ``first`` (``source``'s, whose copies have all finished) on a
-    thread of its own, which holds ``source`` until then (``UNLOCK_AFTER_RETURN``)."""
-    future = _locking_pool().submit(_unlock, cp, first, source)
-    with _UNLOCKING_GUARD:  # those done well are let go; a failed one waits to be raised
-        _UNLOCKING[:] = [f for f in _UNLOCKING if not f.done() or f.exception() is not None]
-        _UNLOCKING.append(future)
-
-
-def _unlock(cp: ModuleType, first: int, source: np.ndarray) -> None:
-    """``cudaHostUnregister`` of the pages from ``first``; ``source``, the batch they hold, is
-    an argument only to live until then."""
-    cp.cuda.runtime.hostUnregister(first)
-
-
-def wait_for_unlocks() -> bool:
-    """Returns once every batch handed to be unlocked after its call (``UNLOCK_AFTER_RETURN``)
-    is unlocked, raising what an unlock raised; whether there was any."""
-    with _UNLOCKING_GUARD:
-        pending = list(_UNLOCKING)
-        _UNLOCKING.clear()
-    for future in pending:
-        future.result()
-    return bool(pending)
-
-
-def pages_of(rows: np.ndarray) -> tuple[int, int]:
-    """The address of the first page that ``rows`` (contiguous) lie in, and the bytes of the
-    whole pages they lie in."""
-    start = rows.__array_interface__["data"][0]
-    first = start // mmap.PAGESIZE * mmap.PAGESIZE
-    return first, -(-(start + rows.nbytes - first) // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
 def _pinned(cp: ModuleType, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
     """A host array in page-locked memory from CuPy's pinned pool."""
     memory = cp.cuda.alloc_pinned_memory(shape[0] * shape[1] * dtype.itemsize)
@@ -504,12 +452,6 @@ def _wait_for_host_kernel() -> Any:
     from gln.kernels.cuda import _function  # noqa: PLC0415 - the CUDA kernels' module
 
     return _function("uploads.cu", "gln_wait_for_host")
-
-
-@functools.cache
-def _locking_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The thread that locks pages ahead and unlocks them after return, one at a time."""
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gln-page-lock")
 
 
 @functools.cache

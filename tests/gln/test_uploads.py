@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
+import gln.kernels.page_locks as page_locks
 import gln.kernels.uploads as uploads
 from tests.gln.emulated_cupy import emulated_cupy_installed
 
@@ -332,7 +333,7 @@ def test_chunks_of_a_page_locked_source_are_copied_from_where_they_lie(cp, dtype
                 np.float32))
         assert sender.registered
     assert staged == []
-    first, size = uploads.pages_of(source)
+    first, size = page_locks.pages_of(source)
     cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
     cp.cuda.runtime.hostUnregister(first)
 
@@ -344,7 +345,7 @@ def test_a_source_the_driver_refuses_to_lock_is_staged(cp, monkeypatch):
     page_locking(monkeypatch)
     staged = counted_staging(monkeypatch)
     source = np.random.default_rng(6).standard_normal((30, 8)).astype(np.float32)
-    first, size = uploads.pages_of(source)
+    first, size = page_locks.pages_of(source)
     cp.cuda.runtime.hostRegister(first, size, 0)
     try:
         with uploads.ChunkUploads(30, 8, source=source) as sender:
@@ -394,13 +395,13 @@ def unlocking_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     held until the event returned is set."""
     page_locking(monkeypatch)
     monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", True)
-    release, unlock = threading.Event(), uploads._unlock
+    release, unlock = threading.Event(), page_locks._unlock
 
     def held(*args):
         assert release.wait(30)
         unlock(*args)
 
-    monkeypatch.setattr(uploads, "_unlock", held)
+    monkeypatch.setattr(page_locks, "_unlock", held)
     return release
 
 
@@ -413,7 +414,7 @@ def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkey
 
     release = unlocking_held(monkeypatch)
     source = np.random.default_rng(12).standard_normal((40, 24)).astype(np.float32)
-    alive, (first, size) = weakref.ref(source), uploads.pages_of(source)
+    alive, (first, size) = weakref.ref(source), page_locks.pages_of(source)
     with uploads.ChunkUploads(20, 24, source=source) as sender:
         for start in (0, 20):
             doubled = sender.send(source[start:start + 20]) * 2
@@ -426,7 +427,7 @@ def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkey
     with pytest.raises(cp.cuda.runtime.CUDARuntimeError):
         cp.cuda.runtime.hostRegister(first, size, 0)  # still locked
     release.set()
-    assert uploads.wait_for_unlocks()
+    assert page_locks.wait_for_unlocks()
     gc.collect()
     assert alive() is None
     cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
@@ -453,7 +454,7 @@ def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp
             sender.consumed()
             assert sender.registered
     assert release.is_set() and staged == []
-    uploads.wait_for_unlocks()
+    page_locks.wait_for_unlocks()
 
 
 def rows_of_4000_bytes(rows: int, seed: int) -> np.ndarray:
@@ -471,13 +472,13 @@ def locking_ahead_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     rest of a batch held until the event returned is set."""
     page_locking(monkeypatch)
     monkeypatch.setattr(uploads, "LOCK_REST_AHEAD", True)
-    release, page_locked = threading.Event(), uploads._page_locked
+    release, page_locked = threading.Event(), page_locks.page_locked
 
     def held(*args):
         assert release.wait(30)
         return page_locked(*args)
 
-    monkeypatch.setattr(uploads, "_page_locked", lambda cp, first, size, wait=True: (
+    monkeypatch.setattr(page_locks, "page_locked", lambda cp, first, size, wait=True: (
         page_locked(cp, first, size) if wait else held(cp, first, size, wait)))
     return release
 
@@ -492,7 +493,7 @@ def test_a_batch_locked_in_two_is_copied_from_each_lock_it_lies_in(cp, monkeypat
     with uploads.ChunkUploads(5, 1000, source=source) as sender:
         for start in (0, 5, 10):
             if start == 5:  # the rest not locked yet: lockable by the test
-                first, size = uploads.pages_of(source[6:])
+                first, size = page_locks.pages_of(source[6:])
                 cp.cuda.runtime.hostRegister(first, size, 0)
                 cp.cuda.runtime.hostUnregister(first)
                 release.set()
@@ -501,7 +502,7 @@ def test_a_batch_locked_in_two_is_copied_from_each_lock_it_lies_in(cp, monkeypat
             np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 5])
         assert sender.registered
     assert staged == []
-    first, size = uploads.pages_of(source)
+    first, size = page_locks.pages_of(source)
     cp.cuda.runtime.hostRegister(first, size, 0)  # both unlocked: lockable again
     cp.cuda.runtime.hostUnregister(first)
 
@@ -513,7 +514,7 @@ def test_rows_in_pages_the_thread_could_not_lock_are_staged(cp, monkeypatch):
     release.set()
     staged = counted_staging(monkeypatch)
     source = rows_of_4000_bytes(12, seed=15)
-    first, size = uploads.pages_of(source[10:])
+    first, size = page_locks.pages_of(source[10:])
     cp.cuda.runtime.hostRegister(first, size, 0)
     try:
         with uploads.ChunkUploads(5, 1000, source=source) as sender:
@@ -550,8 +551,8 @@ def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, af
     staged = counted_staging(monkeypatch)
     np.testing.assert_array_equal(model.predict_proba(X), staged_outputs)
     assert locked == [True] and staged == []
-    assert uploads.wait_for_unlocks() is after_return
-    first, size = uploads.pages_of(X)
+    assert page_locks.wait_for_unlocks() is after_return
+    first, size = page_locks.pages_of(X)
     cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
     cp.cuda.runtime.hostUnregister(first)
 
@@ -563,7 +564,7 @@ def test_a_batch_is_locked_in_the_whole_pages_it_lies_in():
     for start, stop in ((0, 1), (5, mmap.PAGESIZE + 7), (mmap.PAGESIZE, 3 * mmap.PAGESIZE)):
         part = rows[start:stop]
         address = part.ctypes.data
-        first, size = uploads.pages_of(part)
+        first, size = page_locks.pages_of(part)
         assert first % mmap.PAGESIZE == 0 and size % mmap.PAGESIZE == 0
         assert first <= address < first + mmap.PAGESIZE  # no page before the rows' first
         assert address + part.nbytes <= first + size < address + part.nbytes + mmap.PAGESIZE
