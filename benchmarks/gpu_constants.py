@@ -238,28 +238,31 @@ def _shared_grid(totals: dict[tuple[int, int, int], float],
 
 def _staging(records: list[dict]) -> dict[str, bool | int | None]:
     """``STAGE_AHEAD``, ``STAGING_THREADS``, ``LAUNCH_WHILE_STAGING`` and ``SEND_REGISTERED``
-    from ``predict_by_dtype``'s side-by-side rates (None without the library's own setting and
-    another one, each for every dtype; a line without a value had the library's)."""
-    rates = {(r["dtype"], (r["stage_ahead"],
-                           r.get("staging_threads", uploads.STAGING_THREADS),
-                           r.get("launch_while_staging", uploads.LAUNCH_WHILE_STAGING),
-                           r.get("send_registered", uploads.SEND_REGISTERED))): r
-             for r in records if r.get("measure") == "predict_by_dtype" and "stage_ahead" in r}
-    best = _best_setting(rates, (uploads.STAGE_AHEAD, uploads.STAGING_THREADS,
-                                 uploads.LAUNCH_WHILE_STAGING, uploads.SEND_REGISTERED))
-    ahead, threads, behind, locked = best or (None, None, None, None)
-    return {"STAGE_AHEAD": ahead, "STAGING_THREADS": threads, "LAUNCH_WHILE_STAGING": behind,
-            "SEND_REGISTERED": locked}
+    from ``predict_by_dtype``'s side-by-side rates."""
+    return _uploads_setting(records, "predict_by_dtype", ("STAGE_AHEAD", "STAGING_THREADS",
+                                                          "LAUNCH_WHILE_STAGING",
+                                                          "SEND_REGISTERED"))
 
 
 def _locking(records: list[dict]) -> dict[str, bool | None]:
     """``UNLOCK_AFTER_RETURN`` and ``LOCK_REST_AHEAD`` from ``predict_by_locking``'s
-    side-by-side rates, chosen as the staging settings are (``_best_setting``)."""
-    rates = {(r["dtype"], (r["unlock_after_return"], r["lock_rest_ahead"])): r for r in records
-             if r.get("measure") == "predict_by_locking"}
-    best = _best_setting(rates, (uploads.UNLOCK_AFTER_RETURN, uploads.LOCK_REST_AHEAD))
-    after, ahead = best or (None, None)
-    return {"UNLOCK_AFTER_RETURN": after, "LOCK_REST_AHEAD": ahead}
+    side-by-side rates."""
+    return _uploads_setting(records, "predict_by_locking",
+                            ("UNLOCK_AFTER_RETURN", "LOCK_REST_AHEAD"))
+
+
+def _uploads_setting(records: list[dict], measure: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The ``gln.kernels.uploads`` constants ``names`` chosen together (``_best_setting``) from
+    the rates of the ``measure`` lines, which give each one's value under its name in lower
+    case (a line without a value had the library's; lines without the first are of another
+    kind): None for each without the library's own setting and another one, each for every
+    dtype."""
+    library = tuple(getattr(uploads, name) for name in names)
+    rates = {(r["dtype"], tuple(r.get(name.lower(), value)
+                                for name, value in zip(names, library, strict=True))): r
+             for r in records if r.get("measure") == measure and names[0].lower() in r}
+    best = _best_setting(rates, library)
+    return dict(zip(names, best or (None,) * len(names), strict=True))
 
 
 def _first_chunk_rows(records: list[dict], while_staging: bool) -> int | None:

@@ -151,9 +151,9 @@ class ChunkUploads:
     """Chunks of at most ``max_rows`` rows of ``num_features`` values, sent in turn as
     ``dtype`` (float32, or one of ``EXACT_IN_FLOAT32``) and read on the device as float32.
 
-    ``source``: the batch that the rows sent are chunks of, which is page-locked on the first
+    ``source``: the batch that the rows sent are chunks of, whose pages are locked from the first
     send from it (``SEND_REGISTERED``) until ``close``, so that its chunks are copied from where
-    they lie (``registered`` says whether it was).
+    they lie (``registered`` says whether they are).
 
     >>> with ChunkUploads(2048, 784) as uploads:           # doctest: +SKIP
     ...     rows32 = uploads.send(X[:2048]); launch(rows32); uploads.consumed()
@@ -169,7 +169,6 @@ class ChunkUploads:
         self._locks: list[tuple[int, int]] = []  # ... these pages: (first's address, end)
         self._rest: tuple[int, int] | None = None  # its pages left to lock ahead, until ...
         self._locking: concurrent.futures.Future | None = None  # ... this thread has
-        self.registered = False  # whether the source was page-locked
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
                              cp.empty((max_rows, num_features), dtype=self._dtype))
@@ -261,6 +260,11 @@ class ChunkUploads:
         later call, after chunks sent otherwise, only makes their slot wait longer)."""
         self._slots[(self._sent - 1) % SLOTS].consumed = self._cp.cuda.get_current_stream().record()
 
+    @property
+    def registered(self) -> bool:
+        """Whether the source's pages are locked (from its first send until the close)."""
+        return bool(self._locks)
+
     def _in_locked_source(self, rows: np.ndarray) -> bool:
         """Whether ``rows`` lie in the page-locked pages of the source, locking it first where
         this is the first send from it (``SEND_REGISTERED``; with ``LOCK_REST_AHEAD``, only the
@@ -271,10 +275,10 @@ class ChunkUploads:
             self._unregistered_source = None
             if _lockable(source, self._dtype):
                 first, size = pages_of(source)
-                end = sum(pages_of(rows)) if LOCK_REST_AHEAD else first + size
-                if page_locks.page_locked(self._cp, first, end - first):
-                    self._source, self._locks, self.registered = source, [(first, end)], True
-                    self._rest = (end, first + size) if end < first + size else None
+                split = sum(pages_of(rows)) if LOCK_REST_AHEAD else first + size
+                if page_locks.page_locked(self._cp, first, split - first):
+                    self._source, self._locks = source, [(first, split)]
+                    self._rest = (split, first + size) if split < first + size else None
         if self._source is None or not _lies_in(rows, self._source):
             return False
         end = rows.__array_interface__["data"][0] + rows.nbytes

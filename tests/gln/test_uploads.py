@@ -434,18 +434,22 @@ def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkey
     cp.cuda.runtime.hostUnregister(first)
 
 
+def rows_of_4000_bytes(rows: int, seed: int) -> np.ndarray:
+    """``rows`` float32 rows of 4,000 bytes each from a page's start: chunks of them end and
+    begin mid-page."""
+    import mmap  # noqa: PLC0415
+
+    batch = np.frombuffer(mmap.mmap(-1, rows * 4000), np.float32).reshape(rows, 1000)
+    batch[:] = np.random.default_rng(seed).standard_normal(batch.shape)
+    return batch
+
+
 def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp, monkeypatch):
     """A batch refused a lock for a page it shares with the batch before, still being unlocked
     (held here, then let go by a timer), waits for that unlock and is locked, not staged."""
-    import mmap  # noqa: PLC0415
-
     release = unlocking_held(monkeypatch)
     staged = counted_staging(monkeypatch)
-
-    # Rows of 4,000 bytes from a page's start: the first three end on the page where the last
-    # three begin.
-    rows = np.frombuffer(mmap.mmap(-1, 6 * 4000), np.float32).reshape(6, 1000)
-    rows[:] = np.random.default_rng(13).standard_normal(rows.shape)
+    rows = rows_of_4000_bytes(6, seed=13)  # the first three end on the page the last begin on
     for half, batch in enumerate((rows[:3], rows[3:])):
         if half:
             threading.Timer(0.2, release.set).start()
@@ -455,16 +459,6 @@ def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp
             assert sender.registered
     assert release.is_set() and staged == []
     page_locks.wait_for_unlocks()
-
-
-def rows_of_4000_bytes(rows: int, seed: int) -> np.ndarray:
-    """``rows`` float32 rows of 4,000 bytes each from a page's start: chunks of them end and
-    begin mid-page."""
-    import mmap  # noqa: PLC0415
-
-    batch = np.frombuffer(mmap.mmap(-1, rows * 4000), np.float32).reshape(rows, 1000)
-    batch[:] = np.random.default_rng(seed).standard_normal(batch.shape)
-    return batch
 
 
 def locking_ahead_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
