@@ -10,7 +10,9 @@ random pixels otherwise) with the MNIST network of ``gpu_learn.py`` in calls of 
 rows (timed from the second call: the first loads the kernels), predicts the ``--examples``
 rows in such calls three times, and prints one JSON line: the learning rate, the three
 prediction rates, and digests of the learning calls' outputs and of its first prediction's,
-which are the same for checkouts whose code gives the same bytes.
+which are the same for checkouts whose code gives the same bytes. With ``--page-locked``, each
+pass is followed by one inside ``GLN.page_locked`` over the rows (where the checkout has it):
+their rates, and the block's lock and unlock times, outside the pass's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,18 +52,37 @@ def measure(args: argparse.Namespace) -> dict:
     # A chunk too short for int8 gating (where a checkout has it): the float32 GEMM's first
     # call, whose cuBLAS kernels load lazily (about 90 ms once a process on an H200), untimed.
     model.predict_proba(X[:SHORT_GEMM_ROWS])
-    rates = []
+    rows = X[:args.examples]
+    blocks = args.page_locked and hasattr(model, "page_locked")  # where the checkout has it
+    rates, locked_rates, lock_seconds = [], [], []
     for _ in range(3):
-        start = time.perf_counter()
-        for lo in range(0, args.examples, args.chunk):
-            model.predict_proba(X[lo:min(lo + args.chunk, args.examples)])
-        rates.append(args.examples / (time.perf_counter() - start))
+        rates.append(args.examples / predict_seconds(model, rows, args.chunk))
+        if blocks:  # a pass inside a block holding the rows page-locked, after each plain one
+            start = time.perf_counter()
+            with model.page_locked(rows):
+                locked = time.perf_counter()
+                seconds = predict_seconds(model, rows, args.chunk)
+                unlocking = time.perf_counter()
+            lock_seconds.append((locked - start, time.perf_counter() - unlocking))
+            locked_rates.append(args.examples / seconds)
+    held = {} if not blocks else {
+        "page_locked_predict_per_second": [round(rate) for rate in locked_rates],
+        "page_lock_ms": [round(1e3 * lock, 2) for lock, _ in lock_seconds],
+        "page_unlock_ms": [round(1e3 * unlock, 2) for _, unlock in lock_seconds]}
     return {"benchmark": "gpu_compare", "device": args.device, "data": data,
             "gln": str(Path(gln.__file__).resolve().parent.parent),
             "learn_per_second": None if learn_rate is None else round(learn_rate),
             "predict_per_second": [round(rate) for rate in rates],
             "learn_digest": learned.hexdigest()[:16],
-            "first_call_digest": hashlib.sha256(first.tobytes()).hexdigest()[:16]}
+            "first_call_digest": hashlib.sha256(first.tobytes()).hexdigest()[:16], **held}
+
+
+def predict_seconds(model: Any, rows: np.ndarray, chunk: int) -> float:
+    """Seconds to predict ``rows`` in calls of ``chunk`` rows."""
+    start = time.perf_counter()
+    for lo in range(0, len(rows), chunk):
+        model.predict_proba(rows[lo:lo + chunk])
+    return time.perf_counter() - start
 
 
 def compare(checkouts: list[str], rounds: int, options: list[str],
@@ -84,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--examples", type=int, default=60_000, help="rows predicted per pass")
     parser.add_argument("--chunk", type=int, default=4096, help="rows per call")
     parser.add_argument("--device", default="cuda", help="the model's device (cpu to try it)")
+    parser.add_argument("--page-locked", action="store_true",
+                        help="after each pass, one inside GLN.page_locked (where a checkout "
+                        "has it)")
     args = parser.parse_args(argv)
 
     if args.one:
@@ -94,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give at least two checkouts to compare")
     options = ["--learn-rows", str(args.learn_rows), "--examples", str(args.examples),
                "--chunk", str(args.chunk), "--device", args.device]
+    if args.page_locked:
+        options.append("--page-locked")
     if args.data_dir:
         options += ["--data-dir", args.data_dir]
     for record in compare(args.checkouts, args.rounds, options):

@@ -8,15 +8,19 @@ earlier ranges are still being unlocked waits for those and asks again. A copy f
 memory must lie in the one range registered where it starts. ``cudaHostUnregister`` waits for
 the device's work (an H200 showed it, docs/gpu.md), so it is done where the device is idle:
 at the end of a call, or by a thread of its own after it (``unlock_after_return``), which
-holds the memory's owner until then so that the memory outlives the lock.
+holds the memory's owner until then so that the memory outlives the lock. A caller's array
+can also be held locked across many calls (``held``): calls whose rows lie in it are copied
+from there with no lock or unlock of their own (``held_range``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import mmap
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -78,3 +82,38 @@ def wait_for_unlocks() -> bool:
 def locking_pool() -> concurrent.futures.ThreadPoolExecutor:
     """The thread that locks pages ahead and unlocks them after return, one at a time."""
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gln-page-lock")
+
+
+_HELD: dict[int, int] = {}  # pages locked by ``held``, until its block ends: first -> end
+_HELD_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def held(cp: ModuleType, rows: Any) -> Iterator[bool]:
+    """The whole pages that ``rows`` (a contiguous NumPy array, which the block holds) lie in,
+    locked until the block ends, for the calls in it whose rows lie there to copy from; yields
+    whether they are (not where the driver refuses: pages locked already, by another block or
+    another caller)."""
+    first, size = pages_of(rows)
+    locked = page_locked(cp, first, size)
+    if locked:
+        with _HELD_GUARD:
+            _HELD[first] = first + size
+    try:
+        yield locked
+    finally:
+        if locked:
+            with _HELD_GUARD:
+                del _HELD[first]
+            cp.cuda.runtime.hostUnregister(first)  # the calls in the block have returned
+
+
+def held_range(rows: Any) -> tuple[int, int] | None:
+    """The range of pages locked by ``held`` that ``rows`` (contiguous) lie in, as (first
+    address, end), or None."""
+    start = rows.__array_interface__["data"][0]
+    with _HELD_GUARD:
+        for first, end in _HELD.items():
+            if first <= start and start + rows.nbytes <= end:
+                return first, end
+    return None

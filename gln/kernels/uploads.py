@@ -169,6 +169,7 @@ class ChunkUploads:
         self._locks: list[tuple[int, int]] = []  # ... these pages: (first's address, end)
         self._rest: tuple[int, int] | None = None  # its pages left to lock ahead, until ...
         self._locking: concurrent.futures.Future | None = None  # ... this thread has
+        self._borrowed = False  # whether those pages are the caller's to unlock (held)
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
                              cp.empty((max_rows, num_features), dtype=self._dtype))
@@ -273,7 +274,10 @@ class ChunkUploads:
         source = self._unregistered_source
         if source is not None and _lies_in(rows, source):
             self._unregistered_source = None
-            if _lockable(source, self._dtype):
+            held = page_locks.held_range(source) if source.dtype == self._dtype else None
+            if held is not None:  # locked by the caller, for as long as it holds it
+                self._source, self._locks, self._borrowed = source, [held], True
+            elif _lockable(source, self._dtype):
                 first, size = pages_of(source)
                 split = sum(pages_of(rows)) if LOCK_REST_AHEAD else first + size
                 if page_locks.page_locked(self._cp, first, split - first):
@@ -331,7 +335,8 @@ class ChunkUploads:
         finally:
             self._rest_locked()
             locked, self._source, self._unregistered_source = self._source, None, None
-            locks, self._locks = self._locks, []
+            locks, self._locks = ([] if self._borrowed else self._locks), []
+            self._borrowed = False
             for first, _ in locks:  # no copy reads them any more
                 if UNLOCK_AFTER_RETURN:
                     page_locks.unlock_after_return(self._cp, first, locked)

@@ -21,7 +21,8 @@ def test_each_checkout_runs_its_own_code_in_alternating_rounds(tmp_path, capsys,
     # repository's Numba cache, which each copy carries in its __pycache__ (with the sources'
     # times, which the cache checks): a child then loads them instead of compiling them for a
     # quarter of a minute.
-    measure(argparse.Namespace(data_dir=None, learn_rows=8, examples=8, chunk=4, device="cpu"))
+    measure(argparse.Namespace(data_dir=None, learn_rows=8, examples=8, chunk=4, device="cpu",
+                               page_locked=False))
     checkouts = []
     for name in ("old", "new"):
         shutil.copytree(REPOSITORY / "gln", tmp_path / name / "gln")
@@ -46,8 +47,13 @@ def test_one_checkout_is_no_comparison():
 @pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 def test_a_measurement_runs_on_the_emulated_device(monkeypatch, small_network):
     monkeypatch.delenv("GLN_DATA_DIR", raising=False)
-    args = argparse.Namespace(data_dir=None, learn_rows=4, examples=4, chunk=2, device="cuda")
+    args = argparse.Namespace(data_dir=None, learn_rows=4, examples=4, chunk=2, device="cuda",
+                              page_locked=True)
     with emulated_cupy_installed():
         record = measure(args)
     assert record["device"] == "cuda" and record["data"] == "random"
     assert min(record["predict_per_second"]) > 0 and len(record["first_call_digest"]) == 16
+    # each plain pass followed by one inside a block holding the rows page-locked
+    assert len(record["page_locked_predict_per_second"]) == 3
+    assert min(record["page_locked_predict_per_second"]) > 0
+    assert min(record["page_lock_ms"] + record["page_unlock_ms"]) >= 0

@@ -562,3 +562,111 @@ def test_a_batch_is_locked_in_the_whole_pages_it_lies_in():
         assert first % mmap.PAGESIZE == 0 and size % mmap.PAGESIZE == 0
         assert first <= address < first + mmap.PAGESIZE  # no page before the rows' first
         assert address + part.nbytes <= first + size < address + part.nbytes + mmap.PAGESIZE
+
+
+def counted_locks(cp, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of every ``hostRegister`` from now on."""
+    register, sizes = cp.cuda.runtime.hostRegister, []
+
+    def counted(address, size, flags):
+        sizes.append(size)
+        return register(address, size, flags)
+
+    monkeypatch.setattr(cp.cuda.runtime, "hostRegister", counted)
+    return sizes
+
+
+def assert_lockable(cp, rows: np.ndarray) -> None:
+    """Fails unless the pages ``rows`` lie in are unlocked (the driver locks them again)."""
+    first, size = page_locks.pages_of(rows)
+    cp.cuda.runtime.hostRegister(first, size, 0)
+    cp.cuda.runtime.hostUnregister(first)
+
+
+@pytest.mark.parametrize("send_registered", [True, False], ids=["", "send_registered_off"])
+def test_batches_lying_in_held_pages_are_copied_from_there_with_no_lock_of_their_own(
+        cp, send_registered, monkeypatch):
+    """Batches lying in pages that ``held`` locked are copied from where they lie, each with no
+    lock or unlock of its own (whatever ``SEND_REGISTERED`` says: the caller locked them), the
+    pages stay locked between batches, and unlocked once the block ends; rows elsewhere are
+    sent as before."""
+    page_locking(monkeypatch)
+    monkeypatch.setattr(uploads, "SEND_REGISTERED", send_registered)
+    staged = counted_staging(monkeypatch)
+    data, elsewhere = rows_of_4000_bytes(9, seed=16), rows_of_4000_bytes(3, seed=17)
+    with page_locks.held(cp, data) as locked:
+        assert locked
+        locks = counted_locks(cp, monkeypatch)
+        for start in (0, 3, 6):  # batches that begin and end mid-page
+            batch = data[start:start + 3]
+            with uploads.ChunkUploads(2, 1000, source=batch) as sender:
+                for lo, hi in ((0, 2), (2, 3)):
+                    doubled = sender.send(batch[lo:hi]) * 2
+                    sender.consumed()
+                    np.testing.assert_array_equal(doubled.get(), 2 * batch[lo:hi])
+                assert sender.registered
+        assert staged == [] and locks == []
+        with pytest.raises(cp.cuda.runtime.CUDARuntimeError):
+            assert_lockable(cp, data[3:6])  # still the block's
+        locks.clear()
+        first, size = page_locks.pages_of(data)
+        assert page_locks.held_range(data[4:6]) == (first, first + size)
+        with uploads.ChunkUploads(3, 1000, source=elsewhere) as sender:
+            np.testing.assert_array_equal(sender.send(elsewhere).get(), elsewhere)
+            sender.consumed()
+            assert sender.registered is send_registered
+        assert sum(staged) == (0 if send_registered else 3)
+        assert locks == ([page_locks.pages_of(elsewhere)[1]] if send_registered else [])
+    assert page_locks.held_range(data) is None
+    assert_lockable(cp, data)
+
+
+def test_pages_locked_already_are_not_held(cp):
+    """Where the driver refuses (here the test locked the rows' pages), ``held`` yields False,
+    holds nothing, and leaves the lock that was there as it was."""
+    data = rows_of_4000_bytes(3, seed=18)
+    first, size = page_locks.pages_of(data)
+    cp.cuda.runtime.hostRegister(first, size, 0)
+    try:
+        with page_locks.held(cp, data) as locked:
+            assert not locked
+            assert page_locks.held_range(data) is None
+    finally:
+        cp.cuda.runtime.hostUnregister(first)  # still the test's own lock
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_long_predictions_inside_a_page_locked_block_equal_those_outside(cp, dtype,
+                                                                          monkeypatch):
+    """A model's predictions of slices of an array it holds page-locked are the bytes it
+    predicts outside the block; inside, nothing is staged and no call locks pages of its own,
+    and once the block ends the array's pages are unlocked."""
+    model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=19)
+    batches = [(0, 200), (200, 300)]  # 3 chunks, then 2, each call's last widened, not sent
+    outside = [model.predict_proba(X[a:b]) for a, b in batches]
+    page_locking(monkeypatch, min_bytes=1 << 30)  # no call's own batch would be locked
+    staged = counted_staging(monkeypatch)
+    with model.page_locked(X) as rows:
+        assert rows is X
+        locks = counted_locks(cp, monkeypatch)
+        inside = [model.predict_proba(rows[a:b]) for a, b in batches]
+        with model.page_locked(np.asfortranarray(X)):  # not C-contiguous: not locked
+            pass
+    for got, expected in zip(inside, outside, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert staged == [] and locks == []
+    monkeypatch.undo()
+    assert_lockable(cp, X)
+
+
+def test_a_cpu_model_locks_nothing(monkeypatch):
+    """On a CPU model ``page_locked`` yields the rows as they are and locks nothing."""
+    from gln import GLN  # noqa: PLC0415
+
+    calls = []
+    monkeypatch.setattr(page_locks, "held", lambda *args: calls.append(args))
+    model = GLN(num_features=4, num_classes=2, layer_sizes=(4, 1), device="cpu", seed=0)
+    for rows in (np.zeros((5, 4), np.float32), np.zeros((4, 5), np.float32).T):
+        with model.page_locked(rows) as same:
+            assert same is rows
+    assert calls == []
