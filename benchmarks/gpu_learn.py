@@ -33,6 +33,8 @@ dimension 4. Prints one JSON line per measurement, each naming the device:
 * ``predict``: ``GLN.predict_proba`` examples per second in batches of ``--chunk`` rows, each
   batch predicted in chunks of the library's ``PREDICT_CHUNK_ROWS_GPU`` rows; then, side by
   side on the same model, with each value of ``--predict-chunk-rows``;
+* ``predict_page_locked``: the same batches, in turns plain and inside a block that holds the
+  rows page-locked (``GLN.page_locked``), with the block's lock and unlock times;
 * ``predict_by_upload``: the same, the rows sent on the current stream as CuPy's ``asarray``
   sends them (``current_stream``, the path before ``gln.kernels.uploads``) and on the copy
   stream with each ``STAGING_THREADS`` x ``STAGING_PIECES`` of ``--staging`` and with a first
@@ -366,6 +368,25 @@ def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
     for lo in range(0, len(X), chunk):
         model.predict_proba(X[lo:lo + chunk])
     return len(X) / (time.perf_counter() - start)
+
+
+def page_locked_rates(model: GLN, X: np.ndarray, chunk: int, passes: int = 3) -> dict:
+    """``predict_page_locked``: ``predict_rate`` over ``X``, plain and inside a block holding
+    ``X`` page-locked (``GLN.page_locked``) in turns, the medians, and the block's lock and
+    unlock times in milliseconds (outside its pass's)."""
+    plain, locked, lock_ms, unlock_ms = [], [], [], []
+    for _ in range(passes):
+        plain.append(predict_rate(model, X, chunk))
+        start = time.perf_counter()
+        with model.page_locked(X):
+            lock_ms.append(1e3 * (time.perf_counter() - start))
+            locked.append(predict_rate(model, X, chunk))
+            unlocking = time.perf_counter()
+        unlock_ms.append(1e3 * (time.perf_counter() - unlocking))
+    return {"examples_per_second": float(np.median(plain)),
+            "page_locked_examples_per_second": float(np.median(locked)),
+            "lock_ms": float(np.median(lock_ms)), "unlock_ms": float(np.median(unlock_ms)),
+            "passes": passes}
 
 
 class CurrentStreamUploads:
@@ -791,6 +812,10 @@ def main(argv: list[str] | None = None) -> None:
               "examples_per_second": rates[("predict", name)],
               "predict_chunk_rows": gln.staging.PREDICT_CHUNK_ROWS_GPU, **common}, device)
         if name == "kernels":
+            emit({"measure": "predict_page_locked", "implementation": name,
+                  "examples": len(predict_rows), **page_locked_rates(model, predict_rows,
+                                                                      args.chunk),
+                  **common}, device)
             for rows in args.predict_chunk_rows:
                 with module_constant(gln.staging, "PREDICT_CHUNK_ROWS_GPU", rows):
                     rate = predict_rate(model, predict_rows, args.chunk)

@@ -87,9 +87,10 @@ if [ -n "$NCU" ]; then
         | head -60
 fi
 
-# This checkout's predictions against the commit last measured, alternating, in one run.
+# This checkout's predictions against the commit last measured, alternating, in one run, each
+# pass followed by one inside GLN.page_locked (where a checkout has it).
 if [ -d .peers/base/gln ]; then
-    timeout 90 "$PYTHON" benchmarks/gpu_compare.py .peers/base . "${data_args[@]}" \
+    timeout 90 "$PYTHON" benchmarks/gpu_compare.py .peers/base . --page-locked "${data_args[@]}" \
         >> "$OUT/gpu_learn.jsonl" 2>> "$OUT/gpu_learn.err"
     echo "gpu_compare: exit $?"
     grep '"gpu_compare"' "$OUT/gpu_learn.jsonl"

@@ -1,4 +1,5 @@
-"""README.md's library example runs as written, and the stream it prints learns."""
+"""README.md's library example runs as written, and the stream it prints learns; its batches
+scored inside a page-locked block are the model's predictions."""
 
 from __future__ import annotations
 
@@ -6,19 +7,26 @@ import contextlib
 import io
 import re
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_the_library_example_runs_and_its_online_loss_falls() -> None:
     section = README.read_text().split("## The library in one example", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert code is not None
+    codes = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(codes) == 2  # the example, then scoring in batches
     printed = io.StringIO()
-    namespace: dict[str, object] = {}
+    namespace: dict[str, Any] = {}
     with contextlib.redirect_stdout(printed):
-        exec(compile(code.group(1), str(README), "exec"), namespace)  # noqa: S102
+        for code in codes:
+            exec(compile(code, str(README), "exec"), namespace)  # noqa: S102
     losses = [float(line.split()[-1]) for line in printed.getvalue().splitlines()]
     assert len(losses) == 10
     assert losses[-1] < 0.8 * losses[0]  # the stream is learnable; its loss falls
     assert namespace["same"].to_bytes() == namespace["blob"]
+    model, X_test = namespace["model"], namespace["X_test"]
+    assert namespace["test_probs"].shape == (len(X_test), 2)
+    np.testing.assert_array_equal(namespace["test_probs"], model.predict_proba(X_test))

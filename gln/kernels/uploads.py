@@ -29,7 +29,8 @@ With ``SEND_REGISTERED`` nothing is staged where the batch's rows travel as they
 are locked for the call (``cudaHostRegister``) and the device copies each chunk from there, until
 ``close`` unlocks them (with ``UNLOCK_AFTER_RETURN``, a thread of its own after it; with
 ``LOCK_REST_AHEAD``, the first chunk's pages are locked before its copy and the rest by that
-thread while the device copies it).
+thread while the device copies it). A batch lying in pages that the caller holds locked
+(``page_locks.held``, ``GLN.page_locked``) is copied from there and left locked.
 
 Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
 copied while the device works on the other, and a batch of any length holds two chunks' rows
@@ -112,8 +113,11 @@ SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
 # idle and the caller waiting, where it could overlap what the caller does next. The thread
 # holds the batch until it is unlocked, so that its memory outlives the lock whatever the
 # caller drops; a later batch refused a lock (one sharing a page with it, as the next slice of
-# the same array does) waits for the pending unlocks and tries again. Off until a GPU has
-# measured it (gpu_learn.py's predict_by_locking lines).
+# the same array does) waits for the pending unlocks and tries again. Off: on an H200 it gained
+# too little to tell from the noise (856k against 825k float32 rows/s in gpu_learn.py's
+# predict_by_locking; in gpu_compare.py's processes of each in turn 946k against 946k and 941k
+# against 917k, ahead in 12 rounds of 21). A caller that predicts many batches of one array
+# can skip each call's lock and unlock instead (GLN.page_locked, page_locks.held).
 UNLOCK_AFTER_RETURN = False
 # Whether a page-locked batch is locked in two: the first chunk's pages before its copy, and the
 # rest by a thread of its own while the device copies and works on that chunk, instead of the
@@ -122,8 +126,9 @@ UNLOCK_AFTER_RETURN = False
 # idle (gpu_staging.py's registered_send: 0.16-0.23 ms for half of it); the first chunk's half
 # would take half of that. A chunk lying in both locks is copied in two, one copy from each
 # (CUDA refuses a copy that runs past the end of the range registered where it starts); one
-# reaching into pages the thread could not lock is staged. Off until a GPU has measured it
-# (gpu_learn.py's predict_by_locking lines).
+# reaching into pages the thread could not lock is staged. Off: on an H200 it lost (780k
+# against 825k float32 rows/s and 883k against 941k uint8, gpu_learn.py's predict_by_locking;
+# with UNLOCK_AFTER_RETURN, gpu_compare.py rounds of 869k-881k against 976k-996k).
 LOCK_REST_AHEAD = False
 
 

@@ -109,6 +109,9 @@ def test_the_script_runs_end_to_end_on_the_emulated_device(capsys, monkeypatch, 
     assert by_kernel[("rows", "natural")]["row_warps_min_rows"] == 1
     assert all(r["same_outputs_and_bytes"] and r["examples_per_second"] > 0
                for r in by_kernel.values())
+    (held,) = [r for r in records if r["measure"] == "predict_page_locked"]
+    assert held["passes"] == 3 and min(held["lock_ms"], held["unlock_ms"]) >= 0
+    assert min(held["examples_per_second"], held["page_locked_examples_per_second"]) > 0
     (by_chunk,) = [r for r in records if r["measure"] == "predict_by_chunk_rows"]
     assert by_chunk["predict_chunk_rows"] == 2 and by_chunk["examples_per_second"] > 0
     by_upload = [(r["uploads"], r["staging_threads"], r["staging_pieces"], r["first_chunk_rows"],
