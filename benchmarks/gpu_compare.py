@@ -25,7 +25,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -35,7 +34,13 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 def measure(args: argparse.Namespace) -> dict:
     """One checkout's rates, in this process (whose ``gln`` is the checkout's)."""
     import gln  # noqa: PLC0415 - imported once the checkout leads the path
-    from benchmarks.gpu_learn import NETWORK, SHORT_GEMM_ROWS, load_data  # noqa: PLC0415
+    from benchmarks.gpu_learn import (  # noqa: PLC0415
+        NETWORK,
+        SHORT_GEMM_ROWS,
+        load_data,
+        page_locked_passes,
+        predict_rate,
+    )
     from gln import GLN  # noqa: PLC0415
 
     X, y, data = load_data(args, max(args.learn_rows, args.examples))
@@ -53,36 +58,21 @@ def measure(args: argparse.Namespace) -> dict:
     # call, whose cuBLAS kernels load lazily (about 90 ms once a process on an H200), untimed.
     model.predict_proba(X[:SHORT_GEMM_ROWS])
     rows = X[:args.examples]
-    blocks = args.page_locked and hasattr(model, "page_locked")  # where the checkout has it
-    rates, locked_rates, lock_seconds = [], [], []
-    for _ in range(3):
-        rates.append(args.examples / predict_seconds(model, rows, args.chunk))
-        if blocks:  # a pass inside a block holding the rows page-locked, after each plain one
-            start = time.perf_counter()
-            with model.page_locked(rows):
-                locked = time.perf_counter()
-                seconds = predict_seconds(model, rows, args.chunk)
-                unlocking = time.perf_counter()
-            lock_seconds.append((locked - start, time.perf_counter() - unlocking))
-            locked_rates.append(args.examples / seconds)
-    held = {} if not blocks else {
-        "page_locked_predict_per_second": [round(rate) for rate in locked_rates],
-        "page_lock_ms": [round(1e3 * lock, 2) for lock, _ in lock_seconds],
-        "page_unlock_ms": [round(1e3 * unlock, 2) for _, unlock in lock_seconds]}
+    held = {}
+    if args.page_locked and hasattr(model, "page_locked"):  # where the checkout has it
+        passes = page_locked_passes(model, rows, args.chunk)
+        rates = passes["plain"]
+        held = {"page_locked_predict_per_second": [round(r) for r in passes["page_locked"]],
+                "page_lock_ms": [round(ms, 2) for ms in passes["lock_ms"]],
+                "page_unlock_ms": [round(ms, 2) for ms in passes["unlock_ms"]]}
+    else:
+        rates = [predict_rate(model, rows, args.chunk) for _ in range(3)]
     return {"benchmark": "gpu_compare", "device": args.device, "data": data,
             "gln": str(Path(gln.__file__).resolve().parent.parent),
             "learn_per_second": None if learn_rate is None else round(learn_rate),
             "predict_per_second": [round(rate) for rate in rates],
             "learn_digest": learned.hexdigest()[:16],
             "first_call_digest": hashlib.sha256(first.tobytes()).hexdigest()[:16], **held}
-
-
-def predict_seconds(model: Any, rows: np.ndarray, chunk: int) -> float:
-    """Seconds to predict ``rows`` in calls of ``chunk`` rows."""
-    start = time.perf_counter()
-    for lo in range(0, len(rows), chunk):
-        model.predict_proba(rows[lo:lo + chunk])
-    return time.perf_counter() - start
 
 
 def compare(checkouts: list[str], rounds: int, options: list[str],

@@ -370,23 +370,22 @@ def predict_rate(model: GLN, X: np.ndarray, chunk: int) -> float:
     return len(X) / (time.perf_counter() - start)
 
 
-def page_locked_rates(model: GLN, X: np.ndarray, chunk: int, passes: int = 3) -> dict:
-    """``predict_page_locked``: ``predict_rate`` over ``X``, plain and inside a block holding
-    ``X`` page-locked (``GLN.page_locked``) in turns, the medians, and the block's lock and
-    unlock times in milliseconds (outside its pass's)."""
-    plain, locked, lock_ms, unlock_ms = [], [], [], []
+def page_locked_passes(model: GLN, X: np.ndarray, chunk: int,
+                       passes: int = 3) -> dict[str, list[float]]:
+    """``predict_rate`` over ``X``, plain and inside a block holding ``X`` page-locked
+    (``GLN.page_locked``), in turns: each pass's rate (``plain``, ``page_locked``), and the
+    block's lock and unlock times in milliseconds (outside its pass's)."""
+    timed: dict[str, list[float]] = {"plain": [], "page_locked": [], "lock_ms": [],
+                                     "unlock_ms": []}
     for _ in range(passes):
-        plain.append(predict_rate(model, X, chunk))
+        timed["plain"].append(predict_rate(model, X, chunk))
         start = time.perf_counter()
         with model.page_locked(X):
-            lock_ms.append(1e3 * (time.perf_counter() - start))
-            locked.append(predict_rate(model, X, chunk))
+            timed["lock_ms"].append(1e3 * (time.perf_counter() - start))
+            timed["page_locked"].append(predict_rate(model, X, chunk))
             unlocking = time.perf_counter()
-        unlock_ms.append(1e3 * (time.perf_counter() - unlocking))
-    return {"examples_per_second": float(np.median(plain)),
-            "page_locked_examples_per_second": float(np.median(locked)),
-            "lock_ms": float(np.median(lock_ms)), "unlock_ms": float(np.median(unlock_ms)),
-            "passes": passes}
+        timed["unlock_ms"].append(1e3 * (time.perf_counter() - unlocking))
+    return timed
 
 
 class CurrentStreamUploads:
@@ -812,10 +811,14 @@ def main(argv: list[str] | None = None) -> None:
               "examples_per_second": rates[("predict", name)],
               "predict_chunk_rows": gln.staging.PREDICT_CHUNK_ROWS_GPU, **common}, device)
         if name == "kernels":
+            held = page_locked_passes(model, predict_rows, args.chunk)
             emit({"measure": "predict_page_locked", "implementation": name,
-                  "examples": len(predict_rows), **page_locked_rates(model, predict_rows,
-                                                                      args.chunk),
-                  **common}, device)
+                  "examples": len(predict_rows),
+                  "examples_per_second": float(np.median(held["plain"])),
+                  "page_locked_examples_per_second": float(np.median(held["page_locked"])),
+                  "lock_ms": float(np.median(held["lock_ms"])),
+                  "unlock_ms": float(np.median(held["unlock_ms"])),
+                  "passes": len(held["plain"]), **common}, device)
             for rows in args.predict_chunk_rows:
                 with module_constant(gln.staging, "PREDICT_CHUNK_ROWS_GPU", rows):
                     rate = predict_rate(model, predict_rows, args.chunk)
