@@ -51,8 +51,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
-from service.storage import redis_client  # noqa: E402
-from service.store import RedisSnapshotStore  # noqa: E402
+from service.storage.common import redis_client  # noqa: E402
+from service.storage.store import RedisSnapshotStore  # noqa: E402
 from tests.redis_process import (  # noqa: E402
     RedisProcess,
     SentinelProcess,

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.wal import FileWriteAheadLog, RedisWriteAheadLog  # noqa: E402
+from service.storage.wal import FileWriteAheadLog, RedisWriteAheadLog  # noqa: E402
 
 KEYS_PER_CHUNK = 1000
 

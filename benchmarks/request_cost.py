@@ -48,12 +48,12 @@ from starlette.responses import Response
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import service.routes  # noqa: E402
+import service.api.routes  # noqa: E402
 from gln import GLN  # noqa: E402
 from service.__main__ import _tune_gc  # noqa: E402
-from service.app import create_app  # noqa: E402
-from service.learn_answers import LearnResult  # noqa: E402
-from service.schemas import LearnRequest, PredictRequest  # noqa: E402
+from service.api.app import create_app  # noqa: E402
+from service.api.schemas import LearnRequest, PredictRequest  # noqa: E402
+from service.engine.learn_answers import LearnResult  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
 DISTINCT_BODIES = 64  # requests cycle through this many pre-encoded bodies
@@ -206,9 +206,9 @@ def stubbed(app: Any, verb: str, level: str | None, classes: int, payload: bytes
             inner = inner.app
         target = _with_app(app, inner, {})
     if "routing" in chosen:
-        route = next(r for r in service.routes.router.routes if r.path.endswith("/" + verb))
+        route = next(r for r in service.api.routes.router.routes if r.path.endswith("/" + verb))
         target = _with_app(app, route.handle, {"path_params": {"name": NAME}})
-    saved = {name: getattr(service.routes, name) for name in ("parse_body", "json_response")}
+    saved = {name: getattr(service.api.routes, name) for name in ("parse_body", "json_response")}
     if "parsing" in chosen:
         body = (LearnRequest if verb == "learn" else PredictRequest).model_validate_json(payload)
 
@@ -216,19 +216,19 @@ def stubbed(app: Any, verb: str, level: str | None, classes: int, payload: bytes
             await request.body()
             return body
 
-        service.routes.parse_body = parsed
+        service.api.routes.parse_body = parsed
     if "answer" in chosen:
         async def prepared(_payload: Any) -> Response:
             return Response(b"{}", media_type="application/json")
 
-        service.routes.json_response = prepared
+        service.api.routes.json_response = prepared
     if "app" in chosen:
         target = _bare_app
     try:
         yield target
     finally:
         for name, value in saved.items():
-            setattr(service.routes, name, value)
+            setattr(service.api.routes, name, value)
 
 
 def _with_app(app: Any, inner: Any, extra: dict[str, Any]) -> Any:

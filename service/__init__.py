@@ -1,5 +1,5 @@
 """gln-service: Gated Linear Networks that learn online, served over HTTP.
 
-Build the app with :func:`service.app.create_app`; run it with ``python -m service`` (or the
+Build the app with :func:`service.api.app.create_app`; run it with ``python -m service`` (or the
 ``gln-service`` script), configured by ``GLN_*`` environment variables (:mod:`service.settings`).
 """

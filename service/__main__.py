@@ -25,12 +25,12 @@ import uvicorn
 from pydantic import ValidationError
 
 from gln.backend import resolve_device
-from service.app import create_app, open_log
-from service.dir_lock import DirectoryInUseError, lock_data_directories
-from service.listen import bind_listeners
-from service.request_id import RequestIdLogFilter
+from service.api.app import create_app, open_log
+from service.api.listen import bind_listeners
+from service.api.request_id import RequestIdLogFilter
 from service.settings import Settings, unknown_variables
-from service.wal import WalDurabilityError
+from service.storage.dir_lock import DirectoryInUseError, lock_data_directories
+from service.storage.wal import WalDurabilityError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Errors the HTTP layer shows to clients, each carrying its status code.
 
-The registry and the model workers raise these; ``service.error_handlers`` maps every one to a
+The registry and the model workers raise these; ``service.api.error_handlers`` maps every one to a
 ``{"detail": str(error)}`` body with its ``status_code``, so routes never translate exceptions.
 :func:`shown` is how any of the service's messages quotes a value a client sent.
 """
@@ -83,7 +83,7 @@ class LimitExceeded(RegistryError):
 
 class RequestWithdrawn(asyncio.CancelledError):
     """A request taken back from its model's queue, not carried out, because a shutdown
-    stopped waiting for it (``service.shutdown_answer`` says so to its client)."""
+    stopped waiting for it (``service.api.shutdown_answer`` says so to its client)."""
 
 
 SHOWN_CHARS = 40  # of a client's string quoted in an error

@@ -20,7 +20,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gln.serialize import MAX_HEADER_BYTES
-from service.storage import SENTINEL_SCHEME, parse_sentinel_url
+from service.storage.common import SENTINEL_SCHEME, parse_sentinel_url
 
 MIB = 1024 * 1024
 # Room for a model blob's header: magic, length and the JSON the library parses at most.

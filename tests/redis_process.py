@@ -274,7 +274,7 @@ class SentinelProcess:
     """A Redis Sentinel on 127.0.0.1 that monitors ``primary`` under ``name``, alone (quorum
     1) and quick: it calls a primary down after ``down_after_ms`` without an answer and then
     promotes one of its replicas. A client finds the primary through :attr:`url`
-    (``redis+sentinel://``, service/storage.py)."""
+    (``redis+sentinel://``, service/storage/common.py)."""
 
     def __init__(
         self,

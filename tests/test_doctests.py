@@ -33,7 +33,8 @@ MODULES = _modules_with_examples()
 
 def test_the_modules_with_examples_are_found():
     names = {m.__name__ for m in MODULES}
-    assert {"gln.checks", "gln.model", "service.pending", "service.store", "service.wal"} <= names
+    assert {"gln.checks", "gln.model", "service.engine.waiting_rows", "service.storage.store",
+            "service.storage.wal"} <= names
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -39,7 +39,7 @@ def test_the_shutdown_line_it_looks_for_is_one_the_service_logs(repo: Path) -> N
 
 
 def test_the_routes_it_calls_exist(repo: Path) -> None:
-    from service.app import create_app  # noqa: PLC0415
+    from service.api.app import create_app  # noqa: PLC0415
 
     paths = {route.path for route in create_app().routes}
     called = set(re.findall(r'"\$S(/[^"]*)"', SCRIPT.read_text(encoding="utf-8")))

@@ -182,7 +182,7 @@ def test_root_dockerignore_keeps_the_venv_and_the_rest_out(repo: Path) -> None:
                  "gln/__pycache__/x.cpython-311.pyc", "service/sub/__pycache__/y.pyc",
                  "deploy/Dockerfile.cuda"):
         assert is_ignored(path, patterns), f".dockerignore sends {path}"
-    for path in ("pyproject.toml", "README.md", "gln/__init__.py", "service/app.py"):
+    for path in ("pyproject.toml", "README.md", "gln/__init__.py", "service/api/app.py"):
         assert not is_ignored(path, patterns), f".dockerignore drops {path}"
 
 

@@ -78,7 +78,7 @@ def documented_metrics(repo: Path) -> dict[str, tuple[str, set[str]]]:
 
 async def scrape_after_one_round(snapshot_dir: Path) -> str:
     """/metrics of a real app after one create, learn, predict and snapshot."""
-    from service.app import create_app
+    from service.api.app import create_app
     from service.settings import Settings
 
     settings = Settings(
@@ -105,7 +105,7 @@ async def scrape_after_one_round(snapshot_dir: Path) -> str:
 
 async def probe_routes(snapshot_dir: Path) -> set[str]:
     """The `route` label values of gln_http_requests_total after a scrape and both probes."""
-    from service.app import create_app
+    from service.api.app import create_app
     from service.settings import Settings
 
     settings = Settings(

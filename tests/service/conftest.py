@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
 from tests.redis_process import RedisProcess, primary_and_replica
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from service.store import open_store
-from service.wal import open_wal
+from service.storage.store import open_store
+from service.storage.wal import open_wal
 from tests.service.durable_client import (
     DurableLearners,
     ServerProcess,

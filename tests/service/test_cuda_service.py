@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
 from tests.gln.emulated_cupy import GXX, EmulatedCupy, emulated_cupy_installed
 

@@ -1,12 +1,12 @@
 """The data routes (learn, predict, explain) skip FastAPI's per-request dependency solving
-(service.routes.DataRoute); what they answer and document must not change because of it."""
+(service.api.routes.DataRoute); what they answer and document must not change because of it."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
 
 DATA_ROUTES = ["learn", "predict", "explain"]

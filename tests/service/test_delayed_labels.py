@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from service.app import create_app
-from service.pending import PendingPredictions
+from service.api.app import create_app
+from service.engine.waiting_rows import WaitingRows
 from service.settings import Settings
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
@@ -83,7 +83,7 @@ async def test_bad_ids_on_predict_are_refused_and_nothing_waits(app, client, cre
     r = await client.post("/v1/models/m/predict", json=body)
     assert r.status_code == 422 and message in r.json()["detail"]
     entry = await app.state.registry.get("m")
-    assert len(entry.awaiting_labels) == 0
+    assert len(entry.waiting_rows) == 0
 
 
 async def test_bad_labels_leave_the_rows_waiting(client, create_model, make_data):
@@ -198,7 +198,7 @@ async def test_the_oldest_rows_make_room_when_too_many_wait(
 
 def _budget_for_two_models_and_one_waiting(small_config: dict, max_rows: int) -> int:
     one = GLN.estimate_nbytes(small_config)
-    waiting = PendingPredictions(1.0, max_rows).capacity_nbytes(
+    waiting = WaitingRows(1.0, max_rows).capacity_nbytes(
         small_config["num_features"], small_config["num_classes"])
     return 2 * one + waiting + waiting // 2
 
@@ -442,7 +442,7 @@ async def test_a_prediction_whose_rows_cannot_be_logged_is_refused_and_nothing_w
     plain = await client.post("/v1/models/m/predict", json={"features": X})
     assert refused.status_code == 503 and "with the same ids" in refused.json()["detail"]
     assert plain.status_code == 200
-    assert len(entry.awaiting_labels) == 0
+    assert len(entry.waiting_rows) == 0
 
 
 async def test_a_wait_entry_logged_behind_a_failed_append_is_applied_before_new_learning(

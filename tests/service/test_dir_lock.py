@@ -1,4 +1,4 @@
-"""One server per data directory (service/dir_lock.py): a second one refuses to start."""
+"""One server per data directory (service/storage/dir_lock.py): a second one refuses to start."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.app import create_app
-from service.dir_lock import DirectoryInUseError, data_directories, lock_directory
+from service.api.app import create_app
 from service.settings import Settings
+from service.storage.dir_lock import DirectoryInUseError, data_directories, lock_directory
 from tests.redis_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]

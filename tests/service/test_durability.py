@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
+from service.engine.snapshot_blob import WAL_ID
 from service.settings import Settings
-from service.snapshot_blob import WAL_ID
-from service.store import open_store
-from service.wal import open_wal
+from service.storage.store import open_store
+from service.storage.wal import open_wal
 from tests.service.staged_crash import learned_bytes, model_bytes, skip_shutdown_snapshots
 
 
@@ -495,7 +495,7 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
     entry is in the primary's log, and is learned only once the replica has it: the first
     learn after it comes back applies it first, as after any append in doubt). Without a
     replica, a server refuses to start."""
-    from service.wal import WalDurabilityError
+    from service.storage.wal import WalDurabilityError
     from tests.redis_process import wait_for_replica
 
     primary, replica = replicated
@@ -558,7 +558,7 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
     replica confirms it holds it (a failover could otherwise lose entries the restored model
     has learned, and its snapshots would keep them). Until then the restore retries and the
     server is not ready; once the replica answers, the model holds every example."""
-    import service.app
+    import service.api.app
 
     primary, replica = replicated
     batches = [make_data(4, seed=s) for s in range(3)]
@@ -572,14 +572,14 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
             assert r.status_code == 200, r.text
         skip_shutdown_snapshots(app)  # the restart replays all three entries from the log
 
-    open_log = service.app.open_log
+    open_log = service.api.app.open_log
 
     def open_log_then_pause_the_replica(settings: Settings, *args):
         wal = open_log(settings, *args)  # its start-up check passes: the replica answers
         replica.pause()
         return wal
 
-    monkeypatch.setattr(service.app, "open_log", open_log_then_pause_the_replica)
+    monkeypatch.setattr(service.api.app, "open_log", open_log_then_pause_the_replica)
     restarted = create_app(settings)
     try:
         async with serve(restarted, wait_restored=False) as client:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.app import create_app
-from service.host_check import allowed_hosts_for, host_name
+from service.api.app import create_app
+from service.api.host_check import allowed_hosts_for, host_name
 from service.settings import Settings
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
 
 JSON = {"content-type": "application/json"}
 

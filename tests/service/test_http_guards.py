@@ -15,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import IMPORT_HEADER_BYTES, Settings
 
 TOKEN = "s3cret-token"
@@ -351,7 +351,7 @@ def _raw_request(method: str = "POST", length: int | None = None) -> dict:
 
 
 async def test_a_body_that_stops_arriving_is_408_and_never_reaches_the_app():
-    from service.body_limit import BodyLimitMiddleware
+    from service.api.body_limit import BodyLimitMiddleware
 
     reached: list[bytes] = []
 
@@ -375,7 +375,7 @@ async def test_a_body_that_stops_arriving_is_408_and_never_reaches_the_app():
 async def test_large_bodies_take_turns_small_ones_do_not_wait(declared: bool):
     """With one turn, a second large body is not read on while the first is in the app; a
     small body passes meanwhile."""
-    from service.body_limit import LARGE_BODY_BYTES, BodyLimitMiddleware
+    from service.api.body_limit import LARGE_BODY_BYTES, BodyLimitMiddleware
 
     release = asyncio.Event()
     entered: list[int] = []
@@ -461,7 +461,7 @@ async def test_json_with_a_charset_or_a_json_suffix_is_json(
 
 async def test_an_error_echoing_a_huge_value_is_cut(settings: Settings, serve):
     """A 5 MB string as a config number used to come back whole in the 422."""
-    from service.error_handlers import DETAIL_MAX_CHARS
+    from service.api.error_handlers import DETAIL_MAX_CHARS
 
     async with serve(create_app(settings)) as client:
         r = await client.post("/v1/models", json={
@@ -475,7 +475,7 @@ async def test_an_error_echoing_a_huge_value_is_cut(settings: Settings, serve):
 async def test_a_slow_large_body_holds_no_turn():
     """A turn is taken once the body is in: a client that trickles a large body (slow-loris)
     cannot keep other large requests out of the app."""
-    from service.body_limit import LARGE_BODY_BYTES, BodyLimitMiddleware
+    from service.api.body_limit import LARGE_BODY_BYTES, BodyLimitMiddleware
 
     entered: list[int] = []
 
@@ -518,7 +518,7 @@ async def test_bodies_held_at_once_are_bounded_and_given_back():
     """Many (or slow) large bodies cannot make the server hold any amount: past
     max_buffered_bytes a request gets 503, and what a request held is given back however it
     ends (answered, refused, or its client gone)."""
-    from service.body_limit import LARGE_BODY_BYTES, BodyLimitMiddleware
+    from service.api.body_limit import LARGE_BODY_BYTES, BodyLimitMiddleware
 
     async def app(scope, receive, send):
         await receive()

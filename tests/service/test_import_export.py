@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
 from tests.gln.snapshot_bytes import with_config, with_header
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.learn_answers import AnswerCache, LearnResult, scored_rows
+from service.engine.learn_answers import AnswerCache, LearnResult, scored_rows
 
 
 def _result(rows: int, sequence: int = 0) -> LearnResult:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from service.shutdown_answer import UNKNOWN, WITHDRAWN
-from service.store import open_store
+from service.api.shutdown_answer import UNKNOWN, WITHDRAWN
+from service.storage.store import open_store
 
 CLIENTS = 8
 REQUESTS_PER_CLIENT = 25

@@ -53,8 +53,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.python import asgi
 
 from gln import GLN
-from service.app import create_app
-from service.schemas import NAME_PATTERN
+from service.api.app import create_app
+from service.api.schemas import NAME_PATTERN
 from service.settings import Settings
 from tests.gln.snapshot_bytes import with_config
 

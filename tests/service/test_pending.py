@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from service.pending import PendingPredictions, decode_rows, encode_rows
+from service.engine.waiting_rows import WaitingRows, decode_rows, encode_rows
 
 
 def _rows(n: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -17,7 +17,7 @@ def _rows(n: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
 
 
 def test_rows_due_are_those_whose_wait_ended_then_those_beyond_the_limit() -> None:
-    pending = PendingPredictions(ttl_s=10.0, max_rows=3)
+    pending = WaitingRows(ttl_s=10.0, max_rows=3)
     for t in range(5):
         ids, X, p = _rows(1, seed=t)
         pending.put(ids, X, p, expires_at=10.0 + t)
@@ -29,7 +29,7 @@ def test_rows_due_are_those_whose_wait_ended_then_those_beyond_the_limit() -> No
 
 
 def test_a_row_is_removed_only_while_it_is_the_one_waiting_under_its_id() -> None:
-    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    pending = WaitingRows(ttl_s=10.0, max_rows=10)
     ids, X, p = _rows(2)
     pending.put(ids, X, p, expires_at=10.0)
     (old,), _ = pending.waiting([ids[0]], now=0.0)
@@ -44,7 +44,7 @@ def test_a_row_is_removed_only_while_it_is_the_one_waiting_under_its_id() -> Non
 
 def test_rows_whose_wait_ended_are_due_behind_rows_that_still_wait() -> None:
     """A restart under a shorter TTL puts rows with earlier deadlines after later ones."""
-    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    pending = WaitingRows(ttl_s=10.0, max_rows=10)
     for i, deadline in enumerate([100.0, 5.0, 200.0, 6.0]):
         ids, X, p = _rows(1, seed=i)
         pending.put(ids, X, p, expires_at=deadline)
@@ -61,7 +61,7 @@ def test_the_ids_expiring_with_a_put_are_those_due_right_after_it(
     the oldest beyond the limit and the ended waits; replaced ids are not expired."""
     rng = np.random.default_rng(seed)
     max_rows = int(rng.integers(1, 6))
-    pending = PendingPredictions(ttl_s=10.0, max_rows=max_rows)
+    pending = WaitingRows(ttl_s=10.0, max_rows=max_rows)
     for t in range(int(rng.integers(0, 8))):
         row_id = f"id-{rng.integers(0, 6)}"
         deadline = 10.0 + (t if deadlines == "in order" else rng.uniform(0, 8))
@@ -77,7 +77,7 @@ def test_the_ids_expiring_with_a_put_are_those_due_right_after_it(
 
 def test_waiting_rows_hold_no_more_memory_than_their_capacity_counts() -> None:
     """The bound the server reserves in its budget holds for the longest ids."""
-    pending = PendingPredictions(ttl_s=10.0, max_rows=2000)
+    pending = WaitingRows(ttl_s=10.0, max_rows=2000)
     ids = [f"{i:0200d}" for i in range(2000)]
     X = np.ones((2000, 50), np.float32)
     probs = np.full((2000, 10), 0.1)
@@ -92,7 +92,7 @@ def test_waiting_rows_hold_no_more_memory_than_their_capacity_counts() -> None:
 
 
 def test_a_waiting_row_does_not_keep_its_requests_other_rows_in_memory() -> None:
-    pending = PendingPredictions(ttl_s=10.0, max_rows=2000)
+    pending = WaitingRows(ttl_s=10.0, max_rows=2000)
     ids = [str(i) for i in range(1000)]
     tracemalloc.start()
     try:
@@ -108,14 +108,14 @@ def test_a_waiting_row_does_not_keep_its_requests_other_rows_in_memory() -> None
 
 
 def test_rows_whose_wait_ended_are_not_found() -> None:
-    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    pending = WaitingRows(ttl_s=10.0, max_rows=10)
     ids, X, p = _rows(2)
     pending.put(ids, X, p, expires_at=10.0)
     assert pending.waiting(ids, now=10.0) == ([], ids)
 
 
 def test_rows_round_trip_through_their_encoding_in_order() -> None:
-    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    pending = WaitingRows(ttl_s=10.0, max_rows=10)
     for seed in range(3):
         ids, X, p = _rows(2 + seed, seed)
         pending.put(ids, X, p, expires_at=100.0 + seed / 3)
@@ -126,7 +126,7 @@ def test_rows_round_trip_through_their_encoding_in_order() -> None:
         assert b.features.dtype == np.float32 and b.features.tobytes() == a.features.tobytes()
         assert b.prediction.tobytes() == np.asarray(a.prediction, np.float64).tobytes()
         assert b.expires_at == a.expires_at
-    restored = PendingPredictions(ttl_s=10.0, max_rows=10)
+    restored = WaitingRows(ttl_s=10.0, max_rows=10)
     restored.put_rows(back)
     assert [row.id for row in restored.due(now=100.5)] == [row.id for row in rows[:5]]
 
@@ -134,7 +134,7 @@ def test_rows_round_trip_through_their_encoding_in_order() -> None:
 @pytest.mark.parametrize("damage", ["magic", "truncated", "extra"])
 def test_damaged_encodings_are_refused(damage: str) -> None:
     ids, X, p = _rows(2)
-    pending = PendingPredictions(ttl_s=10.0, max_rows=10)
+    pending = WaitingRows(ttl_s=10.0, max_rows=10)
     pending.put(ids, X, p, expires_at=1.0)
     blob = encode_rows(pending.rows())
     damaged = {"magic": b"X" + blob[1:], "truncated": blob[:-1], "extra": blob + b"\0"}[damage]

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from service.app import create_app
-from service.request_id import RequestIdLogFilter, current_request_id
+from service.api.app import create_app
+from service.api.request_id import RequestIdLogFilter, current_request_id
 from service.settings import Settings
 
 

@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
-from service.storage import parse_sentinel_url
-from service.store import RedisSnapshotStore
+from service.storage.common import parse_sentinel_url
+from service.storage.store import RedisSnapshotStore
 from tests.redis_process import (
     RedisProcess,
     SentinelProcess,

@@ -18,7 +18,7 @@ import redis
 
 from gln import GLN
 from service.settings import Settings
-from service.store import open_store
+from service.storage.store import open_store
 from tests.redis_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]

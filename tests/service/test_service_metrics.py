@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gln import GLN
-from service.app import create_app
+from service.api.app import create_app
 from service.metrics import package_version
 
 

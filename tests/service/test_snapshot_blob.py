@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from gln import GLN
-from service.pending import PendingRow
-from service.snapshot_blob import WAITING_ROWS_AT, WAL_ID, snapshot_blob, split_snapshot
+from service.engine.snapshot_blob import WAITING_ROWS_AT, WAL_ID, snapshot_blob, split_snapshot
+from service.engine.waiting_rows import WaitingRow
 
 
-def _rows(n: int, features: int = 3) -> list[PendingRow]:
+def _rows(n: int, features: int = 3) -> list[WaitingRow]:
     rng = np.random.default_rng(0)
     return [
-        PendingRow(f"row-{i}", rng.normal(size=features).astype(np.float32),
+        WaitingRow(f"row-{i}", rng.normal(size=features).astype(np.float32),
                    np.array([0.25, 0.75]), 1_000.0 + i)
         for i in range(n)
     ]

@@ -17,12 +17,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-import service.app
+import service.api.app
 from gln import GLN, SnapshotBuffer
-from service.app import create_app
-from service.registry import PING_REUSE_S
+from service.api.app import create_app
+from service.engine.registry import PING_REUSE_S
 from service.settings import Settings
-from service.store import open_store
+from service.storage.store import open_store
 from tests.redis_process import RedisProcess
 
 
@@ -232,9 +232,9 @@ async def test_readyz_is_503_until_every_model_is_restored(
         await create_model(client, "stored")
 
     gate = threading.Event()
-    real_open_store = service.app.open_store
+    real_open_store = service.api.app.open_store
     monkeypatch.setattr(
-        service.app, "open_store", lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate)
+        service.api.app, "open_store", lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate)
     )
     impatient = settings.model_copy(update={"restore_wait_s": 0.05})
     app = create_app(impatient)

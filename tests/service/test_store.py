@@ -22,7 +22,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.store import (
+from service.storage.store import (
     DirectorySnapshotStore,
     RedisSnapshotStore,
     SnapshotCorruptError,
@@ -30,7 +30,7 @@ from service.store import (
     SnapshotStore,
     open_store,
 )
-from service.store.loading import LOAD_ATTEMPTS, load_current
+from service.storage.store.loading import LOAD_ATTEMPTS, load_current
 from tests.redis_process import free_port
 
 CHUNK = 64  # tiny chunks, so even small blobs span several Redis keys
@@ -502,7 +502,7 @@ def test_a_directory_delete_that_fails_keeps_the_model_whole(
         raise PermissionError(13, "Permission denied", str(path))
 
     with monkeypatch.context() as patched:
-        patched.setattr("service.store.directory_store.shutil.rmtree", stuck)
+        patched.setattr("service.storage.store.directory_store.shutil.rmtree", stuck)
         store.delete("kept")
     assert store.names() == [] and store.load("kept") is None
     (left,) = tmp_path.iterdir()  # the renamed directory, under no model's name
@@ -516,7 +516,7 @@ def test_a_directory_store_makes_new_and_deleted_models_durable_in_its_root(
     """A model's directory appears (first save) and leaves (delete) by an entry of the
     store's root, which only an fsync of the root keeps through a power cut: without it a
     created model could vanish, or a deleted one come back."""
-    import service.store.directory_store as directory_store
+    import service.storage.store.directory_store as directory_store
 
     store = DirectorySnapshotStore(tmp_path)
     synced: list[tuple[Path, bool]] = []
@@ -534,7 +534,7 @@ def test_a_directory_store_makes_new_and_deleted_models_durable_in_its_root(
 def test_redis_health_is_false_while_redis_refuses_writes(tmp_path: Path) -> None:
     """A Redis out of memory (``noeviction``) still answers PING, but takes no snapshot and no
     log append: the store's and the log's health say so, and recover with it."""
-    from service.wal import RedisWriteAheadLog
+    from service.storage.wal import RedisWriteAheadLog
     from tests.redis_process import RedisProcess
 
     with RedisProcess(tmp_path / "redis", appendonly=False) as server:

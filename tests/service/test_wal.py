@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from service.settings import Settings
-from service.wal import (
+from service.storage.wal import (
     FileWriteAheadLog,
     LogEntry,
     LoggedRequest,
@@ -34,8 +34,8 @@ from service.wal import (
     open_wal,
     request_digest,
 )
-from service.wal.file_log import _frame
-from service.wal.redis_log import _next_redis_id
+from service.storage.wal.file_log import _frame
+from service.storage.wal.redis_log import _next_redis_id
 from tests.redis_process import RedisProcess, find_waitaof_server, free_port
 
 
@@ -227,7 +227,7 @@ def test_plain_learn_entries_keep_the_first_format(
 ) -> None:
     """A log without delayed labels stays readable by a server that predates them; entries
     about delayed labels are marked so that such a server refuses them."""
-    from service.wal import entries, file_log, redis_log
+    from service.storage.wal import entries, file_log, redis_log
 
     X, y = chunk(1)
     wal.append("m", X, y)
@@ -546,7 +546,7 @@ def test_file_torn_tail_is_ignored_and_cut_off(
         fh.write(_torn(last_record, how))
 
     wal = FileWriteAheadLog(tmp_path)
-    with caplog.at_level("WARNING", logger="service.wal.file_log"):
+    with caplog.at_level("WARNING", logger="service.storage.wal.file_log"):
         assert tags(wal.read_after("m", None)) == [0, 1, 2]
     torn = len(path.read_bytes()) - len(good)  # an operator is told what was cut off
     assert [r.getMessage() for r in caplog.records] == [
@@ -618,7 +618,7 @@ def test_file_change_on_disk_after_opening_is_detected(tmp_path: Path) -> None:
 
 
 def test_file_trim_rewrites_atomically_and_shares_a_snapshot_dir(tmp_path: Path) -> None:
-    from service.store import DirectorySnapshotStore
+    from service.storage.store import DirectorySnapshotStore
 
     store = DirectorySnapshotStore(tmp_path)
     wal = FileWriteAheadLog(tmp_path, fsync=False)
@@ -742,7 +742,7 @@ def test_the_default_durability_warns_where_redis_keeps_no_aof(
         server = RedisProcess(tmp_path, appendonly=appendonly)
     except FileNotFoundError as exc:
         pytest.skip(f"{exc}")
-    with server, caplog.at_level(logging.WARNING, logger="service.wal.redis_log"):
+    with server, caplog.at_level(logging.WARNING, logger="service.storage.wal.redis_log"):
         wal = RedisWriteAheadLog(server.url)
         wal.check_durability()
         wal.close()
@@ -813,7 +813,7 @@ def test_waitaof_warns_where_each_append_waits_for_redis_cron(
         if version < (7, 2):
             pytest.skip(f"WAITAOF needs Redis >= 7.2; the local redis-server is {version}")
         wal = RedisWriteAheadLog(server.url, durability="waitaof")
-        with caplog.at_level(logging.WARNING, logger="service.wal.redis_log"):
+        with caplog.at_level(logging.WARNING, logger="service.storage.wal.redis_log"):
             wal.check_durability()
         wal.close()
     assert ("a WAITAOF here took" in caplog.text and "CONFIG SET hz" in caplog.text) is warned

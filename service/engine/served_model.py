@@ -14,16 +14,17 @@ holds while it serves a batch. All model and store calls run on the app's thread
 event loop only moves bytes. With a write-ahead log, each learn run is logged before it is
 applied and answered (docs/durability.md).
 
-Rows waiting for delayed labels (:mod:`service.pending`) change only here too: a run of
+Rows waiting for delayed labels (:mod:`service.engine.waiting_rows`) change only here too: a run of
 predictions with ids is logged as one wait entry and then put to wait, naming the rows that
 expire with it (their wait ended, or too many wait); a learn of waiting rows names their ids
 in its entry and removes them once applied; rows whose wait ended without a put are dropped
-through the queue as well (:meth:`ModelEntry.expire`, a wait entry of no rows). A snapshot
-carries the rows waiting at its point (after the model's bytes, :mod:`service.snapshot_blob`).
+through the queue as well (:meth:`ServedModel.expire`, a wait entry of no rows). A snapshot
+carries the rows waiting at its point (after the model's bytes,
+:mod:`service.engine.snapshot_blob`).
 So the log's order is the order of every change, and a restore gets the same rows back.
 
-The entry's log (appends, catch-up, rebuild: :mod:`service.entry_log`) and its snapshots
-(:mod:`service.entry_snapshots`) are parts of their own.
+The entry's log (appends, catch-up, rebuild: :mod:`service.engine.model_log`) and its snapshots
+(:mod:`service.engine.model_snapshots`) are parts of their own.
 """
 
 from __future__ import annotations
@@ -45,23 +46,23 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from gln import GLN
-from service.entry_log import LoggedWriterMixin
-from service.entry_snapshots import SnapshotsMixin
+from service.engine.learn_answers import AnswerCache, LearnResult, scored_rows
+from service.engine.model_log import LoggedWriterMixin
+from service.engine.model_snapshots import SnapshotsMixin
+from service.engine.online_stats import OnlineStats
+from service.engine.snapshot_blob import WAL_ID
+from service.engine.waiting_rows import WaitingRow, WaitingRows
 from service.errors import (
     IdempotencyKeyReused,
     ModelNotFound,
     RegistryError,
     RequestWithdrawn,
 )
-from service.learn_answers import AnswerCache, LearnResult, scored_rows
 from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
-from service.online_stats import OnlineStats
-from service.pending import PendingPredictions, PendingRow
 from service.settings import Settings
-from service.snapshot_blob import WAL_ID
-from service.store import SnapshotInfo
-from service.wal import (
+from service.storage.store import SnapshotInfo
+from service.storage.wal import (
     ANY_END,
     WriteAheadLog,
     request_digest,
@@ -119,7 +120,7 @@ class StoredModel(NamedTuple):
 
     model: GLN
     info: SnapshotInfo
-    waiting: list[PendingRow]
+    waiting: list[WaitingRow]
 
 
 def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
@@ -139,7 +140,7 @@ class _Verb(enum.Enum):
     PREDICT = "predict"
     PREDICT_FOR_LABELS = "predict for labels"  # predict, then the rows wait for labels
     EXPLAIN = "explain"
-    EXPIRE = "expire waiting rows"  # drop rows whose label never came (label_rows; X empty)
+    EXPIRE = "expire waiting rows"  # drop rows whose label never came (waiting_rows; X empty)
 
 
 @dataclass(eq=False)  # a job is itself: compared by identity (its queue withdraws it)
@@ -153,7 +154,7 @@ class _Job:
     digest: str | None = None  # LEARN with a key: request_digest(X, y), set by the worker
     # LEARN of waiting rows (one per row of X), which stop waiting once learned; EXPIRE:
     # the rows to drop. PREDICT_FOR_LABELS: the rows' ids.
-    label_rows: list[PendingRow] | None = None
+    waiting_rows: list[WaitingRow] | None = None
     ids: list[str] | None = None
     queued_rows: int = 0  # rows when queued (X may lose stale waiting rows later)
 
@@ -174,7 +175,7 @@ class _GroupResult:
     correct: np.ndarray | None = None  # LEARN: prequential argmax == label, same rows
 
 
-class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
+class ServedModel(LoggedWriterMixin, SnapshotsMixin):
     """One model in memory: its request queue and worker, its stats and snapshot info.
 
     Every request that touches the weights (learn, predict, explain) joins one ordered queue.
@@ -226,7 +227,7 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
         self._load_snapshot = load_snapshot
         self._answers = AnswerCache(settings.idempotency_cache_rows)
         # Predicted rows waiting for their label (not the request queue, ``_queue``).
-        self.awaiting_labels = PendingPredictions(settings.label_ttl_s,
+        self.waiting_rows = WaitingRows(settings.label_ttl_s,
                                                   settings.max_pending_label_rows)
         # The label learned for rows whose label never came (GLN_LABEL_DEFAULT), where it is
         # one of this model's classes; else None, and such rows are dropped: the writer drops
@@ -285,7 +286,7 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
     def waiting_capacity_nbytes(self) -> int:
         """Memory the rows waiting for labels may come to hold (``GLN_MAX_PENDING_LABEL_ROWS``
         rows of this model's sizes)."""
-        return self.awaiting_labels.capacity_nbytes(self.model.num_features, self.model.num_classes)
+        return self.waiting_rows.capacity_nbytes(self.model.num_features, self.model.num_classes)
 
     @property
     def reserved_nbytes(self) -> int:
@@ -305,27 +306,28 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
     # -- the queue --
     async def learn(
         self, X: np.ndarray, y: np.ndarray, key: str | None = None,
-        scored: np.ndarray | None = None, label_rows: list[PendingRow] | None = None,
+        scored: np.ndarray | None = None, waiting_rows: list[WaitingRow] | None = None,
     ) -> LearnResult:
         """Learn validated rows in queue order; their prequential outputs and sequence.
 
         ``key`` (an idempotency key): if the log already holds a request with this key, the
         rows are not learned again and the answer is marked ``duplicate``. ``scored``: the
         predictions the online metrics score (delayed labels: those made at predict time);
-        by default the prequential ones. ``label_rows``: the waiting rows that ``X`` holds,
+        by default the prequential ones. ``waiting_rows``: the waiting rows that ``X`` holds,
         one per row (delayed labels); those still waiting when the writer comes to them are
         learned and stop waiting, the others are left out (the answer's ``stale_ids``).
         """
         self._queued_learn_rows += len(y)
         return await self._submit(_Verb.LEARN, X, y, key=key, scored=scored,
-                                  label_rows=label_rows)
+                                  waiting_rows=waiting_rows)
 
     async def predict_proba(self, X: np.ndarray, ids: list[str] | None = None) -> np.ndarray:
         """Class probabilities of checked rows (``check_input``'s), after every learn request
         queued before this one.
 
         With ``ids`` (one per row), the rows and their predictions then wait for labels
-        (:mod:`service.pending`), logged first: a prediction answered is a row that waits.
+        (:mod:`service.engine.waiting_rows`), logged first: a prediction answered is a row that
+        waits.
         """
         if ids is None:
             return await self._submit(_Verb.PREDICT, X, None)
@@ -335,13 +337,13 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
         """Per-class saliency (n, num_classes, num_features), in queue order like predict."""
         return await self._submit(_Verb.EXPLAIN, X, None)
 
-    async def expire(self, rows: list[PendingRow]) -> int:
+    async def expire(self, rows: list[WaitingRow]) -> int:
         """Drop waiting rows whose label never came (logged first); how many were dropped.
 
         Rows that stopped waiting meanwhile (learned, replaced, dropped) are left alone.
         """
         none = np.empty((0, self.model.num_features), np.float32)
-        return await self._submit(_Verb.EXPIRE, none, None, label_rows=rows)
+        return await self._submit(_Verb.EXPIRE, none, None, waiting_rows=rows)
 
     async def _submit(
         self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, **fields: Any
@@ -446,8 +448,8 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
         they come (without a default label), then let them wait and drop those."""
         ids = [row_id for job in jobs for row_id in job.ids or ()]
         now = time.time()
-        expires_at = now + self.awaiting_labels.ttl_s
-        expired = self.awaiting_labels.expiring_with(ids, now) if self.label_default is None else []
+        expires_at = now + self.waiting_rows.ttl_s
+        expired = self.waiting_rows.expiring_with(ids, now) if self.label_default is None else []
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
         entry_id = None if wal is None else self._logged(
@@ -461,8 +463,8 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
         """(model lock) Log, then drop, the rows of a run of expire jobs still waiting."""
         if self.wal is not None and self._log_in_doubt:
             self._catch_up_or_refuse()
-        ids = list(dict.fromkeys(row.id for job in jobs for row in job.label_rows or ()
-                                 if self.awaiting_labels.is_waiting(row)))
+        ids = list(dict.fromkeys(row.id for job in jobs for row in job.waiting_rows or ()
+                                 if self.waiting_rows.is_waiting(row)))
         if not ids:
             return 0
         none = np.empty((0, self.model.num_features), np.float32)
@@ -482,8 +484,8 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
     ) -> None:
         """(model lock) Let rows wait for labels and drop the expired ones (live or replayed),
         as :meth:`_apply` learns."""
-        self.awaiting_labels.put(ids, X, probs, expires_at)
-        self.awaiting_labels.remove_ids(expired_ids)
+        self.waiting_rows.put(ids, X, probs, expires_at)
+        self.waiting_rows.remove_ids(expired_ids)
         self._updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
@@ -507,10 +509,10 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
             X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
             y = run[0].y if len(run) == 1 else np.concatenate([job.y for job in run])
             assert y is not None
-            label_rows = [row for job in run for row in job.label_rows or ()]
-            entry_id = None if self.wal is None else self._append(run, X, y, label_rows)
+            waiting_rows = [row for job in run for row in job.waiting_rows or ()]
+            entry_id = None if self.wal is None else self._append(run, X, y, waiting_rows)
             start, probs, losses, correct = self._apply(X, y, entry_id, checked=True)
-            self.awaiting_labels.remove_rows(label_rows)
+            self.waiting_rows.remove_rows(waiting_rows)
             if any(job.scored is not None for job in run):
                 losses, correct = scored_rows(_scored_predictions(run, probs), y)
             offset = 0
@@ -562,16 +564,16 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
         stale: dict[int, tuple[str, ...]] = {}
         taken: set[str] = set()
         for i, job in enumerate(jobs):
-            if job.label_rows is None:
+            if job.waiting_rows is None:
                 continue
-            keep = [row.id not in taken and self.awaiting_labels.is_waiting(row)
-                    for row in job.label_rows]
-            taken.update(row.id for row in job.label_rows)
+            keep = [row.id not in taken and self.waiting_rows.is_waiting(row)
+                    for row in job.waiting_rows]
+            taken.update(row.id for row in job.waiting_rows)
             if all(keep):
                 continue
-            stale[i] = tuple(row.id for row, k in zip(job.label_rows, keep, strict=True) if not k)
+            stale[i] = tuple(row.id for row, k in zip(job.waiting_rows, keep, strict=True) if not k)
             kept = np.flatnonzero(keep)
-            job.label_rows = [job.label_rows[k] for k in kept]
+            job.waiting_rows = [job.waiting_rows[k] for k in kept]
             job.X, job.y = job.X[kept], None if job.y is None else job.y[kept]
             job.scored = None if job.scored is None else job.scored[kept]
             if not len(kept):
@@ -649,14 +651,14 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
         return LearnResult(None, None, None, len(job.X), duplicate=True, log_id=log_id)
 
     def _append(
-        self, jobs: list[_Job], X: np.ndarray, y: np.ndarray, label_rows: list[PendingRow]
+        self, jobs: list[_Job], X: np.ndarray, y: np.ndarray, waiting_rows: list[WaitingRow]
     ) -> str:
         """(model lock) Log the run as one entry (naming the waiting rows it learns)."""
         wal = self.wal
         assert wal is not None
         return self._logged(lambda follows: wal.append(
             self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
-            [job.digest for job in jobs], [row.id for row in label_rows], follows=follows,
+            [job.digest for job in jobs], [row.id for row in waiting_rows], follows=follows,
         ))
 
     def _answer(self, groups: list[_GroupResult]) -> None:
@@ -704,7 +706,7 @@ class ModelEntry(LoggedWriterMixin, SnapshotsMixin):
             "config": self.model.config,
             "examples_seen": int(self.model.examples_seen),
             "pending_examples": self._queued_learn_rows,
-            "waiting_for_labels": len(self.awaiting_labels),
+            "waiting_for_labels": len(self.waiting_rows),
             "nbytes": int(self.model.nbytes),
             "metrics": self.stats.summary(),
             "snapshot": None if snap is None else {

@@ -1,7 +1,7 @@
-"""What the snapshot stores (``service/store/``) and the write-ahead logs (``service/wal/``)
-build on alike: model names that are safe as Redis key parts and directory names, one Redis
-client per store or log (of one server, or of the primary that Redis Sentinel names), and
-files replaced atomically and durably."""
+"""What the snapshot stores (``service/storage/store/``) and the write-ahead logs
+(``service/storage/wal/``) build on alike: model names that are safe as Redis key parts and
+directory names, one Redis client per store or log (of one server, or of the primary that Redis
+Sentinel names), and files replaced atomically and durably."""
 
 from __future__ import annotations
 

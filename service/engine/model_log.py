@@ -17,14 +17,20 @@ from collections.abc import Callable
 from typing import Any
 
 from gln import GLN
+from service.engine.learn_answers import AnswerCache, LearnResult
+from service.engine.snapshot_blob import WAL_ID
+from service.engine.waiting_rows import WaitingRows
 from service.errors import Unavailable
-from service.learn_answers import AnswerCache, LearnResult
 from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
-from service.pending import PendingPredictions
-from service.snapshot_blob import WAL_ID
-from service.store import SnapshotInfo
-from service.wal import ANY_END, LogEntry, WalDivergedError, WalDurabilityError, WriteAheadLog
+from service.storage.store import SnapshotInfo
+from service.storage.wal import (
+    ANY_END,
+    LogEntry,
+    WalDivergedError,
+    WalDurabilityError,
+    WriteAheadLog,
+)
 
 log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log is down.
@@ -41,9 +47,9 @@ def _log_failure(exc: Exception) -> str:
 
 
 class LoggedWriterMixin:
-    """The log part of ``service.model_entry.ModelEntry``: its appends, catch-up and rebuild
-    (an entry is applied by the entry's own ``_apply`` and ``_wait``, as a request's run is).
-    Every method runs in a worker thread holding the model lock, except ``replay_log``, which
+    """The log part of ``service.engine.served_model.ServedModel``: its appends, catch-up and
+    rebuild (an entry is applied by the entry's own ``_apply`` and ``_wait``, as a request's run
+    is). Every method runs in a worker thread holding the model lock, except ``replay_log``, which
     takes it."""
 
     name: str
@@ -51,7 +57,7 @@ class LoggedWriterMixin:
     snapshot: SnapshotInfo | None
     wal: WriteAheadLog | None
     applied_id: str | None
-    awaiting_labels: PendingPredictions
+    waiting_rows: WaitingRows
     lock: threading.Lock
     durability_shortfall: tuple[str, float] | None
     log_confirmed_at: float
@@ -59,7 +65,7 @@ class LoggedWriterMixin:
     _log_end: str | None
     _answers: AnswerCache
     _metrics: ServiceMetrics
-    _load_snapshot: Callable[[], Any] | None  # -> service.model_entry.StoredModel | None
+    _load_snapshot: Callable[[], Any] | None  # -> service.engine.served_model.StoredModel | None
 
     def _logged(self, append: Callable[[str | None], str]) -> str:
         """(model lock) The id of the entry ``append`` logs after the log's end as this
@@ -187,8 +193,8 @@ class LoggedWriterMixin:
                     "entries the model had learned", self.name, stored.info.version)
         self.model, self.snapshot = stored.model, stored.info
         self.applied_id = stored.info.metadata.get(WAL_ID)
-        self.awaiting_labels.clear()
-        self.awaiting_labels.put_rows(stored.waiting)
+        self.waiting_rows.clear()
+        self.waiting_rows.put_rows(stored.waiting)
         self._answers = AnswerCache(self._answers.max_rows)
         self._log_end = ANY_END
         # In doubt until the replay below is done (it waits until the log is durable first):
@@ -210,7 +216,7 @@ class LoggedWriterMixin:
             self._metrics.wal_replayed_entries.inc()
             return
         start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
-        self.awaiting_labels.remove_ids(entry.label_ids)
+        self.waiting_rows.remove_ids(entry.label_ids)
         self._metrics.wal_replayed_entries.inc()
         self._metrics.wal_replayed_examples.inc(len(entry.labels))
         if len(entry.request_rows) != len(entry.idempotency_keys):

@@ -14,7 +14,7 @@ import ipaddress
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.asgi_replies import send_json
+from service.api.asgi_replies import send_json
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import shown
-from service.wal.interface import ANY_END, LogEntry, LoggedRequest, WalCorruptError
+from service.storage.wal.interface import ANY_END, LogEntry, LoggedRequest, WalCorruptError
 
 FORMAT = 1
 """Version of the entry encoding (JSON header + raw array bytes); bumped on any change."""

@@ -65,7 +65,8 @@ def _named_model(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
 
 
 # The name of a new model (create's body, import's path). Existing names are looked up by
-# service.storage.is_model_name, which still serves a model named before the leading '.' rule.
+# service.storage.common.is_model_name, which still serves a model named before the leading '.'
+# rule.
 ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN), WrapValidator(_named_model)]
 
 

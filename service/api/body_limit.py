@@ -12,7 +12,7 @@ import math
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.asgi_replies import is_model_action, send_json
+from service.api.asgi_replies import is_model_action, send_json
 
 # Methods none of whose routes take a body: any body is refused, not buffered.
 _BODILESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})

@@ -8,15 +8,15 @@ import logging
 import time
 
 from gln import SnapshotBuffer
+from service.engine.snapshot_blob import snapshot_blob
 from service.errors import ModelNotFound
-from service.snapshot_blob import snapshot_blob
-from service.store import SnapshotInfo, SnapshotStore
+from service.storage.store import SnapshotInfo, SnapshotStore
 
 log = logging.getLogger(__name__)
 
 
 class SnapshotsMixin:
-    """The snapshot part of ``service.model_entry.ModelEntry``: it takes the entry's locks
+    """The snapshot part of ``service.engine.served_model.ServedModel``: it takes the entry's locks
     (``lock`` for the model's arrays, ``snapshot_lock`` for the store's writes of it) and keeps
     ``snapshot``, the latest snapshot's info, and the count of updates it holds."""
 
@@ -57,7 +57,7 @@ class SnapshotsMixin:
                     return None
                 applied_id = self.applied_id
                 buffer.capture(self.model)
-                waiting = self.awaiting_labels.rows()
+                waiting = self.waiting_rows.rows()
             blob, metadata = snapshot_blob(buffer.seal(), applied_id, waiting)
             info = store.save(self.name, blob, metadata=metadata or None)
             self._snapshotted_updates = updates

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from service.pending import PendingRow, decode_rows, encode_rows
+from service.engine.waiting_rows import WaitingRow, decode_rows, encode_rows
 
 # Snapshot metadata key: id of the last log entry the snapshot's weights include.
 WAL_ID = "wal_id"
@@ -22,7 +22,7 @@ WAITING_ROWS_AT = "waiting_rows_at"
 
 
 def snapshot_blob(
-    model_bytes: bytes | memoryview, applied_id: str | None, waiting: Sequence[PendingRow]
+    model_bytes: bytes | memoryview, applied_id: str | None, waiting: Sequence[WaitingRow]
 ) -> tuple[bytes | memoryview, dict[str, str]]:
     """The blob and metadata to store for a model's bytes, the newest log entry they include
     (None without a log) and the rows waiting for labels; :func:`split_snapshot` reverses it."""
@@ -35,7 +35,7 @@ def snapshot_blob(
 
 def split_snapshot(
     blob: bytes | memoryview, metadata: dict[str, str]
-) -> tuple[bytes | memoryview, list[PendingRow]]:
+) -> tuple[bytes | memoryview, list[WaitingRow]]:
     """A snapshot blob's model bytes (for ``GLN.from_bytes``) and its rows waiting for labels.
 
     ValueError if the waiting rows are unreadable (the store has checked the blob's SHA-256,

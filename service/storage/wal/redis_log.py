@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from service.storage import RedisClient, check_name
-from service.wal.entries import (
+from service.storage.common import RedisClient, check_name
+from service.storage.wal.entries import (
     EntryWriting,
     KeyLookups,
     check_idempotency_key,
@@ -21,7 +21,7 @@ from service.wal.entries import (
     check_ttl,
     decode_entry,
 )
-from service.wal.interface import (
+from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
     Durability,

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from service.storage import ClosingMixin, fsync_dir, model_dir_in, replace_atomically
-from service.wal.entries import (
+from service.storage.common import ClosingMixin, fsync_dir, model_dir_in, replace_atomically
+from service.storage.wal.entries import (
     FORMAT,
     EntryWriting,
     KeyLookups,
@@ -28,7 +28,7 @@ from service.wal.entries import (
     check_ttl,
     decode_entry,
 )
-from service.wal.interface import (
+from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
     LogEntry,

@@ -36,9 +36,9 @@ write-ahead-log entry the snapshot includes, so a restart knows where to resume 
 
 from __future__ import annotations
 
-from service.store.directory_store import DirectorySnapshotStore
-from service.store.interface import SnapshotCorruptError, SnapshotInfo, SnapshotStore
-from service.store.redis_store import DEFAULT_CHUNK_BYTES, RedisSnapshotStore
+from service.storage.store.directory_store import DirectorySnapshotStore
+from service.storage.store.interface import SnapshotCorruptError, SnapshotInfo, SnapshotStore
+from service.storage.store.redis_store import DEFAULT_CHUNK_BYTES, RedisSnapshotStore
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

@@ -10,7 +10,7 @@ Rows wait at most ``ttl_s`` seconds and at most ``max_rows`` of them per model (
 the oldest are *due* at once). Due rows are *expired*: counted, then dropped, or learned with
 a default label if the server has one. Waiting rows survive restarts: the model's writer logs
 every row it puts here (a ``wait`` entry of the write-ahead log, which also names the rows
-that expire as it comes, :meth:`PendingPredictions.expiring_with`), every row it learns from
+that expire as it comes, :meth:`WaitingRows.expiring_with`), every row it learns from
 here (the learn entry names their ids) and every row it drops, and each snapshot carries the
 rows waiting at its point (:func:`encode_rows`), so a restore rebuilds exactly this store.
 
@@ -19,17 +19,17 @@ order of its log; request handlers look rows up (and find the due ones) from the
 A lock of the store's own keeps those apart.
 
 >>> import numpy as np
->>> pending = PendingPredictions(ttl_s=60.0, max_rows=2)
->>> pending.put(["a", "b"], np.zeros((2, 3), np.float32), np.full((2, 2), 0.5), 60.0)
->>> pending.put(["c"], np.ones((1, 3), np.float32), np.full((1, 2), 0.5), 61.0)
->>> [row.id for row in pending.due(now=2.0)]  # one row too many: the oldest is due
+>>> waiting = WaitingRows(ttl_s=60.0, max_rows=2)
+>>> waiting.put(["a", "b"], np.zeros((2, 3), np.float32), np.full((2, 2), 0.5), 60.0)
+>>> waiting.put(["c"], np.ones((1, 3), np.float32), np.full((1, 2), 0.5), 61.0)
+>>> [row.id for row in waiting.due(now=2.0)]  # one row too many: the oldest is due
 ['a']
->>> found, missing = pending.waiting(["b", "zz"], now=2.0)
+>>> found, missing = waiting.waiting(["b", "zz"], now=2.0)
 >>> [row.id for row in found], missing
 (['b'], ['zz'])
->>> pending.remove_rows(found)
+>>> waiting.remove_rows(found)
 1
->>> [row.id for row in pending.due(now=61.5)]
+>>> [row.id for row in waiting.due(now=61.5)]
 ['a', 'c']
 """
 
@@ -44,11 +44,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PendingPredictions", "PendingRow", "decode_rows", "encode_rows"]
+__all__ = ["WaitingRows", "WaitingRow", "decode_rows", "encode_rows"]
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class PendingRow:
+class WaitingRow:
     """One predicted row waiting for its label (compared by identity: one put, one row).
 
     Its arrays are its own, not views of the request's: a row that waits long must not keep
@@ -66,13 +66,13 @@ class PendingRow:
 _ROW_OVERHEAD_NBYTES = 600
 
 
-class PendingPredictions:
+class WaitingRows:
     """A model's rows waiting for labels, oldest first, bounded in time and count."""
 
     def __init__(self, ttl_s: float, max_rows: int) -> None:
         self.ttl_s = ttl_s
         self.max_rows = max_rows
-        self._rows: OrderedDict[str, PendingRow] = OrderedDict()
+        self._rows: OrderedDict[str, WaitingRow] = OrderedDict()
         # True while the rows' deadlines grow in arrival order (one TTL throughout): then the
         # ended waits are a prefix and finding them stops at the first row still waiting.
         self._in_deadline_order = True
@@ -97,7 +97,7 @@ class PendingPredictions:
         self.put_rows(_own_row(row_id, features[i], predictions[i], expires_at)
                       for i, row_id in enumerate(ids))
 
-    def put_rows(self, rows: Iterable[PendingRow]) -> None:
+    def put_rows(self, rows: Iterable[WaitingRow]) -> None:
         """Keep rows as they are (a restore), after those already waiting; a row replaces
         the one waiting under its id."""
         with self._lock:
@@ -107,7 +107,7 @@ class PendingPredictions:
                     self._in_deadline_order = False  # e.g. a restart under a shorter TTL
                 self._rows[row.id] = row
 
-    def waiting(self, ids: Sequence[str], now: float) -> tuple[list[PendingRow], list[str]]:
+    def waiting(self, ids: Sequence[str], now: float) -> tuple[list[WaitingRow], list[str]]:
         """The rows of ``ids`` still waiting at ``now``, and the ids that are not.
 
         Nothing leaves the store: the writer learns the rows and then :meth:`remove_rows`
@@ -123,11 +123,11 @@ class PendingPredictions:
                     found.append(row)
         return found, missing
 
-    def is_waiting(self, row: PendingRow) -> bool:
+    def is_waiting(self, row: WaitingRow) -> bool:
         """True while ``row`` itself (not a newer row under its id) waits."""
         return self._rows.get(row.id) is row
 
-    def remove_rows(self, rows: Iterable[PendingRow]) -> int:
+    def remove_rows(self, rows: Iterable[WaitingRow]) -> int:
         """Remove these very rows (a newer row under the same id stays); how many left."""
         removed = 0
         with self._lock:
@@ -150,14 +150,14 @@ class PendingPredictions:
                 self._rows.pop(row_id, None)
             self._in_deadline_order |= not self._rows
 
-    def due(self, now: float) -> list[PendingRow]:
+    def due(self, now: float) -> list[WaitingRow]:
         """The rows to expire now, oldest first: the oldest beyond ``max_rows`` and every row
         whose wait ended. They stay until removed.
         """
         with self._lock:
             return self._due_among(self._rows.values(), len(self._rows) - self.max_rows, now)
 
-    def _due_among(self, rows: Iterable[PendingRow], excess: int, now: float) -> list[PendingRow]:
+    def _due_among(self, rows: Iterable[WaitingRow], excess: int, now: float) -> list[WaitingRow]:
         """(lock held) Those of ``rows`` (oldest first) among the first ``excess`` or whose
         wait ended at ``now``; stops at the first other while deadlines are in arrival order."""
         due = []
@@ -185,7 +185,7 @@ class PendingPredictions:
                 (row for row in self._rows.values() if row.id not in new), excess, now)
         return [row.id for row in old] + order[:max(0, excess - staying)]
 
-    def rows(self) -> list[PendingRow]:
+    def rows(self) -> list[WaitingRow]:
         """Every waiting row, oldest first (for a snapshot)."""
         with self._lock:
             return list(self._rows.values())
@@ -197,7 +197,7 @@ _MAGIC = b"GLNWAIT1"
 _HEADER_LENGTH = struct.Struct("<I")
 
 
-def encode_rows(rows: Sequence[PendingRow]) -> bytes:
+def encode_rows(rows: Sequence[WaitingRow]) -> bytes:
     """Waiting rows as bytes: a JSON header (ids, dtypes, shapes), then the raw arrays."""
     features = np.stack([row.features for row in rows]).astype("<f4", copy=False)
     predictions = np.stack([row.prediction for row in rows]).astype("<f8", copy=False)
@@ -213,7 +213,7 @@ def encode_rows(rows: Sequence[PendingRow]) -> bytes:
     ))
 
 
-def decode_rows(blob: bytes | memoryview) -> list[PendingRow]:
+def decode_rows(blob: bytes | memoryview) -> list[WaitingRow]:
     """The rows :func:`encode_rows` wrote; ValueError if the bytes do not fit together."""
     view = memoryview(blob)
     if bytes(view[:len(_MAGIC)]) != _MAGIC:
@@ -242,7 +242,7 @@ def decode_rows(blob: bytes | memoryview) -> list[PendingRow]:
 
 
 def _own_row(row_id: str, features: np.ndarray, prediction: np.ndarray,
-             expires_at: float) -> PendingRow:
+             expires_at: float) -> WaitingRow:
     """A row holding copies of its arrays, in the native byte order."""
-    return PendingRow(row_id, np.array(features, dtype=np.float32),
+    return WaitingRow(row_id, np.array(features, dtype=np.float32),
                       np.array(prediction, dtype=np.float64), expires_at)

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TypeVar
 
-from service.store.interface import SnapshotCorruptError, SnapshotInfo
+from service.storage.store.interface import SnapshotCorruptError, SnapshotInfo
 
 LOAD_ATTEMPTS = 5
 """How often ``load`` starts over when a concurrent save switched the head under it."""

@@ -7,7 +7,7 @@ import hmac
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.asgi_replies import is_model_action, send_json
+from service.api.asgi_replies import is_model_action, send_json
 
 
 class BearerAuthMiddleware:

@@ -17,20 +17,20 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from service.storage import (
+from service.storage.common import (
     ClosingMixin,
     fsync_dir,
     is_model_name,
     model_dir_in,
     replace_atomically,
 )
-from service.store.interface import (
+from service.storage.store.interface import (
     SnapshotCorruptError,
     SnapshotInfo,
     as_bytes_view,
     check_metadata,
 )
-from service.store.loading import load_current
+from service.storage.store.loading import load_current
 
 log = logging.getLogger(__name__)
 

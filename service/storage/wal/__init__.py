@@ -1,6 +1,6 @@
 """Write-ahead log: every learned chunk is logged before it is applied, so a crash loses nothing.
 
-Snapshots (``service/store/``) are taken every so often; the log covers the time between
+Snapshots (``service/storage/store/``) are taken every so often; the log covers the time between
 them. The learn worker appends each coalesced chunk of examples to the model's log with one
 write, then applies it to the model, then answers every request in the chunk. A snapshot
 records the id of the last entry it includes (snapshot metadata); once the snapshot is the
@@ -40,9 +40,9 @@ across trims and restarts; :meth:`WriteAheadLog.delete` starts a model's log afr
 
 from __future__ import annotations
 
-from service.wal.entries import check_idempotency_key, request_digest
-from service.wal.file_log import FileWriteAheadLog
-from service.wal.interface import (
+from service.storage.wal.entries import check_idempotency_key, request_digest
+from service.storage.wal.file_log import FileWriteAheadLog
+from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
     Durability,
@@ -54,7 +54,7 @@ from service.wal.interface import (
     WalGapError,
     WriteAheadLog,
 )
-from service.wal.redis_log import RedisWriteAheadLog
+from service.storage.wal.redis_log import RedisWriteAheadLog
 
 __all__ = [
     "ANY_END",

@@ -2,7 +2,7 @@
 
 After a SIGTERM, uvicorn waits ``GLN_SHUTDOWN_TIMEOUT_S`` for open requests, then cancels
 their handlers and would answer each with a plain-text 500. A request still queued then is
-withdrawn from its model's queue, not carried out (``ModelEntry``; one being carried out is
+withdrawn from its model's queue, not carried out (``ServedModel``; one being carried out is
 waited for and answered as usual), and :class:`ShutdownAnswerMiddleware` says so, in the
 service's error shape, as a 503 that invites the retry. Of any other request cancelled before
 its answer (one still being read, or a create or delete under way) nothing is known for sure,
@@ -16,7 +16,7 @@ import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.asgi_replies import send_json
+from service.api.asgi_replies import send_json
 from service.errors import RequestWithdrawn
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """All models of one app: create, find, delete, restore and snapshot them; data requests.
 
-Each model is a :class:`service.model_entry.ModelEntry` (its queue, single writer, log and
+Each model is a :class:`service.engine.served_model.ServedModel` (its queue, single writer, log and
 snapshots); this module owns the names: creating and deleting models within the server's
 limits, restoring every stored model (snapshot, then the log's tail) at start-up, periodic
 snapshots, validating requests against a model before they join its queue, and delayed labels.
@@ -24,6 +24,10 @@ import numpy as np
 
 from gln import GLN
 from gln.backend import resolve_device
+from service.engine.learn_answers import LearnResult
+from service.engine.served_model import ServedModel, StoredModel
+from service.engine.snapshot_blob import WAL_ID, split_snapshot
+from service.engine.waiting_rows import WaitingRow
 from service.errors import (
     InvalidRequest,
     LimitExceeded,
@@ -31,15 +35,11 @@ from service.errors import (
     ModelNotFound,
     Unavailable,
 )
-from service.learn_answers import LearnResult
 from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
-from service.model_entry import ModelEntry, StoredModel
-from service.pending import PendingRow
 from service.settings import Settings
-from service.snapshot_blob import WAL_ID, split_snapshot
-from service.store import SnapshotInfo, SnapshotStore
-from service.wal import WalDurabilityError, WriteAheadLog
+from service.storage.store import SnapshotInfo, SnapshotStore
+from service.storage.wal import WalDurabilityError, WriteAheadLog
 
 __all__ = ["ModelRegistry"]
 
@@ -117,7 +117,7 @@ class ModelRegistry:
         self.settings = settings
         self.metrics = metrics
         self.executor = executor
-        self._models: dict[str, ModelEntry] = {}
+        self._models: dict[str, ServedModel] = {}
         self._failed: dict[str, str] = {}  # stored names that could not be restored -> why
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()
@@ -129,8 +129,8 @@ class ModelRegistry:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def _entry(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ModelEntry:
-        return ModelEntry(
+    def _entry(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ServedModel:
+        return ServedModel(
             name, model, executor=self.executor, metrics=self.metrics,
             settings=self.settings, snapshot=snapshot, wal=self.wal,
             load_snapshot=functools.partial(self._stored, name, afresh=True),
@@ -148,7 +148,7 @@ class ModelRegistry:
         model_blob, waiting = split_snapshot(blob, info.metadata)
         return StoredModel(self._load(model_blob), info, waiting)
 
-    def _add(self, entry: ModelEntry) -> None:
+    def _add(self, entry: ServedModel) -> None:
         self._models[entry.name] = entry
         entry.start()
         self.metrics.add_model(entry.name, lambda: int(entry.model.nbytes))
@@ -248,7 +248,7 @@ class ModelRegistry:
                 f"models are still being restored from snapshots{why}; retry shortly"
             ) from None
 
-    async def get(self, name: str) -> ModelEntry:
+    async def get(self, name: str) -> ServedModel:
         """The model called ``name``; 404 if unknown (after start-up restore has finished)."""
         entry = self._models.get(name)
         if entry is None:
@@ -258,18 +258,18 @@ class ModelRegistry:
             raise ModelNotFound(name, self._failed.get(name))
         return entry
 
-    def models(self) -> list[ModelEntry]:
+    def models(self) -> list[ServedModel]:
         """Every loaded model, by name."""
         return [self._models[name] for name in sorted(self._models)]
 
-    async def restored_models(self) -> list[ModelEntry]:
+    async def restored_models(self) -> list[ServedModel]:
         """Every model, once start-up restore is done: a list taken before would leave out
         stored models still on their way (503 after a bounded wait, as for one model)."""
         await self._wait_restored()
         return self.models()
 
     # -- create / import / export / delete --
-    async def create(self, name: str, config: dict[str, Any]) -> ModelEntry:
+    async def create(self, name: str, config: dict[str, Any]) -> ServedModel:
         """Build a model from ``config``, store its first snapshot, and start serving it.
 
         The first snapshot makes a model durable from birth: a restart brings it back even if
@@ -289,7 +289,7 @@ class ModelRegistry:
         log.info("created model %r: %s", name, _shape_of(entry.model))
         return entry
 
-    async def import_model(self, name: str, blob: bytes) -> ModelEntry:
+    async def import_model(self, name: str, blob: bytes) -> ServedModel:
         """Serve the model of a ``GLN.to_bytes`` blob (an export) as ``name``, on this server's
         device, from its first snapshot on, as :meth:`create` does.
 
@@ -310,7 +310,7 @@ class ModelRegistry:
 
     async def _admit(
         self, name: str, config: dict[str, Any], build: Callable[[], GLN], invalid: str
-    ) -> ModelEntry:
+    ) -> ServedModel:
         """Check ``name`` and the room for a model of ``config``, ``build`` it, store its
         first snapshot and start serving it; ``invalid`` prefixes the 422 of a refused one."""
         async with self._names_lock:
@@ -414,7 +414,7 @@ class ModelRegistry:
                 f"GLN_MAX_TOTAL_MODEL_BYTES={budget}{advice}"
             )
 
-    async def _reserve_waiting_room(self, entry: ModelEntry) -> None:
+    async def _reserve_waiting_room(self, entry: ServedModel) -> None:
         """Count room for the model's rows waiting for labels in the server's memory budget,
         at its first prediction with ids; 409 (and nothing predicted) if there is none."""
         if entry.waiting_room_reserved:
@@ -491,7 +491,7 @@ class ModelRegistry:
 
     # -- data --
     async def _check(
-        self, entry: ModelEntry, features: Sequence[Sequence[float]],
+        self, entry: ServedModel, features: Sequence[Sequence[float]],
         labels: Sequence[int] | None = None, *, values_per_row: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Validate a request's rows against the model (width, finiteness, label range) and
@@ -570,25 +570,25 @@ class ModelRegistry:
             entry.model.check_labels(labels)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
-        rows, missing = entry.awaiting_labels.waiting(ids, time.time())
+        rows, missing = entry.waiting_rows.waiting(ids, time.time())
         if not rows:
             return None, missing
         wanted = dict(zip(ids, labels, strict=True))
         try:
             result = await self._learn_waiting(entry, rows, [wanted[row.id] for row in rows])
         finally:
-            self.metrics.labels_pending.labels(model=name).set(len(entry.awaiting_labels))
+            self.metrics.labels_pending.labels(model=name).set(len(entry.waiting_rows))
         self.metrics.labels_learned.labels(model=name).inc(result.rows)
         return result, [*missing, *result.stale_ids]
 
-    async def _expire(self, entry: ModelEntry) -> None:
+    async def _expire(self, entry: ServedModel) -> None:
         """Expire the rows that are due: learn them with the default label, else drop them.
 
         Either goes through the model's queue and log (the model counts the dropped rows),
         so a row stops waiting only once that is logged, and a restart does not bring it
         back. A failure is logged, not raised: the rows stay due and the next pass retries.
         """
-        rows = entry.awaiting_labels.due(time.time())
+        rows = entry.waiting_rows.due(time.time())
         if rows:
             default = entry.label_default
             if default is None:
@@ -600,10 +600,10 @@ class ModelRegistry:
             else:
                 learned = await self._learn_default(entry, rows, default)
                 self.metrics.labels_expired.labels(model=entry.name).inc(learned)
-        self.metrics.labels_pending.labels(model=entry.name).set(len(entry.awaiting_labels))
+        self.metrics.labels_pending.labels(model=entry.name).set(len(entry.waiting_rows))
 
     async def _learn_waiting(
-        self, entry: ModelEntry, rows: list[PendingRow], labels: list[int]
+        self, entry: ServedModel, rows: list[WaitingRow], labels: list[int]
     ) -> LearnResult:
         """Learn waiting rows with ``labels``, scored by the predictions made at predict time;
         422 (InvalidRequest) for a label out of range, and nothing learned."""
@@ -613,10 +613,10 @@ class ModelRegistry:
             raise InvalidRequest(str(exc)) from exc
         assert y is not None
         return await entry.learn(
-            X, y, scored=np.stack([row.prediction for row in rows]), label_rows=rows
+            X, y, scored=np.stack([row.prediction for row in rows]), waiting_rows=rows
         )
 
-    async def _learn_default(self, entry: ModelEntry, rows: list[PendingRow], label: int) -> int:
+    async def _learn_default(self, entry: ServedModel, rows: list[WaitingRow], label: int) -> int:
         """Learn expired rows with the default label; how many were learned (0 on failure)."""
         try:
             result = await self._learn_waiting(entry, rows, [label] * len(rows))
@@ -734,11 +734,11 @@ class ModelRegistry:
                 if self.ignored_log is not None:
                     await self._run(self._refuse_an_unapplied_log, name, info)
                 entry = self._entry(name, stored.model, info)
-                entry.awaiting_labels.put_rows(stored.waiting)
+                entry.waiting_rows.put_rows(stored.waiting)
                 t0 = time.perf_counter()
                 replayed = await self._run(entry.replay_log)
                 # Restored rows are counted, never refused (the budget may be overrun).
-                entry.waiting_room_reserved = len(entry.awaiting_labels) > 0
+                entry.waiting_room_reserved = len(entry.waiting_rows) > 0
             except Exception as exc:
                 if isinstance(exc, WalDurabilityError) or not await self.store_reachable():
                     why = exc if isinstance(exc, WalDurabilityError) else "store unreachable"
@@ -754,7 +754,7 @@ class ModelRegistry:
                 name, info.version, replayed, time.perf_counter() - t0,
             )
             self._add(entry)
-            self.metrics.labels_pending.labels(model=name).set(len(entry.awaiting_labels))
+            self.metrics.labels_pending.labels(model=name).set(len(entry.waiting_rows))
             self.metrics.show_snapshot(name, info.nbytes, info.created_at)
             return
 

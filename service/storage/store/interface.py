@@ -1,6 +1,6 @@
 """What the service relies on of a snapshot store: the ``SnapshotStore`` interface, what a store
 knows of one saved snapshot (``SnapshotInfo``, kept in the store's head), the error a damaged
-snapshot raises, and the checks of what ``save`` is given. ``service.store`` describes the
+snapshot raises, and the checks of what ``save`` is given. ``service.storage.store`` describes the
 stores as a whole."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the service relies on of a write-ahead log: the ``WriteAheadLog`` interface, the entries
 it gives back (``LogEntry``), what it remembers of an idempotency key (``LoggedRequest``), and
-its errors. ``service.wal`` describes the log as a whole."""
+its errors. ``service.storage.wal`` describes the log as a whole."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class WalDivergedError(RuntimeError):
     had not received them), or it already holds an idempotency key that the writer looked up
     and did not find there. Nothing was appended. The writer may hold state the log cannot
     replay, and must rebuild it from its snapshot and the log as they are now
-    (``ModelEntry`` does)."""
+    (``ServedModel`` does)."""
 
     def __init__(
         self, name: str, expected: str | None, found: str | None, known_key: str | None = None,
@@ -77,7 +77,7 @@ class LogEntry:
     created_at: float = 0.0
     request_rows: tuple[int, ...] = ()  # rows of each request in the chunk, if logged
     request_digests: tuple[str | None, ...] = ()  # each request's request_digest, if logged
-    # Delayed labels (service/pending.py). A learn entry: the ids of the waiting rows it
+    # Delayed labels (service/engine/waiting_rows.py). A learn entry: the ids of the waiting rows it
     # learned, which stop waiting. A wait entry: the id of each of its rows.
     label_ids: tuple[str, ...] = ()
     predictions: np.ndarray | None = None  # wait entry: (n, num_classes), as predicted

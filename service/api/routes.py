@@ -1,9 +1,9 @@
 """HTTP handlers: validate the body (pydantic), hand the work to the registry, shape the reply.
 
 Handlers stay thin on purpose: everything that touches a model (checks against its width and
-classes, the learn queue, locking, snapshots) is in :mod:`service.registry` and
-:mod:`service.model_entry`, whose errors (:mod:`service.errors`) carry their own status codes
-(mapped to ``{"detail": ...}`` bodies in :mod:`service.error_handlers`).
+classes, the learn queue, locking, snapshots) is in :mod:`service.engine.registry` and
+:mod:`service.engine.served_model`, whose errors (:mod:`service.errors`) carry their own status
+codes (mapped to ``{"detail": ...}`` bodies in :mod:`service.api.error_handlers`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from service.errors import UnsupportedMediaType
-from service.registry import ModelRegistry
-from service.schemas import (
+from service.api.schemas import (
     NAME_DESCRIPTION,
     CreateModelRequest,
     Detail,
@@ -40,7 +38,9 @@ from service.schemas import (
     Status,
     readable_errors,
 )
-from service.wal import check_idempotency_key
+from service.engine.registry import ModelRegistry
+from service.errors import UnsupportedMediaType
+from service.storage.wal import check_idempotency_key
 
 router = APIRouter()
 
@@ -66,7 +66,7 @@ async def get_registry(request: Request) -> ModelRegistry:
 Registry = Annotated[ModelRegistry, Depends(get_registry)]
 
 # Mutating routes (POST, DELETE) need the bearer token when GLN_API_TOKEN is set. The check
-# itself is a middleware (service.auth.BearerAuthMiddleware): it covers every such route, and
+# itself is a middleware (service.api.auth.BearerAuthMiddleware): it covers every such route, and
 # costs far less per request than a FastAPI dependency. This only documents it in OpenAPI.
 BEARER = {"security": [{"bearerAuth": []}]}
 
@@ -102,7 +102,7 @@ def _json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
     """The request's JSON body validated as ``model``; 422 (RequestValidationError) if not,
-    its errors as :func:`~service.schemas.readable_errors` words them.
+    its errors as :func:`~service.api.schemas.readable_errors` words them.
 
     NaN and Infinity tokens parse as floats on purpose: the model check rejects them with a
     clear message, rather than a generic JSON error.

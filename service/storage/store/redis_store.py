@@ -11,14 +11,14 @@ from collections.abc import Mapping
 
 import redis
 
-from service.storage import RedisClient, check_name
-from service.store.interface import (
+from service.storage.common import RedisClient, check_name
+from service.storage.store.interface import (
     SnapshotCorruptError,
     SnapshotInfo,
     as_bytes_view,
     check_metadata,
 )
-from service.store.loading import load_current
+from service.storage.store.loading import load_current
 
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 """Chunk size for Redis: far below Redis' 512 MB value limit, large enough to keep round trips

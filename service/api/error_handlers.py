@@ -9,8 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from service.api.request_id import current_request_id
 from service.errors import RegistryError
-from service.request_id import current_request_id
 
 log = logging.getLogger(__name__)
 

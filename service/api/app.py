@@ -15,13 +15,13 @@ Lifespan:
   since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
 
 Pure-ASGI middlewares wrap the app, outermost first, each in a module of its own: a trailing
-slash dropped from the path (``service.trailing_slash``), the request's metrics
-(``service.request_metrics``), its id (``service.request_id``), the answer to a request
-cancelled by a shutdown (``service.shutdown_answer``), the Host header
-(``service.host_check``), the bearer token (``service.auth``) and the body's size and pace
-(``service.body_limit``). Pure ASGI because they run on every request: a FastAPI dependency or
+slash dropped from the path (``service.api.trailing_slash``), the request's metrics
+(``service.api.request_metrics``), its id (``service.api.request_id``), the answer to a request
+cancelled by a shutdown (``service.api.shutdown_answer``), the Host header
+(``service.api.host_check``), the bearer token (``service.api.auth``) and the body's size and pace
+(``service.api.body_limit``). Pure ASGI because they run on every request: a FastAPI dependency or
 ``BaseHTTPMiddleware`` costs far more per call. Errors are answered by
-``service.error_handlers``.
+``service.api.error_handlers``.
 """
 
 from __future__ import annotations
@@ -36,21 +36,21 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from service.auth import BearerAuthMiddleware
-from service.body_limit import BodyLimitMiddleware
-from service.dir_lock import lock_data_directories
-from service.error_handlers import add_error_handlers
-from service.host_check import HostCheckMiddleware, allowed_hosts_for
+from service.api.auth import BearerAuthMiddleware
+from service.api.body_limit import BodyLimitMiddleware
+from service.api.error_handlers import add_error_handlers
+from service.api.host_check import HostCheckMiddleware, allowed_hosts_for
+from service.api.request_id import RequestIdMiddleware
+from service.api.request_metrics import RequestMetricsMiddleware
+from service.api.routes import router
+from service.api.shutdown_answer import ShutdownAnswerMiddleware
+from service.api.trailing_slash import TrailingSlashMiddleware
+from service.engine.registry import ModelRegistry
 from service.metrics import ServiceMetrics, package_version
-from service.registry import ModelRegistry
-from service.request_id import RequestIdMiddleware
-from service.request_metrics import RequestMetricsMiddleware
-from service.routes import router
 from service.settings import Settings
-from service.shutdown_answer import ShutdownAnswerMiddleware
-from service.store import open_store
-from service.trailing_slash import TrailingSlashMiddleware
-from service.wal import WalDurabilityError, WriteAheadLog, open_wal
+from service.storage.dir_lock import lock_data_directories
+from service.storage.store import open_store
+from service.storage.wal import WalDurabilityError, WriteAheadLog, open_wal
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,9 @@ def _openapi_with_bearer(app: FastAPI) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Serve with the data directories locked (``service.dir_lock``): by this app, unless its
-    host locked them already (``gln-service`` does, to refuse a taken one in one line)."""
+    """Serve with the data directories locked (``service.storage.dir_lock``): by this app,
+    unless its host locked them already (``gln-service`` does, to refuse a taken one in one
+    line)."""
     settings: Settings = app.state.settings
     locks = [] if app.state.directory_locks is not None else await asyncio.to_thread(
         lock_data_directories, settings)
