@@ -173,7 +173,7 @@ def stubbed(app: Any, verb: str, level: str | None, classes: int, payload: bytes
     """The ASGI callable to send ``verb`` requests to, with the path stubbed up to ``level``
     (None: the whole app); module attributes it replaced are restored after."""
     chosen = [] if level is None else list(LEVELS)[:list(LEVELS).index(level) + 1]
-    registry = app.state.registry
+    registry = app.state.engine.registry
     entry = registry._models[NAME]
 
     def probabilities(rows: int) -> np.ndarray:
@@ -265,7 +265,7 @@ async def run(args: argparse.Namespace, config: dict[str, Any], directory: str,
     app = create_app(settings)
     results: dict[str, Any] = {}
     async with app.router.lifespan_context(app):
-        await app.state.registry.wait_restored()
+        await app.state.engine.registry.wait_restored()
         status, answer = await call(app, "POST", "/v1/models", json.dumps(
             {"name": NAME, "config": config}).encode())
         if status != 201:

@@ -25,9 +25,10 @@ import uvicorn
 from pydantic import ValidationError
 
 from gln.backend import resolve_device
-from service.api.app import create_app, open_log
+from service.api.app import create_app
 from service.api.listen import bind_listeners
 from service.api.request_id import RequestIdLogFilter
+from service.engine.local import open_log
 from service.settings import Settings, unknown_variables
 from service.storage.dir_lock import DirectoryInUseError, lock_data_directories
 from service.storage.wal import WalDurabilityError

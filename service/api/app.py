@@ -1,18 +1,12 @@
 """The FastAPI app factory and its lifespan.
 
-``create_app(settings)`` builds one self-contained app: its own settings, metrics registry,
-and (while the lifespan runs) its own snapshot store, thread pool and model registry, all on
-``app.state``. Nothing lives in module globals, so tests can run several apps side by side.
-
-Lifespan:
-
-* start-up opens the store and the write-ahead log (refusing to start if the log cannot give
-  the configured durability), starts restoring every stored model in the background (snapshot,
-  then the log's tail; ``/readyz`` answers 503 until that is done, ``/healthz`` answers at
-  once), and starts the periodic snapshot task;
-* shutdown (uvicorn runs it on SIGTERM, after open requests finish) stops the periodic task,
-  lets every model's queued learn requests finish, then snapshots every model that changed
-  since its last snapshot. ``app.state.shutdown_clean`` records whether that all succeeded.
+``create_app(settings, engine)`` builds one self-contained app: its own settings, metrics
+registry and engine, all on ``app.state``. Nothing lives in module globals, so tests can run
+several apps side by side. The engine (``service.engine``) is started with the app and closed
+with it: start-up opens the store and the log and restores the stored models in the
+background (``/readyz`` answers 503 until that is done, ``/healthz`` at once); shutdown (after
+open requests finish) lets every queued request finish and snapshots every model that changed.
+``app.state.shutdown_clean`` records whether that all succeeded.
 
 Pure-ASGI middlewares wrap the app, outermost first, each in a module of its own: a trailing
 slash dropped from the path (``service.api.trailing_slash``), the request's metrics
@@ -26,12 +20,10 @@ cancelled by a shutdown (``service.api.shutdown_answer``), the Host header
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI
@@ -45,12 +37,10 @@ from service.api.request_metrics import RequestMetricsMiddleware
 from service.api.routes import router
 from service.api.shutdown_answer import ShutdownAnswerMiddleware
 from service.api.trailing_slash import TrailingSlashMiddleware
-from service.engine.registry import ModelRegistry
+from service.engine.client import EngineClient
+from service.engine.local import LocalEngine
 from service.metrics import ServiceMetrics, package_version
 from service.settings import Settings
-from service.storage.dir_lock import lock_data_directories
-from service.storage.store import open_store
-from service.storage.wal import WalDurabilityError, WriteAheadLog, open_wal
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +50,9 @@ log = logging.getLogger(__name__)
 NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the service app; ``settings`` defaults to the ``GLN_*`` environment."""
+def create_app(settings: Settings | None = None, engine: EngineClient | None = None) -> FastAPI:
+    """Build the service app; ``settings`` defaults to the ``GLN_*`` environment, ``engine``
+    to one in this process, started and closed with the app."""
     settings = settings or Settings()
     app = FastAPI(
         title="gln-service",
@@ -72,7 +63,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = ServiceMetrics(device=settings.device)
-    app.state.registry = None
+    app.state.engine = engine
+    # The /metrics page: this process's engine renders every metric, the HTTP ones included;
+    # a worker of another process's engine adds the workers' HTTP metrics to the engine's.
+    app.state.metrics_page = _engine_metrics
     app.state.shutdown_clean = None
     app.state.directory_locks = None  # held by the host, if it locked them before serving
     app.state.opened_log = None  # the log its host opened and checked, if it did (open_log)
@@ -119,93 +113,23 @@ def _openapi_with_bearer(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
+async def _engine_metrics(engine: EngineClient) -> bytes:
+    return await engine.metrics_text()
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Serve with the data directories locked (``service.storage.dir_lock``): by this app,
-    unless its host locked them already (``gln-service`` does, to refuse a taken one in one
-    line)."""
-    settings: Settings = app.state.settings
-    locks = [] if app.state.directory_locks is not None else await asyncio.to_thread(
-        lock_data_directories, settings)
-    try:
-        async with _serving(app, settings):
-            yield
-    finally:
-        for lock in locks:
-            lock.release()
-
-
-@contextlib.asynccontextmanager
-async def _serving(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
-    """Open the store and the log, restore the models and run the periodic tasks; on exit,
-    drain every queue and snapshot what changed."""
-    executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="gln-worker")
-    store = open_store(settings.redis_url, settings.snapshot_dir,
-                       key_prefix=settings.redis_key_prefix)
-    wal = app.state.opened_log
-    if wal is None:
-        wal = await asyncio.to_thread(open_log, settings)
-    # Without a log, the one it would be is still opened: deleting a model deletes its log
-    # there too, so that turning the log back on cannot replay a deleted model's entries.
-    ignored_log = None if settings.wal_enabled else await asyncio.to_thread(_log_of, settings)
-    registry = ModelRegistry(store, settings, app.state.metrics, executor, wal, ignored_log)
-    app.state.registry = registry
-    restore = asyncio.create_task(registry.restore_all(), name="gln-restore")
-    periodic = asyncio.create_task(
-        registry.snapshot_periodically(settings.snapshot_interval_s), name="gln-snapshots"
-    )
-    expiry = asyncio.create_task(
-        registry.expire_labels_periodically(min(5.0, settings.label_ttl_s / 2)),
-        name="gln-label-expiry",
-    )
+    """Serve with the engine started: the one given to :func:`create_app` (another process's,
+    through :class:`service.engine.ipc.RemoteEngine`), else one of this process's own
+    (:class:`service.engine.local.LocalEngine`), which locks the data directories unless its
+    host locked them already (``gln-service`` does, to refuse a taken one in one line)."""
+    engine = app.state.engine
+    if engine is None:
+        engine = LocalEngine(app.state.settings, app.state.metrics, app.state.opened_log,
+                             app.state.directory_locks)
+    await engine.start()
+    app.state.engine = engine
     try:
         yield
     finally:
-        for task in (periodic, expiry, restore):
-            task.cancel()
-        await asyncio.gather(periodic, expiry, restore, return_exceptions=True)
-        clean = await registry.close()
-        app.state.shutdown_clean = clean
-        if clean:
-            log.info("shutdown: every changed model snapshotted")
-        else:
-            log.error("shutdown: some snapshots failed; %s", (
-                "the write-ahead log holds their acknowledged learning, which the next start "
-                "replays" if wal is not None else
-                "their learning since their last snapshot is lost (GLN_WAL_ENABLED=false)"))
-        await asyncio.to_thread(store.close)
-        for opened in (wal, ignored_log):
-            if opened is not None:
-                await asyncio.to_thread(opened.close)
-        await asyncio.to_thread(executor.shutdown, wait=True)
-
-
-def open_log(settings: Settings) -> WriteAheadLog | None:
-    """The write-ahead log the settings ask for (None when disabled), checked.
-
-    A server that cannot give the configured durability refuses to start
-    (WalDurabilityError); one that cannot be reached yet is checked at the first append.
-    ``gln-service`` opens it before it serves, so that a refusal is one line, and hands it to
-    the app (``app.state.opened_log``), which opens its own only for hosts that do not.
-    """
-    if not settings.wal_enabled:
-        return None
-    wal = _log_of(settings)
-    try:
-        wal.check_durability()
-    except WalDurabilityError:
-        wal.close()
-        raise
-    except Exception as exc:  # unreachable: the first append checks again
-        log.warning("could not check the log's durability at start-up: %s", exc)
-    return wal
-
-
-def _log_of(settings: Settings) -> WriteAheadLog:
-    """The write-ahead log that enabled ``settings`` describe, opened, not yet checked."""
-    return open_wal(
-        settings.redis_url, settings.wal_dir or settings.snapshot_dir,
-        key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
-        idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
-        replicas=settings.wal_replicas,
-    )
+        app.state.shutdown_clean = await engine.close()

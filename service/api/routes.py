@@ -1,9 +1,9 @@
-"""HTTP handlers: validate the body (pydantic), hand the work to the registry, shape the reply.
+"""HTTP handlers: validate the body (pydantic), hand the work to the engine, shape the reply.
 
 Handlers stay thin on purpose: everything that touches a model (checks against its width and
-classes, the learn queue, locking, snapshots) is in :mod:`service.engine.registry` and
-:mod:`service.engine.served_model`, whose errors (:mod:`service.errors`) carry their own status
-codes (mapped to ``{"detail": ...}`` bodies in :mod:`service.api.error_handlers`).
+classes, the learn queue, locking, snapshots) is the engine's, reached through
+:class:`service.engine.client.EngineClient`, whose errors (:mod:`service.errors`) carry their
+own status codes (mapped to ``{"detail": ...}`` bodies in :mod:`service.api.error_handlers`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from service.api.schemas import (
     Status,
     readable_errors,
 )
-from service.engine.registry import ModelRegistry
+from service.engine.client import EngineClient
 from service.errors import UnsupportedMediaType
 from service.storage.wal import check_idempotency_key
 
@@ -46,24 +46,24 @@ router = APIRouter()
 
 
 # -- dependencies ---------------------------------------------------------------------------------
-def registry_of(request: Request) -> ModelRegistry:
-    """The app's registry (made by the lifespan); 503 if the app has not started."""
-    registry: ModelRegistry | None = getattr(request.app.state, "registry", None)
-    if registry is None:
+def engine_of(request: Request) -> EngineClient:
+    """The app's engine (started by the lifespan); 503 if the app has not started."""
+    engine: EngineClient | None = getattr(request.app.state, "engine", None)
+    if engine is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "service is starting")
-    return registry
+    return engine
 
 
-async def get_registry(request: Request) -> ModelRegistry:
-    """:func:`registry_of` as a dependency, for the routes that are not :class:`DataRoute`.
+async def get_engine(request: Request) -> EngineClient:
+    """:func:`engine_of` as a dependency, for the routes that are not :class:`DataRoute`.
 
     ``async`` although it awaits nothing: FastAPI runs plain ``def`` dependencies in a thread
     pool, a needless thread hop on every request.
     """
-    return registry_of(request)
+    return engine_of(request)
 
 
-Registry = Annotated[ModelRegistry, Depends(get_registry)]
+Engine = Annotated[EngineClient, Depends(get_engine)]
 
 # Mutating routes (POST, DELETE) need the bearer token when GLN_API_TOKEN is set. The check
 # itself is a middleware (service.api.auth.BearerAuthMiddleware): it covers every such route, and
@@ -156,7 +156,7 @@ class DataRoute(APIRoute):
     parameters on every request, which was about a fifth of the server's time for a
     single-example learn. The data routes need none of it: their only path parameter is the
     model name (a string, so nothing to validate), they parse and validate their bodies
-    themselves (:func:`parse_body`), and they take the registry with :func:`registry_of`.
+    themselves (:func:`parse_body`), and they take the engine with :func:`engine_of`.
     Nor do they need what FastAPI wraps each route's handler in: two exit stacks for
     dependencies with ``yield``, and exception handling of its own (the app's
     ``ExceptionMiddleware``, around the router, answers an exception with the same handlers).
@@ -244,10 +244,10 @@ async def learn(name: str, request: Request) -> Response:
     Idempotency-Key is not learned again (``duplicate``: true); a used key sent with other rows
     or labels is refused (422) and nothing of that request is learned.
     """
-    registry = registry_of(request)
+    engine = engine_of(request)
     key = idempotency_key(request)
     body = await parse_body(request, LearnRequest)
-    result = await registry.learn(name, body.features, body.labels, key)
+    result = await engine.learn(name, body.features, body.labels, key)
     return await json_response({
         "examples": result.rows,
         "sequence": result.sequence,
@@ -266,9 +266,9 @@ async def predict(name: str, request: Request) -> Response:
     server's memory budget has no room for the model's waiting rows, 503 if the rows could not
     be logged (nothing waits then).
     """
-    registry = registry_of(request)
+    engine = engine_of(request)
     body = await parse_body(request, PredictRequest)
-    probs = await registry.predict(name, body.features, body.ids)
+    probs = await engine.predict(name, body.features, body.ids)
     return await json_response({"probabilities": probs})
 
 
@@ -279,9 +279,9 @@ async def labels(name: str, request: Request) -> Response:
     The online metrics score the prediction made at predict time. Ids that are unknown, or
     whose wait expired (GLN_LABEL_TTL_S), get a 404 entry in ``results``; the others learn.
     """
-    registry = registry_of(request)
+    engine = engine_of(request)
     body = await parse_body(request, LabelsRequest)
-    result, missing = await registry.labels(name, body.ids, body.labels)
+    result, missing = await engine.labels(name, body.ids, body.labels)
     not_found = set(missing)
     return await json_response({
         "learned": 0 if result is None else result.rows,
@@ -299,21 +299,19 @@ async def labels(name: str, request: Request) -> Response:
 @_data_route("/v1/models/{name}/explain", ExplainResponse, FeaturesRequest)
 async def explain(name: str, request: Request) -> Response:
     """Per-class saliency of each row: (rows, classes, features)."""
-    registry = registry_of(request)
+    engine = engine_of(request)
     body = await parse_body(request, FeaturesRequest)
-    return await json_response({"saliency": await registry.explain(name, body.features)})
+    return await json_response({"saliency": await engine.explain(name, body.features)})
 
 
 @router.post(
     "/v1/models/{name}/snapshot", response_model=SnapshotOut, openapi_extra=BEARER,
     responses=_errors(401, 404, 503), tags=["models"],
 )
-async def snapshot(name: str, registry: Registry) -> dict[str, Any]:
+async def snapshot(name: str, engine: Engine) -> dict[str, Any]:
     """Write a snapshot now if the model changed since its last one; the latest snapshot's
     version either way."""
-    info = await registry.snapshot(name)
-    return {"version": info.version, "created_at": info.created_at,
-            "nbytes": info.nbytes, "sha256": info.sha256}
+    return await engine.snapshot(name)
 
 
 # -- models -------------------------------------------------------------------------------------
@@ -326,11 +324,10 @@ MODEL_BYTES = {"type": "string", "format": "binary"}  # a GLN.to_bytes() blob
     responses=_errors(401, 409, 413, 415, 422, 503),
     tags=["models"],
 )
-async def create_model(request: Request, registry: Registry) -> dict[str, Any]:
+async def create_model(request: Request, engine: Engine) -> dict[str, Any]:
     """Create a model from a GLN config; it is snapshotted at once (version 1)."""
     body = await parse_body(request, CreateModelRequest)
-    entry = await registry.create(body.name, body.config)
-    return entry.describe()
+    return await engine.create(body.name, body.config)
 
 
 @router.get(
@@ -343,14 +340,14 @@ async def create_model(request: Request, registry: Registry) -> dict[str, Any]:
     },
     tags=["models"],
 )
-async def export_model(name: str, registry: Registry) -> Response:
+async def export_model(name: str, engine: Engine) -> Response:
     """The model as bytes, with every learn request answered before this one.
 
     Load it with ``GLN.from_bytes`` (CPU or GPU), or serve it on any server with
     ``POST /v1/models/{name}/import``. Rows waiting for labels are not part of it. Needs the
     token when GLN_API_TOKEN is set, as predict does: the bytes answer any prediction.
     """
-    blob = await registry.export(name)
+    blob = await engine.export(name)
     return Response(blob, media_type="application/octet-stream",
                     headers={"content-disposition": f'attachment; filename="{name}.gln"'})
 
@@ -365,7 +362,7 @@ async def export_model(name: str, registry: Registry) -> Response:
 async def import_model(
     name: Annotated[ModelName, Path(description=NAME_DESCRIPTION)],
     request: Request,
-    registry: Registry,
+    engine: Engine,
 ) -> dict[str, Any]:
     """Serve a model from bytes (an export, or ``GLN.to_bytes()`` of a model trained with the
     library) under a new name; it is snapshotted at once (version 1).
@@ -376,32 +373,31 @@ async def import_model(
     model, 409 for a name in use.
     """
     require_content_type(request, OCTETS)
-    entry = await registry.import_model(name, await request.body())
-    return entry.describe()
+    return await engine.import_model(name, await request.body())
 
 
 @router.get("/v1/models", response_model=list[ModelInfo], responses=_errors(503),
             tags=["models"])
-async def list_models(registry: Registry) -> list[dict[str, Any]]:
+async def list_models(engine: Engine) -> list[dict[str, Any]]:
     """Every model, by name (503 while the stored models are still being restored)."""
-    return [entry.describe() for entry in await registry.restored_models()]
+    return await engine.list_models()
 
 
 @router.get(
     "/v1/models/{name}", response_model=ModelInfo, responses=_errors(404), tags=["models"]
 )
-async def get_model(name: str, registry: Registry) -> dict[str, Any]:
+async def get_model(name: str, engine: Engine) -> dict[str, Any]:
     """Config, examples seen, online (prequential) metrics and the latest snapshot."""
-    return (await registry.get(name)).describe()
+    return await engine.info(name)
 
 
 @router.delete(
     "/v1/models/{name}", status_code=status.HTTP_204_NO_CONTENT, openapi_extra=BEARER,
     responses=_errors(401, 404, 503), tags=["models"],
 )
-async def delete_model(name: str, registry: Registry) -> Response:
+async def delete_model(name: str, engine: Engine) -> Response:
     """Forget the model and remove its snapshots (queued learn requests finish first)."""
-    await registry.delete(name)
+    await engine.delete(name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -415,7 +411,7 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz", response_model=Readiness, responses=_errors(503), tags=["operations"]
 )
-async def readyz(registry: Registry) -> Any:
+async def readyz(engine: Engine) -> Any:
     """503 while the stored models are being restored; then 200, ``ready`` or ``degraded``.
 
     Degraded names what this process cannot do now: a snapshot store or log that does not
@@ -426,7 +422,7 @@ async def readyz(registry: Registry) -> Any:
     well; they are exported (``gln_store_up``, ``gln_models_unrestored``,
     ``gln_wal_append_errors_total``) and alerted on instead.
     """
-    problems = await registry.readiness_problems()
+    problems = await engine.readiness()
     return {"status": "degraded" if problems else "ready", "problems": problems}
 
 
@@ -439,8 +435,7 @@ for _probe in (healthz, readyz):
 @router.get("/metrics", tags=["operations"], response_class=Response)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition of every gln_* metric."""
-    service_metrics = request.app.state.metrics
-    registry = request.app.state.registry
-    if registry is not None:
-        await registry.store_reachable()  # gln_store_up as of this scrape
-    return Response(service_metrics.render(), media_type=service_metrics.content_type)
+    state = request.app.state
+    page = state.metrics.render() if state.engine is None else await state.metrics_page(
+        state.engine)
+    return Response(page, media_type=state.metrics.content_type)

@@ -37,7 +37,7 @@ async def serve(app: FastAPI, *, wait_restored: bool = True) -> AsyncIterator[ht
     """Run ``app``'s lifespan and yield an HTTP client wired to it (no sockets)."""
     async with app.router.lifespan_context(app):
         if wait_restored:
-            await app.state.registry.wait_restored()
+            await app.state.engine.registry.wait_restored()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client

@@ -18,13 +18,13 @@ from gln import GLN
 
 def skip_shutdown_snapshots(app: FastAPI) -> None:
     """Make the coming shutdown behave like a crash: no model looks changed, none is saved."""
-    for entry in app.state.registry.models():
+    for entry in app.state.engine.registry.models():
         entry._snapshotted_updates = entry._updates
 
 
 async def model_bytes(app: FastAPI, name: str) -> bytes:
     """The bytes of the model ``name`` as the app holds it now."""
-    entry = await app.state.registry.get(name)
+    entry = await app.state.engine.registry.get(name)
     with entry.lock:
         return entry.model.to_bytes()
 

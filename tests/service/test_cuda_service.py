@@ -50,7 +50,7 @@ async def test_models_learn_on_the_device_and_move_to_a_cpu_server_and_back(
         on_device = (await client.post("/v1/models/fraud/predict",
                                        json={"features": probe})).json()["probabilities"]
         np.testing.assert_allclose(on_device, reference.predict_proba(np.array(probe)), atol=1e-4)
-        entry = await app.state.registry.get("fraud")
+        entry = await app.state.engine.registry.get("fraud")
         assert isinstance(entry.model.weights[0], device.ndarray)  # in device memory
         metrics = (await client.get("/metrics")).text
         assert 'device="cuda"' in metrics
@@ -98,7 +98,7 @@ async def test_an_export_from_the_device_imports_on_a_cpu_server_and_back(
         r = await client.post("/v1/models/back/import", content=from_cpu, headers=octets)
         assert r.status_code == 201, r.text
         assert r.json()["examples_seen"] == 40
-        entry = await app.state.registry.get("back")
+        entry = await app.state.engine.registry.get("back")
         assert isinstance(entry.model.weights[0], device.ndarray)  # in device memory
         np.testing.assert_allclose(
             (await client.post("/v1/models/back/predict", json={"features": probe})).json()[

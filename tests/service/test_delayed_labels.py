@@ -54,7 +54,7 @@ async def test_labels_learn_the_predicted_rows_and_score_the_prediction_made_the
     reference = GLN(**small_config)
     reference.learn(np.asarray(other_X, np.float32), np.asarray(other_y))
     reference.learn(np.asarray(X[::-1], np.float32), np.asarray(y[::-1]))
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     assert entry.model.to_bytes() == reference.to_bytes()
 
 
@@ -82,7 +82,7 @@ async def test_bad_ids_on_predict_are_refused_and_nothing_waits(app, client, cre
     await create_model(client, "m")
     r = await client.post("/v1/models/m/predict", json=body)
     assert r.status_code == 422 and message in r.json()["detail"]
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     assert len(entry.waiting_rows) == 0
 
 
@@ -149,7 +149,7 @@ async def test_expired_rows_learn_the_default_label_when_one_is_set(
             info = (await client.get("/v1/models/m")).json()
             if info["examples_seen"] == 3:
                 break
-        learned = (await app.state.registry.get("m")).model.to_bytes()
+        learned = (await app.state.engine.registry.get("m")).model.to_bytes()
     reference = GLN(**small_config)
     reference.learn(np.asarray(X, np.float32), np.array([2, 2, 2]))
     assert info["examples_seen"] == 3
@@ -392,7 +392,7 @@ async def test_rows_that_cannot_be_dropped_stay_due_and_go_once_the_log_is_back(
     async with serve(app) as client:
         await create_model(client, "m")
         await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a"]})
-        entry = await app.state.registry.get("m")
+        entry = await app.state.engine.registry.get("m")
         working = entry.wal.append_waiting
 
         def log_down(*args, **kwargs):
@@ -431,7 +431,7 @@ async def test_a_prediction_whose_rows_cannot_be_logged_is_refused_and_nothing_w
     app, client, create_model, make_data, monkeypatch
 ):
     await create_model(client, "m")
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     X, _ = make_data(2)
 
     def log_down(*args, **kwargs):
@@ -450,7 +450,7 @@ async def test_a_wait_entry_logged_behind_a_failed_append_is_applied_before_new_
 ):
     """Its append raised but it landed: the model catches up and the rows wait after all."""
     await create_model(client, "m")
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     X, y = make_data(3)
     entry.wal.append_waiting("m", ["a"], np.asarray(X[:1], np.float32), np.full((1, 3), 1 / 3),
                              time.time() + 60)

@@ -279,7 +279,7 @@ async def test_an_entry_logged_behind_a_failed_append_is_applied_before_new_lear
     app = create_app(settings)
     async with serve(app) as client:
         await create_model(client, "m", small_config)
-        entry = await app.state.registry.get("m")
+        entry = await app.state.engine.registry.get("m")
         entry.wal.append("m", np.asarray(landed_X, np.float32), np.asarray(landed_y),
                          ["lost-answer"], [3])
         entry._log_in_doubt = True
@@ -558,7 +558,7 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
     replica confirms it holds it (a failover could otherwise lose entries the restored model
     has learned, and its snapshots would keep them). Until then the restore retries and the
     server is not ready; once the replica answers, the model holds every example."""
-    import service.api.app
+    import service.engine.local
 
     primary, replica = replicated
     batches = [make_data(4, seed=s) for s in range(3)]
@@ -572,21 +572,21 @@ async def test_a_restore_waits_until_a_replica_holds_the_log_tail(
             assert r.status_code == 200, r.text
         skip_shutdown_snapshots(app)  # the restart replays all three entries from the log
 
-    open_log = service.api.app.open_log
+    open_log = service.engine.local.open_log
 
     def open_log_then_pause_the_replica(settings: Settings, *args):
         wal = open_log(settings, *args)  # its start-up check passes: the replica answers
         replica.pause()
         return wal
 
-    monkeypatch.setattr(service.api.app, "open_log", open_log_then_pause_the_replica)
+    monkeypatch.setattr(service.engine.local, "open_log", open_log_then_pause_the_replica)
     restarted = create_app(settings)
     try:
         async with serve(restarted, wait_restored=False) as client:
             await asyncio.sleep(3.0)  # longer than a WAIT for the replica (2 s)
             unready = await client.get("/readyz")
             replica.resume()
-            await asyncio.wait_for(restarted.state.registry.wait_restored(), timeout=30)
+            await asyncio.wait_for(restarted.state.engine.registry.wait_restored(), timeout=30)
             ready = await client.get("/readyz")
             examples_seen = (await client.get("/v1/models/m")).json()["examples_seen"]
             restored_bytes = await model_bytes(restarted, "m")
@@ -641,7 +641,7 @@ async def test_a_model_ahead_of_its_log_is_rebuilt_and_a_lost_request_learned_on
         lost = (await learn("c")).json()["log_id"]
         _lose_log_tail(redis_url, redis_key_prefix, "m", [lost], ["c"])
         if detected_by == "catch-up":  # as after an append whose outcome is unknown
-            (await app.state.registry.get("m"))._log_in_doubt = True
+            (await app.state.engine.registry.get("m"))._log_in_doubt = True
         refused = await learn("d")
         after_rebuild = (await client.get("/v1/models/m")).json()["examples_seen"]
         retried = await learn("c")
@@ -714,7 +714,7 @@ async def test_a_unit_model_refuses_new_rows_outside_0_1_but_replays_logged_ones
             ("learn", {"features": logged.tolist(), "labels": [0, 1]}),
             ("predict", {"features": logged.tolist()}),
             ("explain", {"features": logged.tolist()})]]
-        entry = await app.state.registry.get("m")
+        entry = await app.state.engine.registry.get("m")
         entry.wal.append("m", logged, np.array([0, 1]))  # as an earlier version logged them
         skip_shutdown_snapshots(app)
     restarted = create_app(settings)
@@ -741,7 +741,7 @@ async def test_a_durability_shortfall_is_reported_until_the_log_confirms_any_mod
     async with serve(app) as client:
         for name in ("a", "b"):
             await create_model(client, name, small_config)
-        entry = await app.state.registry.get("a")
+        entry = await app.state.engine.registry.get("a")
         entry.durability_shortfall = ("the replica did not answer", time.monotonic())
         short = (await client.get("/readyz")).json()
         X, y = make_data(2)

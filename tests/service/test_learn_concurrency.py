@@ -71,7 +71,7 @@ async def test_concurrent_learners_equal_a_sequential_replay(
 async def test_coalescing_happens_under_load(client: httpx.AsyncClient, app, create_model):
     """With many requests waiting, the worker learns them in fewer model calls than requests."""
     await create_model(client)
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     calls = 0
     learn = entry.model._learn_checked  # what the worker calls: the rows are checked
 
@@ -142,7 +142,7 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             await create_model(client)
-            entry = await app.state.registry.get("m")
+            entry = await app.state.engine.registry.get("m")
             learn = entry.model._learn_checked  # what the worker calls: the rows are checked
 
             def broken_once(X, y):
@@ -165,7 +165,7 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
 async def _a_learn_held_by_the_worker(app, client, body: bytes):
     """Start learning ``body`` on model "m" and return (its task, the gate that releases it)
     once the worker holds it; a raw ASGI call (its task, its sent messages) follows."""
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     gate = threading.Event()
     learn = entry.model._learn_checked  # what the worker calls: the rows are checked
 
@@ -214,7 +214,7 @@ async def test_a_request_a_shutdown_stops_waiting_for_is_withdrawn_and_answered_
     body = json.dumps({"features": X, "labels": y}).encode()
     async with serve(app) as client:
         await create_model(client)
-        entry = await app.state.registry.get("m")
+        entry = await app.state.engine.registry.get("m")
         first, gate = await _a_learn_held_by_the_worker(app, client, body)
         second, sent = _raw_call(app, "POST", "/v1/models/m/learn", body)
         for _ in range(100):  # until it is queued behind the held one

@@ -161,7 +161,7 @@ async def test_a_deleted_model_is_freed_without_waiting_for_the_garbage_collecto
         X, y = make_data(3)
         await client.post("/v1/models/gone/learn", json={"features": X, "labels": y})
         assert value(await scrape(client), "gln_model_bytes", model="gone") > 0
-        model = weakref.ref((await app.state.registry.get("gone")).model)
+        model = weakref.ref((await app.state.engine.registry.get("gone")).model)
         gc.collect()
         gc.disable()
         try:

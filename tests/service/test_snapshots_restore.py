@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-import service.api.app
+import service.engine.local
 from gln import GLN, SnapshotBuffer
 from service.api.app import create_app
 from service.engine.registry import PING_REUSE_S
@@ -110,7 +110,7 @@ async def test_periodic_snapshots_write_only_changed_models(
             assert time.monotonic() < deadline, "no periodic snapshot within 10 s"
             await asyncio.sleep(0.02)
         # A pass with nothing changed writes nothing.
-        assert await app.state.registry.snapshot_changed() is True
+        assert await app.state.engine.registry.snapshot_changed() is True
         assert (await client.get("/v1/models/a")).json()["snapshot"]["version"] == 2
         assert (await client.get("/v1/models/b")).json()["snapshot"]["version"] == 1
 
@@ -190,7 +190,7 @@ async def test_delete_lets_queued_learning_finish(
     client: httpx.AsyncClient, app, settings, create_model, make_data
 ):
     await create_model(client)
-    entry = await app.state.registry.get("m")
+    entry = await app.state.engine.registry.get("m")
     X, y = make_data(4)
     learns = [
         asyncio.ensure_future(client.post("/v1/models/m/learn", json={"features": X, "labels": y}))
@@ -232,9 +232,10 @@ async def test_readyz_is_503_until_every_model_is_restored(
         await create_model(client, "stored")
 
     gate = threading.Event()
-    real_open_store = service.api.app.open_store
+    real_open_store = service.engine.local.open_store
     monkeypatch.setattr(
-        service.api.app, "open_store", lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate)
+        service.engine.local, "open_store",
+        lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate)
     )
     impatient = settings.model_copy(update={"restore_wait_s": 0.05})
     app = create_app(impatient)
@@ -247,7 +248,7 @@ async def test_readyz_is_503_until_every_model_is_restored(
             assert (await client.get("/v1/models/stored")).status_code == 503
             assert (await client.get("/v1/models")).status_code == 503
             gate.set()
-            await app.state.registry.wait_restored()
+            await app.state.engine.registry.wait_restored()
             assert (await client.get("/readyz")).status_code == 200
             assert (await client.get("/v1/models/stored")).status_code == 200
     finally:
@@ -309,7 +310,7 @@ async def test_with_reads_behind_the_token_readyz_names_an_unrestored_model_not_
     locked = settings.model_copy(update={"api_token": SecretStr("t0ken"), "token_for_reads": True})
     app = create_app(locked)
     async with serve(app) as client:
-        why = app.state.registry.failed["broken"]
+        why = app.state.engine.registry.failed["broken"]
         problems = (await client.get("/readyz")).json()["problems"]
         assert len(problems) == 1 and "broken" in problems[0] and why not in problems[0]
         assert (await client.get("/v1/models/broken")).status_code == 401
