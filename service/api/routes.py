@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from service.api.npz import NPZ, read_npz, write_npz
 from service.api.schemas import (
     NAME_DESCRIPTION,
     CreateModelRequest,
@@ -36,6 +37,7 @@ from service.api.schemas import (
     Readiness,
     SnapshotOut,
     Status,
+    array_body,
     readable_errors,
 )
 from service.engine.client import EngineClient
@@ -120,20 +122,59 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
 JSON, OCTETS = "application/json", "application/octet-stream"
 
 
-def require_content_type(request: Request, expected: str) -> None:
-    """415 unless the request's body is declared as ``expected`` (JSON: also any
-    ``application/...+json``); see ``service.errors.UnsupportedMediaType`` for why."""
-    raw = b""
-    for key, value in request.scope["headers"]:  # not request.headers: built per request
-        if key == b"content-type":
-            raw = value
-            break
-    media = raw.decode("latin-1").partition(";")[0].strip().lower()
-    if media == expected or (expected == JSON and media.startswith("application/")
-                             and media.endswith("+json")):
-        return
-    raise UnsupportedMediaType(
-        f"send the body with 'Content-Type: {expected}', got {media or 'no Content-Type'!r}")
+def _header(request: Request, name: bytes) -> str:
+    """A request header's value, lower case ('' if absent); not request.headers, which is
+    built per request."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1").lower()
+    return ""
+
+
+def media_type(request: Request) -> str:
+    """The body's declared media type, without parameters."""
+    return _header(request, b"content-type").partition(";")[0].strip()
+
+
+def require_content_type(request: Request, expected: str, *also: str) -> str:
+    """415 unless the request's body is declared as ``expected`` or one of ``also`` (JSON:
+    also any ``application/...+json``); see ``service.errors.UnsupportedMediaType`` for why.
+    Returns the media type sent."""
+    media = media_type(request)
+    if media == expected or media in also or (
+            expected == JSON and media.startswith("application/") and media.endswith("+json")):
+        return media
+    wanted = " or ".join(f"'Content-Type: {m}'" for m in (expected, *also))
+    raise UnsupportedMediaType(f"send the body with {wanted}, got "
+                               f"{media or 'no Content-Type'!r}")
+
+
+async def parse_data_body(request: Request, model: type[Body]) -> Any:
+    """A data route's body: JSON validated as ``model`` (:func:`parse_body`), or an ``.npz``
+    archive of the same fields as arrays (:mod:`service.api.npz`); 422 if it is neither."""
+    if require_content_type(request, JSON, NPZ) != NPZ:
+        return await parse_body(request, model)
+    raw = await request.body()
+    limit = request.app.state.settings.max_body_bytes
+    try:
+        if len(raw) > OFFLOAD_BYTES:
+            return await asyncio.to_thread(array_body, model, read_npz(raw, limit))
+        return array_body(model, read_npz(raw, limit))
+    except ValueError as exc:
+        raise RequestValidationError([{"loc": ("body",), "msg": str(exc),
+                                       "type": "value_error"}]) from None
+
+
+def wants_npz(request: Request) -> bool:
+    """Whether the client asked for ``.npz`` answers (``Accept: application/x-npz``)."""
+    return NPZ in _header(request, b"accept")
+
+
+async def answer(request: Request, payload: dict[str, Any]) -> Response:
+    """``payload`` as the client asked: an ``.npz`` archive, else JSON."""
+    if wants_npz(request):
+        return Response(await asyncio.to_thread(write_npz, payload), media_type=NPZ)
+    return await json_response(payload)
 
 
 def _dump(payload: dict[str, Any]) -> bytes:
@@ -193,6 +234,11 @@ def _data_route(
     ``parameters`` documents header parameters the endpoint reads itself.
     """
     extra = _json_body(body)
+    extra["requestBody"]["content"][NPZ] = {"schema": {
+        "type": "string", "format": "binary",
+        "description": f"NumPy .npz (numpy.savez) of the arrays {', '.join(body.model_fields)}"
+                       ", as the JSON body's fields; answered as .npz with Accept: " + NPZ,
+    }}
     if parameters:
         extra["parameters"] = parameters
 
@@ -246,9 +292,9 @@ async def learn(name: str, request: Request) -> Response:
     """
     engine = engine_of(request)
     key = idempotency_key(request)
-    body = await parse_body(request, LearnRequest)
+    body = await parse_data_body(request, LearnRequest)
     result = await engine.learn(name, body.features, body.labels, key)
-    return await json_response({
+    return await answer(request, {
         "examples": result.rows,
         "sequence": result.sequence,
         "probabilities": result.probabilities,
@@ -267,9 +313,9 @@ async def predict(name: str, request: Request) -> Response:
     be logged (nothing waits then).
     """
     engine = engine_of(request)
-    body = await parse_body(request, PredictRequest)
+    body = await parse_data_body(request, PredictRequest)
     probs = await engine.predict(name, body.features, body.ids)
-    return await json_response({"probabilities": probs})
+    return await answer(request, {"probabilities": probs})
 
 
 @_data_route("/v1/models/{name}/labels", LabelsResponse, LabelsRequest, errors=(503,))
@@ -280,9 +326,17 @@ async def labels(name: str, request: Request) -> Response:
     whose wait expired (GLN_LABEL_TTL_S), get a 404 entry in ``results``; the others learn.
     """
     engine = engine_of(request)
-    body = await parse_body(request, LabelsRequest)
+    body = await parse_data_body(request, LabelsRequest)
     result, missing = await engine.labels(name, body.ids, body.labels)
     not_found = set(missing)
+    if wants_npz(request):  # the results as two arrays: each id's status
+        return await answer(request, {
+            "learned": 0 if result is None else result.rows,
+            "sequence": None if result is None else result.sequence,
+            "log_id": None if result is None else result.log_id,
+            "ids": np.asarray(body.ids, dtype=str),
+            "status": np.array([404 if i in not_found else 200 for i in body.ids]),
+        })
     return await json_response({
         "learned": 0 if result is None else result.rows,
         "sequence": None if result is None else result.sequence,
@@ -300,8 +354,8 @@ async def labels(name: str, request: Request) -> Response:
 async def explain(name: str, request: Request) -> Response:
     """Per-class saliency of each row: (rows, classes, features)."""
     engine = engine_of(request)
-    body = await parse_body(request, FeaturesRequest)
-    return await json_response({"saliency": await engine.explain(name, body.features)})
+    body = await parse_data_body(request, FeaturesRequest)
+    return await answer(request, {"saliency": await engine.explain(name, body.features)})
 
 
 @router.post(

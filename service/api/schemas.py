@@ -14,9 +14,12 @@ validation has failed, so a valid request pays nothing for it. Labels sent as wh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -38,6 +41,7 @@ from service.errors import shown
 # server's own files in a data directory (its lock, temporary files) start with one.
 NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
 ID_PATTERN = r"^[\x21-\x7e]{1,200}$"  # visible ASCII, as idempotency keys
+_ID = re.compile(ID_PATTERN)
 
 Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
 
@@ -288,3 +292,41 @@ def _where(loc: tuple[int | str, ...]) -> str:
     """An error's place as Python writes it: ``labels[0]``, ``config.seed``."""
     parts = [f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc]
     return "".join(parts).removeprefix(".")
+
+
+@dataclass(frozen=True)
+class ArrayBody:
+    """A data route's body sent as arrays (``application/x-npz``): the same fields as its JSON
+    schema, each an array, shapes checked here and values by the model (as for JSON)."""
+
+    features: np.ndarray | None = None  # (rows, num_features), any number type
+    labels: np.ndarray | None = None  # (rows,)
+    ids: list[str] | None = None
+
+
+def array_body(model: type[BaseModel], arrays: dict[str, np.ndarray]) -> ArrayBody:
+    """``arrays`` as ``model``'s fields; ValueError naming a missing, unknown or misshapen one."""
+    fields = model.model_fields
+    unknown = sorted(set(arrays) - set(fields))
+    if unknown:
+        raise ValueError(f"{', '.join(map(repr, unknown))} is no field of this route; "
+                         f"the fields are {', '.join(sorted(fields))}")
+    missing = sorted(name for name, field in fields.items()
+                     if field.is_required() and name not in arrays)
+    if missing:
+        raise ValueError(f"the array(s) {', '.join(map(repr, missing))} are missing")
+    features = arrays.get("features")
+    if features is not None and (features.ndim != 2 or not len(features)):
+        raise ValueError(f"features: one row per example, a 2-D array of at least one row; "
+                         f"got shape {features.shape}")
+    for name in ("labels", "ids"):
+        if name in arrays and (arrays[name].ndim != 1 or not len(arrays[name])):
+            raise ValueError(f"{name}: a 1-D array of at least one; got shape "
+                             f"{arrays[name].shape}")
+    ids = None
+    if "ids" in arrays:
+        ids = arrays["ids"].tolist()
+        bad = next((i for i, row_id in enumerate(ids) if not _ID.match(row_id)), None)
+        if bad is not None:
+            raise ValueError(f"ids: id {bad} is not 1-200 visible ASCII characters")
+    return ArrayBody(features, arrays.get("labels"), ids)
