@@ -1,1 +1,2 @@
-"""Scripts that measure the library and the service; they print JSON and never run in tests."""
+"""Scripts that measure the library and the service and print JSON (README.md lists them);
+``results/`` keeps the figures of past runs as data."""

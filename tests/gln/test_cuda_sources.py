@@ -20,9 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.kernel_sass import cuobjdump
-from benchmarks.nvrtc import compile_source
-from benchmarks.nvrtc import library as nvrtc_library
 from gln.kernels.cuda import (
     COMPILE_OPTIONS,
     RESIDENT,
@@ -34,6 +31,8 @@ from gln.kernels.cuda import (
     plan_layer_launch,
 )
 from tests.gln.emulated_cupy import HOPPER_SHARED_BYTES
+from tests.support.cuda_tools import compile_source, cuobjdump
+from tests.support.cuda_tools import library as nvrtc_library
 
 KERNELS = Path(__file__).resolve().parents[2] / "gln" / "kernels"
 SOURCES = sorted(KERNELS.glob("*.cu"))

@@ -48,8 +48,8 @@ def test_the_int8_product_reads_column_ranges_of_wider_arrays():
 def test_the_slicing_kernel_cuts_rows_as_the_array_code_does():
     """``gln_int8_slices`` against ``benchmarks.int8_gating.sliced`` (the array code the bound
     was proved on): the same scales and slices, zeros in the padding, the same norms."""
-    from benchmarks import int8_gating as spec  # noqa: PLC0415
     from gln.kernels.int8_gating import SLICES, sliced  # noqa: PLC0415
+    from tests.support import int8_gating as spec  # noqa: PLC0415
 
     rng = np.random.default_rng(9)
     x = (rng.standard_normal((7, 45)) * rng.lognormal(0, 3, (7, 1))).astype(np.float32)
@@ -78,8 +78,8 @@ def test_the_row_tolerances_take_every_planes_largest_factors():
     """3,000 planes, several turns for each warp that shares them out, the largest of every
     factor on the last one: each row's tolerance is the array code's row bound with the
     float32 rounding the kernel adds (``gln_int8_row_tolerances``), so no plane was missed."""
-    from benchmarks import int8_gating as spec  # noqa: PLC0415
     from gln.kernels.int8_gating import SLICES, int8_products  # noqa: PLC0415
+    from tests.support import int8_gating as spec  # noqa: PLC0415
 
     rng = np.random.default_rng(11)
     z = rng.standard_normal((5, 40)).astype(np.float32)

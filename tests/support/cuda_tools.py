@@ -1,7 +1,8 @@
 """NVRTC, the compiler CuPy's ``RawModule`` calls, through ctypes: a CUDA source compiled as a
-GPU machine compiles it, on a machine without a GPU (no host headers, CuPy's options).
+GPU machine compiles it, on a machine without a GPU (no host headers, CuPy's options); and
+cuobjdump, which reads a kernel's resources off its machine code where NVRTC reports none.
 
-Its library is ``$GLN_NVRTC``, the ``nvidia-cuda-nvrtc-cu12`` wheel's, or the system's.
+NVRTC's library is ``$GLN_NVRTC``, the ``nvidia-cuda-nvrtc-cu12`` wheel's, or the system's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ctypes.util
 import functools
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,3 +75,17 @@ def compile_source(text: str, name: str, options: list[str],
         return Compiled(status, log.value.decode(errors="replace"), cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+def cuobjdump() -> str:
+    """cuobjdump: ``$CUOBJDUMP``, on PATH, or the one NVIDIA's or Triton's wheel carries."""
+    candidates = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
+    for package, folder in (("nvidia", "cu13/bin"), ("triton", "backends/nvidia/bin")):
+        spec = importlib.util.find_spec(package)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            candidates.append(str(Path(root, folder, "cuobjdump")))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError("no cuobjdump: set CUOBJDUMP, put the CUDA toolkit's on PATH, or "
+                            "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")

@@ -4,7 +4,7 @@ products are the exact integer sums, and the bound holds, also on rows built to 
 import numpy as np
 import pytest
 
-from benchmarks import int8_gating as int8
+from tests.support import int8_gating as int8
 
 
 def rows_and_planes(rng: np.random.Generator, n: int = 40, planes: int = 30, d: int = 52):

@@ -16,9 +16,9 @@ that a margin's sign is certain wherever its distance from the offset exceeds th
 with the float32 bound ``2 gamma_d ||z||`` the library uses now.
 
 Array code for NumPy or CuPy (``xp``), the analysis behind ``gln.kernels.int8_gating`` (whose
-kernels cut the slices and bound the error per row, as ``sliced`` and ``row_bound`` do here);
-the int8 product itself is passed in (``gln.kernels.int8_gating.int8_product`` on CuPy, an
-integer product on NumPy).
+kernels cut the slices and bound the error per row, as ``sliced`` and ``row_bound`` do here,
+which ``tests/gln/test_int8_gating.py`` checks); the int8 product itself is passed in
+(``gln.kernels.int8_gating.int8_product`` on CuPy, an integer product on NumPy).
 """
 
 from __future__ import annotations

@@ -1,0 +1,158 @@
+"""The results (``benchmarks/results/*.json``) as the markdown tables of docs/benchmarks.md.
+
+    python benchmarks/results/render.py                          # print every table
+    python benchmarks/results/render.py --write docs/benchmarks.md
+    python benchmarks/results/render.py --check docs/benchmarks.md
+
+A results file is a JSON list, one run a row: the ``command`` that ran, the ``machine``, the
+``commit`` measured and the ``figures`` (the keys the script prints; a nested key is written
+``outer.inner``, a range ``[low, high]``). A table of the doc sits between
+``<!-- results: NAME -->`` and ``<!-- /results -->``; ``--write`` replaces what is there with
+the table ``NAME`` of ``TABLES``, ``--check`` fails where the doc differs from the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of ``file`` that have at least one of ``columns`` (figure key, header)."""
+
+    file: str
+    columns: tuple[tuple[str, str], ...]
+
+
+TABLES = {
+    "learn_speed": Table("learn_speed.json", (
+        ("gln_examples_per_second", "`gln.GLN` examples/s"),
+        ("plain_numpy_examples_per_second", "plain NumPy examples/s"),
+        ("pygln_examples_per_second", "pygln (PyTorch) examples/s"),
+        ("speedup_over_pygln", "`gln` / pygln"),
+        ("predicted_class_agreement", "same class as plain NumPy"))),
+    "mnist_online": Table("mnist_online.json", (
+        ("seed", "seed"), ("gating_window", "gating window"),
+        ("test_accuracy", "test accuracy"), ("prequential_accuracy", "prequential accuracy"),
+        ("prequential_log_loss", "prequential log loss"),
+        ("examples_per_second", "examples/s"))),
+    "gpu_learn": Table("gpu_learn.json", (
+        ("learn_examples_per_second", "learn examples/s"),
+        ("prequential_accuracy", "prequential accuracy"),
+        ("learn_latency_median_us", "one-example learn, median us"),
+        ("learn_latency_p99_us", "p99 us"),
+        ("predict_latency_median_us", "one-example predict, median us"),
+        ("predict_latency_p99_us", "p99 us"),
+        ("predict_float32_rows_per_second", "predict float32 rows/s"),
+        ("predict_page_locked_rows_per_second", "inside `page_locked`"),
+        ("predict_uint8_rows_per_second", "uint8 pixels"))),
+    "gpu_peers": Table("gpu_learn.json", (
+        ("learn_examples_per_second", "`gln` learn examples/s"),
+        ("plain_cupy_learn_examples_per_second", "plain CuPy"),
+        ("pygln_learn_examples_per_second", "pygln, 1 row a call"),
+        ("pygln_batched_learn_examples_per_second", "pygln, 10 rows a call (not exact)"),
+        ("plain_cupy_predict_rows_per_second", "plain CuPy predict rows/s"),
+        ("pygln_predict_rows_per_second", "pygln predict, 100 rows a call"),
+        ("plain_cupy_learn_latency_median_us", "plain CuPy one-example learn, median us"))),
+    "service_load": Table("service_load.json", (
+        ("scenario", "scenario"), ("log", "log"), ("requests_per_s", "requests/s"),
+        ("examples_per_s", "examples/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
+        ("p999_ms", "p99.9 ms"), ("max_ms", "max ms"))),
+    "fault_load": Table("fault_load.json", (
+        ("requests_acknowledged", "requests acknowledged"),
+        ("errors_returned.503", "503s returned"), ("redis_down_s", "Redis down, s"),
+        ("sentinel_failover_s", "Sentinel failover, s"), ("examples_lost", "examples lost"),
+        ("examples_duplicated", "examples duplicated"),
+        ("model_equals_reference", "model equals reference"))),
+    "recovery_time": Table("recovery_time.json", (
+        ("store", "store and log"), ("seconds_to_listening", "s to listening"),
+        ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),
+        ("seconds_to_ready", "s to `/readyz` 200"), ("export_s", "export s"),
+        ("import_s", "import s"))),
+}
+BLOCK = re.compile(r"(<!-- results: (\w+) -->\n).*?(<!-- /results -->)", re.DOTALL)
+
+
+def load(file: str) -> list[dict]:
+    """The runs of a results file, each checked to name its command, machine and commit."""
+    runs = json.loads((RESULTS / file).read_text())
+    for run in runs:
+        missing = {"command", "machine", "commit", "figures"} - set(run)
+        if missing:
+            raise ValueError(f"{file}: a run without {sorted(missing)}: {run}")
+    return runs
+
+
+def figure(figures: dict, key: str) -> Any:
+    """``figures[key]``, ``outer.inner`` read as a nested key; None where absent."""
+    value: Any = figures
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def cell(value: Any) -> str:
+    """A figure as a table shows it: thousands separated, a range as low-high."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return "-".join(cell(v) for v in value)
+    if isinstance(value, int | float):
+        return f"{value:,}"
+    return str(value)
+
+
+def render(name: str) -> str:
+    """Table ``name`` of ``TABLES`` as markdown, each run a row with its commit, machine and
+    command."""
+    table = TABLES[name]
+    keys = [key for key, _ in table.columns]
+    headers = [header for _, header in table.columns] + ["commit", "machine", "command"]
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "---:|" * len(keys) + "---|---|---|"]
+    for run in load(table.file):
+        values = [figure(run["figures"], key) for key in keys]
+        if all(v is None for v in values):
+            continue
+        lines.append("| " + " | ".join([*map(cell, values), run["commit"], run["machine"],
+                                        f"`{run['command']}`"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rendered(doc: str) -> str:
+    """``doc`` with every results block replaced by its table."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group(2)) + m.group(3), doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", type=Path, help="a markdown file whose blocks to rewrite")
+    parser.add_argument("--check", type=Path, help="a markdown file whose blocks to compare")
+    args = parser.parse_args(argv)
+    if args.write:
+        args.write.write_text(rendered(args.write.read_text()))
+    elif args.check:
+        if rendered(args.check.read_text()) != args.check.read_text():
+            print(f"{args.check}: tables differ from benchmarks/results; run "
+                  f"python benchmarks/results/render.py --write {args.check}", file=sys.stderr)
+            return 1
+    else:
+        for name in TABLES:
+            print(f"<!-- results: {name} -->\n{render(name)}<!-- /results -->\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
