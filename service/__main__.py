@@ -27,11 +27,12 @@ from pydantic import ValidationError
 from gln.backend import resolve_device
 from service.api.app import create_app
 from service.api.listen import bind_listeners
-from service.api.request_id import RequestIdLogFilter
+from service.api.request_id import LOG_FORMAT, RequestIdLogFilter
 from service.engine.local import open_log
 from service.settings import Settings, unknown_variables
 from service.storage.dir_lock import DirectoryInUseError, lock_data_directories
 from service.storage.wal import WalDurabilityError
+from service.supervisor import serve_with_workers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"gln-service: invalid configuration:\n{_settings_errors(exc)}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s",
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdLogFilter())
     try:  # a server that cannot build a model must not start and blame its clients for it
@@ -74,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
     log.info("%s", settings.summary())
+    if settings.workers > 1:
+        for name, value in overrides.items():  # the workers read their settings anew
+            os.environ[f"GLN_{name.upper()}"] = str(value)
+        return serve_with_workers(settings, listeners)
     app = create_app(settings)
     try:  # here, not in the app's start-up, so that a taken directory is one line, no traceback
         app.state.directory_locks = lock_data_directories(settings)

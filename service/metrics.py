@@ -11,7 +11,8 @@ model's series when the model is deleted, so label values stay bounded by the li
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -23,7 +24,10 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     generate_latest,
+    multiprocess,
+    values,
 )
+from prometheus_client.metrics_core import Metric
 
 # 100 us .. 30 s: a single-example request is well under a millisecond when the model is
 # small, and a 100-row learn of the MNIST network takes seconds on two cores.
@@ -57,19 +61,22 @@ class ServiceMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, device: str, version: str | None = None) -> None:
+    def __init__(self, device: str, version: str | None = None, http: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         # The process's memory, CPU time and open files (process_*), on Linux.
         ProcessCollector(registry=r)
+        # An engine process of its own answers no HTTP: its workers count the requests
+        # (workers_http_metrics), so its page leaves them out.
+        h = r if http else CollectorRegistry()
         self.http_requests = Counter(
             "gln_http_requests", "HTTP requests answered.",
-            ["route", "method", "status"], registry=r,
+            ["route", "method", "status"], registry=h,
         )
         self.http_duration = Histogram(
             "gln_http_request_duration_seconds",
             "Time to answer an HTTP request; status_class is its status' class (2xx, 4xx, ...).",
-            ["route", "method", "status_class"], buckets=LATENCY_BUCKETS, registry=r,
+            ["route", "method", "status_class"], buckets=LATENCY_BUCKETS, registry=h,
         )
         self.examples_learned = Counter(
             "gln_examples_learned", "Examples learned.", ["model"], registry=r,
@@ -237,3 +244,29 @@ class ServiceMetrics:
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""
         return generate_latest(self.registry)
+
+
+def count_across_processes(directory: str) -> None:
+    """Make this process's metrics, made after this call, count in files under ``directory``
+    that every HTTP worker shares (prometheus_client's multiprocess mode), so that any worker's
+    page shows all workers' requests (:func:`workers_http_metrics`)."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    values.ValueClass = values.MultiProcessValue()
+
+
+def workers_http_metrics(directory: str) -> bytes:
+    """Every HTTP worker's ``gln_http_*`` metrics, summed, in text exposition format."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return generate_latest(_Only(registry, "gln_http_"))
+
+
+class _Only:
+    """The metric families of ``registry`` whose names start with ``prefix``."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        self.registry, self.prefix = registry, prefix
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.registry.collect()
+                if family.name.startswith(self.prefix))

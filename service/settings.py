@@ -159,6 +159,13 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         4, gt=0, description="Threads that run model calls and snapshots off the event loop."
     )
+    workers: int = Field(
+        1, ge=1, le=256,
+        description="HTTP worker processes. 1: one process serves HTTP and holds the models. "
+        "More: that many processes parse and check requests and hand the rows to one engine "
+        "process, which holds the models (worth it when parsing, not learning, is the limit: "
+        "a GPU server, or many small requests).",
+    )
     restore_wait_s: float = Field(
         10.0,
         gt=0,
@@ -244,8 +251,8 @@ class Settings(BaseSettings):
 
 
 # GLN_ variables that are not settings of the service but are known to the project (the data
-# directory of the benchmarks): no warning for them.
-OTHER_VARIABLES = frozenset({"GLN_DATA_DIR"})
+# directory of the benchmarks, what gln-service tells its HTTP workers): no warning for them.
+OTHER_VARIABLES = frozenset({"GLN_DATA_DIR", "GLN_ENGINE_ADDRESS", "GLN_WORKERS_METRICS_DIR"})
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

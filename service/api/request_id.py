@@ -64,6 +64,10 @@ class RequestIdMiddleware:
         current_request_id.reset(token)
 
 
+# The service's log lines: each names its request, if it has one (RequestIdLogFilter).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"
+
+
 class RequestIdLogFilter(logging.Filter):
     """Adds to every record ``request_id``, the id of the request being handled (or "-"), and
     ``request_tag``, the same as `` [<id>]`` (or nothing outside a request) for a log format."""
