@@ -159,6 +159,11 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         4, gt=0, description="Threads that run model calls and snapshots off the event loop."
     )
+    stream_max_in_flight: int = Field(
+        8, ge=1, le=1024,
+        description="Batches a learning stream (WebSocket) reads ahead of their answers; "
+        "beyond that the server stops reading and the client's sends wait.",
+    )
     workers: int = Field(
         1, ge=1, le=256,
         description="HTTP worker processes. 1: one process serves HTTP and holds the models. "

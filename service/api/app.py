@@ -36,6 +36,7 @@ from service.api.request_id import RequestIdMiddleware
 from service.api.request_metrics import RequestMetricsMiddleware
 from service.api.routes import router
 from service.api.shutdown_answer import ShutdownAnswerMiddleware
+from service.api.stream import router as stream_router
 from service.api.trailing_slash import TrailingSlashMiddleware
 from service.engine.client import EngineClient
 from service.engine.local import LocalEngine
@@ -74,7 +75,7 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
     # routes are the hot ones, and routes are matched in order), rather than through
     # include_router: FastAPI matches an included router's routes through a layer of its own,
     # twice per request, which cost more than the rest of the routing.
-    app.router.routes[:0] = router.routes
+    app.router.routes[:0] = [*router.routes, *stream_router.routes]
     add_error_handlers(app)
     # The last added is the outermost: metrics see every answer, including the guards' 401
     # and 413; the token is checked before a byte of the body is read.

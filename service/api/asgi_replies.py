@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from starlette.types import Send
+from starlette.types import Receive, Send
 
 
 async def send_json(
@@ -32,3 +32,10 @@ def is_model_action(path: str, action: str) -> bool:
     """Whether ``path`` is ``/v1/models/<name>/<action>`` (the middlewares run before routing)."""
     name, slash, rest = path.removeprefix("/v1/models/").partition("/")
     return path.startswith("/v1/models/") and bool(name) and slash == "/" and rest == action
+
+
+async def refuse_websocket(receive: Receive, send: Send, reason: str) -> None:
+    """Refuse a WebSocket handshake (the client gets a 403): the stream's answer to what an
+    HTTP request would get a 400 or 401 for."""
+    await receive()  # websocket.connect
+    await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})

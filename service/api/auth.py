@@ -7,7 +7,7 @@ import hmac
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.asgi_replies import is_model_action, send_json
+from service.api.asgi_replies import is_model_action, refuse_websocket, send_json
 
 
 class BearerAuthMiddleware:
@@ -28,8 +28,10 @@ class BearerAuthMiddleware:
         self.protect_reads = protect_reads
 
     def _needs_token(self, scope: Scope) -> bool:
-        if self.expected is None or scope["type"] != "http":
+        if self.expected is None or scope["type"] not in ("http", "websocket"):
             return False
+        if scope["type"] == "websocket":  # the stream learns
+            return True
         if scope["method"] in self.MUTATING or is_model_action(scope["path"], "export"):
             return True
         return self.protect_reads and scope["path"].startswith("/v1/")
@@ -48,6 +50,9 @@ class BearerAuthMiddleware:
         # compare_digest: the time taken does not reveal how much of the token matched.
         if hmac.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await refuse_websocket(receive, send, "missing or invalid bearer token")
             return
         await send_json(
             send, 401,

@@ -14,7 +14,7 @@ import ipaddress
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.asgi_replies import send_json
+from service.api.asgi_replies import refuse_websocket, send_json
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -56,7 +56,7 @@ class HostCheckMiddleware:
         self._verdicts: dict[bytes, bool] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.allowed is not None:
+        if scope["type"] in ("http", "websocket") and self.allowed is not None:
             raw = b""
             for key, value in scope["headers"]:
                 if key == b"host":  # the first, as the HTTP server reads it
@@ -70,6 +70,9 @@ class HostCheckMiddleware:
                 allowed = not raw or host_name(raw.decode("latin-1")) in self.allowed
                 if len(raw) <= 255:  # a host name's most; longer ones are not kept
                     self._verdicts[raw] = allowed
+            if not allowed and scope["type"] == "websocket":
+                await refuse_websocket(receive, send, "this server does not answer to the host")
+                return
             if not allowed:
                 header = raw.decode("latin-1")
                 await send_json(send, 400, (

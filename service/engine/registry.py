@@ -644,9 +644,13 @@ class ModelRegistry:
         log holds is answered as a duplicate, not learned twice.
         """
         entry = await self.get(name)
-        X, y = await self._check(entry, features, labels)
-        assert y is not None
-        return await entry.learn(X, y, key)
+        # Checked and queued in arrival order: a large request is checked in a thread, and a
+        # later one must not pass it meanwhile (a stream's batches learn in the order sent).
+        async with entry.admission:
+            X, y = await self._check(entry, features, labels)
+            assert y is not None
+            queued = entry.queue_learn(X, y, key)
+        return await entry.answer(queued)
 
     async def explain(self, name: str, features: Sequence[Sequence[float]]) -> np.ndarray:
         """Per-class saliency of each row: (n, num_classes, num_features)."""

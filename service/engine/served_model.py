@@ -259,6 +259,9 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         self._wake = asyncio.Event()
         self._closing = False
         self._worker: asyncio.Task[None] | None = None
+        # Held while a request is checked and queued, so that requests queue in the order
+        # they arrived even when a large one is checked in a thread (the registry takes it).
+        self.admission = asyncio.Lock()
 
     # -- lifecycle --
     def start(self) -> None:
@@ -317,9 +320,17 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         one per row (delayed labels); those still waiting when the writer comes to them are
         learned and stop waiting, the others are left out (the answer's ``stale_ids``).
         """
+        return await self.answer(self.queue_learn(X, y, key, scored, waiting_rows))
+
+    def queue_learn(
+        self, X: np.ndarray, y: np.ndarray, key: str | None = None,
+        scored: np.ndarray | None = None, waiting_rows: list[WaitingRow] | None = None,
+    ) -> _Job:
+        """:meth:`learn`'s rows queued now, at once; :meth:`answer` waits for their result
+        (so a caller can queue in an order of its own, then wait outside it)."""
         self._queued_learn_rows += len(y)
-        return await self._submit(_Verb.LEARN, X, y, key=key, scored=scored,
-                                  waiting_rows=waiting_rows)
+        return self._queue_job(_Verb.LEARN, X, y, key=key, scored=scored,
+                               waiting_rows=waiting_rows)
 
     async def predict_proba(self, X: np.ndarray, ids: list[str] | None = None) -> np.ndarray:
         """Class probabilities of checked rows (``check_input``'s), after every learn request
@@ -348,6 +359,9 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
     async def _submit(
         self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, **fields: Any
     ) -> Any:
+        return await self.answer(self._queue_job(verb, X, y, **fields))
+
+    def _queue_job(self, verb: _Verb, X: np.ndarray, y: np.ndarray | None, **fields: Any) -> _Job:
         if self._closing:
             if y is not None:
                 self._queued_learn_rows -= len(y)
@@ -356,6 +370,11 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         job = _Job(verb, X, y, future, **fields)
         self._queue.append(job)
         self._wake.set()
+        return job
+
+    async def answer(self, job: _Job) -> Any:
+        """The result of a queued request, once the writer has served it."""
+        future = job.future
         # A client that goes away does not cancel its handler: its request is carried out
         # and the answer dropped. A handler is cancelled when a shutdown stops waiting for
         # it: a request still queued is then withdrawn (and answered 503), while one the
