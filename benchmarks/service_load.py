@@ -3,12 +3,17 @@
 Scenarios: two models (a small one, 20 features and layers [32, 32, 1]; the MNIST-sized one,
 784 features, 10 classes, [128, 128, 1], context_dim 4) x three verbs (learn, predict, and
 predict-ids: predict with ids, so the rows wait for labels, which logs them) x two batch sizes
-(1 and 100 rows per request). Each scenario runs ``--connections`` concurrent
-keep-alive connections for ``--duration`` seconds (after ``--warmup``), and prints one JSON
-line: requests/s, examples/s, p50/p99/p99.9/max/mean latency in ms, errors.
+(1 and 100 rows per request) in JSON, and binary rows (``.npz``): learn in 1,000-row requests,
+predict in 4,096-row requests, and a learning stream (a WebSocket per connection, 1,000-row
+batches, ``--stream-in-flight`` batches ahead of their answers). Each scenario runs
+``--connections`` concurrent keep-alive connections for ``--duration`` seconds (after
+``--warmup``), and prints one JSON line: requests/s, examples/s, p50/p99/p99.9/max/mean
+latency in ms, errors.
 
 By default it starts a server itself (``python -m service`` on a free port, snapshots in a
-temporary directory) and stops it at the end; ``--url`` targets a running one instead.
+temporary directory) and stops it at the end, once per ``--workers`` value (GLN_WORKERS), so
+that one run sets the multi-process service beside the single process; ``--url`` targets a
+running one instead.
 
 The client is a few lines of plain asyncio speaking HTTP/1.1 on raw sockets, with every
 request body encoded before the clock starts: on a small machine the client shares the cores
@@ -18,6 +23,7 @@ with the server, and a lighter client leaves more of them to what is being measu
     python benchmarks/service_load.py                      # all scenarios, own server
     python benchmarks/service_load.py --only small --duration 5
     python benchmarks/service_load.py --only small-learn-1 --server-env GLN_WAL_ENABLED=false
+    python benchmarks/service_load.py --only small-learn-1 small-learn-1000-npz --workers 1 2
     python benchmarks/service_load.py --url http://127.0.0.1:8000 --token "$GLN_API_TOKEN"
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import platform
@@ -53,9 +60,12 @@ MODELS = {
                                                   "cap": 0.01}},
 }
 VERBS = ("learn", "predict", "predict-ids")
-ROUTES = {"learn": "learn", "predict": "predict", "predict-ids": "predict"}
+ROUTES = {"learn": "learn", "predict": "predict", "predict-ids": "predict", "stream": "stream"}
 BATCHES = (1, 100)
-DISTINCT_BODIES = 64  # requests cycle through this many pre-encoded bodies
+# Binary rows: (verb, rows a request), each in .npz bodies.
+BINARY = (("learn", 1000), ("predict", 4096), ("stream", 1000))
+DISTINCT_BODIES = 16  # requests cycle through this many pre-encoded bodies
+NPZ = "application/x-npz"
 
 
 @dataclass
@@ -63,25 +73,35 @@ class Scenario:
     model: str
     verb: str
     batch: int
+    binary: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.model}-{self.verb}-{self.batch}"
+        return f"{self.model}-{self.verb}-{self.batch}" + ("-npz" if self.binary else "")
 
 
-def encode_bodies(config: dict, verb: str, batch: int, seed: int) -> list[bytes]:
-    """JSON bodies with random rows (and labels for learn), encoded once up front."""
+def encode_bodies(config: dict, verb: str, batch: int, seed: int,
+                  binary: bool = False) -> list[bytes]:
+    """Bodies with random rows (and labels for learn), encoded once up front: JSON, or
+    ``.npz`` of float32 rows."""
     rng = np.random.default_rng(seed)
     d, k = config["num_features"], config["num_classes"]
     bodies = []
     for b in range(DISTINCT_BODIES):
-        X = np.round(rng.normal(size=(batch, d)), 4).tolist()
-        body = {"features": X}
-        if verb == "learn":
-            body["labels"] = rng.integers(0, k, size=batch).tolist()
+        X = np.round(rng.normal(size=(batch, d)), 4)
+        arrays = {"features": X.astype(np.float32)}
+        if verb in ("learn", "stream"):
+            arrays["labels"] = rng.integers(0, k, size=batch)
         if verb == "predict-ids":  # a body sent again replaces its rows: a bounded wait
-            body["ids"] = [f"row-{b}-{i}" for i in range(batch)]
-        bodies.append(json.dumps(body, separators=(",", ":")).encode())
+            arrays["ids"] = np.array([f"row-{b}-{i}" for i in range(batch)])
+        if binary:
+            buffer = io.BytesIO()
+            np.savez(buffer, **arrays)
+            bodies.append(buffer.getvalue())
+        else:
+            body = {key: value.tolist() for key, value in arrays.items()}
+            body["features"] = X.tolist()
+            bodies.append(json.dumps(body, separators=(",", ":")).encode())
     return bodies
 
 
@@ -89,8 +109,9 @@ def encode_bodies(config: dict, verb: str, batch: int, seed: int) -> list[bytes]
 class RawConnection:
     """One keep-alive HTTP/1.1 connection on asyncio streams; enough for this server."""
 
-    def __init__(self, host: str, port: int, token: str | None) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, token: str | None,
+                 content_type: str = "application/json") -> None:
+        self.host, self.port, self.content_type = host, port, content_type
         self.auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -102,7 +123,7 @@ class RawConnection:
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n").encode()
+                f"Content-Type: {self.content_type}\r\nContent-Length: {len(body)}\r\n").encode()
         return head + self.auth + b"\r\n" + body
 
     async def send(self, raw: bytes) -> int:
@@ -160,9 +181,10 @@ async def _drive(senders: list[Callable[[int], Awaitable[int]]], warmup: float,
 
 
 async def run_raw(url: str, path: str, bodies: list[bytes], connections: int,
-                  warmup: float, duration: float, token: str | None) -> tuple[list[float], int]:
+                  warmup: float, duration: float, token: str | None,
+                  content_type: str = "application/json") -> tuple[list[float], int]:
     parts = urlsplit(url)
-    conns = [RawConnection(parts.hostname or "127.0.0.1", parts.port or 80, token)
+    conns = [RawConnection(parts.hostname or "127.0.0.1", parts.port or 80, token, content_type)
              for _ in range(connections)]
     await asyncio.gather(*(c.open() for c in conns))
     raws = [conns[0].request_bytes(path, b) for b in bodies]
@@ -174,6 +196,51 @@ async def run_raw(url: str, path: str, bodies: list[bytes], connections: int,
         return await _drive([sender(c) for c in conns], warmup, duration)
     finally:
         await asyncio.gather(*(c.close() for c in conns))
+
+
+async def run_stream(url: str, path: str, bodies: list[bytes], connections: int,
+                     warmup: float, duration: float, token: str | None,
+                     in_flight: int = 8) -> tuple[list[float], int]:
+    """One learning stream per connection, ``in_flight`` batches ahead of their answers; each
+    answer's latency from its batch's send, and the answers that carry an error."""
+    import websockets  # noqa: PLC0415 - uvicorn[standard] installs it; only this needs it
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    ws_url = url.replace("http://", "ws://", 1) + path
+    latencies: list[float] = []
+    errors = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    measure_from, stop_at = start + warmup, start + warmup + duration
+
+    async def one(offset: int) -> None:
+        nonlocal errors
+        async with websockets.connect(ws_url, additional_headers=headers,
+                                      max_size=None) as ws:
+            sent: asyncio.Queue[float] = asyncio.Queue()
+            slots = asyncio.Semaphore(in_flight)
+
+            async def send() -> None:
+                i = offset
+                while loop.time() < stop_at:
+                    await slots.acquire()
+                    sent.put_nowait(loop.time())
+                    await ws.send(bodies[i % len(bodies)])
+                    i += 1
+                sent.put_nowait(-1.0)
+
+            sender = asyncio.create_task(send())
+            while (t0 := await sent.get()) >= 0:
+                answer = await ws.recv()
+                slots.release()
+                t1 = loop.time()
+                if measure_from <= t0 and t1 <= stop_at:
+                    latencies.append(t1 - t0)
+                    errors += answer[:1] == b"{"  # an error's JSON, not an .npz
+            await sender
+
+    await asyncio.gather(*(one(k * 7) for k in range(connections)))
+    return latencies, errors
 
 
 async def run_httpx(url: str, path: str, bodies: list[bytes], connections: int,
@@ -252,21 +319,29 @@ def run_scenario(url: str, scenario: Scenario, args: argparse.Namespace) -> dict
         client.delete(f"/v1/models/{name}")
         r = client.post("/v1/models", json={"name": name, "config": config})
         r.raise_for_status()
-        if scenario.verb != "learn":  # predict a model that has learned something
+        if scenario.verb not in ("learn", "stream"):  # predict a model that has learned
             for body in encode_bodies(config, "learn", 100, seed=1)[:5]:
                 client.post(f"/v1/models/{name}/learn", content=body,
                             headers={"content-type": "application/json"}).raise_for_status()
-    bodies = encode_bodies(config, scenario.verb, scenario.batch, seed=2)
+    bodies = encode_bodies(config, scenario.verb, scenario.batch, seed=2, binary=scenario.binary)
     path = f"/v1/models/{name}/{ROUTES[scenario.verb]}"
-    runner = run_raw if args.client == "raw" else run_httpx
-    latencies, errors = asyncio.run(runner(url, path, bodies, args.connections, args.warmup,
-                                           args.duration, args.token))
+    if scenario.verb == "stream":
+        run = run_stream(url, path, bodies, args.connections, args.warmup, args.duration,
+                         args.token, args.stream_in_flight)
+    elif args.client == "raw":
+        run = run_raw(url, path, bodies, args.connections, args.warmup, args.duration,
+                      args.token, NPZ if scenario.binary else "application/json")
+    else:
+        run = run_httpx(url, path, bodies, args.connections, args.warmup, args.duration,
+                        args.token)
+    latencies, errors = asyncio.run(run)
     with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
         client.delete(f"/v1/models/{name}")
     latencies.sort()
     n = len(latencies)
     return {
         "scenario": scenario.name,
+        "workers": args.workers_now,
         "model": scenario.model,
         "verb": scenario.verb,
         "batch": scenario.batch,
@@ -301,21 +376,30 @@ def main(argv: list[str] | None = None) -> None:
                         "(small, learn)")
     parser.add_argument("--server-env", nargs="*", default=[], metavar="GLN_X=VALUE",
                         help="settings for the server this starts, e.g. GLN_WAL_ENABLED=false")
+    parser.add_argument("--workers", type=int, nargs="*", default=[1],
+                        help="GLN_WORKERS of the servers this starts, one after the other "
+                        "(e.g. 1 4: the single process beside four HTTP workers)")
+    parser.add_argument("--stream-in-flight", type=int, default=8,
+                        help="batches a stream sends ahead of their answers")
     args = parser.parse_args(argv)
     extra_env = dict(item.split("=", 1) for item in args.server_env)
 
     scenarios = [Scenario(m, v, b) for m in MODELS for v in VERBS for b in BATCHES]
+    scenarios += [Scenario(m, v, b, binary=True) for m in MODELS for v, b in BINARY]
     if args.only:  # an exact scenario name selects just it; anything else, by substring
         names = {s.name for s in scenarios}
         scenarios = [s for s in scenarios
                      if any(w == s.name or (w not in names and w in s.name) for w in args.only)]
     if args.url:
+        args.workers_now = None  # not known
         for s in scenarios:
             print(json.dumps(run_scenario(args.url, s, args)), flush=True)
         return
-    with own_server(args.token, extra_env) as url:
-        for s in scenarios:
-            print(json.dumps(run_scenario(url, s, args)), flush=True)
+    for workers in args.workers:
+        args.workers_now = workers
+        with own_server(args.token, {**extra_env, "GLN_WORKERS": str(workers)}) as url:
+            for s in scenarios:
+                print(json.dumps(run_scenario(url, s, args)), flush=True)
 
 
 if __name__ == "__main__":
