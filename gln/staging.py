@@ -187,11 +187,7 @@ class StagingMixin:
                         raise
                 packed, rows32 = self._sent(rows, None, uploads)
                 next_as_it_is = index + 1 < len(chunks) and as_they_are[index + 1]
-                stage_next = uploads_module.STAGE_AHEAD and device_checked and next_as_it_is
-                # A chunk sent while its rows are staged has the host's threads busy with them
-                # until its work is launched: the next chunk's staging waits until then.
-                staging_behind = as_they_are[index] and uploads.sent_while_staging
-                if stage_next and not staging_behind:
+                if uploads_module.STAGE_AHEAD and device_checked and next_as_it_is:
                     uploads.stage_ahead(chunks[index + 1])
                 if device_checked and not checked_here:
                     flag_nonfinite(rows32, nonfinite)
@@ -199,8 +195,6 @@ class StagingMixin:
                 outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
                 if uploads is not None:
                     uploads.consumed()
-                if stage_next and staging_behind:
-                    uploads.stage_ahead(chunks[index + 1])
             if flagged and int(nonfinite.get()[0]):
                 self.check_input(X)  # raises, naming the first value that is not finite
             return self._fetched(outputs)
