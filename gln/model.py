@@ -40,15 +40,9 @@ from gln.schedules import Evaluated, PerExample
 from gln.staging import StagingMixin
 from gln.state import StateMixin
 
-# Rows per kernel call. On the CPU: large enough that a neuron's weights are reused across
-# many examples while they sit in cache, small enough that the chunk's projections (rows x
-# hyperplanes floats) stay a few MB. On the GPU: large enough to amortise the launches and
-# host waits of one chunk.
-CHUNK_ROWS = 256
-CHUNK_ROWS_GPU = 4096
-# learn(progress=True) moves its bar after this many chunks: about a second of MNIST learning
-# on two CPU cores, and a few hundredths on a GPU (where each piece waits for the device).
-PROGRESS_CHUNKS = 8
+CHUNK_ROWS = 256  # CPU: a neuron's weights reused from cache, the chunk's projections a few MB
+CHUNK_ROWS_GPU = 4096  # GPU: a chunk's launches and host waits amortised
+PROGRESS_CHUNKS = 8  # learn(progress=True)'s bar moves about once a second (MNIST, two cores)
 
 
 class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):

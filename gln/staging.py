@@ -23,23 +23,10 @@ from gln.kernels import uploads as uploads_module
 from gln.kernels.uploads import ChunkUploads, travelling_dtype
 from gln.scaling import RunningMoments
 
-# A long batch is predicted on the GPU in chunks of this many rows, each sent while the device
-# still predicts the one before: on an H100's host, copying 4,096 MNIST rows in cost 1.5 to 2.2
-# ms, a third to a half of what the device takes to predict them. 4,096-row calls predicted
-# 609k rows/s in chunks of 2,048, 509k of 1,024, 324k of 512 and 476k in one chunk
-# (docs/benchmarks.md).
-PREDICT_CHUNK_ROWS_GPU = 2048
-# A long prediction of rows that travel as float32 starts with a chunk of this many rows (the
-# rest PREDICT_CHUNK_ROWS_GPU each), or, None, with one as long as the others. The device waits,
-# idle, while the host stages the first chunk (1.1 ms of a 4,096-row call's 4.6 on an H200, with
-# each next chunk staged while the device works: docs/gpu.md), so a shorter one lets it start
-# sooner, for a chunk's launches more. Without STAGE_AHEAD, first chunks of 512 and 1,024 rows
-# were slower; with it, gpu_learn.py's predict_by_upload lines time them and gpu_constants.py
-# reads the value off those.
+PREDICT_CHUNK_ROWS_GPU = 2048  # a long prediction's chunks: each sent while the one before runs
+# A long float32 prediction's first chunk, so the device starts sooner (None: a full chunk).
 PREDICT_FIRST_CHUNK_ROWS: int | None = None
-# Chunks up to this many rows go to the device already widened to float64, in one copy with
-# their rates and targets; longer ones as float32 (see GLN._staged).
-HOST_WIDENED_ROWS = 64
+HOST_WIDENED_ROWS = 64  # chunks up to it travel widened to float64, in one copy with their rates
 
 
 class StagingMixin:

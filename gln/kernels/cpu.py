@@ -37,11 +37,7 @@ import numpy as np
 
 _LOCK = threading.Lock()
 
-# Multiply-adds per call (examples x neurons x inputs) below which one thread does the work:
-# waking the pool's other threads costs more than they would take over, and more on a busy
-# machine, where they wait for a core. One MNIST-sized example is about a million in its first
-# layer (10 x 128 x 785) and 165,000 in its second.
-PARALLEL_MIN_WORK = 100_000
+PARALLEL_MIN_WORK = 100_000  # multiply-adds below which one thread works: waking others costs more
 
 
 class ThreadedKernel:
@@ -83,12 +79,7 @@ def threaded_kernel(**options: Any) -> Callable[[Callable[..., Any]], ThreadedKe
 
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-# Neurons of one GLN that run through the chunk together, reading each example's inputs once
-# for all of them: the inputs of a chunk come from the core's L2 cache, as the neurons' weight
-# rows do, so four neurons per read take a quarter of that traffic. On the MNIST network's
-# layers this made the pass about 1.45x faster than one neuron at a time (2 vCPUs, the same
-# bits); eight were no faster than four, sixteen slower (docs/benchmarks.md).
-NEURONS_PER_BLOCK = 4
+NEURONS_PER_BLOCK = 4  # neurons of a GLN that read each example's inputs once, together
 
 
 @threaded_kernel(nogil=True, cache=True, fastmath=_FASTMATH)

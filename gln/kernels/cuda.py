@@ -48,112 +48,47 @@ WARP = 32
 STREAM_WARPS = 4  # neurons (warps) per block of the streaming kernel: GLN_STREAM_WARPS
 MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take the wide kernel
 MAX_INPUTS = WARP * MAX_PER_LANE
-# Chunks at least this long learn with the rows in shared memory (when they fit): the copy in
-# and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
-# memory. On an H100 (MNIST network, the three layers summed, docs/benchmarks.md) resident was
-# slower up to 1,024 rows (3,343 against 3,317 us) and faster from 2,048 (6,623 against 6,730).
-RESIDENT_MIN_ROWS = 2048
-# Chunks at least this long learn with a warp per row instead (gln_layer_pass_rows: each of a
-# neuron's 2^m rows in registers, through the examples of its context), so that all of a
-# layer's neurons run at once; None: never chosen by itself (mode="rows" forces it). The same
-# bytes. On an H200, MNIST's three layers on real contexts (far from equally common: a neuron's
-# most common context takes about 1,500 of 4,096 rows): 391 against 582 us at 256 rows, 224
-# against 154 at 64; learning MNIST in 4,096-row calls 316k against 209k examples/s
-# (docs/benchmarks.md).
+RESIDENT_MIN_ROWS = 2048  # learning chunks from here keep a neuron's rows in shared memory
+# Learning chunks from here take a warp per row (gln_layer_pass_rows); None: only mode="rows".
 ROW_WARPS_MIN_ROWS: int | None = 256
-# A launch before it lists each row's examples (gln_row_examples, with a count a context in
-# shared memory: at most ROW_WARPS_MAX_CONTEXTS contexts a neuron, 48 KB); a second orders the
-# rows by ROW_ORDER: "longest_first" (gln_row_order, so that the longest chains start at once)
-# or "natural" (neuron by neuron; no launch). The same bytes either way.
-ROW_WARPS_MAX_CONTEXTS = 12 * 1024
-ROW_ORDERS = ("longest_first", "natural")
-ROW_ORDER = "longest_first"
+ROW_WARPS_MAX_CONTEXTS = 12 * 1024  # gln_row_examples counts contexts in 48 KB of shared memory
+ROW_ORDERS = ("longest_first", "natural")  # gln_row_order's order, or neuron by neuron
+ROW_ORDER = "longest_first"  # the longest chains start first; the same bytes either way
 ORDER_BUCKETS, ORDER_THREADS = 64, 256  # GLN_ORDER_BUCKETS, GLN_ORDER_THREADS
-# Prediction writes nothing, so a neuron's examples are split over warps of this many rows
-# (streaming kernel) ...
-PREDICT_ROWS_PER_WARP = 32
-# ... and chunks at least PREDICT_SHARED_MIN_ROWS long are predicted by the shared kernel, whose
-# blocks keep several neurons' rows in shared memory and take this many examples each. On an
-# H100 (three layers summed) the shared kernel was ahead from 64 rows in every run (133 against
-# 154 us at 64, 2,338 against 4,976 at 4,096) and level or not below; 512 rows per block was
-# best at 1,024 and 2,048 rows (the lengths of gln.staging.PREDICT_CHUNK_ROWS_GPU measured).
-PREDICT_SHARED_MIN_ROWS = 64
-PREDICT_ROWS_PER_BLOCK = 512
-# At most this many neurons in a block of the shared kernel (as many as fit, up to it). A block
-# of MNIST's first layer holds 4 neurons' rows (201 KB), one block per SM; its second layer's
-# rows (8 KB a neuron) fit 26 to a block, and 8 let several blocks share an SM, at the cost of
-# reading each example's input for fewer neurons: on the H100, 2,048 rows of the second layer
-# took 262 us with at most 8 a block against 283 with 32 (314 with 4), the same in two runs.
-PREDICT_MAX_NEURONS_PER_BLOCK = 8
-# Dot products the shared kernel sums at once (GLN_SUM_BATCH: a power of two up to 32); None
-# leaves it to the source (predict_sum_batch: 16 up to PREDICT_NARROW_LANES a lane, 1 beyond).
-# Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).
+PREDICT_ROWS_PER_WARP = 32  # prediction writes nothing: a neuron's examples split over warps
+PREDICT_SHARED_MIN_ROWS = 64  # predicting chunks from here take the shared kernel
+PREDICT_ROWS_PER_BLOCK = 512  # examples a block of the shared kernel takes
+PREDICT_MAX_NEURONS_PER_BLOCK = 8  # fewer lets several blocks of a narrow layer share an SM
+# Dot products the shared kernel sums at once (GLN_SUM_BATCH); None: the source's own.
 PREDICT_SUM_BATCH: int | None = None
-# Rows of at most this many elements a lane have the shared kernel's examples grouped
-# (PREDICT_EXAMPLE_GROUP) and keep the source's 16 warps a block; wider rows, up to
-# PREDICT_NARROW_LANES, take PREDICT_WARPS.
-GROUPED_MAX_LANES = 12
-# How the shared kernel spreads its work, timed on a GPU (benchmarks/gpu_shared_grid.py, every
-# combination with the sums batched at once, in alternating turns; the same bytes each):
-# * PREDICT_WARPS: warps a block on rows of more than GROUPED_MAX_LANES and at most
-#   PREDICT_NARROW_LANES elements a lane (GLN_PREDICT_WARPS; None: the source's 16, one block
-#   of 512 threads an SM on MNIST's first layer, with its 201 KB of rows, 116 registers a
-#   thread with the sums batched by 16). nvcc 13 for sm_90 fits that kernel in 64 registers
-#   at 32 warps once the next example's input is no longer loaded ahead (GLN_PREFETCH=0,
-#   which the host sets beyond PREDICT_PREFETCH_MAX_WARPS), nothing spilled: more warps to
-#   hide the loads' latency.
-#   On an H200 (2,048 rows of MNIST's first layer, three turns, sums batched by 16) 32 took
-#   491 us against 503 at 24 and 635 at the source's 16.
+GROUPED_MAX_LANES = 12  # rows up to this many elements a lane group their examples
+# GLN_PREDICT_WARPS of mid-width rows (None: the source's 16): more warps hide loads' latency.
 PREDICT_WARPS: int | None = 32
-PREDICT_NARROW_LANES = 26
-# Beyond this many warps the shared kernel loads no input ahead: with sums batched by 16,
-# nvcc 13 spills MNIST's first layer at 20 warps that do (96 registers), none that do not (84).
-PREDICT_PREFETCH_MAX_WARPS = 16
-# * PREDICT_EXAMPLE_GROUP: examples a warp mixes at once on rows of at most GROUPED_MAX_LANES
-#   elements a lane (GLN_EXAMPLE_GROUP; None: the source's 1, pair after pair), so that a batch
-#   of sums is laid out in advance as neurons by examples: no per-pair check of whether the
-#   example has ended, no lane picking its pair out (by the machine code, MNIST's second
-#   layer's loop took 946 instructions a batch of 32 in fours against 3,015 one by one).
-#   On an H200 (MNIST's second layer, as above) pairs took 146 us against 200 in fours, 206
-#   in eights and 236 one by one; no spills at 16 warps a block up to 12 a lane.
+PREDICT_NARROW_LANES = 26  # the widest rows (elements a lane) that PREDICT_WARPS applies to
+PREDICT_PREFETCH_MAX_WARPS = 16  # beyond it no input is loaded ahead, which would spill
+# GLN_EXAMPLE_GROUP, examples a warp mixes at once on narrow rows (None: the source's 1).
 PREDICT_EXAMPLE_GROUP: int | None = 2
 _MAX_GRID_Y = 65535
 GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
-# Chunks shorter than this get their gating products from gln_halfspace_products instead of a
-# cuBLAS GEMM. On an H200 (gpu_learn.py's gating_path, median of 50 calls of MNIST's first
-# layer's 10,280 planes) the GEMM was the quicker from one row on (110 us against 124; 110
-# against 162 at 8 rows, 121 against 166 at 16), so the kernel is left only to the calls that
-# gln.kernels.replay captures, whose graphs hold no cuBLAS launch.
-GATING_GEMM_MIN_ROWS = 9
-# The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (three int8
-# GEMMs of the rows' and normals' slices, gln.kernels.int8_gating, where the planes number a
-# multiple of 4), the latter from INT8_GATING_MIN_ROWS rows; the same contexts either way. On an
-# H200, 4,096 MNIST rows against 10,280 planes: 924 against 1,875 us, with a tenth of the
-# margins re-checked (gpu_gating_tf32.py's gating_paths); 311 against 531 at 1,024 rows, 257
-# against 175 at 256, so the int8 GEMMs start at the shortest measured length where they won.
+GATING_GEMM_MIN_ROWS = 9  # shorter chunks (the replayed ones) take our kernel: no cuBLAS launch
+# Long chunks' gating products: "float32" (cuBLAS) or "int8" (gln.kernels.int8_gating), faster.
 GATING_PRODUCT = "int8"
-INT8_GATING_MIN_ROWS = 1024
-# Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN) to be listed for the
-# float64 re-check: about eight times what standardised inputs need (one in a thousand,
-# measured on an H100); a fuller list re-checks the rest in place, slower and with the same bits.
+INT8_GATING_MIN_ROWS = 1024  # from here the int8 products won; the planes a multiple of 4
+# Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN): 8x what inputs need.
 RECHECK_LIST_FRACTION = 128
 RECHECK_LIST_MIN = 1024
 RECHECK_MAX_BLOCKS = 4096  # gln_halfspace_rechecks loops over what its grid does not cover
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 NONFINITE_MAX_BLOCKS = 1024  # gln_flag_nonfinite loops over what its grid does not cover
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
-# No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
-# rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
-# scaling.cu takes the bound of the side information from gln.scaling.
+# No fused multiply-adds beyond the sources' own fmaf; scaling.cu takes gln.scaling's bound.
 COMPILE_OPTIONS = ("--fmad=false", f"-DGLN_Z_LIMIT={Z_LIMIT!r}")
 _SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
 SHARED, ROWS = "gln_layer_predict_shared", "gln_layer_pass_rows"
 WIDE = "gln_layer_pass_wide"
 MODES = ("auto", "streaming", "resident", "shared", "rows", "wide")
-# The wide kernel keeps no row in registers: it is taken from the module compiled for the
-# narrowest rows, one for every width.
-WIDE_MODULE_LANES = 1
+WIDE_MODULE_LANES = 1  # the wide kernel keeps no row in registers: one module for every width
 
 
 @dataclass(frozen=True)

@@ -51,41 +51,14 @@ from gln.checks import EXACT_IN_FLOAT32
 from gln.kernels import page_locks
 from gln.kernels.page_locks import pages_of
 
-# Host threads that stage a chunk into pinned memory (1: the calling thread alone), at most one
-# per STAGING_BYTES_PER_THREAD of the chunk, and the pieces a chunk is staged and copied in (the
-# first piece's copy starts while the host stages the rest). On an H200's host, 4 threads
-# staged a 2,048-row float32 MNIST chunk (6.4 MB) in 0.73 ms against 1.05 ms alone, and
-# 4,096-row float32 predictions ran at 930k rows/s against 848k; uint8 rows (1.6 MB a chunk)
-# predicted 997k against 1,041k with 4 threads, the threads' hand-offs costing more than they
-# save on so short a copy (benchmarks/gpu_staging.py, docs/gpu.md).
-STAGING_THREADS = 4
-STAGING_BYTES_PER_THREAD = 2 << 20
-STAGING_PIECES = 4
-SLOTS = 2
-# Whether a long prediction of float32 rows stages each next chunk on a thread of its own while
-# the caller launches the chunk before. On an H200, 4,096-row float32 MNIST predictions in
-# processes that alternated with the same code staging in turn (benchmarks/gpu_compare.py, 5
-# and 4 rounds of 3 passes over 60,000 rows, two runs) ran at 856k and 834k rows/s against
-# 756k and 780k, the same bytes. Pixels sent as uint8 (1.6 MB a 2,048-row chunk, staged in
-# about 0.24 ms) never stage ahead: they were slower so in each of five runs (gpu_learn.py's
-# predict_by_dtype: 967k against 1,040k rows/s in the last).
-STAGE_AHEAD = True
-# Whether the rows of a long prediction that travel in their own bytes (float32 rows, or pixels
-# as uint8: a dtype that needs no rounding), C-contiguous and SEND_REGISTERED_MIN_BYTES to
-# SEND_REGISTERED_MAX_BYTES long, are page-locked where they lie for the call
-# (cudaHostRegister) and copied from there by the device's own DMA, instead of copied by the
-# host into pinned memory first. On H200s, 4,096-row MNIST predictions so beat the library's
-# staging (four threads, float32 staged ahead) in each measurement, with the same outputs
-# (gpu_learn.py's predict_by_dtype): float32 946k against 876k rows/s and uint8 1,095k against
-# 1,019k (5 rounds), and 878k against 728k and 1,001k against 899k on another machine (7
-# rounds), where processes of each alternating (gpu_compare.py, 3 rounds) predicted float32
-# rows at 822k, 965k and 966k against 557k, 674k and 838k (each round's mean). Where the
-# driver refuses (rows already in page-locked memory, or sharing a page with it), the rows are
-# staged as before.
-# Locking piece by piece as sent and unlocking each piece once copied lost (775k against 997k):
-# cudaHostUnregister waits for the device's work, so the host stalled mid-call (docs/gpu.md).
+STAGING_THREADS = 4  # host threads that stage a float32 chunk into pinned memory (1: the caller)
+STAGING_BYTES_PER_THREAD = 2 << 20  # below it a thread's hand-off costs more than it saves
+STAGING_PIECES = 4  # a chunk's first piece is copied while the host stages the rest
+SLOTS = 2  # one chunk staged and copied while the device works on the other
+STAGE_AHEAD = True  # float32 rows: each next chunk staged while the caller launches the one before
+# Rows that travel as they lie, page-locked for the call and copied by the device's own DMA.
 SEND_REGISTERED = True
-SEND_REGISTERED_MIN_BYTES = 1 << 20
+SEND_REGISTERED_MIN_BYTES = 1 << 20  # smaller batches are staged
 SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
 
 
