@@ -2,8 +2,8 @@
 online input scaling, the first layer's inputs and the halfspace contexts.
 
 The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
-``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule``
-(NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
+``layer_inputs.cu`` beside this file) are compiled on first use (``gln.kernels.cuda_modules``).
+See ``docs/gpu.md`` for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
   over a chunk is one launch and equals strict per-example learning;
@@ -35,16 +35,17 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gln.backend import import_cupy as _cupy
 from gln.gating import dot_rounding_bound
-from gln.scaling import Z_LIMIT, RunningMoments
+from gln.kernels.cuda_modules import COMPILE_OPTIONS as COMPILE_OPTIONS  # what sources get
+from gln.kernels.cuda_modules import GATING_THREADS, WARP, function
+from gln.kernels.int8_gating import Int8PlanesCache, int8_products
+from gln.scaling import RunningMoments
 
-WARP = 32
 STREAM_WARPS = 4  # neurons (warps) per block of the streaming kernel: GLN_STREAM_WARPS
 MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take the wide kernel
 MAX_INPUTS = WARP * MAX_PER_LANE
@@ -69,7 +70,6 @@ PREDICT_PREFETCH_MAX_WARPS = 16  # beyond it no input is loaded ahead, which wou
 # GLN_EXAMPLE_GROUP, examples a warp mixes at once on narrow rows (None: the source's 1).
 PREDICT_EXAMPLE_GROUP: int | None = 2
 _MAX_GRID_Y = 65535
-GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
 GATING_GEMM_MIN_ROWS = 9  # shorter chunks (the replayed ones) take our kernel: no cuBLAS launch
 # Long chunks' gating products: "float32" (cuBLAS) or "int8" (gln.kernels.int8_gating), faster.
 GATING_PRODUCT = "int8"
@@ -81,9 +81,6 @@ RECHECK_MAX_BLOCKS = 4096  # gln_halfspace_rechecks loops over what its grid doe
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 NONFINITE_MAX_BLOCKS = 1024  # gln_flag_nonfinite loops over what its grid does not cover
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
-# No fused multiply-adds beyond the sources' own fmaf; scaling.cu takes gln.scaling's bound.
-COMPILE_OPTIONS = ("--fmad=false", f"-DGLN_Z_LIMIT={Z_LIMIT!r}")
-_SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
 SHARED, ROWS = "gln_layer_predict_shared", "gln_layer_pass_rows"
 WIDE = "gln_layer_pass_wide"
@@ -271,35 +268,10 @@ def check_layer_arrays(weights, contexts, inputs, targets, rates, probs) -> None
         raise ValueError(f"inputs' middle axis must be 1 or {num_glns}, got {inputs.shape[1]}")
 
 
-@functools.cache
-def _source(name: str) -> str:
-    return (_SOURCES / name).read_text()
-
-
-@functools.cache
-def _layer_module(lanes: int, defines: tuple[str, ...] = ()) -> Any:
-    """The layer-pass module compiled for rows of ``lanes`` elements per lane, with the
-    ``defines`` of a launch (``LayerLaunch.defines``)."""
-    return _cupy().RawModule(
-        code=_source("layer_pass.cu"),
-        options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}", *defines),
-    )
-
-
-@functools.cache
 def _layer_kernel(lanes: int, name: str, defines: tuple[str, ...] = ()) -> Any:
-    return _layer_module(lanes, defines).get_function(name)
-
-
-@functools.cache
-def _function(source: str, name: str) -> Any:
-    """Kernel ``name`` of the module ``source``, compiled with ``COMPILE_OPTIONS`` once."""
-    return _module(source).get_function(name)
-
-
-@functools.cache
-def _module(source: str) -> Any:
-    return _cupy().RawModule(code=_source(source), options=COMPILE_OPTIONS)
+    """Kernel ``name`` of the layer-pass module compiled for rows of ``lanes`` elements per lane
+    (``GLN_PER_LANE``), with the ``defines`` of a launch (``LayerLaunch.defines``)."""
+    return function("layer_pass.cu", name, (f"-DGLN_PER_LANE={lanes}", *defines))
 
 
 @functools.cache
@@ -446,7 +418,7 @@ def moments_before_each_row(
     counts = cp.empty((n, 1), dtype=cp.float64)
     if max(n, d):
         threads = 128  # __launch_bounds__ of gln_running_moments
-        _function("moments.cu", "gln_running_moments" + kind)(
+        function("moments.cu", "gln_running_moments" + kind)(
             (-(-max(n, d) // threads),), (threads,),
             (rows, shift, moments.total, moments.total_sq, sums, sums_sq, np.int32(n),
              np.int32(d), count, counts),
@@ -505,8 +477,6 @@ class CudaLayerContexts:
     products (``gln.kernels.int8_gating.Int8PlanesCache``) from its first long chunk on."""
 
     def __init__(self) -> None:
-        from gln.kernels.int8_gating import Int8PlanesCache  # noqa: PLC0415 - imports this
-
         self._int8_planes = Int8PlanesCache()
 
     @property
@@ -548,7 +518,7 @@ def launch_rounding_tolerances(z: Any, tolerance: Any, pending_count: Any = None
     """Each row's rounding bound into ``tolerance`` (n,) float32 (``gln_rounding_tolerances``),
     and ``pending_count`` (a ``RecheckList``'s count) zeroed when given."""
     n, d = z.shape
-    _function("gating.cu", "gln_rounding_tolerances")(
+    function("gating.cu", "gln_rounding_tolerances")(
         (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
         (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance,
          pending_count),
@@ -571,7 +541,7 @@ def launch_halfspace_contexts(
     own_estimates = hasattr(products, "contexts_kernel")  # e.g. Int8Products
     kernel = products.contexts_kernel if own_estimates else "gln_halfspace_contexts"
     leading = products.contexts_arguments if own_estimates else (products,)
-    _function("gating.cu", kernel)(
+    function("gating.cu", kernel)(
         (-(-n * neurons // GATING_THREADS),), (GATING_THREADS,),
         (*leading, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
          np.int32(context_dim), np.int32(d), *_layer_arguments(layer_sizes, z.device.id),
@@ -587,7 +557,7 @@ def launch_halfspace_rechecks(
     (``gln_halfspace_rechecks``, a warp per margin)."""
     n, d = z.shape
     neurons = normals.shape[0] // context_dim
-    _function("gating.cu", "gln_halfspace_rechecks")(
+    function("gating.cu", "gln_halfspace_rechecks")(
         (min(-(-rechecks.capacity * WARP // GATING_THREADS), RECHECK_MAX_BLOCKS),),
         (GATING_THREADS,),
         (rechecks.pending, rechecks.count, np.int32(rechecks.capacity), z, normals, offsets,
@@ -614,8 +584,6 @@ def _gating_products_and_bounds(
     # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.
     if (GATING_PRODUCT == "int8" and z.shape[0] >= max(GATING_GEMM_MIN_ROWS, INT8_GATING_MIN_ROWS)
             and normals.shape[0] % 4 == 0):
-        from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
-
         planes = int8_planes() if int8_planes is not None else None
         return int8_products(z, normals, offsets, pending_count, planes)
     products = _gating_products(z, normals)
@@ -631,7 +599,7 @@ def _gating_products(z: Any, normals: Any) -> Any:
         return z @ normals.T
     planes = normals.shape[0]
     products = _cupy().empty((n, planes), dtype=np.float32)
-    _function("gating.cu", "gln_halfspace_products")(
+    function("gating.cu", "gln_halfspace_products")(
         (-(-n * planes * WARP // GATING_THREADS),), (GATING_THREADS,),
         (z, normals, np.int32(n), np.int32(planes), np.int32(d), products),
     )
@@ -664,7 +632,7 @@ def cuda_standardize(
     z = cp.empty((n, d), dtype=cp.float32)
     base_logits = cp.empty((n, d), dtype=cp.float32)
     if z.size:
-        _function("scaling.cu", "gln_standardize" + kind)(
+        function("scaling.cu", "gln_standardize" + kind)(
             (-(-z.size // SCALING_THREADS),), (SCALING_THREADS,),
             (rows, shift, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
@@ -711,7 +679,7 @@ def cuda_unit_scaling(
     base_logits = cp.empty((n, d), dtype=cp.float32)
     z = cp.empty((n, d) if want_z else 1, dtype=cp.float32)  # 1: a placeholder, never written
     if base_logits.size:
-        _function("scaling.cu", "gln_unit_scaling" + kind)(
+        function("scaling.cu", "gln_unit_scaling" + kind)(
             (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
             (rows, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
@@ -727,7 +695,7 @@ def flag_nonfinite(rows32: Any, flag: Any) -> None:
     that is not finite; leaves it otherwise, so one flag serves a call's chunks."""
     n, d = rows32.shape
     if n * d:
-        _function("scaling.cu", "gln_flag_nonfinite")(
+        function("scaling.cu", "gln_flag_nonfinite")(
             (min(-(-n * d // SCALING_THREADS), NONFINITE_MAX_BLOCKS),), (SCALING_THREADS,),
             (rows32, np.int32(n), np.int32(d), flag))
 
@@ -739,7 +707,7 @@ def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:
     n, groups, width = values.shape
     inputs = cp.empty((n, groups, width + 1), dtype=cp.float32)
     if inputs.size:
-        _function("layer_inputs.cu", "gln_layer_inputs")(
+        function("layer_inputs.cu", "gln_layer_inputs")(
             (-(-inputs.size // INPUTS_THREADS),), (INPUTS_THREADS,),
             (values, np.int32(n), np.int32(groups), np.int32(width), np.int32(bool(from_probs)),
              np.float32(bias_logit), inputs),
@@ -766,7 +734,7 @@ def cuda_per_row_side_info(rows: Any, blur: tuple[Any, Any] | None) -> Any:
     z = cp.empty((n, d), dtype=cp.float32)
     if z.size:
         scratch = cp.empty((n, 2 * d), dtype=cp.float64)
-        _function("scaling.cu", "gln_per_row_side_info" + kind)(
+        function("scaling.cu", "gln_per_row_side_info" + kind)(
             (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
             (rows, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
              blur_rows, blur_cols, scratch, z),

@@ -1005,13 +1005,15 @@ def _device_attribute(attribute: int, device_id: int) -> int:
 
 
 def forget_compiled_kernels() -> None:
-    """Drop what ``gln.kernels.cuda`` cached from the CuPy it last saw: modules, kernels and
-    device limits (call when ``cupy`` changes between the emulation and a real one)."""
-    from gln.kernels import cuda  # noqa: PLC0415
+    """Drop what ``gln.kernels.cuda`` and ``gln.kernels.cuda_modules`` cached from the CuPy
+    they last saw: modules, kernels and device limits (call when ``cupy`` changes between the
+    emulation and a real one)."""
+    from gln.kernels import cuda, cuda_modules  # noqa: PLC0415
 
-    for value in vars(cuda).values():
-        if hasattr(value, "cache_clear"):
-            value.cache_clear()
+    for module in (cuda, cuda_modules):
+        for value in vars(module).values():
+            if hasattr(value, "cache_clear"):
+                value.cache_clear()
     cuda._shared_limit_set.clear()
 
 

@@ -484,12 +484,12 @@ def test_cuda_rounding_tolerances_equal_the_array_code(cp, n, d):
     """The per-row bound that decides which margins are redone in float64 (one warp per row;
     the float64 sum runs in another order, so equal up to its rounding); the same launch zeroes
     the count of the margins the contexts kernel lists, where it is given one."""
-    from gln.kernels.cuda import GATING_THREADS, WARP, _function  # noqa: PLC0415
+    from gln.kernels.cuda_modules import GATING_THREADS, WARP, function  # noqa: PLC0415
 
     z = np.random.default_rng(d).normal(0, 3, (n, d)).astype(np.float32)
     for pending_count in (cp.full(1, 7, dtype=cp.int32), None):
         tolerance = cp.full(n, cp.nan, dtype=cp.float32)
-        _function("gating.cu", "gln_rounding_tolerances")(
+        function("gating.cu", "gln_rounding_tolerances")(
             (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
             (cp.asarray(z), np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)),
              tolerance, pending_count),

@@ -31,9 +31,9 @@ ROWS, BIAS = np.int32(2), np.float32(1.0)
 
 def layer_inputs_launch(cp, values, inputs, n=ROWS, bias=BIAS, block=128):
     """``gln_layer_inputs`` on (2, 1, 3) values, with the arguments a test wants to spoil."""
-    from gln.kernels.cuda import _function  # noqa: PLC0415 - the cupy of the fixture
+    from gln.kernels.cuda_modules import function  # noqa: PLC0415 - the cupy of the fixture
 
-    kernel = _function("layer_inputs.cu", "gln_layer_inputs")
+    kernel = function("layer_inputs.cu", "gln_layer_inputs")
     kernel((1,), (block,), (values, n, np.int32(1), np.int32(3), np.int32(0), bias, inputs))
 
 
