@@ -8,7 +8,7 @@ Neurons of a layer are independent given the layer's inputs, so the threads need
 synchronisation, and the result does not depend on the number of threads or on how a stream is
 cut into chunks.
 
-The kernel releases the GIL, so a server keeps answering while a model learns. Numba's default
+The kernel releases the GIL, so a server keeps serving while a model learns. Numba's default
 threading layer must not be entered from two Python threads at once, so parallel calls are
 serialised by a lock (each already uses every core); a one-thread call (below) never enters
 that layer and takes no lock, so two models' small calls run side by side. Small calls (a few
@@ -172,7 +172,13 @@ def cpu_layer_pass(
     weights: np.ndarray, contexts: np.ndarray, inputs: np.ndarray, targets: np.ndarray,
     rates: np.ndarray, pred_clip: float, weight_clip: float, learn: bool, probs: np.ndarray,
 ) -> None:
-    """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
+    """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays.
+
+    Deviates from ``gln.network.reference_layer_pass`` in the order of its work: each thread
+    runs whole neurons (four of a GLN sharing each read of an input) through every example,
+    not every neuron through one example at a time; its fast-math sums agree with the
+    reference to float32 rounding, and with themselves byte for byte however a stream is cut.
+    """
     work = contexts.size * weights.shape[3]
     if work < PARALLEL_MIN_WORK and not layer_pass_twins_agree():
         work = PARALLEL_MIN_WORK  # the parallel kernel only: the bits must not depend on size

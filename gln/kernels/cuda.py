@@ -300,6 +300,12 @@ def cuda_layer_pass(
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
 
+    Deviates from ``gln.network.reference_layer_pass`` in the order of its work: a warp runs a
+    neuron (or, ``rows``, one of its weight rows) through the chunk's examples in order, not
+    every neuron through one example at a time; every rounding explicit and every sum in a
+    fixed order, so it agrees with the reference to float32 rounding, and with itself byte for
+    byte whatever the kernel or the chunking.
+
     One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"``, ``"rows"``
     or, when predicting, ``"shared"``); all give the same bytes. ``next_inputs``
     (n, G, K + 1) float32, when given, receives the next layer's inputs
@@ -374,7 +380,9 @@ def cuda_network_pass(
     bias_logit: float, pred_clip: float, weight_clip: float, learn: bool,
 ) -> Any:
     """``gln.network.network_pass`` on the GPU in L + 1 launches: the first layer's inputs,
-    then each layer's pass, which also writes the next layer's inputs."""
+    then each layer's pass (``cuda_layer_pass``). Deviates from it in that each layer's
+    launch also writes the next layer's inputs (``gln.network.with_bias``, bit for bit), a
+    launch fewer a layer."""
     cp = _cupy()
     n = base_logits.shape[0]
     inputs = cuda_layer_inputs(base_logits[:, None, :], bias_logit, False)
