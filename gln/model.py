@@ -69,7 +69,7 @@ class _Delegated:
 class GLN:
     """A Gated Linear Network classifier that learns from one example at a time.
 
-    Parameters (the configuration; stored as given, validated once):
+    Parameters (the configuration; stored as given, checked once):
 
     num_features: width of each input row.
     num_classes: 2 gives one binary GLN; more gives one GLN per class (one-vs-all), whose
@@ -239,7 +239,7 @@ class GLN:
     def check_input(
         self, X: Any, y: Any = None, *, strict: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Validate a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
+        """Check a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
 
         Raises ``ValueError`` naming the problem for a wrong shape, a non-finite value (NaN,
         inf, or a magnitude beyond float32), or a label that is not a class index; with
@@ -255,7 +255,7 @@ class GLN:
         return X32, self.check_labels(y, X32.shape[0])
 
     def check_labels(self, y: Any, num_rows: int | None = None) -> np.ndarray:
-        """Validate labels on their own (int64 (n,)); ``num_rows``: how many there must be.
+        """Check labels on their own (int64 (n,)); ``num_rows``: how many there must be.
 
         Raises ``ValueError`` naming the first label (by its index in ``y``) that is not a
         class index of this model.

@@ -201,7 +201,7 @@ def _config_of(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
-    """The validated header and the payload of a snapshot."""
+    """The checked header and the payload of a snapshot."""
     view = memoryview(blob)
     header, start = _parse_header(view)
     payload = view[start:]

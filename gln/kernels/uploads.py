@@ -98,7 +98,7 @@ class ChunkUploads:
         cp = import_cupy()
         self._cp = cp
         self._dtype = np.dtype(dtype)
-        self._unregistered_source = source  # until the first send from it tries to lock it
+        self._source_to_lock = source  # until the first send from it tries to lock it
         self._source: np.ndarray | None = None  # page-locked, until close unlocks it, in ...
         self._lock: tuple[int, int] | None = None  # ... these pages: (first's address, end)
         self._borrowed = False  # whether those pages are the caller's to unlock (held)
@@ -164,9 +164,9 @@ class ChunkUploads:
         """Whether ``rows`` lie in the page-locked pages of the source, locking it first where
         this is the first send from it (``SEND_REGISTERED``): the device then copies them from
         there."""
-        source = self._unregistered_source
+        source = self._source_to_lock
         if source is not None and _lies_in(rows, source):
-            self._unregistered_source = None
+            self._source_to_lock = None
             held = page_locks.held_range(source) if source.dtype == self._dtype else None
             if held is not None:  # locked by the caller, for as long as it holds it
                 self._source, self._lock, self._borrowed = source, held, True
@@ -188,7 +188,7 @@ class ChunkUploads:
                     slot.copied.synchronize()
         finally:
             lock, borrowed = self._lock, self._borrowed
-            self._source = self._unregistered_source = self._lock = None
+            self._source = self._source_to_lock = self._lock = None
             self._borrowed = False
             if lock is not None and not borrowed:  # no copy reads them any more
                 self._cp.cuda.runtime.hostUnregister(lock[0])
