@@ -107,8 +107,7 @@ class GLN:
     seed: seeds the hyperplanes; the same seed and data give the same bytes.
     device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     use_kernels: run the compiled CPU or CUDA kernels (default), or the plain array code that
-        they are tested against (the same bytes, slower); a host's choice, not kept in
-        snapshots.
+        they are tested against (slower); a host's choice, not kept in snapshots.
 
     The model owns three parts, each in a module of its own: its configuration (``Config``,
     ``gln.config``), its state (``State``, ``gln.state``: the arrays it learns and its counters)
