@@ -1,25 +1,21 @@
-"""The model's configuration: the constructor's arguments, checked once and kept as given,
-and the code paths they choose for the model's device.
+"""The model's configuration: the constructor's arguments, checked once and kept as given.
 
-The arguments are described on ``gln.model.GLN``. ``GLN(**model.config)`` rebuilds a model
-from them, and a snapshot's header keeps them (``gln.serialize``); ``_configured`` makes a
-model of a configuration without sampling the state that a loader then sets.
+The arguments are described on ``gln.model.GLN``. ``Config.as_dict`` is what ``GLN.config``
+returns and what a snapshot's header keeps (``gln.serialize``): ``GLN(**model.config)``
+rebuilds a model from it. What the configuration chooses for the model's device is
+``gln.pipeline``'s.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
 from gln import checks
-from gln.backend import array_module, resolve_device
-from gln.kernels import contexts_for, fused_scaling_for, moments_fold_for, network_pass_for
-from gln.kernels.replay import CallReplays
-from gln.scaling import INPUT_SCALINGS, SIDE_INFOS, gaussian_blur_matrix
+from gln.scaling import INPUT_SCALINGS, SIDE_INFOS
 from gln.schedules import make_schedule
 
 # The neurons compute in float32: below 2**-24, 1 - pred_clip rounds to 1 and a saturated
@@ -29,39 +25,13 @@ MIN_PRED_CLIP = 2.0**-24
 MAX_WEIGHT_CLIP = 1e6
 
 
-class ConfigMixin:
-    """The configuration part of ``gln.model.GLN``: its arguments checked and kept, the
-    device's code paths chosen, and ``config``, the arguments as JSON."""
+class Config:
+    """The constructor's arguments, each checked (``ValueError`` naming it and what it may
+    be) and kept as given, with what the model derives from them once: its learning-rate
+    schedule and the bias input's logit. Every argument is a keyword; the defaults are
+    ``GLN``'s."""
 
-    @classmethod
-    def _configured(cls, config: dict[str, Any], use_kernels: bool) -> Self:
-        """A model of ``config``, checked as the constructor checks it, that holds no state yet:
-        for a loader that sets the state it reads, which would otherwise be sampled and then
-        overwritten (half the time of loading an MNIST-sized model). A key the constructor
-        does not take is a ``TypeError``, as it is for the constructor."""
-        arguments = inspect.signature(cls).bind(**config, use_kernels=use_kernels)
-        arguments.apply_defaults()
-        model = cls.__new__(cls)
-        model._configure(**arguments.arguments)
-        return model
-
-    @classmethod
-    def check_config(cls, config: dict[str, Any]) -> None:
-        """Raise what the constructor would raise for ``config`` (``ValueError`` naming the
-        argument, ``TypeError`` for a key it does not take), without sampling a model's state:
-        lets a host short of room still say first what is wrong with a configuration. What
-        the configuration's device needs is set up (its blur matrices, which
-        ``estimate_nbytes`` counts), so a host sizes the configuration first.
-
-        >>> from gln import GLN
-        >>> GLN.check_config({"num_features": 4, "pred_clip": 0.7})
-        Traceback (most recent call last):
-        ...
-        ValueError: pred_clip must be in (0.0, 0.5), got 0.7
-        """
-        cls._configured(config, use_kernels=False)
-
-    def _configure(
+    def __init__(
         self,
         *,
         num_features: int,
@@ -83,7 +53,7 @@ class ConfigMixin:
         device: str,
         use_kernels: bool,
     ) -> None:
-        """Check the constructor's arguments, keep them, and set up the device's code paths."""
+        """Check the constructor's arguments, in their order, and keep them."""
         self.num_features = checks.positive_int("num_features", num_features)
         self.num_classes = checks.num_classes(num_classes)
         self.layer_sizes = checks.layer_sizes(layer_sizes)
@@ -107,7 +77,7 @@ class ConfigMixin:
         if self.bias == 0.5:
             raise ValueError("bias must not be 0.5 (its logit would be 0: no bias at all)")
         # The bias input of every layer, logit(beta) in float32; taken by every call.
-        self._bias_logit = float(np.float32(math.log(self.bias / (1.0 - self.bias))))
+        self.bias_logit = float(np.float32(math.log(self.bias / (1.0 - self.bias))))
         self.offset_scale = checks.number_in("offset_scale", offset_scale, 0.0, math.inf,
                                              closed=True)
         if input_scaling not in INPUT_SCALINGS:
@@ -141,28 +111,14 @@ class ConfigMixin:
         self.device = device
         self.use_kernels = bool(use_kernels)
 
-        self._device = resolve_device(device)
-        self._xp = array_module(self._device)
-        self._layer_contexts = contexts_for(self._xp, self.use_kernels)
-        self._fused_scaling = fused_scaling_for(self._xp, self.use_kernels)
-        self._moments_fold = moments_fold_for(self._xp, self.use_kernels)
-        self._network_pass = network_pass_for(self._xp, self.use_kernels)
-        # The GPU's scaling and moments kernels read a long chunk's float32 rows as they came
-        # (as the float64 values they equal); the array code takes them widened.
-        self._scales_float32_rows = self._device == "cuda" and self.use_kernels
-        # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
-        self._replays = (CallReplays() if self._device == "cuda" and self.use_kernels
-                         else None)
-        self._blur = None
-        if self.side_info_blur > 0:
-            self._blur = tuple(
-                self._xp.asarray(gaussian_blur_matrix(k, self.side_info_blur))
-                for k in self.image_shape
-            )
-
     @property
-    def config(self) -> dict[str, Any]:
-        """The constructor arguments, JSON-serialisable; ``GLN(**model.config)`` rebuilds it."""
+    def num_glns(self) -> int:
+        """One GLN for a binary problem, one per class otherwise."""
+        return 1 if self.num_classes == 2 else self.num_classes
+
+    def as_dict(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-serialisable; ``GLN(**config.as_dict())`` rebuilds
+        the model (without ``use_kernels``, the host's choice)."""
         rate = self.schedule.to_config()
         if rate is None:
             raise ValueError("a callable learning_rate cannot be serialised; use a number or dict")
@@ -185,3 +141,12 @@ class ConfigMixin:
             "seed": self.seed,
             "device": self.device,
         }
+
+    def for_estimate(self, device: str) -> dict[str, Any]:
+        """The size-determining arguments, as ``gln.state.estimate_nbytes`` takes them, for a
+        model on ``device`` (the one resolved)."""
+        return {"num_features": self.num_features, "num_classes": self.num_classes,
+                "device": device,
+                "layer_sizes": self.layer_sizes, "context_dim": self.context_dim,
+                "side_info_blur": self.side_info_blur,
+                "image_shape": None if self.image_shape is None else list(self.image_shape)}

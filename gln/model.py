@@ -1,10 +1,10 @@
 """The public GLN class: one-vs-all classification, online input scaling, learn/predict.
 
-This module holds the verbs (learn, predict, the bytes) and how a call is cut into chunks.
-Each other part of ``GLN`` has a module of its own, mixed in: the configuration
-(``gln.config``), the state and its size (``gln.state``), saliency (``gln.saliency``) and a
-chunk's way to the device and back (``gln.staging``). The paper's Algorithm 1 is
-``gln.network``.
+This module holds the verbs (learn, predict, the bytes) and how a call is cut into chunks. A
+call reads top-down through the modules: ``learn`` checks its rows (``gln.checks``), cuts
+them into chunks (here), and each chunk is sent to the device (``gln.staging``), scaled
+(``gln.scaling``), gated (``gln.gating``) and run through the network (``gln.network``, the
+paper's Algorithm 1) by the kernels chosen for the device (``gln.pipeline``, ``gln.kernels``).
 
 >>> import numpy as np
 >>> from gln import GLN
@@ -21,45 +21,60 @@ chunk's way to the device and back (``gln.staging``). The paper's Algorithm 1 is
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from tqdm import tqdm
 
 from gln import checks, staging
 from gln.backend import to_numpy
-from gln.config import ConfigMixin
+from gln.config import Config
 from gln.kernels import page_locks
 from gln.kernels.replay import REPLAY_MAX_ROWS
 from gln.kernels.uploads import ChunkUploads
-from gln.saliency import SaliencyMixin
-from gln.scaling import RunningMoments, scale_inputs
+from gln.pipeline import Pipeline
+from gln.saliency import saliency_terms
 from gln.schedules import Evaluated, PerExample
-from gln.staging import StagingMixin
-from gln.state import StateMixin
+from gln.serialize import load_state, read_snapshot, snapshot_bytes, snapshot_config
+from gln.staging import Staging, chunk_bounds
+from gln.state import State, allocating, estimate_nbytes, initial_state, layout_of
 
-# Rows per kernel call. On the CPU: large enough that a neuron's weights are reused across
-# many examples while they sit in cache, small enough that the chunk's projections (rows x
-# hyperplanes floats) stay a few MB. On the GPU: large enough to amortise the launches and
-# host waits of one chunk.
-CHUNK_ROWS = 256
-CHUNK_ROWS_GPU = 4096
-# learn(progress=True) moves its bar after this many chunks: about a second of MNIST learning
-# on two CPU cores, and a few hundredths on a GPU (where each piece waits for the device).
-PROGRESS_CHUNKS = 8
+CHUNK_ROWS = 256  # CPU: a neuron's weights reused from cache, the chunk's projections a few MB
+CHUNK_ROWS_GPU = 4096  # GPU: a chunk's launches and host waits amortised
+PROGRESS_CHUNKS = 8  # learn(progress=True)'s bar moves about once a second (MNIST, two cores)
 
 
-class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
+class _Delegated:
+    """An attribute of one of the model's parts (``part``: ``"_config"`` or ``"_state"``),
+    read as the model's own; set through the model only where ``writable``."""
+
+    def __init__(self, part: str, writable: bool = False) -> None:
+        self._part, self._writable = part, writable
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, model: Any, owner: type | None = None) -> Any:
+        return self if model is None else getattr(getattr(model, self._part), self._name)
+
+    def __set__(self, model: Any, value: Any) -> None:
+        if not self._writable:
+            raise AttributeError(f"{self._name} is fixed when the model is made")
+        setattr(getattr(model, self._part), self._name, value)
+
+
+class GLN:
     """A Gated Linear Network classifier that learns from one example at a time.
 
-    Parameters (the configuration; stored as given, validated once):
+    Parameters (the configuration; stored as given, checked once):
 
     num_features: width of each input row.
     num_classes: 2 gives one binary GLN; more gives one GLN per class (one-vs-all), whose
         outputs are normalised to sum to 1. Each output lies in [eps, 1 - eps], so the surest
-        answer of K classes is (1 - eps) / (1 - eps + (K - 1) eps): 0.917 for 10 classes at
+        prediction of K classes is (1 - eps) / (1 - eps + (K - 1) eps): 0.917 for 10 classes at
         the default eps = 0.01, 0.5 for 100. Many classes want ``pred_clip`` <= 0.1 / K.
     layer_sizes: neurons per layer (at most 64 layers), the last one 1 (the paper's single output
         neuron).
@@ -91,7 +106,44 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         whole input, as in the paper.
     seed: seeds the hyperplanes; the same seed and data give the same bytes.
     device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+    use_kernels: run the compiled CPU or CUDA kernels (default), or the plain array code that
+        they are tested against (slower); a host's choice, not kept in snapshots.
+
+    The model owns three parts, each in a module of its own: its configuration (``Config``,
+    ``gln.config``), its state (``State``, ``gln.state``: the arrays it learns and its counters)
+    and its device's code paths (``Pipeline``, ``gln.pipeline``), which ``Staging``
+    (``gln.staging``) sends each chunk through. The arguments above, and the state's arrays,
+    read as attributes of the model.
     """
+
+    # The constructor's arguments as checked (gln.config.Config), and what follows from them.
+    num_features = _Delegated("_config")
+    num_classes = _Delegated("_config")
+    layer_sizes = _Delegated("_config")
+    context_dim = _Delegated("_config")
+    learning_rate = _Delegated("_config")
+    pred_clip = _Delegated("_config")
+    weight_clip = _Delegated("_config")
+    bias = _Delegated("_config")
+    offset_scale = _Delegated("_config")
+    input_scaling = _Delegated("_config")
+    min_std = _Delegated("_config")
+    side_info = _Delegated("_config")
+    side_info_blur = _Delegated("_config")
+    image_shape = _Delegated("_config")
+    gating_window = _Delegated("_config")
+    seed = _Delegated("_config")
+    device = _Delegated("_config")
+    use_kernels = _Delegated("_config")
+    schedule = _Delegated("_config")  # the learning rate as a function of t
+    num_glns = _Delegated("_config")  # one GLN for a binary problem, one per class otherwise
+    # The state (gln.state.State): hyperplanes, input statistics, weights, examples learned.
+    normals = _Delegated("_state")
+    offsets = _Delegated("_state")
+    moments = _Delegated("_state", writable=True)
+    moments_shift = _Delegated("_state")
+    weights = _Delegated("_state", writable=True)
+    examples_seen = _Delegated("_state", writable=True)
 
     def __init__(
         self,
@@ -114,15 +166,79 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         device: str = "cpu",
         use_kernels: bool = True,
     ) -> None:
-        self._configure(**{name: value for name, value in locals().items() if name != "self"})
-        with self._memory_as_value_error():
-            self._init_state()
+        config = Config(**{name: value for name, value in locals().items() if name != "self"})
+        pipeline = Pipeline(config)
+        with allocating(config, pipeline.device):
+            state = initial_state(config, pipeline.xp)
+        self._own(config, pipeline, state)
+
+    def _own(self, config: Config, pipeline: Pipeline, state: State) -> None:
+        """Take the model's parts: its configuration, its device's code paths, its state, and
+        the staging that sends its chunks through them."""
+        self._config, self._pipeline, self._state = config, pipeline, state
+        self._staging = Staging(config, pipeline, state)
+
+    @classmethod
+    def _checked_config(cls, config: dict[str, Any], use_kernels: bool) -> Config:
+        """``config`` (keyword arguments of the constructor, the rest its defaults) checked as
+        the constructor checks it; a key the constructor does not take is a ``TypeError``, as it
+        is for the constructor."""
+        arguments = inspect.signature(cls).bind(**config, use_kernels=use_kernels)
+        arguments.apply_defaults()
+        return Config(**arguments.arguments)
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Raise what the constructor would raise for ``config`` (``ValueError`` naming the
+        argument, ``TypeError`` for a key it does not take), without sampling a model's state:
+        lets a host short of room still say first what is wrong with a configuration. What
+        the configuration's device needs is set up (its blur matrices, which
+        ``estimate_nbytes`` counts), so a host sizes the configuration first.
+
+        >>> from gln import GLN
+        >>> GLN.check_config({"num_features": 4, "pred_clip": 0.7})
+        Traceback (most recent call last):
+        ...
+        ValueError: pred_clip must be in (0.0, 0.5), got 0.7
+        """
+        Pipeline(cls._checked_config(config, use_kernels=False))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-serialisable; ``GLN(**model.config)`` rebuilds it."""
+        return self._config.as_dict()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the model's arrays (weights, hyperplanes, statistics) and its copy of
+        the normals, once a call has made it: 16-bit on the CPU (a short call), int8 slices on
+        the GPU (a long chunk)."""
+        return self._state.nbytes + self._pipeline.nbytes
+
+    def config_for_estimate(self) -> dict[str, Any]:
+        """The size-determining arguments, as ``estimate_nbytes`` takes them."""
+        return self._config.for_estimate(self._pipeline.device)
+
+    @staticmethod
+    def estimate_nbytes(config: dict[str, Any]) -> int:
+        """Bytes a model with this configuration may hold, computed without building it.
+
+        Lets a host refuse a configuration before allocating it. Needs ``num_features`` and
+        optionally ``num_classes``, ``layer_sizes``, ``context_dim``, ``side_info_blur`` and
+        ``image_shape`` (constructor defaults otherwise); raises the constructor's
+        ``ValueError`` for any of them it would refuse.
+        Counts the copy of the normals that a model on ``device`` (the constructor's,
+        default "cpu") makes: the 16-bit one of a CPU model's first call of a few rows
+        (``gln.kernels.cpu_int16_gating``), the int8 slices of a GPU model's first long chunk
+        (``gln.kernels.int8_gating``); the larger of the two for "auto" or an unknown device.
+        """
+        return estimate_nbytes(config)
 
     # ------------------------------------------------------------------ input checks
     def check_input(
         self, X: Any, y: Any = None, *, strict: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Validate a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
+        """Check a batch; returns (X as float32 (n, d), y as int64 (n,) or None).
 
         Raises ``ValueError`` naming the problem for a wrong shape, a non-finite value (NaN,
         inf, or a magnitude beyond float32), or a label that is not a class index; with
@@ -130,40 +246,64 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         clips those to [eps, 1 - eps]: a pixel sent as 0-255 would count as 1). The service
         checks its clients' rows strictly.
         """
-        unit = strict and self.input_scaling == "unit"
-        X32 = checks.checked_features(X, self.num_features, unit)
+        config = self._config
+        unit = strict and config.input_scaling == "unit"
+        X32 = checks.checked_features(X, config.num_features, unit)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])
 
     def check_labels(self, y: Any, num_rows: int | None = None) -> np.ndarray:
-        """Validate labels on their own (int64 (n,)); ``num_rows``: how many there must be.
+        """Check labels on their own (int64 (n,)); ``num_rows``: how many there must be.
 
         Raises ``ValueError`` naming the first label (by its index in ``y``) that is not a
         class index of this model.
         """
-        return checks.checked_labels(y, self.num_classes, num_rows)
+        return checks.checked_labels(y, self._config.num_classes, num_rows)
 
     # ------------------------------------------------------------------ public verbs
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """Class probabilities (n, num_classes), rows summing to 1. Does not learn."""
-        # Plain arrays only: a subclass (a masked array) is checked, as on the CPU, first.
-        if (self._device == "cuda" and type(X) is np.ndarray and X.ndim == 2
-                and len(X) > staging.PREDICT_CHUNK_ROWS_GPU):
-            return self._class_probabilities(self._predicted_by_chunk(X), len(X))
-        X32, _ = self.check_input(X)
-        return self._predict_proba_checked(X32)
+    def predict_proba(self, X: Any, *, checked: bool = False) -> np.ndarray:
+        """Class probabilities (n, num_classes), rows summing to 1. Does not learn.
 
-    def _predict_proba_checked(self, X32: np.ndarray) -> np.ndarray:
-        """``predict_proba`` of rows that ``check_input`` returned, not checked again (see
-        ``_learn_checked``)."""
-        if self._device == "cuda" and len(X32) > staging.PREDICT_CHUNK_ROWS_GPU:
-            return self._class_probabilities(self._predicted_by_chunk(X32), len(X32))
-        return self._class_probabilities(self._outputs(X32, None), len(X32))
+        ``checked=True``: ``X`` is what ``check_input`` returned (C-contiguous float32
+        (n, num_features), every value finite) and is not checked again.
+        """
+        gpu = self._pipeline.device == "cuda"
+        if not checked:
+            # A long plain array goes to the GPU as it is, each chunk checked as it is sent; a
+            # subclass (a masked array) is checked first, as on the CPU.
+            if (gpu and type(X) is np.ndarray and X.ndim == 2
+                    and len(X) > staging.PREDICT_CHUNK_ROWS_GPU):
+                return self._class_probabilities(self._staging.predicted_by_chunk(X), len(X))
+            X, _ = self.check_input(X)
+        if gpu and len(X) > staging.PREDICT_CHUNK_ROWS_GPU:
+            return self._class_probabilities(self._staging.predicted_by_chunk(X), len(X))
+        return self._class_probabilities(self._outputs(X, None), len(X))
 
     def predict(self, X: Any) -> np.ndarray:
         """The most probable class of each row (n,)."""
         return np.argmax(self.predict_proba(X), axis=1)
+
+    def saliency(self, X: Any) -> np.ndarray:
+        """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
+
+        Shape (n, num_classes, num_features): entry [t, c, j] is how much the logit of base
+        prediction j moves class c's output logit for row t (paper, section "Linear
+        interpretability"; ``gln.saliency``). Bias inputs are not features: they enter as a
+        constant term, so where no output is clipped,
+        ``sigmoid(S[t, c] . logit(p0[t]) + bias_term[t, c])`` equals the GLN's output (see
+        ``saliency_terms``). For a binary model class 0's map is the negative of class 1's.
+        With more than two classes, class c's map is that of its one-vs-all network's output
+        logit, before ``predict_proba`` divides the networks' outputs by their sum: it is not
+        the slope of ``predict_proba``'s log-odds.
+        """
+        maps, _ = self.saliency_terms(X)
+        return maps
+
+    def saliency_terms(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Saliency maps (n, C, d) and the bias terms (n, C) that complete the output logit."""
+        X32, _ = self.check_input(X)
+        return saliency_terms(self._pipeline, self._state, X32, self._chunk_rows)
 
     @contextlib.contextmanager
     def page_locked(self, X: np.ndarray) -> Iterator[np.ndarray]:
@@ -183,10 +323,11 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         ...     probabilities = [model.predict_proba(rows[i:i + 4096])
         ...                      for i in range(0, len(rows), 4096)]
         """
-        if self._device != "cuda" or type(X) is not np.ndarray or not X.flags.c_contiguous:
+        pipeline = self._pipeline
+        if pipeline.device != "cuda" or type(X) is not np.ndarray or not X.flags.c_contiguous:
             yield X
             return
-        with page_locks.held(self._xp, X):
+        with page_locks.held(pipeline.xp, X):
             yield X
 
     def warm_up(self) -> None:
@@ -199,7 +340,9 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         """
         self.predict_proba(np.zeros((1, self.num_features), dtype=np.float32))
 
-    def learn(self, X: Any, y: Any, *, progress: bool = False) -> np.ndarray:
+    def learn(
+        self, X: Any, y: Any, *, progress: bool = False, checked: bool = False
+    ) -> np.ndarray:
         """Learn every row in order, one OGD step per example.
 
         Returns the class probabilities predicted for each row before its own update
@@ -207,27 +350,20 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         equal those of learning the rows one call at a time. Invalid input raises
         ``ValueError`` before anything is changed. ``progress=True`` shows a progress bar
         (tqdm, on stderr) for a long offline pass; it changes nothing learned.
-        """
-        if y is None:  # check_input's "no labels": predicting, which learn must not pass for
-            raise ValueError("learn needs labels y, one class index per row (predict_proba "
-                             "predicts without learning)")
-        X32, labels = self.check_input(X, y)
-        return self._learn_checked(X32, labels, progress=progress)
 
-    def _learn_checked(
-        self, X32: np.ndarray, labels: np.ndarray, *, progress: bool = False
-    ) -> np.ndarray:
-        """``learn`` of rows and labels that ``check_input`` returned (C-contiguous float32
-        (n, num_features), every value finite; int64 class indices (n,)), not checked again.
-
-        For a caller that has checked them already: the service checks its clients' rows
-        (strictly) before they join a model's queue, and a single-row learn would otherwise
-        check them twice. Rows not so checked may fail halfway or learn garbage.
+        ``checked=True``: ``X`` and ``y`` are what ``check_input`` / ``check_labels`` returned
+        (C-contiguous float32 (n, num_features), every value finite; int64 class indices (n,))
+        and are not checked again; rows not so checked may fail halfway or learn garbage.
         """
-        if isinstance(self.schedule, PerExample):
-            with self._user_rates_checked(len(X32)):
-                return self._learned(X32, labels, progress)
-        return self._learned(X32, labels, progress)
+        if not checked:
+            if y is None:  # check_input's "no labels": predicting, which learn must not pass for
+                raise ValueError("learn needs labels y, one class index per row (predict_proba "
+                                 "predicts without learning)")
+            X, y = self.check_input(X, y)
+        if isinstance(self._config.schedule, PerExample):
+            with self._user_rates_checked(len(X)):
+                return self._learned(X, y, progress)
+        return self._learned(X, y, progress)
 
     def _learned(self, X32: np.ndarray, labels: np.ndarray, progress: bool) -> np.ndarray:
         """``learn``'s result for checked rows, with the model's rates ready to read."""
@@ -240,7 +376,7 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         bar."""
         outputs = []  # on the host: each piece's call waits for its results, so the bar is true
         with tqdm(total=len(X32), unit="example", desc="learn") as bar:
-            for start, stop in self._chunk_bounds(len(X32), PROGRESS_CHUNKS * self._chunk_rows):
+            for start, stop in chunk_bounds(len(X32), PROGRESS_CHUNKS * self._chunk_rows):
                 outputs.append(self._outputs(X32[start:stop], labels[start:stop]))
                 bar.update(stop - start)
         return self._class_probabilities(np.concatenate(outputs) if outputs else None, len(X32))
@@ -253,94 +389,57 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         anything is learned), then read from that evaluation. The built-in schedules need none
         of this, and their calls skip it (a context manager costs a one-row call microseconds).
         """
-        schedule = self.schedule
-        first = self.examples_seen + 1
-        self.schedule = Evaluated(first, schedule(np.arange(first, first + n)))
+        schedule = self._config.schedule
+        first = self._state.examples_seen + 1
+        self._staging.schedule = Evaluated(first, schedule(np.arange(first, first + n)))
         try:
             yield
         finally:
-            self.schedule = schedule
+            self._staging.schedule = schedule
 
     @property
     def _chunk_rows(self) -> int:
         """The device's chunk length: rows per kernel call."""
-        return CHUNK_ROWS_GPU if self._device == "cuda" else CHUNK_ROWS
-
-    def _chunk_bounds(self, n: int, size: int | None = None) -> list[tuple[int, int]]:
-        """Row ranges of the chunks a batch is processed in (invisible in the results):
-        ``size`` rows each, by default the device's chunk length."""
-        size = size or self._chunk_rows
-        return [(start, min(start + size, n)) for start in range(0, n, size)]
-
-    def _scale(self, rows: Any, count: Any, learning: bool) -> tuple[Any, Any, RunningMoments]:
-        """Side information z, base logits, and the moments after the chunk (``rows``: float64,
-        or float32 where the model's kernels read them so; ``count``: ``moments.count`` as a
-        (1, 1) float64 array on the model's device)."""
-        xp, m, shift = self._xp, self.moments, self.moments_shift
-        if learning:
-            counts, sums, sums_sq, after = self._moments_fold(m, rows, count, shift)
-        else:
-            counts, sums, sums_sq, after = count, m.total[None, :], m.total_sq[None, :], m
-        z, base_logits = scale_inputs(
-            xp, rows, counts, sums, sums_sq,
-            mode=self.input_scaling, pred_clip=self.pred_clip, min_std=self.min_std,
-            side_info=self.side_info, blur=self._blur, fused=self._fused_scaling, shift=shift,
-        )
-        return z, base_logits, after
+        return CHUNK_ROWS_GPU if self._pipeline.device == "cuda" else CHUNK_ROWS
 
     def _anchor_moments(self, first_row: np.ndarray) -> None:
         """Take the first row learned as the shift of the running sums (``gln.scaling``: sums
         of ``x - shift`` keep the variance exact where a feature's mean dwarfs its spread).
         In place, so a captured graph reads it."""
-        if self.input_scaling == "standardize":
-            self.moments_shift[...] = self._xp.asarray(first_row, dtype=self._xp.float64)
-
-    def _contexts(self, z: Any) -> list[Any]:
-        return self._layer_contexts(z, self.normals, self.offsets, self.context_dim,
-                                    self.num_glns, self.layer_sizes)
+        if self._config.input_scaling == "standardize":
+            xp = self._pipeline.xp
+            self._state.moments_shift[...] = xp.asarray(first_row, dtype=xp.float64)
 
     def _outputs(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
         """The network's outputs (n, G) for a checked batch, on the host; learns when labels
-        are given. A short call on the GPU is replayed from its captured graph when it can be."""
+        are given. A short call on the GPU is replayed from its captured graph when it can be;
+        a longer one goes in chunks of the device's chunk length."""
         n = len(X32)
-        if labels is not None and n and self.moments.count == 0:
+        if labels is not None and n and self._state.moments.count == 0:
             self._anchor_moments(X32[0])
-        if self._replays is not None and 0 < n <= REPLAY_MAX_ROWS:
-            replayed = self._replayed(X32, labels)
+        if self._staging.replays is not None and 0 < n <= REPLAY_MAX_ROWS:
+            replayed = self._staging.replayed(X32, labels)
             if replayed is not None:
                 return replayed
         if n <= self._chunk_rows:  # one chunk (or none): no uploads to share, no list to join
-            return to_numpy(self._run_chunk(X32, labels)) if n else None
-        chunks = self._chunk_bounds(n)
-        several = self._device == "cuda" and len(chunks) > 1
-        with (ChunkUploads(max(b - a for a, b in chunks), self.num_features) if several
+            return to_numpy(self._staging.run_chunk(X32, labels)) if n else None
+        chunks = chunk_bounds(n, self._chunk_rows)
+        several = self._pipeline.device == "cuda" and len(chunks) > 1
+        with (ChunkUploads(max(b - a for a, b in chunks), self._config.num_features) if several
               else contextlib.nullcontext()) as uploads:
             outputs = [
-                self._run_chunk(X32[start:stop], None if labels is None else labels[start:stop],
-                                uploads)
+                self._staging.run_chunk(X32[start:stop],
+                                        None if labels is None else labels[start:stop], uploads)
                 for start, stop in chunks
             ]
-        return self._fetched(outputs)
-
-    def _run_chunk(
-        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
-    ) -> Any:
-        """One chunk through the network; learns when labels are given. Returns (n, G) on the
-        model's device. A call of several chunks sends their rows by ``uploads``."""
-        n = len(X32)
-        packed, rows32 = self._sent(X32, labels, uploads)
-        outputs, self.moments = self._chunk_on_device(packed, rows32, n, labels is not None)
-        if uploads is not None:
-            uploads.consumed()
-        if labels is not None:
-            self.examples_seen += n
-        return outputs
+        return self._staging.fetched(outputs)
 
     def _class_probabilities(self, outputs: np.ndarray | None, n: int) -> np.ndarray:
         """The network's outputs (n, G) float32 as class probabilities (n, num_classes)."""
+        classes = self._config.num_classes
         if outputs is None:
-            return np.zeros((n, self.num_classes))
-        if self.num_classes == 2:  # [1 - q, q], written in place (no list to concatenate)
+            return np.zeros((n, classes))
+        if classes == 2:  # [1 - q, q], written in place (no list to concatenate)
             probs = np.empty((n, 2))
             q = probs[:, 1:]
             q[...] = outputs
@@ -352,18 +451,26 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
     # ------------------------------------------------------------------ bytes
     def to_bytes(self) -> bytes:
         """A versioned, checksummed snapshot (header + raw arrays; no pickle)."""
-        from gln.serialize import model_to_bytes  # noqa: PLC0415 - avoids an import cycle
-
-        return model_to_bytes(self)
+        return snapshot_bytes(self.config, self._state)
 
     @classmethod
     def from_bytes(cls, blob: bytes, device: str | None = None, *,
-                   use_kernels: bool = True) -> GLN:
+                   use_kernels: bool = True) -> Self:
         """Rebuild a model from ``to_bytes`` output, optionally on another device; a snapshot
-        does not keep ``use_kernels`` (the reference path is a choice of the host, not state)."""
-        from gln.serialize import model_from_bytes  # noqa: PLC0415
-
-        return model_from_bytes(cls, blob, device, use_kernels)
+        does not keep ``use_kernels`` (the reference path is a choice of the host, not state).
+        Raises ``SnapshotFormatError`` for bytes that are not a GLN snapshot of a configuration
+        this class takes."""
+        snapshot = read_snapshot(blob)
+        saved = dict(snapshot.config)
+        if device is not None:
+            saved["device"] = device
+        config = cls._checked_config(saved, use_kernels)
+        pipeline = Pipeline(config)
+        with allocating(config, pipeline.device):
+            state = load_state(snapshot, layout_of(config), pipeline.xp)
+        model = cls.__new__(cls)
+        model._own(config, pipeline, state)
+        return model
 
     @staticmethod
     def config_of_bytes(blob: bytes) -> dict[str, Any]:
@@ -373,8 +480,6 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
         given a blob can size the model it would build with ``estimate_nbytes`` first.
         Raises ``SnapshotFormatError`` if the blob is not a GLN snapshot.
         """
-        from gln.serialize import snapshot_config  # noqa: PLC0415
-
         return snapshot_config(blob)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -386,11 +491,9 @@ class GLN(ConfigMixin, StateMixin, SaliencyMixin, StagingMixin):
     def __repr__(self) -> str:
         return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
                 f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
-                f"device={self._device!r}, examples_seen={self.examples_seen})")
+                f"device={self._pipeline.device!r}, examples_seen={self.examples_seen})")
 
 
 def _copied(blob: bytes, use_kernels: bool) -> GLN:
     """The model ``GLN.__reduce__`` describes."""
-    from gln.serialize import model_from_bytes  # noqa: PLC0415
-
-    return model_from_bytes(GLN, blob, None, use_kernels)
+    return GLN.from_bytes(blob, use_kernels=use_kernels)

@@ -12,6 +12,10 @@ without it. Loading checks all of it and never unpickles anything, so a snapshot
 untrusted store cannot run code. (The checksums find corruption, not forgery: a blob's
 author can write any header and recompute them; the header's checks are what hold then.)
 A snapshot taken on a GPU loads on a CPU-only machine and the other way round.
+
+This module knows a model by its configuration (a dict, ``GLN.config``) and its state
+(``gln.state.State``); ``GLN.from_bytes`` builds the model of what ``read_snapshot`` and
+``load_state`` return.
 """
 
 from __future__ import annotations
@@ -20,14 +24,13 @@ import hashlib
 import json
 import math
 import struct
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gln.backend import copy_to_host, to_numpy
-
-if TYPE_CHECKING:
-    from gln.model import GLN
+from gln.state import Layout, State
 
 MAGIC = b"GLNSNAP\x00"
 FORMAT_VERSION = 1
@@ -43,22 +46,20 @@ class SnapshotFormatError(ValueError):
     """The bytes are not a valid GLN snapshot (wrong magic, version, checksum or shapes)."""
 
 
-def model_to_bytes(model: GLN) -> bytes:
-    """Serialise a model's configuration and state.
+def snapshot_bytes(config: dict[str, Any], state: State) -> bytes:
+    """A snapshot of a model's configuration and state.
 
     The arrays are hashed in place and copied once, into the result, not three times. A host
     that must keep the model still while it is read uses ``SnapshotBuffer`` instead, which
     holds it for a copy alone.
     """
-    arrays = [
-        (name, np.ascontiguousarray(to_numpy(a))) for name, a in model._state_arrays().items()
-    ]
+    arrays = [(name, np.ascontiguousarray(to_numpy(a))) for name, a in state.arrays().items()]
     little_endian = [a.astype(a.dtype.newbyteorder("<"), copy=False) for _, a in arrays]
     digest = hashlib.sha256()
     for array in little_endian:
         digest.update(array)
     layout = {name: (a.shape, a.dtype) for name, a in arrays}
-    prefix = _prefix(_header(model.config, model.examples_seen, model.moments.count, layout,
+    prefix = _prefix(_header(config, state.examples_seen, state.moments.count, layout,
                              digest.hexdigest()))
     return b"".join((prefix, *little_endian))
 
@@ -74,10 +75,12 @@ class SnapshotBuffer:
     it (the one step that needs the model still), and ``seal`` hashes the copy and writes the
     header in front of it, once the model may learn again. ``seal`` returns the very bytes that
     ``to_bytes`` would have returned at ``capture``, as a view of the buffer.
+
+    ``model``: a ``gln.GLN``, read through its ``config`` and its state (``model._state``).
     """
 
-    def __init__(self, model: GLN) -> None:
-        self._layout = model._state_layout()
+    def __init__(self, model: Any) -> None:
+        self._layout = _layout_of(model._state)
         # The header's length varies with the two counters only: room for the longest
         # (counters of 2**63 - 1, beyond the MAX_COUNT a loader accepts) before the payload.
         longest = _header(model.config, 2**63 - 1, 2**63 - 1, self._layout, "0" * 64)
@@ -92,14 +95,15 @@ class SnapshotBuffer:
             at += size
         self._counters: tuple[dict[str, Any], int, int] | None = None
 
-    def capture(self, model: GLN) -> None:
+    def capture(self, model: Any) -> None:
         """Copy the model's state (and its counters) into the buffer: the model must not learn
         meanwhile. ``ValueError`` if its arrays are not laid out as when the buffer was made."""
-        if model._state_layout() != self._layout:
+        state: State = model._state
+        if _layout_of(state) != self._layout:
             raise ValueError("the model's arrays changed shape since this buffer was made")
-        for name, array in model._state_arrays().items():
+        for name, array in state.arrays().items():
             copy_to_host(array, self._arrays[name])
-        self._counters = model.config, model.examples_seen, model.moments.count
+        self._counters = model.config, state.examples_seen, state.moments.count
 
     def seal(self) -> memoryview:
         """The snapshot of the captured state: its header, then the arrays (``to_bytes``'s
@@ -119,9 +123,14 @@ class SnapshotBuffer:
 _PAGE = 4096  # bytes between the touches that fault a fresh buffer's pages in
 
 
+def _layout_of(state: State) -> Layout:
+    """The shape and dtype of each of ``state``'s arrays, by name, in snapshot order."""
+    return {name: (tuple(a.shape), np.dtype(a.dtype)) for name, a in state.arrays().items()}
+
+
 def _header(
-    config: dict[str, Any], examples_seen: int, moments_count: int,
-    layout: dict[str, tuple[tuple[int, ...], np.dtype]], payload_sha256: str,
+    config: dict[str, Any], examples_seen: int, moments_count: int, layout: Layout,
+    payload_sha256: str,
 ) -> dict[str, Any]:
     """A snapshot's header: the configuration, the counters, every array's name, dtype and
     shape in payload order, and the checksum of the payload."""
@@ -192,7 +201,7 @@ def _config_of(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_header(blob: bytes) -> tuple[dict[str, Any], memoryview]:
-    """The validated header and the payload of a snapshot."""
+    """The checked header and the payload of a snapshot."""
     view = memoryview(blob)
     header, start = _parse_header(view)
     payload = view[start:]
@@ -205,13 +214,15 @@ def snapshot_config(blob: bytes) -> dict[str, Any]:
     """The configuration a snapshot was saved with, from its header alone.
 
     Cheap (the payload is neither hashed nor read), so a host can size the model a blob would
-    build (``GLN.estimate_nbytes``) before it builds it; ``model_from_bytes`` checks the rest.
+    build (``GLN.estimate_nbytes``) before it builds it; ``read_snapshot`` checks the rest.
     """
     header, _ = _parse_header(memoryview(blob))
     return _config_of(header)
 
 
-def _layout(header: dict[str, Any]) -> tuple[list[tuple[str, np.dtype, tuple[int, ...]]], int, int]:
+def _arrays_and_counters(
+    header: dict[str, Any],
+) -> tuple[list[tuple[str, np.dtype, tuple[int, ...]]], int, int]:
     """The arrays (name, dtype, shape) in payload order and the two counters, as the header
     gives them; SnapshotFormatError if it lacks or mangles any (a blob's checksum covers the
     payload only, so a header may be anything)."""
@@ -232,40 +243,52 @@ def _layout(header: dict[str, Any]) -> tuple[list[tuple[str, np.dtype, tuple[int
     return arrays, *counters
 
 
-def model_from_bytes(
-    cls: type[GLN], blob: bytes, device: str | None = None, use_kernels: bool = True
-) -> GLN:
-    """Rebuild a model; ``device`` overrides the device it was saved on."""
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot read and checked but not yet loaded: the configuration it was saved with,
+    its arrays (name, dtype, shape) in payload order, its counters and its payload."""
+
+    config: dict[str, Any]
+    arrays: list[tuple[str, np.dtype, tuple[int, ...]]]
+    moments_count: int
+    examples_seen: int
+    payload: memoryview
+
+
+def read_snapshot(blob: bytes) -> Snapshot:
+    """A snapshot's header and payload, checked (magic, version, both checksums, counters);
+    ``SnapshotFormatError`` otherwise. Its arrays are checked against a configuration's
+    layout by ``load_state``."""
     header, payload = read_header(blob)
     config = _config_of(header)
-    arrays, moments_count, examples_seen = _layout(header)
-    if device is not None:
-        config["device"] = device
-    # Configured without sampling a state that the payload would overwrite.
-    model = cls._configured(config, use_kernels)
-    expected = model._state_layout()
-    xp, offset, loaded = model._xp, 0, {}
-    with model._memory_as_value_error():
-        for name, dtype, shape in arrays:
-            if expected.get(name) != (shape, dtype):
-                raise SnapshotFormatError(
-                    f"snapshot array {name!r} does not fit the configuration"
-                )
-            size = dtype.itemsize * int(np.prod(shape))
-            if offset + size > len(payload):
-                raise SnapshotFormatError("truncated GLN snapshot payload")
-            host = np.frombuffer(payload[offset:offset + size], dtype=dtype).reshape(shape)
-            if dtype.kind == "f" and not np.isfinite(host).all():
-                raise SnapshotFormatError(f"snapshot array {name!r} holds NaN or infinity")
-            # A CPU model owns a writable copy; CuPy copies to the device anyway.
-            native = host.astype(dtype.newbyteorder("="), copy=xp is np)
-            loaded[name] = xp.asarray(native)
-            offset += size
+    arrays, moments_count, examples_seen = _arrays_and_counters(header)
+    return Snapshot(config, arrays, moments_count, examples_seen, payload)
+
+
+def load_state(snapshot: Snapshot, expected: Layout, xp: Any) -> State:
+    """The state a snapshot holds, on ``xp``'s device: each array checked against
+    ``expected`` (the layout of the configuration it is loaded with) before it is read, every
+    value finite; ``SnapshotFormatError`` otherwise."""
+    payload, offset, loaded = snapshot.payload, 0, {}
+    for name, dtype, shape in snapshot.arrays:
+        if expected.get(name) != (shape, dtype):
+            raise SnapshotFormatError(
+                f"snapshot array {name!r} does not fit the configuration"
+            )
+        size = dtype.itemsize * int(np.prod(shape))
+        if offset + size > len(payload):
+            raise SnapshotFormatError("truncated GLN snapshot payload")
+        host = np.frombuffer(payload[offset:offset + size], dtype=dtype).reshape(shape)
+        if dtype.kind == "f" and not np.isfinite(host).all():
+            raise SnapshotFormatError(f"snapshot array {name!r} holds NaN or infinity")
+        # A CPU model owns a writable copy; CuPy copies to the device anyway.
+        native = host.astype(dtype.newbyteorder("="), copy=xp is np)
+        loaded[name] = xp.asarray(native)
+        offset += size
     if set(expected) - set(loaded) == {"moments_shift"}:
         # Saved before the running sums were shifted: they are sums of the rows themselves.
         shape, dtype = expected["moments_shift"]
         loaded["moments_shift"] = xp.zeros(shape, dtype=dtype)
     if set(loaded) != set(expected) or offset != len(payload):
         raise SnapshotFormatError("GLN snapshot arrays do not match the configuration")
-    model._set_state(loaded, moments_count, examples_seen)
-    return model
+    return State(loaded, snapshot.moments_count, snapshot.examples_seen)

@@ -3,12 +3,13 @@ launch costs microseconds of its own.
 
 What the host adds to a chunk (the rows of a short chunk widened to float64, the example count
 before it, the learning rates and one-vs-all targets) is staged in one host buffer and sent in
-one copy (``_staged``, ``_unpacked``). The device's work for a staged chunk
-(``_chunk_on_device``) reads and writes only device arrays, so a short call's launches can be
-captured once as a CUDA graph and replayed (``_replayed``, ``gln.kernels.replay``). A long
-prediction goes in chunks, each sent on a copy stream while the device predicts the one before
-(``_predicted_by_chunk``, ``gln.kernels.uploads``), and the outputs come back in one copy at
-the end (``_fetched``). A CPU model stages its chunks the same way; its copies are none.
+one copy (``Staging.staged``, ``Staging.unpacked``). The device's work for a staged chunk
+(``Staging.chunk_on_device``, by ``gln.pipeline``) reads and writes only device arrays, so a
+short call's launches can be captured once as a CUDA graph and replayed
+(``Staging.replayed``, ``gln.kernels.replay``). A long prediction goes in chunks, each sent on
+a copy stream while the device predicts the one before (``Staging.predicted_by_chunk``,
+``gln.kernels.uploads``), and the outputs come back in one copy at the end
+(``Staging.fetched``). A CPU model stages its chunks the same way; its copies are none.
 """
 
 from __future__ import annotations
@@ -18,35 +19,35 @@ from typing import Any
 
 import numpy as np
 
+from gln import checks
 from gln.backend import to_numpy
+from gln.config import Config
 from gln.kernels import uploads as uploads_module
+from gln.kernels.replay import CallReplays
 from gln.kernels.uploads import ChunkUploads, travelling_dtype
+from gln.pipeline import Pipeline
 from gln.scaling import RunningMoments
+from gln.state import State
 
-# A long batch is predicted on the GPU in chunks of this many rows, each sent while the device
-# still predicts the one before: on an H100's host, copying 4,096 MNIST rows in cost 1.5 to 2.2
-# ms, a third to a half of what the device takes to predict them. 4,096-row calls predicted
-# 609k rows/s in chunks of 2,048, 509k of 1,024, 324k of 512 and 476k in one chunk
-# (docs/benchmarks.md).
-PREDICT_CHUNK_ROWS_GPU = 2048
-# A long prediction of rows that travel as float32 starts with a chunk of this many rows (the
-# rest PREDICT_CHUNK_ROWS_GPU each), or, None, with one as long as the others. The device waits,
-# idle, while the host stages the first chunk (1.1 ms of a 4,096-row call's 4.6 on an H200, with
-# each next chunk staged while the device works: docs/gpu.md), so a shorter one lets it start
-# sooner, for a chunk's launches more. Without STAGE_AHEAD, first chunks of 512 and 1,024 rows
-# were slower; with it, gpu_learn.py's predict_by_upload lines time them and gpu_constants.py
-# reads the value off those.
+PREDICT_CHUNK_ROWS_GPU = 2048  # a long prediction's chunks: each sent while the one before runs
+# A long float32 prediction's first chunk, so the device starts sooner (None: a full chunk).
 PREDICT_FIRST_CHUNK_ROWS: int | None = None
-# Chunks up to this many rows go to the device already widened to float64, in one copy with
-# their rates and targets; longer ones as float32 (see GLN._staged).
-HOST_WIDENED_ROWS = 64
+HOST_WIDENED_ROWS = 64  # chunks up to it travel widened to float64, in one copy with their rates
 
 
-class StagingMixin:
-    """The staging part of ``gln.model.GLN``: a chunk packed, sent, run on the device (by the
-    model's ``_scale``, ``_contexts`` and ``_network_pass``) and its outputs fetched."""
+class Staging:
+    """A model's chunks packed, sent, run on its device (``pipeline``) against its ``state``,
+    and their outputs fetched. ``schedule`` gives the learning rates of the examples learned:
+    the configuration's, or a call's evaluation of it (``gln.schedules.Evaluated``)."""
 
-    def _staged(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+    def __init__(self, config: Config, pipeline: Pipeline, state: State) -> None:
+        self.config, self.pipeline, self.state = config, pipeline, state
+        self.schedule = config.schedule
+        # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
+        self.replays = (CallReplays() if pipeline.device == "cuda" and config.use_kernels
+                        else None)
+
+    def staged(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """What a chunk sends to the device, as one host buffer: its rows widened to float64
         (chunks of at most ``HOST_WIDENED_ROWS``), the example count before it (float64), and
         its learning rates (n,) and one-vs-all targets (n, G) as float32, zero when not
@@ -58,16 +59,16 @@ class StagingMixin:
         which the GPU's kernels read as they are.
         """
         n, d = X32.shape
-        glns = self.num_glns
+        glns, state = self.config.num_glns, self.state
         rows_bytes = 8 * n * d if n <= HOST_WIDENED_ROWS else 0
         host = np.zeros(rows_bytes + 8 + 4 * n * (1 + glns), dtype=np.uint8)
         wide = host[:rows_bytes + 8].view(np.float64)  # the rows when staged, then the count
         if rows_bytes:
             wide[:-1] = X32.reshape(-1)
-        wide[-1] = self.moments.count
+        wide[-1] = state.moments.count
         if labels is not None:
             rates_and_targets = host[rows_bytes + 8:].view(np.float32)
-            first = self.examples_seen + 1
+            first = state.examples_seen + 1
             rates_and_targets[:n] = self.schedule(np.arange(first, first + n))
             if glns == 1:
                 rates_and_targets[n:] = labels == 1
@@ -75,77 +76,79 @@ class StagingMixin:
                 rates_and_targets[n:] = (labels[:, None] == np.arange(glns)).ravel()
         return host
 
-    def _unpacked(self, packed: Any, rows32: Any, n: int) -> tuple[Any, Any, Any, Any]:
+    def unpacked(self, packed: Any, rows32: Any, n: int) -> tuple[Any, Any, Any, Any]:
         """Views of a staged chunk on the device: rows (n, d) float64, or ``rows32`` when
         given (as they are where the scaling kernels read float32 rows, else widened), count
         (1, 1) float64, rates (n,) and targets (n, G) float32."""
-        xp, d = self._xp, self.num_features
+        xp, d = self.pipeline.xp, self.config.num_features
         rows_bytes = 0 if rows32 is not None else 8 * n * d
         wide = packed[:rows_bytes + 8].view(xp.float64)
         if rows32 is None:
             rows = wide[:-1].reshape(n, d)
         else:
-            rows = rows32 if self._scales_float32_rows else rows32.astype(xp.float64)
+            rows = rows32 if self.pipeline.scales_float32_rows else rows32.astype(xp.float64)
         count = wide[-1:].reshape(1, 1)
         small = packed[rows_bytes + 8:].view(xp.float32)
-        return rows, count, small[:n], small[n:].reshape(n, self.num_glns)
+        return rows, count, small[:n], small[n:].reshape(n, self.config.num_glns)
 
-    def _sent(
+    def sent(
         self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
     ) -> tuple[Any, Any]:
         """A chunk on the model's device: its staged buffer and, for a chunk too long to have
         its rows staged, the rows as float32 (sent by ``uploads`` when given; they may then be
         float64 rows, rounded on the way)."""
-        xp = self._xp
+        xp = self.pipeline.xp
         if len(X32) <= HOST_WIDENED_ROWS:
             rows32 = None
         else:
             rows32 = uploads.send(X32) if uploads is not None else xp.asarray(X32)
-        return xp.asarray(self._staged(X32, labels)), rows32
+        return xp.asarray(self.staged(X32, labels)), rows32
 
-    def _chunk_on_device(
+    def run_chunk(
+        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
+    ) -> Any:
+        """One chunk through the network; learns when labels are given. Returns (n, G) on the
+        model's device. A call of several chunks sends their rows by ``uploads``."""
+        n, state = len(X32), self.state
+        packed, rows32 = self.sent(X32, labels, uploads)
+        outputs, state.moments = self.chunk_on_device(packed, rows32, n, labels is not None)
+        if uploads is not None:
+            uploads.consumed()
+        if labels is not None:
+            state.examples_seen += n
+        return outputs
+
+    def chunk_on_device(
         self, packed: Any, rows32: Any, n: int, learning: bool
     ) -> tuple[Any, RunningMoments]:
-        """The device's work for a chunk staged by ``_staged`` (its float32 rows ``rows32``
+        """The device's work for a chunk staged by ``staged`` (its float32 rows ``rows32``
         when they were not staged): outputs (n, G) and the moments after the chunk.
 
         Reads and writes only device arrays (the weights and, on the GPU, the moments' totals
         in place) and changes nothing on the host, so a call's launches can be captured.
         """
-        rows, count, rates, targets = self._unpacked(packed, rows32, n)
-        z, base_logits, after = self._scale(rows, count, learning)
-        contexts = self._contexts(z)
-        outputs = self._network_pass(
-            self.weights, contexts, base_logits, targets, rates, bias_logit=self._bias_logit,
-            pred_clip=self.pred_clip, weight_clip=self.weight_clip, learn=learning,
-        )
-        return outputs, after
+        rows, count, rates, targets = self.unpacked(packed, rows32, n)
+        return self.pipeline.outputs(self.state, rows, count, rates, targets, learning)
 
-    @property
-    def _device_state(self) -> tuple[Any, ...]:
-        """The device arrays a chunk's work reads or updates in place: a captured graph holds
-        their addresses, so it is captured again where any of them was replaced."""
-        return (*self.weights, self.normals, self.offsets, self.moments.total,
-                self.moments.total_sq, self.moments_shift)
-
-    def _replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
-        """``_run_chunk``'s outputs, on the host, from the call's captured graph, or None if it
+    def replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
+        """``run_chunk``'s outputs, on the host, from the call's captured graph, or None if it
         has none (yet), or if its rows do not travel staged with its rates (more than
         ``HOST_WIDENED_ROWS``), as a replay's must."""
         n, learning = len(X32), labels is not None
         if n > HOST_WIDENED_ROWS:
             return None
-        outputs = self._replays.replayed(
-            (n, learning), self._device_state, self._staged(X32, labels),
-            lambda packed: self._chunk_on_device(packed, None, n, learning)[0],
+        state = self.state
+        outputs = self.replays.replayed(
+            (n, learning), state.device_arrays, self.staged(X32, labels),
+            lambda packed: self.chunk_on_device(packed, None, n, learning)[0],
         )
         if outputs is not None and learning:  # the graph updated the totals in place
-            m = self.moments
-            self.moments = RunningMoments(m.count + n, m.total, m.total_sq)
-            self.examples_seen += n
+            m = state.moments
+            state.moments = RunningMoments(m.count + n, m.total, m.total_sq)
+            state.examples_seen += n
         return outputs
 
-    def _predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
+    def predicted_by_chunk(self, X: np.ndarray) -> np.ndarray:
         """The network's outputs (n, G) for a long host batch on the GPU, in chunks, each sent
         while the device predicts the one before (on a copy stream of their own,
         ``gln.kernels.uploads``).
@@ -155,25 +158,26 @@ class StagingMixin:
         or beyond float32's range, is not finite there. Two passes of the host over the rows
         cost about as much as the device's work on them. Integer rows whose every value is a
         float32 (pixels as uint8) need no check and travel in their own bytes, widened by the
-        device (``travelling_dtype``). Those of other batches are checked by the host, chunk by
-        chunk. Prediction changes nothing, so a bad value found late loses nothing: the error
-        is the whole batch's host check's, naming its first bad value. With
+        device (``travelling_dtype``). Those of other batches are checked by the host
+        (``gln.checks.checked_features``), chunk by chunk. Prediction changes nothing, so a bad
+        value found late loses nothing: the error is the whole batch's host check's, naming
+        its first bad value. With
         ``gln.kernels.uploads.STAGE_AHEAD``, rows that travel as float32 get each next chunk
         staged while the host launches the chunk before (a quarter of the bytes, pixels as
         uint8 stage too quickly for the hand-off to pay), and the first chunk of such rows is
         ``PREDICT_FIRST_CHUNK_ROWS`` long where set."""
         from gln.kernels.cuda import flag_nonfinite  # noqa: PLC0415 - GPU models only
 
-        xp = self._xp
-        travelling = travelling_dtype(X.dtype) if X.shape[1] == self.num_features else None
+        xp, d = self.pipeline.xp, self.config.num_features
+        travelling = travelling_dtype(X.dtype) if X.shape[1] == d else None
         staged_raw, device_checked = travelling is not None, travelling == np.float32
         full = PREDICT_CHUNK_ROWS_GPU
         outputs, flagged = [], False
         nonfinite = xp.zeros(1, dtype=xp.int32) if device_checked else None  # set by the device
-        sending = (ChunkUploads(full, self.num_features, travelling, source=X) if staged_raw
+        sending = (ChunkUploads(full, d, travelling, source=X) if staged_raw
                    else contextlib.nullcontext())
         first = PREDICT_FIRST_CHUNK_ROWS if device_checked else None
-        chunks = [X[start:stop] for start, stop in prediction_bounds(len(X), full, first)]
+        chunks = [X[start:stop] for start, stop in chunk_bounds(len(X), full, first)]
         # Sent as they are (through ``uploads``): checked by the device, or needing no check.
         as_they_are = [staged_raw and len(rows) > HOST_WIDENED_ROWS for rows in chunks]
         with sending as uploads:
@@ -181,41 +185,36 @@ class StagingMixin:
                 checked_here = not as_they_are[index]
                 if checked_here:
                     try:
-                        rows = self.check_input(rows)[0]
+                        rows = checks.checked_features(rows, d)
                     except ValueError:
-                        self.check_input(X)
+                        checks.checked_features(X, d)
                         raise
-                packed, rows32 = self._sent(rows, None, uploads)
+                packed, rows32 = self.sent(rows, None, uploads)
                 next_as_it_is = index + 1 < len(chunks) and as_they_are[index + 1]
-                stage_next = uploads_module.STAGE_AHEAD and device_checked and next_as_it_is
-                # A chunk sent while its rows are staged has the host's threads busy with them
-                # until its work is launched: the next chunk's staging waits until then.
-                staging_behind = as_they_are[index] and uploads.sent_while_staging
-                if stage_next and not staging_behind:
+                if uploads_module.STAGE_AHEAD and device_checked and next_as_it_is:
                     uploads.stage_ahead(chunks[index + 1])
                 if device_checked and not checked_here:
                     flag_nonfinite(rows32, nonfinite)
                     flagged = True
-                outputs.append(self._chunk_on_device(packed, rows32, len(rows), False)[0])
+                outputs.append(self.chunk_on_device(packed, rows32, len(rows), False)[0])
                 if uploads is not None:
                     uploads.consumed()
-                if stage_next and staging_behind:
-                    uploads.stage_ahead(chunks[index + 1])
             if flagged and int(nonfinite.get()[0]):
-                self.check_input(X)  # raises, naming the first value that is not finite
-            return self._fetched(outputs)
+                checks.checked_features(X, d)  # raises, naming the first value not finite
+            return self.fetched(outputs)
 
-    def _fetched(self, outputs: list[Any]) -> np.ndarray | None:
+    def fetched(self, outputs: list[Any]) -> np.ndarray | None:
         """The chunks' outputs on the host, in one copy after the last chunk: until then the
         host prepares each next chunk while the device still runs the one before."""
         if not outputs:
             return None
-        return to_numpy(outputs[0] if len(outputs) == 1 else self._xp.concatenate(outputs))
+        return to_numpy(outputs[0] if len(outputs) == 1 else self.pipeline.xp.concatenate(outputs))
 
 
-def prediction_bounds(n: int, size: int, first: int | None = None) -> list[tuple[int, int]]:
-    """Row ranges of a long prediction's chunks: ``size`` rows each, after a first chunk of
-    ``first`` rows where that is shorter than ``size`` and than ``n``."""
+def chunk_bounds(n: int, size: int, first: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges of the chunks ``n`` rows are processed in (invisible in the results):
+    ``size`` rows each, after a first chunk of ``first`` rows where that is shorter than
+    ``size`` and than ``n``."""
     head = first if first and first < min(size, n) else 0
     return ([(0, head)] if head else []) + [(start, min(start + size, n))
                                            for start in range(head, n, size)]

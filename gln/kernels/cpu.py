@@ -8,7 +8,7 @@ Neurons of a layer are independent given the layer's inputs, so the threads need
 synchronisation, and the result does not depend on the number of threads or on how a stream is
 cut into chunks.
 
-The kernel releases the GIL, so a server keeps answering while a model learns. Numba's default
+The kernel releases the GIL, so a server keeps serving while a model learns. Numba's default
 threading layer must not be entered from two Python threads at once, so parallel calls are
 serialised by a lock (each already uses every core); a one-thread call (below) never enters
 that layer and takes no lock, so two models' small calls run side by side. Small calls (a few
@@ -37,11 +37,7 @@ import numpy as np
 
 _LOCK = threading.Lock()
 
-# Multiply-adds per call (examples x neurons x inputs) below which one thread does the work:
-# waking the pool's other threads costs more than they would take over, and more on a busy
-# machine, where they wait for a core. One MNIST-sized example is about a million in its first
-# layer (10 x 128 x 785) and 165,000 in its second.
-PARALLEL_MIN_WORK = 100_000
+PARALLEL_MIN_WORK = 100_000  # multiply-adds below which one thread works: waking others costs more
 
 
 class ThreadedKernel:
@@ -83,12 +79,7 @@ def threaded_kernel(**options: Any) -> Callable[[Callable[..., Any]], ThreadedKe
 
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-# Neurons of one GLN that run through the chunk together, reading each example's inputs once
-# for all of them: the inputs of a chunk come from the core's L2 cache, as the neurons' weight
-# rows do, so four neurons per read take a quarter of that traffic. On the MNIST network's
-# layers this made the pass about 1.45x faster than one neuron at a time (2 vCPUs, the same
-# bits); eight were no faster than four, sixteen slower (docs/benchmarks.md).
-NEURONS_PER_BLOCK = 4
+NEURONS_PER_BLOCK = 4  # neurons of a GLN that read each example's inputs once, together
 
 
 @threaded_kernel(nogil=True, cache=True, fastmath=_FASTMATH)
@@ -181,7 +172,13 @@ def cpu_layer_pass(
     weights: np.ndarray, contexts: np.ndarray, inputs: np.ndarray, targets: np.ndarray,
     rates: np.ndarray, pred_clip: float, weight_clip: float, learn: bool, probs: np.ndarray,
 ) -> None:
-    """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays."""
+    """See ``gln.network.LayerPass``; arrays must be C-contiguous NumPy arrays.
+
+    Deviates from ``gln.network.reference_layer_pass`` in the order of its work: each thread
+    runs whole neurons (four of a GLN sharing each read of an input) through every example,
+    not every neuron through one example at a time; its fast-math sums agree with the
+    reference to float32 rounding, and with themselves byte for byte however a stream is cut.
+    """
     work = contexts.size * weights.shape[3]
     if work < PARALLEL_MIN_WORK and not layer_pass_twins_agree():
         work = PARALLEL_MIN_WORK  # the parallel kernel only: the bits must not depend on size

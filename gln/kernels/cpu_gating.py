@@ -40,14 +40,8 @@ from gln.kernels.cpu_int16_gating import (
     int16_normals,
 )
 
-# Rows per call up to which the products come from the 16-bit normals on the kernel threads
-# (``gln.kernels.cpu_int16_gating``). A call of a few rows is bound by reading the normals;
-# from about 48 rows (MNIST's network, two cores) BLAS's product is faster.
-INT16_MAX_ROWS = 32
-# Multiply-adds per call (rows x hyperplanes x features) below which one thread decides every
-# context: a thread hop costs tens of microseconds. One MNIST example (10,280 planes of 784
-# inputs) is about eight million.
-SPLIT_MIN_WORK = 1_000_000
+INT16_MAX_ROWS = 32  # calls up to it, bound by reading the normals, take the 16-bit normals
+SPLIT_MIN_WORK = 1_000_000  # multiply-adds below which one thread decides: a hop costs more
 # Blocks per split call; None: Numba's thread count (``numba.set_num_threads``).
 SPLIT_PARTS: int | None = None
 

@@ -2,8 +2,8 @@
 online input scaling, the first layer's inputs and the halfspace contexts.
 
 The sources (``layer_pass.cu``, ``moments.cu``, ``gating.cu``, ``scaling.cu``,
-``layer_inputs.cu`` beside this file) are compiled by CuPy's ``RawModule``
-(NVRTC) on first use and cached on disk by CuPy. See ``docs/gpu.md`` for the design; in short:
+``layer_inputs.cu`` beside this file) are compiled on first use (``gln.kernels.cuda_modules``).
+See ``docs/gpu.md`` for the design; in short:
 
 * one warp owns one neuron and runs it through every example of the chunk in order, so a layer
   over a chunk is one launch and equals strict per-example learning;
@@ -35,125 +35,57 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gln.backend import import_cupy as _cupy
 from gln.gating import dot_rounding_bound
-from gln.scaling import Z_LIMIT, RunningMoments
+from gln.kernels.cuda_modules import COMPILE_OPTIONS as COMPILE_OPTIONS  # what sources get
+from gln.kernels.cuda_modules import GATING_THREADS, WARP, function
+from gln.kernels.int8_gating import Int8PlanesCache, int8_products
+from gln.scaling import RunningMoments
 
-WARP = 32
 STREAM_WARPS = 4  # neurons (warps) per block of the streaming kernel: GLN_STREAM_WARPS
 MAX_PER_LANE = 64  # register arrays of ceil(I / 32) floats; wider layers take the wide kernel
 MAX_INPUTS = WARP * MAX_PER_LANE
-# Chunks at least this long learn with the rows in shared memory (when they fit): the copy in
-# and out (2 x S x I x 4 bytes per neuron) is then repaid by per-example reads from shared
-# memory. On an H100 (MNIST network, the three layers summed, docs/benchmarks.md) resident was
-# slower up to 1,024 rows (3,343 against 3,317 us) and faster from 2,048 (6,623 against 6,730).
-RESIDENT_MIN_ROWS = 2048
-# Chunks at least this long learn with a warp per row instead (gln_layer_pass_rows: each of a
-# neuron's 2^m rows in registers, through the examples of its context), so that all of a
-# layer's neurons run at once; None: never chosen by itself (mode="rows" forces it). The same
-# bytes. On an H200, MNIST's three layers on real contexts (far from equally common: a neuron's
-# most common context takes about 1,500 of 4,096 rows): 391 against 582 us at 256 rows, 224
-# against 154 at 64; learning MNIST in 4,096-row calls 316k against 209k examples/s
-# (docs/benchmarks.md).
+RESIDENT_MIN_ROWS = 2048  # learning chunks from here keep a neuron's rows in shared memory
+# Learning chunks from here take a warp per row (gln_layer_pass_rows); None: only mode="rows".
 ROW_WARPS_MIN_ROWS: int | None = 256
-# A launch before it lists each row's examples (gln_row_examples, with a count a context in
-# shared memory: at most ROW_WARPS_MAX_CONTEXTS contexts a neuron, 48 KB); a second orders the
-# rows by ROW_ORDER: "longest_first" (gln_row_order, so that the longest chains start at once)
-# or "natural" (neuron by neuron; no launch). The same bytes either way.
-ROW_WARPS_MAX_CONTEXTS = 12 * 1024
-ROW_ORDERS = ("longest_first", "natural")
-ROW_ORDER = "longest_first"
+ROW_WARPS_MAX_CONTEXTS = 12 * 1024  # gln_row_examples counts contexts in 48 KB of shared memory
+ROW_ORDERS = ("longest_first", "natural")  # gln_row_order's order, or neuron by neuron
+ROW_ORDER = "longest_first"  # the longest chains start first; the same bytes either way
 ORDER_BUCKETS, ORDER_THREADS = 64, 256  # GLN_ORDER_BUCKETS, GLN_ORDER_THREADS
-# Prediction writes nothing, so a neuron's examples are split over warps of this many rows
-# (streaming kernel) ...
-PREDICT_ROWS_PER_WARP = 32
-# ... and chunks at least PREDICT_SHARED_MIN_ROWS long are predicted by the shared kernel, whose
-# blocks keep several neurons' rows in shared memory and take this many examples each. On an
-# H100 (three layers summed) the shared kernel was ahead from 64 rows in every run (133 against
-# 154 us at 64, 2,338 against 4,976 at 4,096) and level or not below; 512 rows per block was
-# best at 1,024 and 2,048 rows (the lengths of gln.staging.PREDICT_CHUNK_ROWS_GPU measured).
-PREDICT_SHARED_MIN_ROWS = 64
-PREDICT_ROWS_PER_BLOCK = 512
-# At most this many neurons in a block of the shared kernel (as many as fit, up to it). A block
-# of MNIST's first layer holds 4 neurons' rows (201 KB), one block per SM; its second layer's
-# rows (8 KB a neuron) fit 26 to a block, and 8 let several blocks share an SM, at the cost of
-# reading each example's input for fewer neurons: on the H100, 2,048 rows of the second layer
-# took 262 us with at most 8 a block against 283 with 32 (314 with 4), the same in two runs.
-PREDICT_MAX_NEURONS_PER_BLOCK = 8
-# Dot products the shared kernel sums at once (GLN_SUM_BATCH: a power of two up to 32); None
-# leaves it to the source (predict_sum_batch: 16 up to PREDICT_NARROW_LANES a lane, 1 beyond).
-# Benchmarks set it to compare (1: a butterfly per dot product, squashed by one lane).
+PREDICT_ROWS_PER_WARP = 32  # prediction writes nothing: a neuron's examples split over warps
+PREDICT_SHARED_MIN_ROWS = 64  # predicting chunks from here take the shared kernel
+PREDICT_ROWS_PER_BLOCK = 512  # examples a block of the shared kernel takes
+PREDICT_MAX_NEURONS_PER_BLOCK = 8  # fewer lets several blocks of a narrow layer share an SM
+# Dot products the shared kernel sums at once (GLN_SUM_BATCH); None: the source's own.
 PREDICT_SUM_BATCH: int | None = None
-# Rows of at most this many elements a lane have the shared kernel's examples grouped
-# (PREDICT_EXAMPLE_GROUP) and keep the source's 16 warps a block; wider rows, up to
-# PREDICT_NARROW_LANES, take PREDICT_WARPS.
-GROUPED_MAX_LANES = 12
-# How the shared kernel spreads its work, timed on a GPU (benchmarks/gpu_shared_grid.py, every
-# combination with the sums batched at once, in alternating turns; the same bytes each):
-# * PREDICT_WARPS: warps a block on rows of more than GROUPED_MAX_LANES and at most
-#   PREDICT_NARROW_LANES elements a lane (GLN_PREDICT_WARPS; None: the source's 16, one block
-#   of 512 threads an SM on MNIST's first layer, with its 201 KB of rows, 116 registers a
-#   thread with the sums batched by 16). nvcc 13 for sm_90 fits that kernel in 64 registers
-#   at 32 warps once the next example's input is no longer loaded ahead (GLN_PREFETCH=0,
-#   which the host sets beyond PREDICT_PREFETCH_MAX_WARPS), nothing spilled: more warps to
-#   hide the loads' latency.
-#   On an H200 (2,048 rows of MNIST's first layer, three turns, sums batched by 16) 32 took
-#   491 us against 503 at 24 and 635 at the source's 16.
+GROUPED_MAX_LANES = 12  # rows up to this many elements a lane group their examples
+# GLN_PREDICT_WARPS of mid-width rows (None: the source's 16): more warps hide loads' latency.
 PREDICT_WARPS: int | None = 32
-PREDICT_NARROW_LANES = 26
-# Beyond this many warps the shared kernel loads no input ahead: with sums batched by 16,
-# nvcc 13 spills MNIST's first layer at 20 warps that do (96 registers), none that do not (84).
-PREDICT_PREFETCH_MAX_WARPS = 16
-# * PREDICT_EXAMPLE_GROUP: examples a warp mixes at once on rows of at most GROUPED_MAX_LANES
-#   elements a lane (GLN_EXAMPLE_GROUP; None: the source's 1, pair after pair), so that a batch
-#   of sums is laid out in advance as neurons by examples: no per-pair check of whether the
-#   example has ended, no lane picking its pair out (by the machine code, MNIST's second
-#   layer's loop took 946 instructions a batch of 32 in fours against 3,015 one by one).
-#   On an H200 (MNIST's second layer, as above) pairs took 146 us against 200 in fours, 206
-#   in eights and 236 one by one; no spills at 16 warps a block up to 12 a lane.
+PREDICT_NARROW_LANES = 26  # the widest rows (elements a lane) that PREDICT_WARPS applies to
+PREDICT_PREFETCH_MAX_WARPS = 16  # beyond it no input is loaded ahead, which would spill
+# GLN_EXAMPLE_GROUP, examples a warp mixes at once on narrow rows (None: the source's 1).
 PREDICT_EXAMPLE_GROUP: int | None = 2
 _MAX_GRID_Y = 65535
-GATING_THREADS = 128  # __launch_bounds__ of the kernels in gating.cu
-# Chunks shorter than this get their gating products from gln_halfspace_products instead of a
-# cuBLAS GEMM. On an H200 (gpu_learn.py's gating_path, median of 50 calls of MNIST's first
-# layer's 10,280 planes) the GEMM was the quicker from one row on (110 us against 124; 110
-# against 162 at 8 rows, 121 against 166 at 16), so the kernel is left only to the calls that
-# gln.kernels.replay captures, whose graphs hold no cuBLAS launch.
-GATING_GEMM_MIN_ROWS = 9
-# The products of those longer chunks: "float32" (cuBLAS's float32 GEMM) or "int8" (three int8
-# GEMMs of the rows' and normals' slices, gln.kernels.int8_gating, where the planes number a
-# multiple of 4), the latter from INT8_GATING_MIN_ROWS rows; the same contexts either way. On an
-# H200, 4,096 MNIST rows against 10,280 planes: 924 against 1,875 us, with a tenth of the
-# margins re-checked (gpu_gating_tf32.py's gating_paths); 311 against 531 at 1,024 rows, 257
-# against 175 at 256, so the int8 GEMMs start at the shortest measured length where they won.
+GATING_GEMM_MIN_ROWS = 9  # shorter chunks (the replayed ones) take our kernel: no cuBLAS launch
+# Long chunks' gating products: "float32" (cuBLAS) or "int8" (gln.kernels.int8_gating), faster.
 GATING_PRODUCT = "int8"
-INT8_GATING_MIN_ROWS = 1024
-# Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN) to be listed for the
-# float64 re-check: about eight times what standardised inputs need (one in a thousand,
-# measured on an H100); a fuller list re-checks the rest in place, slower and with the same bits.
+INT8_GATING_MIN_ROWS = 1024  # from here the int8 products won; the planes a multiple of 4
+# Room for one margin in RECHECK_LIST_FRACTION (plus RECHECK_LIST_MIN): 8x what inputs need.
 RECHECK_LIST_FRACTION = 128
 RECHECK_LIST_MIN = 1024
 RECHECK_MAX_BLOCKS = 4096  # gln_halfspace_rechecks loops over what its grid does not cover
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 NONFINITE_MAX_BLOCKS = 1024  # gln_flag_nonfinite loops over what its grid does not cover
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
-# No contraction into fused multiply-adds beyond the explicit fmaf calls: the sources pin every
-# rounding themselves, this keeps the compiler from adding any (CuPy picks the C++ standard).
-# scaling.cu takes the bound of the side information from gln.scaling.
-COMPILE_OPTIONS = ("--fmad=false", f"-DGLN_Z_LIMIT={Z_LIMIT!r}")
-_SOURCES = Path(__file__).resolve().parent
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
 SHARED, ROWS = "gln_layer_predict_shared", "gln_layer_pass_rows"
 WIDE = "gln_layer_pass_wide"
 MODES = ("auto", "streaming", "resident", "shared", "rows", "wide")
-# The wide kernel keeps no row in registers: it is taken from the module compiled for the
-# narrowest rows, one for every width.
-WIDE_MODULE_LANES = 1
+WIDE_MODULE_LANES = 1  # the wide kernel keeps no row in registers: one module for every width
 
 
 @dataclass(frozen=True)
@@ -336,35 +268,10 @@ def check_layer_arrays(weights, contexts, inputs, targets, rates, probs) -> None
         raise ValueError(f"inputs' middle axis must be 1 or {num_glns}, got {inputs.shape[1]}")
 
 
-@functools.cache
-def _source(name: str) -> str:
-    return (_SOURCES / name).read_text()
-
-
-@functools.cache
-def _layer_module(lanes: int, defines: tuple[str, ...] = ()) -> Any:
-    """The layer-pass module compiled for rows of ``lanes`` elements per lane, with the
-    ``defines`` of a launch (``LayerLaunch.defines``)."""
-    return _cupy().RawModule(
-        code=_source("layer_pass.cu"),
-        options=(*COMPILE_OPTIONS, f"-DGLN_PER_LANE={lanes}", *defines),
-    )
-
-
-@functools.cache
 def _layer_kernel(lanes: int, name: str, defines: tuple[str, ...] = ()) -> Any:
-    return _layer_module(lanes, defines).get_function(name)
-
-
-@functools.cache
-def _function(source: str, name: str) -> Any:
-    """Kernel ``name`` of the module ``source``, compiled with ``COMPILE_OPTIONS`` once."""
-    return _module(source).get_function(name)
-
-
-@functools.cache
-def _module(source: str) -> Any:
-    return _cupy().RawModule(code=_source(source), options=COMPILE_OPTIONS)
+    """Kernel ``name`` of the layer-pass module compiled for rows of ``lanes`` elements per lane
+    (``GLN_PER_LANE``), with the ``defines`` of a launch (``LayerLaunch.defines``)."""
+    return function("layer_pass.cu", name, (f"-DGLN_PER_LANE={lanes}", *defines))
 
 
 @functools.cache
@@ -392,6 +299,12 @@ def cuda_layer_pass(
     mode: str = "auto", next_inputs: Any = None, bias_logit: float = 0.0,
 ) -> None:
     """See ``gln.network.LayerPass``; arrays must be C-contiguous CuPy arrays.
+
+    Deviates from ``gln.network.reference_layer_pass`` in the order of its work: a warp runs a
+    neuron (or, ``rows``, one of its weight rows) through the chunk's examples in order, not
+    every neuron through one example at a time; every rounding explicit and every sum in a
+    fixed order, so it agrees with the reference to float32 rounding, and with itself byte for
+    byte whatever the kernel or the chunking.
 
     One launch per call. ``mode`` forces a kernel (``"streaming"``, ``"resident"``, ``"rows"``
     or, when predicting, ``"shared"``); all give the same bytes. ``next_inputs``
@@ -467,7 +380,9 @@ def cuda_network_pass(
     bias_logit: float, pred_clip: float, weight_clip: float, learn: bool,
 ) -> Any:
     """``gln.network.network_pass`` on the GPU in L + 1 launches: the first layer's inputs,
-    then each layer's pass, which also writes the next layer's inputs."""
+    then each layer's pass (``cuda_layer_pass``). Deviates from it in that each layer's
+    launch also writes the next layer's inputs (``gln.network.with_bias``, bit for bit), a
+    launch fewer a layer."""
     cp = _cupy()
     n = base_logits.shape[0]
     inputs = cuda_layer_inputs(base_logits[:, None, :], bias_logit, False)
@@ -511,7 +426,7 @@ def moments_before_each_row(
     counts = cp.empty((n, 1), dtype=cp.float64)
     if max(n, d):
         threads = 128  # __launch_bounds__ of gln_running_moments
-        _function("moments.cu", "gln_running_moments" + kind)(
+        function("moments.cu", "gln_running_moments" + kind)(
             (-(-max(n, d) // threads),), (threads,),
             (rows, shift, moments.total, moments.total_sq, sums, sums_sq, np.int32(n),
              np.int32(d), count, counts),
@@ -570,8 +485,6 @@ class CudaLayerContexts:
     products (``gln.kernels.int8_gating.Int8PlanesCache``) from its first long chunk on."""
 
     def __init__(self) -> None:
-        from gln.kernels.int8_gating import Int8PlanesCache  # noqa: PLC0415 - imports this
-
         self._int8_planes = Int8PlanesCache()
 
     @property
@@ -613,7 +526,7 @@ def launch_rounding_tolerances(z: Any, tolerance: Any, pending_count: Any = None
     """Each row's rounding bound into ``tolerance`` (n,) float32 (``gln_rounding_tolerances``),
     and ``pending_count`` (a ``RecheckList``'s count) zeroed when given."""
     n, d = z.shape
-    _function("gating.cu", "gln_rounding_tolerances")(
+    function("gating.cu", "gln_rounding_tolerances")(
         (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
         (z, np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)), tolerance,
          pending_count),
@@ -636,7 +549,7 @@ def launch_halfspace_contexts(
     own_estimates = hasattr(products, "contexts_kernel")  # e.g. Int8Products
     kernel = products.contexts_kernel if own_estimates else "gln_halfspace_contexts"
     leading = products.contexts_arguments if own_estimates else (products,)
-    _function("gating.cu", kernel)(
+    function("gating.cu", kernel)(
         (-(-n * neurons // GATING_THREADS),), (GATING_THREADS,),
         (*leading, z, normals, offsets, tolerance, np.int32(n), np.int32(neurons),
          np.int32(context_dim), np.int32(d), *_layer_arguments(layer_sizes, z.device.id),
@@ -652,7 +565,7 @@ def launch_halfspace_rechecks(
     (``gln_halfspace_rechecks``, a warp per margin)."""
     n, d = z.shape
     neurons = normals.shape[0] // context_dim
-    _function("gating.cu", "gln_halfspace_rechecks")(
+    function("gating.cu", "gln_halfspace_rechecks")(
         (min(-(-rechecks.capacity * WARP // GATING_THREADS), RECHECK_MAX_BLOCKS),),
         (GATING_THREADS,),
         (rechecks.pending, rechecks.count, np.int32(rechecks.capacity), z, normals, offsets,
@@ -679,8 +592,6 @@ def _gating_products_and_bounds(
     # cuBLAS's int8 GEMMs want the planes (the results' leading dimension) a multiple of 4.
     if (GATING_PRODUCT == "int8" and z.shape[0] >= max(GATING_GEMM_MIN_ROWS, INT8_GATING_MIN_ROWS)
             and normals.shape[0] % 4 == 0):
-        from gln.kernels.int8_gating import int8_products  # noqa: PLC0415
-
         planes = int8_planes() if int8_planes is not None else None
         return int8_products(z, normals, offsets, pending_count, planes)
     products = _gating_products(z, normals)
@@ -696,7 +607,7 @@ def _gating_products(z: Any, normals: Any) -> Any:
         return z @ normals.T
     planes = normals.shape[0]
     products = _cupy().empty((n, planes), dtype=np.float32)
-    _function("gating.cu", "gln_halfspace_products")(
+    function("gating.cu", "gln_halfspace_products")(
         (-(-n * planes * WARP // GATING_THREADS),), (GATING_THREADS,),
         (z, normals, np.int32(n), np.int32(planes), np.int32(d), products),
     )
@@ -729,7 +640,7 @@ def cuda_standardize(
     z = cp.empty((n, d), dtype=cp.float32)
     base_logits = cp.empty((n, d), dtype=cp.float32)
     if z.size:
-        _function("scaling.cu", "gln_standardize" + kind)(
+        function("scaling.cu", "gln_standardize" + kind)(
             (-(-z.size // SCALING_THREADS),), (SCALING_THREADS,),
             (rows, shift, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
@@ -776,7 +687,7 @@ def cuda_unit_scaling(
     base_logits = cp.empty((n, d), dtype=cp.float32)
     z = cp.empty((n, d) if want_z else 1, dtype=cp.float32)  # 1: a placeholder, never written
     if base_logits.size:
-        _function("scaling.cu", "gln_unit_scaling" + kind)(
+        function("scaling.cu", "gln_unit_scaling" + kind)(
             (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
             (rows, cp.ascontiguousarray(counts, dtype=cp.float64),
              cp.ascontiguousarray(sums, dtype=cp.float64),
@@ -792,7 +703,7 @@ def flag_nonfinite(rows32: Any, flag: Any) -> None:
     that is not finite; leaves it otherwise, so one flag serves a call's chunks."""
     n, d = rows32.shape
     if n * d:
-        _function("scaling.cu", "gln_flag_nonfinite")(
+        function("scaling.cu", "gln_flag_nonfinite")(
             (min(-(-n * d // SCALING_THREADS), NONFINITE_MAX_BLOCKS),), (SCALING_THREADS,),
             (rows32, np.int32(n), np.int32(d), flag))
 
@@ -804,7 +715,7 @@ def cuda_layer_inputs(values: Any, bias_logit: float, from_probs: bool) -> Any:
     n, groups, width = values.shape
     inputs = cp.empty((n, groups, width + 1), dtype=cp.float32)
     if inputs.size:
-        _function("layer_inputs.cu", "gln_layer_inputs")(
+        function("layer_inputs.cu", "gln_layer_inputs")(
             (-(-inputs.size // INPUTS_THREADS),), (INPUTS_THREADS,),
             (values, np.int32(n), np.int32(groups), np.int32(width), np.int32(bool(from_probs)),
              np.float32(bias_logit), inputs),
@@ -831,7 +742,7 @@ def cuda_per_row_side_info(rows: Any, blur: tuple[Any, Any] | None) -> Any:
     z = cp.empty((n, d), dtype=cp.float32)
     if z.size:
         scratch = cp.empty((n, 2 * d), dtype=cp.float64)
-        _function("scaling.cu", "gln_per_row_side_info" + kind)(
+        function("scaling.cu", "gln_per_row_side_info" + kind)(
             (-(-n * WARP // SCALING_THREADS),), (SCALING_THREADS,),
             (rows, np.int32(n), np.int32(height), np.int32(width), np.int32(blur is not None),
              blur_rows, blur_cols, scratch, z),

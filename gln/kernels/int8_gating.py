@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from gln.backend import import_cupy as _cupy
-from gln.kernels.cuda import GATING_THREADS, WARP, _function
+from gln.kernels.cuda_modules import GATING_THREADS, WARP, function
 
 SLICES = 3  # GLN_INT8_SLICES in gating.cu
 # Warps that share the planes' largest factors (gln_int8_plane_terms), each leaving partial
@@ -208,4 +208,4 @@ def int8_product(a: Any, b: Any, out: Any, accumulate: bool) -> None:
 
 
 def _kernel(name: str) -> Any:
-    return _function("gating.cu", name)
+    return function("gating.cu", name)

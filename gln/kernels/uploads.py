@@ -20,16 +20,9 @@ that thread is inside NumPy's copy, which runs without the GIL: a thread that ne
 start gets it from a caller busy in Python (as launching is) only once the interpreter's
 switch interval (5 ms) has passed, by when the launches are over and nothing overlaps.
 
-With ``LAUNCH_WHILE_STAGING`` a chunk's copies are issued before the host has staged its rows,
-each behind a launch that holds the copy stream until the piece's staging thread marks it
-staged (``gln_wait_for_host``, in ``uploads.cu``), so that the caller launches the chunk's work
-while the threads stage its rows.
-
 With ``SEND_REGISTERED`` nothing is staged where the batch's rows travel as they lie: its pages
 are locked for the call (``cudaHostRegister``) and the device copies each chunk from there, until
-``close`` unlocks them (with ``UNLOCK_AFTER_RETURN``, a thread of its own after it; with
-``LOCK_REST_AHEAD``, the first chunk's pages are locked before its copy and the rest by that
-thread while the device copies it). A batch lying in pages that the caller holds locked
+``close`` unlocks them. A batch lying in pages that the caller holds locked
 (``page_locks.held``, ``GLN.page_locked``) is copied from there and left locked.
 
 Two slots (a pinned buffer and a device buffer each) take turns, so one chunk is staged and
@@ -58,78 +51,15 @@ from gln.checks import EXACT_IN_FLOAT32
 from gln.kernels import page_locks
 from gln.kernels.page_locks import pages_of
 
-# Host threads that stage a chunk into pinned memory (1: the calling thread alone), at most one
-# per STAGING_BYTES_PER_THREAD of the chunk, and the pieces a chunk is staged and copied in (the
-# first piece's copy starts while the host stages the rest). On an H200's host, 4 threads
-# staged a 2,048-row float32 MNIST chunk (6.4 MB) in 0.73 ms against 1.05 ms alone, and
-# 4,096-row float32 predictions ran at 930k rows/s against 848k; uint8 rows (1.6 MB a chunk)
-# predicted 997k against 1,041k with 4 threads, the threads' hand-offs costing more than they
-# save on so short a copy (benchmarks/gpu_staging.py, docs/gpu.md).
-STAGING_THREADS = 4
-STAGING_BYTES_PER_THREAD = 2 << 20
-STAGING_PIECES = 4
-SLOTS = 2
-# Whether a long prediction of float32 rows stages each next chunk on a thread of its own while
-# the caller launches the chunk before. On an H200, 4,096-row float32 MNIST predictions in
-# processes that alternated with the same code staging in turn (benchmarks/gpu_compare.py, 5
-# and 4 rounds of 3 passes over 60,000 rows, two runs) ran at 856k and 834k rows/s against
-# 756k and 780k, the same bytes. Pixels sent as uint8 (1.6 MB a 2,048-row chunk, staged in
-# about 0.24 ms) never stage ahead: they were slower so in each of five runs (gpu_learn.py's
-# predict_by_dtype: 967k against 1,040k rows/s in the last).
-STAGE_AHEAD = True
-# Whether a chunk of float32 rows not staged ahead is sent while its rows are staged: each
-# staging thread stages one piece and marks it staged in pinned memory the device reads, and the
-# piece's copy, issued at once, waits on the copy stream for that mark, so the caller launches
-# the chunk's work while the threads stage its rows instead of after. A 4,096-row float32
-# call's first chunk is staged while the device waits, idle (1.1 ms of 4.6 on an H200,
-# docs/gpu.md), and its launches (about 0.6 ms of the host's) follow; here they would overlap.
-# Pixels as uint8 are staged in about 0.24 ms, less than the launches, and a thread done before
-# the caller's launches gets the GIL for its mark only after them. Off: on an H200 it sped
-# float32 rows up with one staging thread (949k against 888k rows/s) and slowed them with four
-# staged ahead (842k against 876k, gpu_learn.py's predict_by_dtype); and the first launch of a
-# kernel in the process, while a chunk waits for its marks, was seen to wait for them too
-# (likely CUDA loading the kernel's module then, once the device's running kernels are done).
-LAUNCH_WHILE_STAGING = False
-# Whether the rows of a long prediction that travel in their own bytes (float32 rows, or pixels
-# as uint8: a dtype that needs no rounding), C-contiguous and SEND_REGISTERED_MIN_BYTES to
-# SEND_REGISTERED_MAX_BYTES long, are page-locked where they lie for the call
-# (cudaHostRegister) and copied from there by the device's own DMA, instead of copied by the
-# host into pinned memory first. On H200s, 4,096-row MNIST predictions so beat the library's
-# staging (four threads, float32 staged ahead) in each measurement, with the same outputs
-# (gpu_learn.py's predict_by_dtype): float32 946k against 876k rows/s and uint8 1,095k against
-# 1,019k (5 rounds), and 878k against 728k and 1,001k against 899k on another machine (7
-# rounds), where processes of each alternating (gpu_compare.py, 3 rounds) predicted float32
-# rows at 822k, 965k and 966k against 557k, 674k and 838k (each round's mean). Where the
-# driver refuses (rows already in page-locked memory, or sharing a page with it), the rows are
-# staged as before.
-# Locking piece by piece as sent and unlocking each piece once copied lost (775k against 997k):
-# cudaHostUnregister waits for the device's work, so the host stalled mid-call (docs/gpu.md).
+STAGING_THREADS = 4  # host threads that stage a float32 chunk into pinned memory (1: the caller)
+STAGING_BYTES_PER_THREAD = 2 << 20  # below it a thread's hand-off costs more than it saves
+STAGING_PIECES = 4  # a chunk's first piece is copied while the host stages the rest
+SLOTS = 2  # one chunk staged and copied while the device works on the other
+STAGE_AHEAD = True  # float32 rows: each next chunk staged while the caller launches the one before
+# Rows that travel as they lie, page-locked for the call and copied by the device's own DMA.
 SEND_REGISTERED = True
-SEND_REGISTERED_MIN_BYTES = 1 << 20
+SEND_REGISTERED_MIN_BYTES = 1 << 20  # smaller batches are staged
 SEND_REGISTERED_MAX_BYTES = 256 << 20  # the most a call holds page-locked
-# Whether a call's page-locked batch is unlocked after the call has returned, by a thread of
-# its own, instead of before: unlocking a 4,096-row float32 batch (12.8 MB) took an H200's host
-# about 0.3 ms (gpu_staging.py's registered_send: 0.13-0.17 ms for half of it), the device
-# idle and the caller waiting, where it could overlap what the caller does next. The thread
-# holds the batch until it is unlocked, so that its memory outlives the lock whatever the
-# caller drops; a later batch refused a lock (one sharing a page with it, as the next slice of
-# the same array does) waits for the pending unlocks and tries again. Off: on an H200 it gained
-# too little to tell from the noise (856k against 825k float32 rows/s in gpu_learn.py's
-# predict_by_locking; in gpu_compare.py's processes of each in turn 946k against 946k and 941k
-# against 917k, ahead in 12 rounds of 21). A caller that predicts many batches of one array
-# can skip each call's lock and unlock instead (GLN.page_locked, page_locks.held).
-UNLOCK_AFTER_RETURN = False
-# Whether a page-locked batch is locked in two: the first chunk's pages before its copy, and the
-# rest by a thread of its own while the device copies and works on that chunk, instead of the
-# whole batch before the first copy. Locking a 4,096-row float32 batch (12.8 MB) before its
-# first chunk could be copied took an H200's host about 0.3-0.45 ms of the call, the device
-# idle (gpu_staging.py's registered_send: 0.16-0.23 ms for half of it); the first chunk's half
-# would take half of that. A chunk lying in both locks is copied in two, one copy from each
-# (CUDA refuses a copy that runs past the end of the range registered where it starts); one
-# reaching into pages the thread could not lock is staged. Off: on an H200 it lost (780k
-# against 825k float32 rows/s and 883k against 941k uint8, gpu_learn.py's predict_by_locking;
-# with UNLOCK_AFTER_RETURN, gpu_compare.py rounds of 869k-881k against 976k-996k).
-LOCK_REST_AHEAD = False
 
 
 @dataclass
@@ -140,7 +70,6 @@ class _Slot:
     device: Any
     copied: Any = None  # on the copy stream, after the slot's last copy
     consumed: Any = None  # on the reading stream, after the last launch that read the slot
-    staging: list[concurrent.futures.Future] | None = None  # threads staging it while it is sent
 
 
 def travelling_dtype(dtype: np.dtype) -> np.dtype | None:
@@ -169,11 +98,9 @@ class ChunkUploads:
         cp = import_cupy()
         self._cp = cp
         self._dtype = np.dtype(dtype)
-        self._unregistered_source = source  # until the first send from it tries to lock it
+        self._source_to_lock = source  # until the first send from it tries to lock it
         self._source: np.ndarray | None = None  # page-locked, until close unlocks it, in ...
-        self._locks: list[tuple[int, int]] = []  # ... these pages: (first's address, end)
-        self._rest: tuple[int, int] | None = None  # its pages left to lock ahead, until ...
-        self._locking: concurrent.futures.Future | None = None  # ... this thread has
+        self._lock: tuple[int, int] | None = None  # ... these pages: (first's address, end)
         self._borrowed = False  # whether those pages are the caller's to unlock (held)
         self._stream = side_stream(cp, cp.cuda.Device().id, "copy")
         self._slots = [_Slot(_pinned(cp, (max_rows, num_features), self._dtype),
@@ -181,10 +108,6 @@ class ChunkUploads:
                        for _ in range(SLOTS)]
         self._sent = 0
         self._ahead: tuple[np.ndarray, concurrent.futures.Future] | None = None
-        # Each slot's pieces' marks for LAUNCH_WHILE_STAGING, made by its first such send: the
-        # serial number of the last send whose piece is staged (sends count from 1).
-        self._marks: np.ndarray | None = None
-        self.sent_while_staging = False  # whether the last send issued its copies so
 
     def send(self, rows: np.ndarray) -> Any:
         """``rows`` (n, d) on the device as float32 (rounded to nearest as they are staged as
@@ -192,8 +115,7 @@ class ChunkUploads:
         they travel in), ready for the current stream's next launches; the view stays valid
         until ``consumed`` after the next-but-one ``send``. Rows given to ``stage_ahead``
         just before (the same array object) are copied as they were staged there."""
-        slot_index = self._sent % SLOTS
-        slot = self._slots[slot_index]
+        slot = self._slots[self._sent % SLOTS]
         self._sent += 1
         n = len(rows)
         locked = self._in_locked_source(rows)
@@ -202,52 +124,19 @@ class ChunkUploads:
             ahead[1].result()  # staged (or raises), after the slot's last copy had finished
         elif slot.copied is not None and not locked:
             slot.copied.synchronize()
-        _raise_staging_failure(slot)
         if slot.consumed is not None:
             self._stream.wait_event(slot.consumed)
         host, device = slot.host[:n], slot.device[:n]
-        self.sent_while_staging = False
         if locked:  # the device copies them from where they lie
-            self._copied_lock_by_lock(rows, device)
-            self._lock_rest_ahead()
+            device.set(rows, stream=self._stream)
         elif ahead is not None and ahead[0] is rows:
             device.set(host, stream=self._stream)
-        elif LAUNCH_WHILE_STAGING and self._dtype == np.float32:
-            if self._marks is None:
-                self._marks = _pinned(self._cp, (SLOTS, max(STAGING_THREADS, 1)),
-                                      np.dtype(np.int32))
-                self._marks[:] = 0
-            slot.staging = self._sent_while_staged(rows, host, device, self._marks[slot_index])
-            self.sent_while_staging = True
         else:
             for start, stop in _staged_pieces(rows, host):
                 device[start:stop].set(host[start:stop], stream=self._stream)
         slot.copied = self._stream.record()
         self._cp.cuda.get_current_stream().wait_event(slot.copied)
         return device if self._dtype == np.float32 else device.astype(self._cp.float32)
-
-    def _sent_while_staged(self, rows: np.ndarray, host: np.ndarray, device: Any,
-                           marks: np.ndarray) -> list[concurrent.futures.Future]:
-        """Issues the copies of ``rows`` from ``host`` to ``device``, each piece's behind a
-        launch that waits for its mark in ``marks``, while threads of their own (one a piece)
-        stage the pieces into ``host`` and mark them; returns the threads' futures once every
-        thread is copying (a thread that needs the GIL to start gets it late from a caller
-        busy launching, as ``stage_ahead`` says)."""
-        pieces = _piece_bounds(len(rows), min(staging_threads(host.nbytes), len(marks)))
-        copying = [threading.Event() for _ in pieces]
-        pool = _staging_pool(len(pieces))
-        futures = [pool.submit(_stage_and_mark, host[start:stop], rows[start:stop], marks,
-                               piece, self._sent, copying[piece])
-                   for piece, (start, stop) in enumerate(pieces)]
-        for started in copying:
-            started.wait()
-        wait_for_host = _wait_for_host_kernel()
-        with self._stream:
-            for piece, (start, stop) in enumerate(pieces):
-                wait_for_host((1,), (1,), (np.uint64(marks[piece:].ctypes.data),
-                                           np.int32(self._sent)))
-                device[start:stop].set(host[start:stop], stream=self._stream)
-        return futures
 
     def stage_ahead(self, rows: np.ndarray) -> None:
         """Stage ``rows``, the next chunk to ``send``, on a thread of its own into the pinned
@@ -269,63 +158,23 @@ class ChunkUploads:
     @property
     def registered(self) -> bool:
         """Whether the source's pages are locked (from its first send until the close)."""
-        return bool(self._locks)
+        return self._lock is not None
 
     def _in_locked_source(self, rows: np.ndarray) -> bool:
         """Whether ``rows`` lie in the page-locked pages of the source, locking it first where
-        this is the first send from it (``SEND_REGISTERED``; with ``LOCK_REST_AHEAD``, only the
-        pages of ``rows``, the rest by ``_lock_rest_ahead``): the device then copies them from
+        this is the first send from it (``SEND_REGISTERED``): the device then copies them from
         there."""
-        source = self._unregistered_source
+        source = self._source_to_lock
         if source is not None and _lies_in(rows, source):
-            self._unregistered_source = None
+            self._source_to_lock = None
             held = page_locks.held_range(source) if source.dtype == self._dtype else None
             if held is not None:  # locked by the caller, for as long as it holds it
-                self._source, self._locks, self._borrowed = source, [held], True
+                self._source, self._lock, self._borrowed = source, held, True
             elif _lockable(source, self._dtype):
                 first, size = pages_of(source)
-                split = sum(pages_of(rows)) if LOCK_REST_AHEAD else first + size
-                if page_locks.page_locked(self._cp, first, split - first):
-                    self._source, self._locks = source, [(first, split)]
-                    self._rest = (split, first + size) if split < first + size else None
-        if self._source is None or not _lies_in(rows, self._source):
-            return False
-        end = rows.__array_interface__["data"][0] + rows.nbytes
-        if end > self._locks[-1][1]:  # reaching into the pages left to lock ahead
-            self._lock_rest_ahead()
-            self._rest_locked()
-        return end <= self._locks[-1][1]
-
-    def _lock_rest_ahead(self) -> None:
-        """Starts locking the source's pages left (``LOCK_REST_AHEAD``) on a thread of its own,
-        if any are left and it has not started."""
-        if self._rest is not None and self._locking is None:
-            first, end = self._rest
-            self._locking = page_locks.locking_pool().submit(
-                page_locks.page_locked, self._cp, first, end - first, False)
-
-    def _rest_locked(self) -> None:
-        """Waits for the thread locking the source's pages left, and takes its lock (if the
-        driver agreed: else the rows there are staged)."""
-        locking, self._locking = self._locking, None
-        if locking is not None and locking.result():
-            self._locks.append(self._rest)
-        self._rest = None
-
-    def _copied_lock_by_lock(self, rows: np.ndarray, device: Any) -> None:
-        """Issues the copy of ``rows``, which lie in the locked pages, to ``device``: a copy of
-        its own from each lock they lie in, since CUDA refuses a copy from page-locked memory
-        that runs past the end of the range registered where it starts."""
-        start = rows.__array_interface__["data"][0]
-        parts = [(max(start, first), min(start + rows.nbytes, end)) for first, end in self._locks]
-        parts = [(a - start, b - start) for a, b in parts if a < b]
-        if len(parts) == 1:
-            device.set(rows, stream=self._stream)
-            return
-        flat_rows, flat_device = rows.reshape(-1), device.reshape(-1)
-        for a, b in parts:
-            part = slice(a // rows.itemsize, b // rows.itemsize)
-            flat_device[part].set(flat_rows[part], stream=self._stream)
+                if page_locks.page_locked(self._cp, first, size):
+                    self._source, self._lock = source, (first, first + size)
+        return self._source is not None and _lies_in(rows, self._source)
 
     def close(self) -> None:
         """Waits for the staging and the copies still running, so the pinned buffers can go back
@@ -338,17 +187,11 @@ class ChunkUploads:
                 if slot.copied is not None:
                     slot.copied.synchronize()
         finally:
-            self._rest_locked()
-            locked, self._source, self._unregistered_source = self._source, None, None
-            locks, self._locks = ([] if self._borrowed else self._locks), []
+            lock, borrowed = self._lock, self._borrowed
+            self._source = self._source_to_lock = self._lock = None
             self._borrowed = False
-            for first, _ in locks:  # no copy reads them any more
-                if UNLOCK_AFTER_RETURN:
-                    page_locks.unlock_after_return(self._cp, first, locked)
-                else:
-                    self._cp.cuda.runtime.hostUnregister(first)
-        for slot in self._slots:
-            _raise_staging_failure(slot)
+            if lock is not None and not borrowed:  # no copy reads them any more
+                self._cp.cuda.runtime.hostUnregister(lock[0])
 
     def __enter__(self) -> ChunkUploads:
         return self
@@ -361,14 +204,6 @@ def _piece_bounds(rows: int, pieces: int) -> list[tuple[int, int]]:
     """``rows`` cut into at most ``pieces`` row ranges of nearly equal lengths."""
     bounds = np.linspace(0, rows, min(pieces, rows) + 1).astype(int)
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
-
-
-def _raise_staging_failure(slot: _Slot) -> None:
-    """Raises what the threads that staged ``slot`` while it was sent raised, if anything (they
-    have finished: the slot's copy, which waited for them, has)."""
-    staging, slot.staging = slot.staging, None
-    for future in staging or ():
-        future.result()
 
 
 def _staged_pieces(rows: np.ndarray, host: np.ndarray) -> Iterator[tuple[int, int]]:
@@ -406,18 +241,6 @@ def _stage(host: np.ndarray, rows: np.ndarray, copying: threading.Event | None =
         if copying is not None:
             copying.set()
         np.copyto(host, rows)
-
-
-def _stage_and_mark(host: np.ndarray, rows: np.ndarray, marks: np.ndarray, piece: int,
-                    serial: int, copying: threading.Event) -> None:
-    """``_stage`` a piece, then mark it staged (``marks[piece] = serial``), which the device
-    waits for before copying it: marked also where the staging failed, so that no copy waits
-    for ever (the failure is raised from the future)."""
-    try:
-        _stage(host, rows, copying)
-    finally:
-        copying.set()
-        marks[piece] = serial
 
 
 def _stage_after(slot: _Slot, rows: np.ndarray, copying: threading.Event) -> None:
@@ -458,14 +281,6 @@ def _staging_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
     """The staging threads, one pool per count, so that a changed ``STAGING_THREADS`` takes
     effect at the next chunk."""
     return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="gln-stage")
-
-
-@functools.cache
-def _wait_for_host_kernel() -> Any:
-    """``gln_wait_for_host`` of ``uploads.cu``, compiled once."""
-    from gln.kernels.cuda import _function  # noqa: PLC0415 - the CUDA kernels' module
-
-    return _function("uploads.cu", "gln_wait_for_host")
 
 
 @functools.cache

@@ -251,7 +251,7 @@ def test_cpu_image_holds_its_compiled_kernels(repo: Path) -> None:
     instructions = parse(repo / "deploy" / "Dockerfile")
     keywords = [keyword for keyword, _ in instructions]
     runs = [(i, args) for i, (keyword, args) in enumerate(instructions) if keyword == "RUN"]
-    at = [i for i, args in runs if "python -m gln.kernels.precompile" in args]
+    at = [i for i, args in runs if "python -m gln.precompile" in args]
     assert at, "the CPU image does not precompile the kernels"
     last_user = max(i for i, keyword in enumerate(keywords) if keyword == "USER")
     assert at[0] > last_user, "precompiled as root: the runtime user could not add to it"

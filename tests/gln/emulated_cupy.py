@@ -33,9 +33,6 @@ It fails where a real GPU run would fail or go silently wrong:
   synchronised, or ``s`` is: then they read the host memory, as a DMA would. Reading the
   destination before waiting for the copy sees its old contents, and host memory changed
   before the copy finished reaches the device changed.
-* a kernel argument that is a host address (a ``numpy.uint64``) must lie in pinned memory
-  (``alloc_pinned_memory``), which a GPU maps at the host's addresses; a kernel launched
-  there runs at once, so one that waits for the host's write waits for it.
 * host memory page-locked where it lies (``runtime.hostRegister``) is refused, as CUDA refuses
   it, where it shares a page with memory already registered or lies in pinned memory; so is a
   copy that starts in one registered range and runs past its end; and unlocking it
@@ -421,10 +418,9 @@ def _capturing_stream() -> Any:
 
 
 class _PinnedMemory(mmap.mmap):
-    """``cupy.cuda.alloc_pinned_memory``'s memory: host memory whose addresses a kernel may
-    take (a GPU maps pinned memory into its address space, at the host's addresses, under
-    unified addressing), which no other host memory is. Whole pages of their own, as
-    ``cudaHostAlloc`` gives them, which no other array shares."""
+    """``cupy.cuda.alloc_pinned_memory``'s memory: page-locked host memory in whole pages of
+    its own, as ``cudaHostAlloc`` gives them, which no other array shares (and which
+    ``hostRegister`` refuses)."""
 
     def address(self) -> int:
         return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self))
@@ -437,15 +433,6 @@ def _alloc_pinned_memory(size: int) -> _PinnedMemory:
     memory = _PinnedMemory(-1, max(size, 1))  # anonymous, page-aligned; at least a byte
     _PINNED[id(memory)] = memory  # while it lives
     return memory
-
-
-def _pinned_holds(address: int, size: int) -> bool:
-    """Whether ``size`` bytes from ``address`` lie in one pinned allocation."""
-    for memory in list(_PINNED.values()):
-        start = memory.address()
-        if start <= address <= start + len(memory) - size:
-            return True
-    return False
 
 
 class CUDARuntimeError(RuntimeError):
@@ -881,12 +868,6 @@ class EmulatedKernel:
             where = f"{self.name} argument {i}"
             if code in _POINTER_DTYPES and value is None:  # CuPy passes None as a null pointer
                 holders.append(ctypes.c_void_p(None))
-            elif code in _POINTER_DTYPES and type(value) is np.uint64:  # an address
-                size = np.dtype(_POINTER_DTYPES[code]).itemsize
-                if not _pinned_holds(int(value), size):
-                    raise TypeError(f"{where}: an address outside pinned host memory, which "
-                                    f"is all the device can read of the host's")
-                holders.append(ctypes.c_void_p(int(value)))
             elif code in _POINTER_DTYPES:
                 if not isinstance(value, DeviceArray):
                     raise TypeError(f"{where}: a device array, got {type(value).__name__}")
@@ -1024,13 +1005,15 @@ def _device_attribute(attribute: int, device_id: int) -> int:
 
 
 def forget_compiled_kernels() -> None:
-    """Drop what ``gln.kernels.cuda`` cached from the CuPy it last saw: modules, kernels and
-    device limits (call when ``cupy`` changes between the emulation and a real one)."""
-    from gln.kernels import cuda  # noqa: PLC0415
+    """Drop what ``gln.kernels.cuda`` and ``gln.kernels.cuda_modules`` cached from the CuPy
+    they last saw: modules, kernels and device limits (call when ``cupy`` changes between the
+    emulation and a real one)."""
+    from gln.kernels import cuda, cuda_modules  # noqa: PLC0415
 
-    for value in vars(cuda).values():
-        if hasattr(value, "cache_clear"):
-            value.cache_clear()
+    for module in (cuda, cuda_modules):
+        for value in vars(module).values():
+            if hasattr(value, "cache_clear"):
+                value.cache_clear()
     cuda._shared_limit_set.clear()
 
 

@@ -484,12 +484,12 @@ def test_cuda_rounding_tolerances_equal_the_array_code(cp, n, d):
     """The per-row bound that decides which margins are redone in float64 (one warp per row;
     the float64 sum runs in another order, so equal up to its rounding); the same launch zeroes
     the count of the margins the contexts kernel lists, where it is given one."""
-    from gln.kernels.cuda import GATING_THREADS, WARP, _function  # noqa: PLC0415
+    from gln.kernels.cuda_modules import GATING_THREADS, WARP, function  # noqa: PLC0415
 
     z = np.random.default_rng(d).normal(0, 3, (n, d)).astype(np.float32)
     for pending_count in (cp.full(1, 7, dtype=cp.int32), None):
         tolerance = cp.full(n, cp.nan, dtype=cp.float32)
-        _function("gating.cu", "gln_rounding_tolerances")(
+        function("gating.cu", "gln_rounding_tolerances")(
             (-(-n * WARP // GATING_THREADS),), (GATING_THREADS,),
             (cp.asarray(z), np.int32(n), np.int32(d), np.float64(2.0 * dot_rounding_bound(d)),
              tolerance, pending_count),
@@ -754,14 +754,14 @@ def test_a_model_cuts_its_hyperplanes_for_int8_once(cp, monkeypatch):
     monkeypatch.setattr(staging, "PREDICT_CHUNK_ROWS_GPU", 100)
     model = GLN(**CONFIG, device="cuda")
     afresh = GLN(**CONFIG, device="cuda")
-    afresh._layer_contexts = cuda.cuda_layer_contexts  # no cache: cut for every chunk
+    afresh._pipeline.layer_contexts = cuda.cuda_layer_contexts  # no cache: cut for every chunk
     before = model.nbytes
     assert model.learn(X[:40], y[:40]).tobytes() == afresh.learn(X[:40], y[:40]).tobytes()
     counted = getattr(cp, "operations", {})
     cuts = counted.get("kernel gln_int8_slices", 0)
     np.testing.assert_array_equal(model.predict_proba(X), afresh.predict_proba(X))
     np.testing.assert_array_equal(model.predict_proba(X), afresh.predict_proba(X))
-    cut = model._layer_contexts.nbytes
+    cut = model._pipeline.layer_contexts.nbytes
     planes, features = model.normals.shape
     assert cut >= planes * 3 * features  # three int8 slices of every normal
     assert model.nbytes == before + cut
@@ -916,7 +916,7 @@ def test_a_progress_bar_on_the_device_changes_nothing_learned(monkeypatch, capsy
 
 def uncaptured(model):
     """The model with its short calls run launch by launch, never replayed."""
-    model._replays = None
+    model._staging.replays = None
     return model
 
 
@@ -944,9 +944,9 @@ def test_short_calls_replayed_from_their_graphs_equal_uncaptured_calls(cp, side_
     replaying = GLN(**config, device="cuda")
     want_outputs, want_bytes = calls_of_every_kind(uncaptured(GLN(**config, device="cuda")), X, y)
     outputs, blob = calls_of_every_kind(replaying, X, y)
-    assert replaying._replays.failure is None
+    assert replaying._staging.replays.failure is None
     assert {(1, True), (2, True), (8, True), (3, True), (1, False), (5, False)} <= set(
-        replaying._replays._captured)
+        replaying._staging.replays._captured)
     for got, want in zip(outputs, want_outputs, strict=True):
         np.testing.assert_array_equal(got, want)
     assert blob == want_bytes
@@ -968,8 +968,8 @@ def test_calls_whose_rows_are_not_staged_are_not_replayed(cp, monkeypatch):
             reference.learn(X[start:start + rows], y[start:start + rows]))
         np.testing.assert_array_equal(model.predict_proba(X[:rows]),
                                       reference.predict_proba(X[:rows]))
-    assert model._replays.failure is None
-    assert {rows for rows, _ in model._replays._captured} == {1, 2}
+    assert model._staging.replays.failure is None
+    assert {rows for rows, _ in model._staging.replays._captured} == {1, 2}
     assert model.to_bytes() == reference.to_bytes()
 
 
@@ -981,13 +981,13 @@ def test_a_model_whose_arrays_are_replaced_captures_its_calls_again(cp):
     for t in range(3):  # run, capture, replay
         np.testing.assert_array_equal(model.learn(X[t:t + 1], y[t:t + 1]),
                                       reference.learn(X[t:t + 1], y[t:t + 1]))
-    old = model._replays._captured[(1, True)]
+    old = model._staging.replays._captured[(1, True)]
     restored = GLN.from_bytes(reference.to_bytes(), device="cuda")
     model.weights, model.moments = restored.weights, restored.moments
     for t in range(3, 6):
         np.testing.assert_array_equal(model.learn(X[t:t + 1], y[t:t + 1]),
                                       reference.learn(X[t:t + 1], y[t:t + 1]))
-    assert model._replays._captured[(1, True)] is not old
+    assert model._staging.replays._captured[(1, True)] is not old
     assert model.to_bytes() == reference.to_bytes()
 
 
@@ -1016,7 +1016,7 @@ def test_two_threads_predicting_with_one_model_get_their_own_rows(cp):
     for t in range(2):  # run, capture
         model.predict_proba(X[t:t + 1])
     results = {}
-    captured = model._replays._captured[(1, False)]
+    captured = model._staging.replays._captured[(1, False)]
     captured.graph = LaunchingAnotherCallMeanwhile(
         captured.graph, lambda: results.setdefault("other", model.predict_proba(X[31:32])))
     mine = model.predict_proba(X[30:31])
@@ -1070,7 +1070,7 @@ def test_a_failed_capture_warns_and_leaves_the_calls_uncaptured(monkeypatch):
         for t in range(2, 6):
             np.testing.assert_array_equal(model.learn(X[t:t + 1], y[t:t + 1]),
                                           reference.learn(X[t:t + 1], y[t:t + 1]))
-        assert "during a stream capture" in model._replays.failure
+        assert "during a stream capture" in model._staging.replays.failure
         assert model.to_bytes() == reference.to_bytes()
 
 

@@ -31,9 +31,9 @@ ROWS, BIAS = np.int32(2), np.float32(1.0)
 
 def layer_inputs_launch(cp, values, inputs, n=ROWS, bias=BIAS, block=128):
     """``gln_layer_inputs`` on (2, 1, 3) values, with the arguments a test wants to spoil."""
-    from gln.kernels.cuda import _function  # noqa: PLC0415 - the cupy of the fixture
+    from gln.kernels.cuda_modules import function  # noqa: PLC0415 - the cupy of the fixture
 
-    kernel = _function("layer_inputs.cu", "gln_layer_inputs")
+    kernel = function("layer_inputs.cu", "gln_layer_inputs")
     kernel((1,), (block,), (values, n, np.int32(1), np.int32(3), np.int32(0), bias, inputs))
 
 
@@ -60,28 +60,6 @@ def test_kernel_arguments_must_match_the_c_signature(cp, spoil):
     with pytest.raises(TypeError, match="gln_layer_inputs argument"):
         layer_inputs_launch(cp, **{"values": values, "inputs": inputs, **arguments})
     assert not inputs.get().any(), "nothing ran"
-
-
-def test_a_kernel_reads_host_memory_only_where_it_is_pinned(cp):
-    """``gln_wait_for_host`` takes a host address: one in pinned memory (which a GPU maps)
-    runs, returning once the mark there is the serial number it waits for, which a host thread
-    writes meanwhile; any other address, or a pinned one too near the end, is refused."""
-    import threading  # noqa: PLC0415
-
-    from gln.kernels.cuda import _function  # noqa: PLC0415 - the cupy of the fixture
-
-    wait = _function("uploads.cu", "gln_wait_for_host")
-    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(8), np.int32, 2)
-    pinned[:] = 0
-    marking = threading.Timer(0.05, pinned.__setitem__, (1, 7))
-    marking.start()
-    wait((1,), (1,), (np.uint64(pinned[1:].ctypes.data), np.int32(7)))  # waits for the mark
-    assert pinned[1] == 7
-    marking.join()
-    pageable = np.zeros(2, np.int32)
-    for address in (pageable.ctypes.data, pinned.ctypes.data + 6):
-        with pytest.raises(TypeError, match="gln_wait_for_host argument 0: an address outside"):
-            wait((1,), (1,), (np.uint64(address), np.int32(0)))
 
 
 def test_launch_bounds_are_enforced(cp):

@@ -80,8 +80,8 @@ def test_rows_already_checked_learn_and_predict_the_bits_of_the_public_verbs(
     monkeypatch, overrides
 ):
     """The service checks a request's rows once and hands ``check_input``'s arrays to
-    ``_learn_checked`` / ``_predict_proba_checked``, which skip the model's own check: the same
-    outputs and bytes as ``learn`` / ``predict_proba`` on the rows as sent, call by call."""
+    ``learn`` / ``predict_proba`` with ``checked=True``, which skip the model's own check: the
+    same outputs and bytes as ``learn`` / ``predict_proba`` on the rows as sent, call by call."""
     import gln.model
 
     monkeypatch.setattr(gln.model, "CHUNK_ROWS", 16)  # the 40-row call is three chunks
@@ -94,13 +94,14 @@ def test_rows_already_checked_learn_and_predict_the_bits_of_the_public_verbs(
     for rows in (1, 1, 2, 3, 1, 8, 40, 1, 64):
         sent = X[start:start + rows].tolist(), y[start:start + rows].tolist()  # as JSON gives
         X32, labels = checked.check_input(*sent, strict=True)
-        assert np.array_equal(checked._learn_checked(X32, labels), public.learn(*sent))
-        assert np.array_equal(checked._predict_proba_checked(X32), public.predict_proba(sent[0]))
+        assert np.array_equal(checked.learn(X32, labels, checked=True), public.learn(*sent))
+        assert np.array_equal(checked.predict_proba(X32, checked=True),
+                              public.predict_proba(sent[0]))
         start += rows
-    for name, array in checked._state_arrays().items():  # to_bytes refuses a callable rate
-        assert np.array_equal(array, public._state_arrays()[name]), name
+    for name, array in checked._state.arrays().items():  # to_bytes refuses a callable rate
+        assert np.array_equal(array, public._state.arrays()[name]), name
     assert checked.examples_seen == public.examples_seen == start
-    assert np.array_equal(checked._learn_checked(X32[:0], labels[:0], progress=True),
+    assert np.array_equal(checked.learn(X32[:0], labels[:0], progress=True, checked=True),
                           public.learn(X[:0], y[:0]))
 
 
@@ -553,7 +554,7 @@ def test_loading_samples_nothing_and_owns_its_arrays(monkeypatch):
     monkeypatch.setattr("gln.state.sample_halfspaces", refuse)
     clone = GLN.from_bytes(blob)
     raw = np.frombuffer(blob, dtype=np.uint8)
-    for name, array in clone._state_arrays().items():
+    for name, array in clone._state.arrays().items():
         assert array.flags.writeable and not np.shares_memory(array, raw), name
     np.testing.assert_array_equal(clone.learn(X[100:], y[100:]), model.learn(X[100:], y[100:]))
     assert clone.to_bytes() == model.to_bytes()

@@ -1,4 +1,4 @@
-"""``python -m gln.kernels.precompile`` fills Numba's cache with every CPU kernel a model
+"""``python -m gln.precompile`` fills Numba's cache with every CPU kernel a model
 calls, so that a process started on that cache compiles nothing (what a container image built
 with it relies on)."""
 
@@ -21,7 +21,7 @@ import json
 import numpy as np
 import gln.kernels.cpu
 from gln import GLN
-from gln.kernels.precompile import cached_kernels
+from gln.precompile import cached_kernels
 rng = np.random.default_rng(1)
 for options, all_parallel in (
     ({}, False),
@@ -63,7 +63,7 @@ def _run(args: list[str], cache: Path) -> dict:
 
 
 def test_a_process_on_a_precompiled_cache_compiles_no_kernel(tmp_path: Path) -> None:
-    compiled = _run(["-m", "gln.kernels.precompile"], tmp_path)["kernels"]
+    compiled = _run(["-m", "gln.precompile"], tmp_path)["kernels"]
     called = {name.rsplit(".", 1)[-1] for name, count in compiled.items() if count}
     threaded = {"_layer_pass", "_quantize", "_int16_contexts"}
     assert threaded | {f"{name}_one_thread" for name in threaded} <= called

@@ -4,7 +4,6 @@ they are waited for)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 
@@ -15,70 +14,13 @@ import gln.kernels.page_locks as page_locks
 import gln.kernels.uploads as uploads
 from tests.gln.emulated_cupy import emulated_cupy_installed
 
-# Set where a GPU never saw a staging thread's mark (the first test below): the copy stream
-# would then hold every later copy for ever, so the other tests that send while staging skip.
-MARKS_UNSEEN: list[str] = []
-
-
-def send_while_staging(cp, monkeypatch: pytest.MonkeyPatch, on: bool = True) -> None:
-    """``LAUNCH_WHILE_STAGING`` set to ``on`` for a test, which skips on a GPU that never saw
-    the marks."""
-    if on and MARKS_UNSEEN and not hasattr(cp, "operations"):
-        pytest.skip(MARKS_UNSEEN[0])
-    monkeypatch.setattr(uploads, "LAUNCH_WHILE_STAGING", on)
-
-
-def test_a_chunk_sent_while_staging_is_sent_before_it_is_staged(cp, monkeypatch):
-    """With ``LAUNCH_WHILE_STAGING`` a GPU's ``send`` returns while the staging threads still
-    copy (held here until released): the device holds the copy until each piece is marked
-    staged, and the rows arrive whole. (The emulated device runs the wait as it is launched,
-    so its ``send`` returns only once the pieces are staged: a GPU's test.) A device that does
-    not see the marks within 30 s fails it, and is let go by marks it cannot miss."""
-    if hasattr(cp, "operations"):
-        pytest.skip("the emulated device runs a launch at once: it cannot return first")
-    send_while_staging(cp, monkeypatch)
-    monkeypatch.setattr(uploads, "STAGING_THREADS", 3)
-    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)
-    stage, release = uploads._stage, threading.Event()
-
-    def held(host, rows, copying=None):
-        copying.set()
-        assert release.wait(30)
-        stage(host, rows)
-
-    monkeypatch.setattr(uploads, "_stage", held)
-    rows = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
-    # Not the first launch of its kernel in the process, which waited for the launch that holds
-    # the copy stream (likely CUDA loading the kernel's module then, once the device's running
-    # kernels are done), and so for the release below: first in a new process, the held
-    # threads timed out after their 30 s and the rows arrived unstaged.
-    (cp.ones(1, dtype=cp.float32) * 2).get()
-    with uploads.ChunkUploads(30, 8) as sender:
-        on_device = sender.send(rows)
-        assert sender.sent_while_staging
-        doubled = on_device * 2  # launched behind the copy, before the rows are staged
-        release.set()
-        deadline = time.monotonic() + 30
-        while not cp.cuda.get_current_stream().done:
-            if time.monotonic() > deadline:
-                MARKS_UNSEEN.append("the GPU did not see a staging thread's mark in 30 s")
-                sender._marks[:] = np.iinfo(np.int32).max  # lets the copies go
-                pytest.fail(MARKS_UNSEEN[0])
-            time.sleep(0.001)
-        np.testing.assert_array_equal(doubled.get(), 2 * rows)
-
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("pieces", [1, 4])
 @pytest.mark.parametrize("ahead", [False, True], ids=["in_turn", "staged_ahead"])
-@pytest.mark.parametrize("while_staging", [False, True], ids=["", "while_staging"])
-def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, while_staging,
-                                              monkeypatch):
+def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, monkeypatch):
     """Each chunk on the device whole, the one before still whole in the other slot; with
-    ``stage_ahead``, each next chunk staged on a thread of its own meanwhile; with
-    ``LAUNCH_WHILE_STAGING``, the chunks not staged ahead copied behind the device's wait for
-    their staging threads."""
-    send_while_staging(cp, monkeypatch, while_staging)
+    ``stage_ahead``, each next chunk staged on a thread of its own meanwhile."""
     monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
     monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)  # every thread, on small chunks
     monkeypatch.setattr(uploads, "STAGING_PIECES", pieces)
@@ -104,34 +46,25 @@ def test_sent_chunks_arrive_whole_and_in_turn(cp, threads, pieces, ahead, while_
         sender.close()
 
 
-def test_a_failed_staging_thread_is_raised_and_holds_no_copy(cp, monkeypatch):
-    """A staging thread that fails still marks its piece, so the device's wait ends and
-    nothing hangs; the failure is raised when the slot is next taken, or at the close."""
-    send_while_staging(cp, monkeypatch)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_failed_staging_is_raised_by_the_send(cp, threads, monkeypatch):
+    """A staging copy that fails (on the calling thread or a staging thread) is raised by the
+    ``send`` of its rows, and the slot serves the next send."""
+    monkeypatch.setattr(uploads, "STAGING_THREADS", threads)
+    monkeypatch.setattr(uploads, "STAGING_BYTES_PER_THREAD", 1)
     stage = uploads._stage
 
     def failing(host, rows, copying=None):
-        copying.set()
         raise MemoryError("staging failed")
 
     rows = np.ones((4, 6), dtype=np.float32)
-    sender = uploads.ChunkUploads(4, 6)
-    monkeypatch.setattr(uploads, "_stage", failing)
-    sender.send(rows)
-    sender.consumed()
-    monkeypatch.setattr(uploads, "_stage", stage)
-    with pytest.raises(MemoryError, match="staging failed"):
-        sender.close()
-    sender = uploads.ChunkUploads(4, 6)
-    monkeypatch.setattr(uploads, "_stage", failing)
-    sender.send(rows)
-    sender.consumed()
-    monkeypatch.setattr(uploads, "_stage", stage)
-    np.testing.assert_array_equal(sender.send(rows + 1).get(), rows + 1)  # the other slot
-    sender.consumed()
-    with pytest.raises(MemoryError, match="staging failed"):
-        sender.send(rows)  # the failed one's slot again
-    sender.close()
+    with uploads.ChunkUploads(4, 6) as sender:
+        monkeypatch.setattr(uploads, "_stage", failing)
+        with pytest.raises(MemoryError, match="staging failed"):
+            sender.send(rows)
+        monkeypatch.setattr(uploads, "_stage", stage)
+        np.testing.assert_array_equal(sender.send(rows + 1).get(), rows + 1)
+        sender.consumed()
 
 
 def test_a_chunk_takes_a_staging_thread_per_share_of_its_bytes_up_to_the_most(monkeypatch):
@@ -211,37 +144,15 @@ def a_model_predicting_in_chunks_of_80(monkeypatch: pytest.MonkeyPatch, dtype: t
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
-@pytest.mark.parametrize("while_staging", [False, True], ids=["", "while_staging"])
-def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, while_staging,
-                                                                  monkeypatch):
+def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, monkeypatch):
     """A model's predictions of many chunks are the same bytes with each next chunk of float32
     rows staged on a thread of its own (STAGE_AHEAD) as with every chunk staged when it is
-    sent; uint8 rows are staged when sent either way. With LAUNCH_WHILE_STAGING too, every
-    float32 chunk not staged ahead is sent while it is staged (uint8 ones never)."""
+    sent; uint8 rows are staged when sent either way."""
     import gln.staging  # noqa: PLC0415
 
     model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=3)
     monkeypatch.setattr(uploads, "STAGE_AHEAD", False)
     in_turn = model.predict_proba(X)
-    send_while_staging(cp, monkeypatch, while_staging)
-    sent = []
-    send = uploads.ChunkUploads.send
-
-    def sending(self, rows):
-        on_device = send(self, rows)
-        sent.append(self.sent_while_staging)
-        return on_device
-
-    monkeypatch.setattr(uploads.ChunkUploads, "send", sending)
-    waits = getattr(cp, "operations", {}).get("kernel gln_wait_for_host", 0)
-    np.testing.assert_array_equal(model.predict_proba(X), in_turn)
-    behind = while_staging and dtype == np.float32
-    assert sent == [behind] * 3
-    if hasattr(cp, "operations"):  # the emulated device counts them: a piece's wait each
-        pieces = uploads.staging_threads(80 * 12 * 4)
-        waited = cp.operations.get("kernel gln_wait_for_host", 0) - waits
-        assert waited == behind * 3 * pieces
-    sent.clear()
     staged, stage_ahead = [], uploads.ChunkUploads.stage_ahead
 
     def recorded(self, rows):
@@ -255,7 +166,6 @@ def test_long_predictions_staged_ahead_equal_those_staged_in_turn(cp, dtype, whi
     # widened with the count, not staged; pixels as uint8 are never staged ahead
     assert gln.staging.HOST_WIDENED_ROWS == 64
     assert staged == ([80, 80] if dtype == np.float32 else [])
-    assert sent == ([while_staging, False, False] if dtype == np.float32 else [False] * 3)
 
 
 def test_a_chunk_is_read_only_after_its_copy():
@@ -390,50 +300,6 @@ def test_only_a_source_that_travels_as_it_lies_is_page_locked(cp, monkeypatch):
     assert sum(staged) == 12  # the rows from elsewhere alone
 
 
-def unlocking_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """``SEND_REGISTERED`` and ``UNLOCK_AFTER_RETURN`` on for a test, each unlock after return
-    held until the event returned is set."""
-    page_locking(monkeypatch)
-    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", True)
-    release, unlock = threading.Event(), page_locks._unlock
-
-    def held(*args):
-        assert release.wait(30)
-        unlock(*args)
-
-    monkeypatch.setattr(page_locks, "_unlock", held)
-    return release
-
-
-def test_a_batch_is_unlocked_after_the_call_by_a_thread_that_holds_it(cp, monkeypatch):
-    """With ``UNLOCK_AFTER_RETURN`` the batch's pages are still locked after the close, until
-    the unlocking thread (held here) has unlocked them, and the thread holds the batch until
-    then, so that its memory outlives the lock though the caller drops it."""
-    import gc  # noqa: PLC0415
-    import weakref  # noqa: PLC0415
-
-    release = unlocking_held(monkeypatch)
-    source = np.random.default_rng(12).standard_normal((40, 24)).astype(np.float32)
-    alive, (first, size) = weakref.ref(source), page_locks.pages_of(source)
-    with uploads.ChunkUploads(20, 24, source=source) as sender:
-        for start in (0, 20):
-            doubled = sender.send(source[start:start + 20]) * 2
-            sender.consumed()
-            np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 20])
-        assert sender.registered
-    del source
-    gc.collect()
-    assert alive() is not None
-    with pytest.raises(cp.cuda.runtime.CUDARuntimeError):
-        cp.cuda.runtime.hostRegister(first, size, 0)  # still locked
-    release.set()
-    assert page_locks.wait_for_unlocks()
-    gc.collect()
-    assert alive() is None
-    cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
-    cp.cuda.runtime.hostUnregister(first)
-
-
 def rows_of_4000_bytes(rows: int, seed: int) -> np.ndarray:
     """``rows`` float32 rows of 4,000 bytes each from a page's start: chunks of them end and
     begin mid-page."""
@@ -444,97 +310,14 @@ def rows_of_4000_bytes(rows: int, seed: int) -> np.ndarray:
     return batch
 
 
-def test_a_batch_sharing_a_page_with_one_still_being_unlocked_waits_and_locks(cp, monkeypatch):
-    """A batch refused a lock for a page it shares with the batch before, still being unlocked
-    (held here, then let go by a timer), waits for that unlock and is locked, not staged."""
-    release = unlocking_held(monkeypatch)
-    staged = counted_staging(monkeypatch)
-    rows = rows_of_4000_bytes(6, seed=13)  # the first three end on the page the last begin on
-    for half, batch in enumerate((rows[:3], rows[3:])):
-        if half:
-            threading.Timer(0.2, release.set).start()
-        with uploads.ChunkUploads(3, 1000, source=batch) as sender:
-            np.testing.assert_array_equal(sender.send(batch).get(), batch)
-            sender.consumed()
-            assert sender.registered
-    assert release.is_set() and staged == []
-    page_locks.wait_for_unlocks()
-
-
-def locking_ahead_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """``SEND_REGISTERED`` and ``LOCK_REST_AHEAD`` on for a test, the thread that locks the
-    rest of a batch held until the event returned is set."""
-    page_locking(monkeypatch)
-    monkeypatch.setattr(uploads, "LOCK_REST_AHEAD", True)
-    release, page_locked = threading.Event(), page_locks.page_locked
-
-    def held(*args):
-        assert release.wait(30)
-        return page_locked(*args)
-
-    monkeypatch.setattr(page_locks, "page_locked", lambda cp, first, size, wait=True: (
-        page_locked(cp, first, size) if wait else held(cp, first, size, wait)))
-    return release
-
-
-def test_a_batch_locked_in_two_is_copied_from_each_lock_it_lies_in(cp, monkeypatch):
-    """With ``LOCK_REST_AHEAD`` the first chunk's pages are locked before its copy and the rest
-    by a thread of its own (held here), which the next chunk waits for; a chunk lying in both
-    locks arrives whole (copied from each), nothing is staged, and the close unlocks both."""
-    release = locking_ahead_held(monkeypatch)
-    staged = counted_staging(monkeypatch)
-    source = rows_of_4000_bytes(12, seed=14)
-    with uploads.ChunkUploads(5, 1000, source=source) as sender:
-        for start in (0, 5, 10):
-            if start == 5:  # the rest not locked yet: lockable by the test
-                first, size = page_locks.pages_of(source[6:])
-                cp.cuda.runtime.hostRegister(first, size, 0)
-                cp.cuda.runtime.hostUnregister(first)
-                release.set()
-            doubled = sender.send(source[start:start + 5]) * 2
-            sender.consumed()
-            np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 5])
-        assert sender.registered
-    assert staged == []
-    first, size = page_locks.pages_of(source)
-    cp.cuda.runtime.hostRegister(first, size, 0)  # both unlocked: lockable again
-    cp.cuda.runtime.hostUnregister(first)
-
-
-def test_rows_in_pages_the_thread_could_not_lock_are_staged(cp, monkeypatch):
-    """Where the driver refuses the rest of a batch (here the test locked part of it), the
-    chunks reaching into it are staged, the first chunk copied from where it lies."""
-    release = locking_ahead_held(monkeypatch)
-    release.set()
-    staged = counted_staging(monkeypatch)
-    source = rows_of_4000_bytes(12, seed=15)
-    first, size = page_locks.pages_of(source[10:])
-    cp.cuda.runtime.hostRegister(first, size, 0)
-    try:
-        with uploads.ChunkUploads(5, 1000, source=source) as sender:
-            for start in (0, 5, 10):
-                doubled = sender.send(source[start:start + 5]) * 2
-                sender.consumed()
-                np.testing.assert_array_equal(doubled.get(), 2 * source[start:start + 5])
-            assert sender.registered
-        assert sum(staged) == 7  # the second chunk and the third
-    finally:
-        cp.cuda.runtime.hostUnregister(first)  # still the test's own lock
-
-
-@pytest.mark.parametrize(("after_return", "rest_ahead"), [(False, False), (True, True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
-def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, after_return,
-                                                                    rest_ahead, monkeypatch):
+def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, monkeypatch):
     """A model's predictions of many chunks are the same bytes with the batch page-locked and
     copied from where it lies (``SEND_REGISTERED``) as staged, and the batch is locked once a
-    call (the first chunk's pages before the rest with ``LOCK_REST_AHEAD``, and unlocked after
-    the call with ``UNLOCK_AFTER_RETURN``)."""
+    call and unlocked by its end."""
     model, X = a_model_predicting_in_chunks_of_80(monkeypatch, dtype, seed=8)
     staged_outputs = model.predict_proba(X)
     page_locking(monkeypatch)
-    monkeypatch.setattr(uploads, "UNLOCK_AFTER_RETURN", after_return)
-    monkeypatch.setattr(uploads, "LOCK_REST_AHEAD", rest_ahead)
     locked, close = [], uploads.ChunkUploads.close
 
     def closing(self):
@@ -545,7 +328,6 @@ def test_long_predictions_from_page_locked_rows_equal_those_staged(cp, dtype, af
     staged = counted_staging(monkeypatch)
     np.testing.assert_array_equal(model.predict_proba(X), staged_outputs)
     assert locked == [True] and staged == []
-    assert page_locks.wait_for_unlocks() is after_return
     first, size = page_locks.pages_of(X)
     cp.cuda.runtime.hostRegister(first, size, 0)  # unlocked: lockable again
     cp.cuda.runtime.hostUnregister(first)

@@ -6,7 +6,7 @@ about 4 s compiling on its first model (2 vCPUs): in a service, inside the first
 restore, before ``/readyz``. A container whose cache lives in the container starts empty every
 time, so the images run this while they are built:
 
-    NUMBA_CACHE_DIR=/var/cache/gln/numba python -m gln.kernels.precompile
+    NUMBA_CACHE_DIR=/var/cache/gln/numba python -m gln.precompile
 
 A kernel that has a one-thread twin (``gln.kernels.cpu.ThreadedKernel``) runs one or the other
 by the size of a call; each twin is compiled for every signature either was called with, so a
@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from gln.kernels import cpu, cpu_gating, cpu_int16_gating, cpu_scaling
+from gln.model import GLN
 
 KERNEL_MODULES = (cpu, cpu_gating, cpu_int16_gating, cpu_scaling)
 
@@ -64,8 +65,6 @@ def _kernel_module_values() -> list:
 def compile_cpu_kernels() -> dict[str, int]:
     """Call every cached CPU kernel with the argument types the library gives it, so that each
     is compiled (or loaded) and saved in the cache; ``compiled_kernels()`` afterwards."""
-    from gln.model import GLN  # noqa: PLC0415 - gln.model imports gln.kernels
-
     model = GLN(num_features=8, num_classes=3, layer_sizes=(4, 2, 1), context_dim=2, seed=0)
     rng = np.random.default_rng(0)
     X = rng.normal(size=(cpu_gating.INT16_MAX_ROWS + 8, 8)).astype(np.float32)
