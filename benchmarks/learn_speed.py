@@ -53,7 +53,7 @@ class PlainGLN:
         contexts = (bits * (1 << np.arange(m.context_dim))).sum(-1)
         rate = float(m.schedule(np.array([m.examples_seen + 1]))[0])
         target = (np.arange(m.num_glns) == label).astype(np.float32)
-        inputs = np.concatenate([[m._bias_logit], base[0]]).astype(np.float32)[None, :]
+        inputs = np.concatenate([[m._config.bias_logit], base[0]]).astype(np.float32)[None, :]
         start, glns = 0, np.arange(m.num_glns)[:, None]
         for w in self.weights:
             k = w.shape[1]
@@ -64,7 +64,7 @@ class PlainGLN:
             update = active - (rate * (p - target[:, None]))[..., None] * inputs[:, None, :]
             w[glns, np.arange(k)[None, :], ctx] = np.clip(update, -m.weight_clip, m.weight_clip)
             logits = np.log(p / (1 - p)).astype(np.float32)
-            inputs = np.concatenate([np.full((m.num_glns, 1), m._bias_logit, np.float32),
+            inputs = np.concatenate([np.full((m.num_glns, 1), m._config.bias_logit, np.float32),
                                      logits], axis=1)
         m.examples_seen += 1
         return p[:, 0]

@@ -458,7 +458,7 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
             return
         if verb is _Verb.PREDICT_FOR_LABELS and self.wal is not None and self._log_in_doubt:
             self._catch_up_or_refuse()
-        group.output = self.model._predict_proba_checked(X)  # the registry checked them
+        group.output = self.model.predict_proba(X, checked=True)  # the registry checked them
         if verb is _Verb.PREDICT_FOR_LABELS:
             self._put_to_wait(jobs, X, group.output)
 
@@ -564,7 +564,7 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         """
         start = int(self.model.examples_seen)
         model = self.model
-        learned = model._learn_checked(X, y) if checked else model.learn(X, y)
+        learned = model.learn(X, y, checked=checked)
         probs = np.asarray(learned, dtype=np.float64)
         self._updates += 1
         if entry_id is not None:

@@ -73,14 +73,14 @@ async def test_coalescing_happens_under_load(client: httpx.AsyncClient, app, cre
     await create_model(client)
     entry = await app.state.engine.registry.get("m")
     calls = 0
-    learn = entry.model._learn_checked  # what the worker calls: the rows are checked
+    learn = entry.model.learn  # what the worker calls (with checked=True)
 
-    def counting_learn(X, y):
+    def counting_learn(X, y, **kwargs):
         nonlocal calls
         calls += 1
-        return learn(X, y)
+        return learn(X, y, **kwargs)
 
-    entry.model._learn_checked = counting_learn
+    entry.model.learn = counting_learn
     body = {"features": [[0.1] * 6], "labels": [1]}
     responses = await asyncio.gather(
         *(client.post("/v1/models/m/learn", json=body) for _ in range(64))
@@ -143,13 +143,13 @@ async def test_a_failing_model_call_is_a_500_and_the_worker_lives_on(
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             await create_model(client)
             entry = await app.state.engine.registry.get("m")
-            learn = entry.model._learn_checked  # what the worker calls: the rows are checked
+            learn = entry.model.learn  # what the worker calls (with checked=True)
 
-            def broken_once(X, y):
-                entry.model._learn_checked = learn
+            def broken_once(X, y, **kwargs):
+                entry.model.learn = learn
                 raise RuntimeError("device lost")
 
-            entry.model._learn_checked = broken_once
+            entry.model.learn = broken_once
             X, y = make_data(3)
             r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
             assert r.status_code == 500
@@ -167,13 +167,13 @@ async def _a_learn_held_by_the_worker(app, client, body: bytes):
     once the worker holds it; a raw ASGI call (its task, its sent messages) follows."""
     entry = await app.state.engine.registry.get("m")
     gate = threading.Event()
-    learn = entry.model._learn_checked  # what the worker calls: the rows are checked
+    learn = entry.model.learn  # what the worker calls (with checked=True)
 
-    def held(X, y):
+    def held(X, y, **kwargs):
         gate.wait(10)
-        return learn(X, y)
+        return learn(X, y, **kwargs)
 
-    entry.model._learn_checked = held
+    entry.model.learn = held
     first = asyncio.create_task(client.post("/v1/models/m/learn", content=body, headers={
         "content-type": "application/json"}))
     for _ in range(100):  # until the worker holds it
