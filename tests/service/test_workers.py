@@ -40,8 +40,23 @@ def _server(tmp_path: Path) -> ServerProcess:
                           "GLN_SNAPSHOT_INTERVAL_S": "3600"}, tmp_path / "server.log")
 
 
+ENGINE = r"engine \(pid (\d+)\) serving"
+WORKER = r"Started server process \[(\d+)\]"
+
+
 def _pids(server: ServerProcess, pattern: str) -> list[int]:
     return [int(pid) for pid in re.findall(pattern, server.log_text())]
+
+
+def _kill_and_wait_for_another(server: ServerProcess, pattern: str, which: int) -> None:
+    """SIGKILL the ``which``-th process the log names by ``pattern``; return once the log
+    names one more (its replacement started)."""
+    started = len(_pids(server, pattern))
+    os.kill(_pids(server, pattern)[which], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while len(_pids(server, pattern)) <= started:
+        assert time.monotonic() < deadline, server.log_text()[-3000:]
+        time.sleep(0.05)
 
 
 def _learn_then_stop(server: ServerProcess, config: dict[str, Any], disrupt: Any) -> tuple[
@@ -89,7 +104,7 @@ def test_many_clients_through_many_workers_learn_exactly_the_log(
 ) -> None:
     with _server(tmp_path) as server:
         learners, examples_seen, entries = _learn_then_stop(server, small_config, lambda: None)
-        assert len(set(_pids(server, r"Started server process \[(\d+)\]"))) == WORKERS
+        assert len(set(_pids(server, WORKER))) == WORKERS
     _check(tmp_path, small_config, learners, examples_seen, entries)
 
 
@@ -97,14 +112,8 @@ def test_kill_9_of_the_engine_under_load_loses_nothing_acknowledged(
     tmp_path: Path, small_config: dict[str, Any]
 ) -> None:
     with _server(tmp_path) as server:
-        def kill_engine() -> None:
-            os.kill(_pids(server, r"engine \(pid (\d+)\) serving")[-1], signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while len(_pids(server, r"engine \(pid (\d+)\) serving")) < 2:
-                assert time.monotonic() < deadline, server.log_text()[-3000:]
-                time.sleep(0.05)
-
-        learners, examples_seen, entries = _learn_then_stop(server, small_config, kill_engine)
+        learners, examples_seen, entries = _learn_then_stop(
+            server, small_config, lambda: _kill_and_wait_for_another(server, ENGINE, -1))
         assert "the engine process died" in server.log_text()
     assert learners.errors, "no request saw the engine go"
     _check(tmp_path, small_config, learners, examples_seen, entries)
@@ -114,14 +123,8 @@ def test_kill_9_of_a_worker_under_load_loses_nothing_acknowledged(
     tmp_path: Path, small_config: dict[str, Any]
 ) -> None:
     with _server(tmp_path) as server:
-        def kill_worker() -> None:
-            os.kill(_pids(server, r"Started server process \[(\d+)\]")[0], signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while len(_pids(server, r"Started server process \[(\d+)\]")) <= WORKERS:
-                assert time.monotonic() < deadline, server.log_text()[-3000:]
-                time.sleep(0.05)
-
-        learners, examples_seen, entries = _learn_then_stop(server, small_config, kill_worker)
+        learners, examples_seen, entries = _learn_then_stop(
+            server, small_config, lambda: _kill_and_wait_for_another(server, WORKER, 0))
     _check(tmp_path, small_config, learners, examples_seen, entries)
 
 
