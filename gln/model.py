@@ -94,7 +94,7 @@ class GLN:
         below it is treated as constant. The default 1e-9 standardises features of any
         practical scale (1e-3, the default before, made a feature of spread 1e-4 invisible:
         online log loss 0.685 against 0.304 with 1e-9, which changed scikit-learn's datasets
-        by at most 0.001; ``benchmarks/min_std.py``).
+        by at most 0.001).
     side_info: what the halfspace gating sees: ``"scaled"`` (the scaled inputs, default) or
         ``"per_row"`` (each row centred on its own mean and normalised; see ``gln.scaling``).
     side_info_blur: for ``"per_row"`` with ``image_shape``, the std in pixels of a Gaussian

@@ -13,10 +13,9 @@ contexts are the same bits either way.
 Three int8 GEMMs (three slices, one GEMM per order, the order's slice pairs side by side along
 the summed dimension, so each int32 result is written once and never read back to be added to)
 in place of one float32 GEMM: on an H100 the int8 rate is many times the float32 one, and the
-bound is tighter than float32's (``benchmarks/int8_gating.py`` and
-``benchmarks/gpu_gating_tf32.py`` measure both). The default for chunks of at least
-``INT8_GATING_MIN_ROWS`` rows: on an H200 it halved a 4,096-row chunk's gating time and
-re-checked a tenth as many margins (docs/benchmarks.md).
+bound is tighter than float32's (``tests/support/int8_gating.py`` is the array code the kernels
+are tested against). The default for chunks of at least ``INT8_GATING_MIN_ROWS`` rows: on an
+H200 it halved a 4,096-row chunk's gating time and re-checked a tenth as many margins.
 
 A model's hyperplanes never change (a restore brings other arrays), so their slices and the
 largest factors every row's bound takes (``Int8Planes``) are cut once and kept by the model's

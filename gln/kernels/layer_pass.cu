@@ -73,12 +73,8 @@
 
 #define GLN_WARP 32
 // (neuron, example) pairs whose dot products gln_layer_predict_shared sums at once; 1 keeps a
-// butterfly per pair in a plain loop over the block's neurons. On the H100 (2,048 rows of a
-// 10 x 128-neuron layer, docs/gpu.md) the plain loop won at 64 a lane (3,274 us against 4,241
-// batched by 8). On an H200, with the warps and example groups that gln.kernels.cuda sets
-// (benchmarks/gpu_shared_grid.py, three alternating turns), batches of 16 won on MNIST's first
-// layer (25 a lane, 32 warps: 491 us against 539 one by one, 541 by 32) and on its second
-// (5 a lane, examples in pairs: 146 us against 191 by 32 in fours, 236 by 32 one by one).
+// butterfly per pair in a plain loop over the block's neurons. 16 won on an H200 for few values
+// a lane (MNIST's layers), the plain loop for many (64 a lane on an H100).
 #ifndef GLN_SUM_BATCH
 #define GLN_SUM_BATCH (GLN_PER_LANE <= 26 ? 16 : 1)
 #endif

@@ -198,12 +198,14 @@ class ModelRegistry:
                             "snapshots fail until it answers")
         # The log fell short of the configured durability at its latest answer to a model,
         # and has confirmed no entry of any model since: learn requests are refused.
-        entries = list(self._models.values())
-        confirmed = max((entry.log_confirmed_at for entry in entries), default=0.0)
+        logs = sorted((entry.log for entry in self._models.values() if entry.log is not None),
+                      key=lambda model_log: model_log.name)
+        confirmed = max((model_log.confirmed_at for model_log in logs), default=0.0)
         problems += [
-            f"learn requests of {entry.name!r} are refused: {entry.durability_shortfall[0]}"
-            for entry in sorted(entries, key=lambda entry: entry.name)
-            if entry.durability_shortfall is not None and entry.durability_shortfall[1] > confirmed
+            f"learn requests of {model_log.name!r} are refused: {shortfall[0]}"
+            for model_log in logs
+            if (shortfall := model_log.durability_shortfall) is not None
+            and shortfall[1] > confirmed
         ]
         return problems
 

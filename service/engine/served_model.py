@@ -23,8 +23,11 @@ carries the rows waiting at its point (after the model's bytes,
 :mod:`service.engine.snapshot_blob`).
 So the log's order is the order of every change, and a restore gets the same rows back.
 
-The entry's log (appends, catch-up, rebuild: :mod:`service.engine.model_log`) and its snapshots
-(:mod:`service.engine.model_snapshots`) are parts of their own.
+A served model owns two parts: its view of the log (appends, doubt, catch-up, rebuild:
+:class:`~service.engine.model_log.ModelLog`, which applies entries back through
+:meth:`ServedModel.apply_entry`) and its snapshots
+(:class:`~service.engine.model_snapshots.ModelSnapshots`, which copies the arrays through
+:meth:`ServedModel.capture`).
 """
 
 from __future__ import annotations
@@ -45,10 +48,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from gln import GLN
+from gln import GLN, SnapshotBuffer
 from service.engine.learn_answers import AnswerCache, LearnResult, scored_rows
-from service.engine.model_log import LoggedWriterMixin
-from service.engine.model_snapshots import SnapshotsMixin
+from service.engine.model_log import ModelLog
+from service.engine.model_snapshots import ModelSnapshots
 from service.engine.online_stats import OnlineStats
 from service.engine.snapshot_blob import WAL_ID
 from service.engine.waiting_rows import WaitingRow, WaitingRows
@@ -61,12 +64,8 @@ from service.errors import (
 from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
 from service.settings import Settings
-from service.storage.store import SnapshotInfo
-from service.storage.wal import (
-    ANY_END,
-    WriteAheadLog,
-    request_digest,
-)
+from service.storage.store import SnapshotInfo, SnapshotStore
+from service.storage.wal import LogEntry, WriteAheadLog, request_digest
 
 log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
@@ -175,7 +174,7 @@ class _GroupResult:
     correct: np.ndarray | None = None  # LEARN: prequential argmax == label, same rows
 
 
-class ServedModel(LoggedWriterMixin, SnapshotsMixin):
+class ServedModel:
     """One model in memory: its request queue and worker, its stats and snapshot info.
 
     Every request that touches the weights (learn, predict, explain) joins one ordered queue.
@@ -211,19 +210,11 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
     ) -> None:
         self.name = name
         self.model = model
-        self.snapshot = snapshot
         self.wal = wal
         self.applied_id = None if snapshot is None else snapshot.metadata.get(WAL_ID)
-        self._log_in_doubt = False
-        # Why the log last fell short of the configured durability for this model (its
-        # WalDurabilityError's words) and when (monotonic), or None; and when the log last
-        # confirmed an entry of this model. /readyz reports a shortfall until the log confirms
-        # an entry of any model after it (this one's included): durability is the log's.
-        self.durability_shortfall: tuple[str, float] | None = None
-        self.log_confirmed_at = 0.0
-        # Where the log ended when this writer last appended to it or read it (ANY_END: not
-        # known yet); each append must follow it, or the log lost entries (a failover).
-        self._log_end: str | None = ANY_END
+        # The model's view of the log (appends, doubt, catch-up, rebuild), None without one.
+        self.log = None if wal is None else ModelLog(name, wal, metrics)
+        self.snapshots = ModelSnapshots(name, wal, metrics, snapshot)
         self._load_snapshot = load_snapshot
         self._answers = AnswerCache(settings.idempotency_cache_rows)
         # Predicted rows waiting for their label (not the request queue, ``_queue``).
@@ -246,11 +237,7 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
         # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
         self.lock = threading.Lock()
-        # `snapshot_lock` orders store writes of this model: a save never lands after delete.
-        self.snapshot_lock = threading.Lock()
-        self.deleted = False
-        self._updates = 0  # learn calls and waiting-row puts; compared with the snapshotted count
-        self._snapshotted_updates = 0
+        self.updates = 0  # learn calls and waiting-row puts; compared with the snapshotted count
         self._executor = executor
         self._metrics = metrics
         self._max_chunk_rows = settings.max_chunk_rows
@@ -283,7 +270,90 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
     @property
     def changed_since_snapshot(self) -> bool:
         """True when learning (or rows put to wait) happened after the latest snapshot."""
-        return self._updates != self._snapshotted_updates
+        return self.snapshots.changed(self.updates)
+
+    @property
+    def snapshot(self) -> SnapshotInfo | None:
+        """The latest snapshot's info."""
+        return self.snapshots.latest
+
+    # -- snapshots and bytes --
+    async def model_bytes(self) -> memoryview:
+        """``GLN.to_bytes()`` between learn runs: every learn request answered so far is in it."""
+        return await self._run(self._model_bytes_sync)
+
+    def _model_bytes_sync(self) -> memoryview:
+        """(thread) The model's bytes, holding the model lock for a copy of its arrays only."""
+        buffer = SnapshotBuffer(self.model)
+        with self.lock:
+            buffer.capture(self.model)
+        return buffer.seal()
+
+    async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
+        """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
+        return await self._run(self.snapshots.save, self, store, force)
+
+    async def delete_snapshots(self, store: SnapshotStore) -> None:
+        """Remove the model's snapshots and log; no snapshot of it can be written afterwards."""
+        await self._run(self.snapshots.delete, store)
+
+    def capture(self) -> tuple[SnapshotBuffer, int, str | None, list[WaitingRow]]:
+        """(thread) The arrays copied under the model lock, with what they hold: the updates,
+        the newest log entry and the rows waiting for labels (``ModelSnapshots.save``)."""
+        buffer = SnapshotBuffer(self.model)  # allocated while the model learns on
+        with self.lock:
+            buffer.capture(self.model)
+            return buffer, self.updates, self.applied_id, self.waiting_rows.rows()
+
+    # -- the log --
+    def replay_log(self) -> int:
+        """(thread) Bring a restored model up to its log: apply the entries after its snapshot,
+        once they are as durable as an acknowledged entry (WalDurabilityError until then)."""
+        if self.log is None:
+            return 0
+        with self.lock:
+            return self.log.catch_up(self)
+
+    def apply_entry(self, entry: LogEntry) -> None:
+        """(model lock) Learn one log entry, and remember its keyed requests' answers.
+
+        A wait entry puts its rows to wait for labels instead; a learn entry's waiting rows
+        stop waiting, as they did when it was logged.
+        """
+        if entry.waiting:
+            assert entry.predictions is not None
+            self._wait(entry.label_ids, entry.features, entry.predictions, entry.expires_at,
+                       entry.expired_ids, entry.id)
+            return
+        start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
+        self.waiting_rows.remove_ids(entry.label_ids)
+        if len(entry.request_rows) != len(entry.idempotency_keys):
+            return
+        digests = entry.request_digests or (None,) * len(entry.idempotency_keys)
+        offset = 0
+        for key, n, digest in zip(entry.idempotency_keys, entry.request_rows, digests,
+                                  strict=True):
+            if key is not None:
+                self._answers.put(key, LearnResult(
+                    start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
+                    log_id=entry.id,
+                ), digest)
+            offset += n
+
+    def start_again_from_snapshot(self) -> int | None:
+        """(model lock) The weights, waiting rows and applied entry of the latest snapshot, in
+        place of this model's (the log lost entries it had learned); the snapshot's version,
+        or None if there is none."""
+        stored = None if self._load_snapshot is None else self._load_snapshot()
+        if stored is None:
+            return None
+        self.model = stored.model
+        self.snapshots.latest = stored.info
+        self.applied_id = stored.info.metadata.get(WAL_ID)
+        self.waiting_rows.clear()
+        self.waiting_rows.put_rows(stored.waiting)
+        self._answers = AnswerCache(self._answers.max_rows)
+        return stored.info.version
 
     @property
     def waiting_capacity_nbytes(self) -> int:
@@ -456,8 +526,8 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         if verb is _Verb.EXPLAIN:
             group.output = self.model.saliency(X)
             return
-        if verb is _Verb.PREDICT_FOR_LABELS and self.wal is not None and self._log_in_doubt:
-            self._catch_up_or_refuse()
+        if verb is _Verb.PREDICT_FOR_LABELS and self.log is not None:
+            self.log.catch_up_if_in_doubt(self)
         group.output = self.model.predict_proba(X, checked=True)  # the registry checked them
         if verb is _Verb.PREDICT_FOR_LABELS:
             self._put_to_wait(jobs, X, group.output)
@@ -471,17 +541,17 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         expired = self.waiting_rows.expiring_with(ids, now) if self.label_default is None else []
         probs = np.asarray(probs, dtype=np.float64)
         wal = self.wal
-        entry_id = None if wal is None else self._logged(
-            lambda follows: wal.append_waiting(self.name, ids, X, probs, expires_at, expired,
-                                               follows=follows)
+        entry_id = None if self.log is None or wal is None else self.log.logged(
+            self, lambda follows: wal.append_waiting(self.name, ids, X, probs, expires_at,
+                                                     expired, follows=follows)
         )
         self._wait(ids, X, probs, expires_at, expired, entry_id)
         self._count_expired(len(expired))
 
     def _expire_group(self, jobs: list[_Job]) -> int:
         """(model lock) Log, then drop, the rows of a run of expire jobs still waiting."""
-        if self.wal is not None and self._log_in_doubt:
-            self._catch_up_or_refuse()
+        if self.log is not None:
+            self.log.catch_up_if_in_doubt(self)
         ids = list(dict.fromkeys(row.id for job in jobs for row in job.waiting_rows or ()
                                  if self.waiting_rows.is_waiting(row)))
         if not ids:
@@ -489,9 +559,9 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         none = np.empty((0, self.model.num_features), np.float32)
         no_predictions = np.empty((0, self.model.num_classes), np.float64)
         wal = self.wal
-        entry_id = None if wal is None else self._logged(
-            lambda follows: wal.append_waiting(self.name, [], none, no_predictions, 0.0, ids,
-                                               follows=follows)
+        entry_id = None if self.log is None or wal is None else self.log.logged(
+            self, lambda follows: wal.append_waiting(self.name, [], none, no_predictions, 0.0,
+                                                     ids, follows=follows)
         )
         self._wait([], none, no_predictions, 0.0, ids, entry_id)
         self._count_expired(len(ids))
@@ -505,7 +575,7 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         as :meth:`_apply` learns."""
         self.waiting_rows.put(ids, X, probs, expires_at)
         self.waiting_rows.remove_ids(expired_ids)
-        self._updates += 1
+        self.updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
 
@@ -519,8 +589,8 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         jobs = group.jobs
         learned: list[LearnResult | RegistryError | None] = [None] * len(jobs)
         copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
-        if self.wal is not None and self._log_in_doubt:
-            self._catch_up_or_refuse()
+        if self.log is not None:
+            self.log.catch_up_if_in_doubt(self)
         stale = self._drop_stale_label_rows(jobs, learned)
         fresh = self._sort_out_duplicates(jobs, learned, copies)
         if fresh:
@@ -566,7 +636,7 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         model = self.model
         learned = model.learn(X, y, checked=checked)
         probs = np.asarray(learned, dtype=np.float64)
-        self._updates += 1
+        self.updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
         return start, probs, *scored_rows(probs, y)
@@ -621,7 +691,8 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
             try:
                 logged = self.wal.logged_requests(self.name, [jobs[i].key for i in keyed])
             except Exception as exc:
-                raise self._log_unavailable(exc) from exc
+                assert self.log is not None
+                raise self.log.unavailable(exc) from exc
             for i, found in zip(keyed, logged, strict=True):
                 if found is not None:
                     known[i] = self._answer_to_retry(jobs[i], found.entry_id, found.digest)
@@ -673,9 +744,9 @@ class ServedModel(LoggedWriterMixin, SnapshotsMixin):
         self, jobs: list[_Job], X: np.ndarray, y: np.ndarray, waiting_rows: list[WaitingRow]
     ) -> str:
         """(model lock) Log the run as one entry (naming the waiting rows it learns)."""
-        wal = self.wal
-        assert wal is not None
-        return self._logged(lambda follows: wal.append(
+        wal, model_log = self.wal, self.log
+        assert wal is not None and model_log is not None
+        return model_log.logged(self, lambda follows: wal.append(
             self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
             [job.digest for job in jobs], [row.id for row in waiting_rows], follows=follows,
         ))

@@ -46,7 +46,7 @@ def test_the_int8_product_reads_column_ranges_of_wider_arrays():
 
 
 def test_the_slicing_kernel_cuts_rows_as_the_array_code_does():
-    """``gln_int8_slices`` against ``benchmarks.int8_gating.sliced`` (the array code the bound
+    """``gln_int8_slices`` against ``tests.support.int8_gating.sliced`` (the array code the bound
     was proved on): the same scales and slices, zeros in the padding, the same norms."""
     from gln.kernels.int8_gating import SLICES, sliced  # noqa: PLC0415
     from tests.support import int8_gating as spec  # noqa: PLC0415

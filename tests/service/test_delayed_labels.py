@@ -454,7 +454,7 @@ async def test_a_wait_entry_logged_behind_a_failed_append_is_applied_before_new_
     X, y = make_data(3)
     entry.wal.append_waiting("m", ["a"], np.asarray(X[:1], np.float32), np.full((1, 3), 1 / 3),
                              time.time() + 60)
-    entry._log_in_doubt = True
+    entry.log.in_doubt = True
     learned = await client.post("/v1/models/m/learn", json={"features": X[1:], "labels": y[1:]})
     labelled = await client.post("/v1/models/m/labels", json={"ids": ["a"], "labels": y[:1]})
     assert learned.json()["sequence"] == 0

@@ -282,7 +282,7 @@ async def test_an_entry_logged_behind_a_failed_append_is_applied_before_new_lear
         entry = await app.state.engine.registry.get("m")
         entry.wal.append("m", np.asarray(landed_X, np.float32), np.asarray(landed_y),
                          ["lost-answer"], [3])
-        entry._log_in_doubt = True
+        entry.log.in_doubt = True
         r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
         retry = await client.post(
             "/v1/models/m/learn", json={"features": landed_X, "labels": landed_y},
@@ -641,7 +641,7 @@ async def test_a_model_ahead_of_its_log_is_rebuilt_and_a_lost_request_learned_on
         lost = (await learn("c")).json()["log_id"]
         _lose_log_tail(redis_url, redis_key_prefix, "m", [lost], ["c"])
         if detected_by == "catch-up":  # as after an append whose outcome is unknown
-            (await app.state.engine.registry.get("m"))._log_in_doubt = True
+            (await app.state.engine.registry.get("m")).log.in_doubt = True
         refused = await learn("d")
         after_rebuild = (await client.get("/v1/models/m")).json()["examples_seen"]
         retried = await learn("c")
@@ -742,7 +742,7 @@ async def test_a_durability_shortfall_is_reported_until_the_log_confirms_any_mod
         for name in ("a", "b"):
             await create_model(client, name, small_config)
         entry = await app.state.engine.registry.get("a")
-        entry.durability_shortfall = ("the replica did not answer", time.monotonic())
+        entry.log.durability_shortfall = ("the replica did not answer", time.monotonic())
         short = (await client.get("/readyz")).json()
         X, y = make_data(2)
         r = await client.post("/v1/models/b/learn", json={"features": X, "labels": y})
