@@ -215,8 +215,8 @@ async def run_stream(url: str, path: str, bodies: list[bytes], connections: int,
 
     async def one(offset: int) -> None:
         nonlocal errors
-        async with websockets.connect(ws_url, additional_headers=headers,
-                                      max_size=None) as ws:
+        async with websockets.connect(ws_url, additional_headers=headers, max_size=None,
+                                      compression=None) as ws:
             sent: asyncio.Queue[float] = asyncio.Queue()
             slots = asyncio.Semaphore(in_flight)
 

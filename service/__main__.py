@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         access_log=settings.access_log,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
         server_header=False,
+        # A stream's batches are arrays, which deflate barely shrinks: compressing every
+        # message took most of the stream's CPU.
+        ws_per_message_deflate=False,
     )
     server = uvicorn.Server(config)
     server.run(sockets=listeners)

@@ -125,6 +125,7 @@ def serve_with_workers(settings: Settings, listeners: list[socket.socket]) -> in
             host=settings.host, port=settings.port, log_level=settings.log_level,
             access_log=settings.access_log,
             timeout_graceful_shutdown=settings.shutdown_timeout_s, server_header=False,
+            ws_per_message_deflate=False,  # as gln-service's single process: arrays
         )
         Multiprocess(config, sockets=listeners).run()
     finally:
