@@ -63,7 +63,8 @@ TABLES = {
         ("pygln_predict_rows_per_second", "pygln predict, 100 rows a call"),
         ("plain_cupy_learn_latency_median_us", "plain CuPy one-example learn, median us"))),
     "service_load": Table("service_load.json", (
-        ("scenario", "scenario"), ("log", "log"), ("requests_per_s", "requests/s"),
+        ("scenario", "scenario"), ("workers", "GLN_WORKERS"), ("log", "log"),
+        ("requests_per_s", "requests/s"),
         ("examples_per_s", "examples/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
         ("p999_ms", "p99.9 ms"), ("max_ms", "max ms"))),
     "fault_load": Table("fault_load.json", (
