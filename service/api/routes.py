@@ -1,4 +1,4 @@
-"""HTTP handlers: validate the body (pydantic), hand the work to the engine, shape the reply.
+"""HTTP handlers: validate the body (pydantic), hand the work to the engine, shape the answer.
 
 Handlers stay thin on purpose: everything that touches a model (checks against its width and
 classes, the learn queue, locking, snapshots) is the engine's, reached through
@@ -74,7 +74,7 @@ BEARER = {"security": [{"bearerAuth": []}]}
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for error replies, which all have a ``{"detail": ...}`` body."""
+    """OpenAPI entries for error answers, which all have a ``{"detail": ...}`` body."""
     return {code: {"model": Detail} for code in codes}
 
 
@@ -83,7 +83,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 # Rust JSON parser validates straight from the bytes (several times faster than json.loads
 # followed by validation), and a large body is parsed in a thread instead of stalling every
 # other request on the event loop. Large answers are encoded in a thread for the same reason.
-# OpenAPI still shows the schemas: the request body via openapi_extra, the reply via
+# OpenAPI still shows the schemas: the request body via openapi_extra, the answer via
 # response_model (which FastAPI does not apply to a returned Response).
 OFFLOAD_BYTES = 64 * 1024  # bodies larger than this are parsed in a thread
 OFFLOAD_VALUES = 20_000  # answers with more numbers than this are encoded in a thread

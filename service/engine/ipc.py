@@ -127,21 +127,21 @@ class EngineServer:
     async def _answer(self, frames: list[zmq.Frame]) -> None:
         peer, header_frame, *data = frames
         header = json.loads(header_frame.bytes)
-        reply: dict[str, Any] = {"id": header["id"]}
+        answer: dict[str, Any] = {"id": header["id"]}
         try:
             verb = header["verb"]
             if verb not in VERBS:
                 raise _RemoteError(400, f"the engine has no verb {verb!r}")
             args = unpack(header["args"], [frame.buffer for frame in data])
             result = await getattr(self.engine, verb)(*args)
-            parts = message(reply, "ok", result)
+            parts = message(answer, "ok", result)
         except RegistryError as exc:
-            reply["error"] = {"status": exc.status_code, "detail": str(exc)}
-            parts = [json.dumps(reply).encode()]
+            answer["error"] = {"status": exc.status_code, "detail": str(exc)}
+            parts = [json.dumps(answer).encode()]
         except Exception as exc:  # a bug: the worker answers 500, the engine goes on
             log.exception("engine call %s failed", header.get("verb"))
-            reply["error"] = {"status": 500, "detail": f"internal error ({type(exc).__name__})"}
-            parts = [json.dumps(reply).encode()]
+            answer["error"] = {"status": 500, "detail": f"internal error ({type(exc).__name__})"}
+            parts = [json.dumps(answer).encode()]
         await self._socket.send_multipart([peer.bytes, *parts], copy=False)
 
 

@@ -117,7 +117,7 @@ class LocalEngine:
         await self._models.delete(name)
 
     async def list_models(self) -> list[dict[str, Any]]:
-        return [entry.describe() for entry in await self._models.restored_models()]
+        return [served.describe() for served in await self._models.restored_models()]
 
     async def info(self, name: str) -> dict[str, Any]:
         return (await self._models.get(name)).describe()

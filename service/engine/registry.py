@@ -129,7 +129,7 @@ class ModelRegistry:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def _entry(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ServedModel:
+    def _served(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ServedModel:
         return ServedModel(
             name, model, executor=self.executor, metrics=self.metrics,
             settings=self.settings, snapshot=snapshot, wal=self.wal,
@@ -148,10 +148,10 @@ class ModelRegistry:
         model_blob, waiting = split_snapshot(blob, info.metadata)
         return StoredModel(self._load(model_blob), info, waiting)
 
-    def _add(self, entry: ServedModel) -> None:
-        self._models[entry.name] = entry
-        entry.start()
-        self.metrics.add_model(entry.name, lambda: int(entry.model.nbytes))
+    def _add(self, served: ServedModel) -> None:
+        self._models[served.name] = served
+        served.start()
+        self.metrics.add_model(served.name, lambda: int(served.model.nbytes))
         self.metrics.models_loaded.set(len(self._models))
 
     # -- readiness --
@@ -198,7 +198,7 @@ class ModelRegistry:
                             "snapshots fail until it answers")
         # The log fell short of the configured durability at its latest answer to a model,
         # and has confirmed no entry of any model since: learn requests are refused.
-        logs = sorted((entry.log for entry in self._models.values() if entry.log is not None),
+        logs = sorted((served.log for served in self._models.values() if served.log is not None),
                       key=lambda model_log: model_log.name)
         confirmed = max((model_log.confirmed_at for model_log in logs), default=0.0)
         problems += [
@@ -252,13 +252,13 @@ class ModelRegistry:
 
     async def get(self, name: str) -> ServedModel:
         """The model called ``name``; 404 if unknown (after start-up restore has finished)."""
-        entry = self._models.get(name)
-        if entry is None:
+        served = self._models.get(name)
+        if served is None:
             await self._wait_restored()  # it may be a stored model not loaded yet
-            entry = self._models.get(name)
-        if entry is None:
+            served = self._models.get(name)
+        if served is None:
             raise ModelNotFound(name, self._failed.get(name))
-        return entry
+        return served
 
     def models(self) -> list[ServedModel]:
         """Every loaded model, by name."""
@@ -286,10 +286,10 @@ class ModelRegistry:
                 f"config: unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
                 f"{', '.join(sorted(CONFIG_KEYS))}"
             )
-        entry = await self._admit(name, config, functools.partial(self._build, config),
+        served = await self._admit(name, config, functools.partial(self._build, config),
                                   "invalid config")
-        log.info("created model %r: %s", name, _shape_of(entry.model))
-        return entry
+        log.info("created model %r: %s", name, _shape_of(served.model))
+        return served
 
     async def import_model(self, name: str, blob: bytes) -> ServedModel:
         """Serve the model of a ``GLN.to_bytes`` blob (an export) as ``name``, on this server's
@@ -304,11 +304,11 @@ class ModelRegistry:
             config = GLN.config_of_bytes(blob)
         except ValueError as exc:
             raise InvalidRequest(f"invalid model bytes: {exc}") from exc
-        entry = await self._admit(name, config, functools.partial(self._import, blob),
+        served = await self._admit(name, config, functools.partial(self._import, blob),
                                   "invalid model bytes")
-        log.info("imported model %r: %s, %d examples seen", name, _shape_of(entry.model),
-                 entry.model.examples_seen)
-        return entry
+        log.info("imported model %r: %s, %d examples seen", name, _shape_of(served.model),
+                 served.model.examples_seen)
+        return served
 
     async def _admit(
         self, name: str, config: dict[str, Any], build: Callable[[], GLN], invalid: str
@@ -341,18 +341,18 @@ class ModelRegistry:
                 model = await self._run(build)
             except (ValueError, TypeError) as exc:
                 raise InvalidRequest(f"{invalid}: {exc}") from exc
-            entry = self._entry(name, model, None)
+            served = self._served(name, model, None)
             try:
                 # A log left by a crash during an earlier delete, in the log this server
                 # writes or in the one it ignores (which a later start may use).
                 for opened in (self.wal, self.ignored_log):
                     if opened is not None:
                         await self._run(opened.delete, name)
-                await entry.save_snapshot(self.store, force=True)
+                await served.save_snapshot(self.store, force=True)
             except Exception as exc:
                 raise self._snapshot_failed("first snapshot of %r failed", name, exc) from exc
-            self._add(entry)
-            return entry
+            self._add(served)
+            return served
 
     def _name_differing_only_in_case(self, name: str) -> str | None:
         """The name of a model, served or not restored, that is ``name`` but for case.
@@ -368,8 +368,8 @@ class ModelRegistry:
 
     async def export(self, name: str) -> memoryview:
         """``GLN.to_bytes()`` of ``name``: every learn request answered before it, included."""
-        entry = await self.get(name)
-        return await entry.model_bytes()
+        served = await self.get(name)
+        return await served.model_bytes()
 
     def _without_device(self, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` without its ``device``, which the server chooses (GLN_DEVICE); 422 for
@@ -408,7 +408,7 @@ class ModelRegistry:
         on its first short call; waiting rows up to their limit once reserved), so what is
         admitted now never pushes the total past the budget later.
         """
-        held = sum(entry.reserved_nbytes for entry in self._models.values())
+        held = sum(served.reserved_nbytes for served in self._models.values())
         budget = self.settings.max_total_model_bytes
         if held + needed > budget:
             raise LimitExceeded(
@@ -416,23 +416,23 @@ class ModelRegistry:
                 f"GLN_MAX_TOTAL_MODEL_BYTES={budget}{advice}"
             )
 
-    async def _reserve_waiting_room(self, entry: ServedModel) -> None:
+    async def _reserve_waiting_room(self, served: ServedModel) -> None:
         """Count room for the model's rows waiting for labels in the server's memory budget,
         at its first prediction with ids; 409 (and nothing predicted) if there is none."""
-        if entry.waiting_room_reserved:
+        if served.waiting_room_reserved:
             return
         async with self._names_lock:
-            if entry.waiting_room_reserved:
+            if served.waiting_room_reserved:
                 return
-            needed = entry.waiting_capacity_nbytes
+            needed = served.waiting_capacity_nbytes
             self._check_bytes(
                 needed,
                 f"rows predicted with ids wait for labels in memory: up to "
                 f"GLN_MAX_PENDING_LABEL_ROWS={self.settings.max_pending_label_rows} rows of "
-                f"model {entry.name!r} may hold {needed} bytes",
+                f"model {served.name!r} may hold {needed} bytes",
                 "; predict without ids, lower GLN_MAX_PENDING_LABEL_ROWS, or delete a model",
             )
-            entry.waiting_room_reserved = True
+            served.waiting_room_reserved = True
 
     def _build(self, config: dict[str, Any]) -> GLN:
         model = GLN(**config, device=self.settings.device)
@@ -471,15 +471,15 @@ class ModelRegistry:
                     raise _store_failed("deleting %r failed", name, exc) from exc
                 del self._failed[name]
                 return
-            entry = self._models.pop(name, None)
-            if entry is None:
+            served = self._models.pop(name, None)
+            if served is None:
                 raise ModelNotFound(name)
-            await entry.close()
+            await served.close()
             try:
-                await entry.delete_snapshots(self.store)
+                await served.delete_snapshots(self.store)
             except Exception as exc:
-                self._models[name] = entry  # nothing changed: keep serving it
-                entry.start()
+                self._models[name] = served  # nothing changed: keep serving it
+                served.start()
                 raise _store_failed("deleting %r failed", name, exc) from exc
             if self.ignored_log is not None:  # no entries of an earlier life may outlive it
                 try:
@@ -493,7 +493,7 @@ class ModelRegistry:
 
     # -- data --
     async def _check(
-        self, entry: ServedModel, features: Sequence[Sequence[float]],
+        self, served: ServedModel, features: Sequence[Sequence[float]],
         labels: Sequence[int] | None = None, *, values_per_row: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Validate a request's rows against the model (width, finiteness, label range) and
@@ -507,7 +507,7 @@ class ModelRegistry:
             raise InvalidRequest(
                 f"features: {len(features)} rows, more than GLN_MAX_ROWS_PER_REQUEST={limit}"
             )
-        per_row = values_per_row or entry.model.num_classes
+        per_row = values_per_row or served.model.num_classes
         values_limit = self.settings.max_response_values
         if len(features) * per_row > values_limit:
             fitting = values_limit // per_row
@@ -525,7 +525,7 @@ class ModelRegistry:
             )
         # Strict: a unit model's clients are told of a value outside [0, 1], which learning
         # would clip (rows logged or waiting from before are learned as they are).
-        check = functools.partial(entry.model.check_input, features, labels, strict=True)
+        check = functools.partial(served.model.check_input, features, labels, strict=True)
         try:
             if len(features) * len(features[0]) > _INLINE_CHECK_VALUES:
                 return await asyncio.to_thread(check)
@@ -541,16 +541,16 @@ class ModelRegistry:
         With ``ids`` (one per row, unique), each row and its prediction wait for a label
         (:meth:`labels`) for ``label_ttl_s`` seconds.
         """
-        entry = await self.get(name)
+        served = await self.get(name)
         if ids is not None:
             _check_ids(ids, len(features), "feature rows")
-        X, _ = await self._check(entry, features)
+        X, _ = await self._check(served, features)
         if ids is not None:
-            await self._reserve_waiting_room(entry)
-        probs = await entry.predict_proba(X, None if ids is None else list(ids))
+            await self._reserve_waiting_room(served)
+        probs = await served.predict_proba(X, None if ids is None else list(ids))
         self.metrics.observe_predicted(name, len(X))
         if ids is not None:
-            await self._expire(entry)  # the oldest rows make room
+            await self._expire(served)  # the oldest rows make room
         return probs
 
     async def labels(
@@ -563,68 +563,70 @@ class ModelRegistry:
         row stops waiting only once its learning is logged: if learning fails the rows still
         wait and the error is raised.
         """
-        entry = await self.get(name)
+        served = await self.get(name)
         limit = self.settings.max_rows_per_request
         if len(ids) > limit:
             raise InvalidRequest(f"ids: {len(ids)} ids, more than GLN_MAX_ROWS_PER_REQUEST={limit}")
         _check_ids(ids, len(labels), "labels")
         try:  # every label, also those of ids no longer waiting, and named by request index
-            entry.model.check_labels(labels)
+            served.model.check_labels(labels)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
-        rows, missing = entry.waiting_rows.waiting(ids, time.time())
+        rows, missing = served.waiting_rows.waiting(ids, time.time())
         if not rows:
             return None, missing
         wanted = dict(zip(ids, labels, strict=True))
         try:
-            result = await self._learn_waiting(entry, rows, [wanted[row.id] for row in rows])
+            result = await self._learn_waiting(served, rows, [wanted[row.id] for row in rows])
         finally:
-            self.metrics.labels_pending.labels(model=name).set(len(entry.waiting_rows))
+            self.metrics.labels_pending.labels(model=name).set(len(served.waiting_rows))
         self.metrics.labels_learned.labels(model=name).inc(result.rows)
         return result, [*missing, *result.stale_ids]
 
-    async def _expire(self, entry: ServedModel) -> None:
+    async def _expire(self, served: ServedModel) -> None:
         """Expire the rows that are due: learn them with the default label, else drop them.
 
         Either goes through the model's queue and log (the model counts the dropped rows),
         so a row stops waiting only once that is logged, and a restart does not bring it
         back. A failure is logged, not raised: the rows stay due and the next pass retries.
         """
-        rows = entry.waiting_rows.due(time.time())
+        rows = served.waiting_rows.due(time.time())
         if rows:
-            default = entry.label_default
+            default = served.label_default
             if default is None:
                 try:
-                    await entry.expire(rows)
+                    await served.expire(rows)
                 except Exception as exc:
                     log.warning("dropping %d expired rows of %r failed (they stay due): %s",
-                                len(rows), entry.name, exc)
+                                len(rows), served.name, exc)
             else:
-                learned = await self._learn_default(entry, rows, default)
-                self.metrics.labels_expired.labels(model=entry.name).inc(learned)
-        self.metrics.labels_pending.labels(model=entry.name).set(len(entry.waiting_rows))
+                learned = await self._learn_default(served, rows, default)
+                self.metrics.labels_expired.labels(model=served.name).inc(learned)
+        self.metrics.labels_pending.labels(model=served.name).set(len(served.waiting_rows))
 
     async def _learn_waiting(
-        self, entry: ServedModel, rows: list[WaitingRow], labels: list[int]
+        self, served: ServedModel, rows: list[WaitingRow], labels: list[int]
     ) -> LearnResult:
         """Learn waiting rows with ``labels``, scored by the predictions made at predict time;
         422 (InvalidRequest) for a label out of range, and nothing learned."""
         try:
-            X, y = entry.model.check_input(np.stack([row.features for row in rows]), labels)
+            X, y = served.model.check_input(np.stack([row.features for row in rows]), labels)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
         assert y is not None
-        return await entry.learn(
+        return await served.learn(
             X, y, scored=np.stack([row.prediction for row in rows]), waiting_rows=rows
         )
 
-    async def _learn_default(self, entry: ServedModel, rows: list[WaitingRow], label: int) -> int:
+    async def _learn_default(
+        self, served: ServedModel, rows: list[WaitingRow], label: int
+    ) -> int:
         """Learn expired rows with the default label; how many were learned (0 on failure)."""
         try:
-            result = await self._learn_waiting(entry, rows, [label] * len(rows))
+            result = await self._learn_waiting(served, rows, [label] * len(rows))
         except Exception:
             log.exception("learning %d expired rows of %r with the default label failed",
-                          len(rows), entry.name)
+                          len(rows), served.name)
             return 0
         return result.rows
 
@@ -633,8 +635,8 @@ class ModelRegistry:
         await self.wait_restored()
         while True:
             await asyncio.sleep(interval_s)
-            for entry in list(self._models.values()):
-                await self._expire(entry)
+            for served in list(self._models.values()):
+                await self._expire(served)
 
     async def learn(
         self, name: str, features: Sequence[Sequence[float]], labels: Sequence[int],
@@ -645,23 +647,23 @@ class ModelRegistry:
         ``key`` is the request's idempotency key (already checked): a request whose key the
         log holds is answered as a duplicate, not learned twice.
         """
-        entry = await self.get(name)
+        served = await self.get(name)
         # Checked and queued in arrival order: a large request is checked in a thread, and a
         # later one must not pass it meanwhile (a stream's batches learn in the order sent).
-        async with entry.admission:
-            X, y = await self._check(entry, features, labels)
+        async with served.admission:
+            X, y = await self._check(served, features, labels)
             assert y is not None
-            queued = entry.queue_learn(X, y, key)
-        return await entry.answer(queued)
+            queued = served.queue_learn(X, y, key)
+        return await served.answer(queued)
 
     async def explain(self, name: str, features: Sequence[Sequence[float]]) -> np.ndarray:
         """Per-class saliency of each row: (n, num_classes, num_features)."""
-        entry = await self.get(name)
-        model = entry.model
+        served = await self.get(name)
+        model = served.model
         X, _ = await self._check(
-            entry, features, values_per_row=model.num_classes * model.num_features
+            served, features, values_per_row=model.num_classes * model.num_features
         )
-        return await entry.saliency(X)
+        return await served.saliency(X)
 
     # -- snapshots --
     async def snapshot(self, name: str) -> SnapshotInfo:
@@ -669,11 +671,11 @@ class ModelRegistry:
         changed since its last, and return the latest's info. An unchanged model is not written
         again: a call costs nothing then, whoever makes it (any web page can send this bodiless
         POST to a server without a token)."""
-        entry = await self.get(name)
+        served = await self.get(name)
         try:
-            info = await entry.save_snapshot(self.store, force=entry.snapshot is None)
+            info = await served.save_snapshot(self.store, force=served.snapshot is None)
             if info is None:
-                info = entry.snapshot
+                info = served.snapshot
         except ModelNotFound:
             raise
         except Exception as exc:
@@ -684,16 +686,16 @@ class ModelRegistry:
     async def snapshot_changed(self) -> bool:
         """Snapshot every model changed since its last snapshot; False if any save failed."""
         ok = True
-        for entry in list(self._models.values()):
-            if not entry.changed_since_snapshot:
+        for served in list(self._models.values()):
+            if not served.changed_since_snapshot:
                 continue
             try:
-                await entry.save_snapshot(self.store, force=False)
+                await served.save_snapshot(self.store, force=False)
             except ModelNotFound:
                 pass  # deleted meanwhile
             except Exception as exc:  # the store is down, typically: say so, once per model
                 ok = False
-                self._snapshot_failed("snapshot of %r failed", entry.name, exc)
+                self._snapshot_failed("snapshot of %r failed", served.name, exc)
         return ok
 
     async def snapshot_periodically(self, interval_s: float) -> None:
@@ -739,12 +741,12 @@ class ModelRegistry:
                 info = stored.info
                 if self.ignored_log is not None:
                     await self._run(self._refuse_an_unapplied_log, name, info)
-                entry = self._entry(name, stored.model, info)
-                entry.waiting_rows.put_rows(stored.waiting)
+                served = self._served(name, stored.model, info)
+                served.waiting_rows.put_rows(stored.waiting)
                 t0 = time.perf_counter()
-                replayed = await self._run(entry.replay_log)
+                replayed = await self._run(served.replay_log)
                 # Restored rows are counted, never refused (the budget may be overrun).
-                entry.waiting_room_reserved = len(entry.waiting_rows) > 0
+                served.waiting_room_reserved = len(served.waiting_rows) > 0
             except Exception as exc:
                 if isinstance(exc, WalDurabilityError) or not await self.store_reachable():
                     why = exc if isinstance(exc, WalDurabilityError) else "store unreachable"
@@ -759,8 +761,8 @@ class ModelRegistry:
                 "restored %r: snapshot version %d, then %d log entries in %.3f s",
                 name, info.version, replayed, time.perf_counter() - t0,
             )
-            self._add(entry)
-            self.metrics.labels_pending.labels(model=name).set(len(entry.waiting_rows))
+            self._add(served)
+            self.metrics.labels_pending.labels(model=name).set(len(served.waiting_rows))
             self.metrics.show_snapshot(name, info.nbytes, info.created_at)
             return
 
@@ -778,6 +780,6 @@ class ModelRegistry:
 
     async def close(self) -> bool:
         """Finish every queued learn request, then snapshot what changed; False on failure."""
-        for entry in list(self._models.values()):
-            await entry.close()
+        for served in list(self._models.values()):
+            await served.close()
         return await self.snapshot_changed()
