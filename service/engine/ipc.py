@@ -3,10 +3,11 @@
 call it through (``GLN_WORKERS`` > 1).
 
 Why ZeroMQ (pyzmq): it frames messages, queues them, reconnects a worker to an engine that
-restarted, and reports disconnects, over a Unix socket, with array bytes sent as frames of
-their own (no copy into a larger buffer, no re-encoding). A call is one multipart message:
-a JSON header (its id, the verb, the arguments) and one frame per array or blob, which the
-header names by index. The answer has the same shape, or carries the error's status and words.
+restarted, and reports disconnects, over a Unix socket, and sends array bytes as they lie (no
+re-encoding). A call is one message: a JSON header (its id, the verb, the arguments) and the
+bytes of its arrays and blobs, which the header names by index: behind the header in one frame
+for a small call, a frame each for a large one. The answer has the same shape, with the
+result or the error's status and words.
 
 An engine that dies fails every call in flight at once (503: its outcome is unknown, so a
 learn is retried with its Idempotency-Key) rather than leaving it to hang; a worker does not
@@ -20,12 +21,11 @@ import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from service.engine.client import Labels, Rows
@@ -78,11 +78,45 @@ def unpack(data: Any, frames: Sequence[Any]) -> Any:
     return data
 
 
+# A message whose arrays hold less than this travels as one frame (its arrays copied once
+# behind the header); a larger one as the header's frame, then a frame per array (no copy):
+# each frame costs a send and a receive, which dominated a single-row call.
+INLINE_BYTES = 64 * 1024
+_ALIGN = 16  # inline arrays start on multiples of this, as NumPy's own allocations do
+
+
 def message(header: dict[str, Any], value_key: str, value: Any) -> list[Any]:
-    """A multipart message: ``header`` with ``value`` packed under ``value_key``, then frames."""
-    frames: list[Any] = []
-    header[value_key] = pack(value, frames)
-    return [json.dumps(header).encode(), *frames]
+    """``header`` with ``value`` packed under ``value_key``, as a message's frames."""
+    buffers: list[Any] = []
+    header[value_key] = pack(value, buffers)
+    sizes = [memoryview(buffer).nbytes for buffer in buffers]
+    if sum(sizes) > INLINE_BYTES:
+        return [json.dumps(header).encode(), *buffers]
+    header["$inline"] = sizes
+    head = json.dumps(header).encode()
+    parts: list[Any] = [len(head).to_bytes(4, "little"), head]
+    at = 4 + len(head)
+    for buffer, size in zip(buffers, sizes, strict=True):
+        parts.append(bytes(-at % _ALIGN))
+        parts.append(buffer)
+        at += -at % _ALIGN + size
+    return [b"".join(parts)]
+
+
+def read_message(frames: Sequence[zmq.Frame]) -> tuple[dict[str, Any], list[Any]]:
+    """A message's header and its arrays' buffers (views of the frames, no copy)."""
+    if len(frames) > 1:
+        return json.loads(frames[0].bytes), [frame.buffer for frame in frames[1:]]
+    whole = frames[0].buffer
+    length = int.from_bytes(whole[:4], "little")
+    header = json.loads(bytes(whole[4:4 + length]))
+    buffers = []
+    at = 4 + length
+    for size in header.pop("$inline"):
+        at += -at % _ALIGN
+        buffers.append(whole[at:at + size])
+        at += size
+    return header, buffers
 
 
 class _RemoteError(RegistryError):
@@ -93,6 +127,44 @@ class _RemoteError(RegistryError):
         self.status_code = status
 
 
+class _Channel:
+    """A ZeroMQ socket driven by the running loop: the loop watches the socket's descriptor, and
+    each wake-up takes every message waiting (``on_message`` is called with its frames). Plain
+    sockets, not zmq.asyncio's: those make a future and a poller event per message, which cost
+    more than the rest of an engine call."""
+
+    def __init__(self, socket: zmq.Socket, on_message: Callable[[list[zmq.Frame]], None]) -> None:
+        self.socket = socket
+        self._on_message = on_message
+        self._loop = asyncio.get_running_loop()
+        self._fd = socket.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._take_all)
+        self._loop.call_soon(self._take_all)  # the descriptor signals edges: take what waits
+
+    def _take_all(self) -> None:
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_message(frames)
+
+    def send(self, parts: list[Any]) -> bool:
+        """Send one message now; False if the socket cannot take it (no peer, or full)."""
+        try:
+            self.socket.send_multipart(parts, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        finally:  # a send can consume the descriptor's edge for messages that arrived meanwhile
+            if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._loop.call_soon(self._take_all)
+        return True
+
+    def stop(self) -> None:
+        """Stop taking messages (the socket stays open, for answers still to send)."""
+        self._loop.remove_reader(self._fd)
+
+
 # -- the engine's side -------------------------------------------------------------------------
 class EngineServer:
     """Serves ``engine`` (any EngineClient) to the workers connected at ``address``."""
@@ -100,20 +172,28 @@ class EngineServer:
     def __init__(self, engine: Any, address: str) -> None:
         self.engine = engine
         self.address = address
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 0)  # answers are bounded by the calls in flight
+        self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.bind(address)
+        self._channel: _Channel | None = None
         self._calls: set[asyncio.Task[None]] = set()
 
     async def serve(self) -> None:
-        """Answer calls until cancelled; each call runs as a task of its own, taken in the
+        """Answer calls until cancelled; each call runs as a task of its own, started in the
         order the socket delivers them (so one worker's calls queue in the order it sent)."""
-        while True:
-            frames = await self._socket.recv_multipart(copy=False)
-            call = asyncio.create_task(self._answer(frames))
-            self._calls.add(call)
-            call.add_done_callback(self._calls.discard)
+        self._channel = _Channel(self._socket, self._start_call)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._channel.stop()
+
+    def _start_call(self, frames: list[zmq.Frame]) -> None:
+        call = asyncio.create_task(self._answer(frames))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
 
     async def drain(self) -> None:
         """Wait for the calls in flight (after ``serve`` was cancelled)."""
@@ -121,28 +201,33 @@ class EngineServer:
             await asyncio.gather(*self._calls, return_exceptions=True)
 
     def close(self) -> None:
-        self._socket.close()
+        if not self._socket.closed:
+            self._socket.close()
         self._context.term()
 
     async def _answer(self, frames: list[zmq.Frame]) -> None:
-        peer, header_frame, *data = frames
-        header = json.loads(header_frame.bytes)
-        answer: dict[str, Any] = {"id": header["id"]}
+        peer, *body = frames
+        try:
+            header, buffers = read_message(body)
+            answer: dict[str, Any] = {"id": int(header["id"])}
+        except (ValueError, TypeError, KeyError):  # no worker of ours sent it: nobody to answer
+            log.exception("the engine dropped a malformed message")
+            return
         try:
             verb = header["verb"]
             if verb not in VERBS:
                 raise _RemoteError(400, f"the engine has no verb {verb!r}")
-            args = unpack(header["args"], [frame.buffer for frame in data])
+            args = unpack(header["args"], buffers)
             result = await getattr(self.engine, verb)(*args)
             parts = message(answer, "ok", result)
         except RegistryError as exc:
-            answer["error"] = {"status": exc.status_code, "detail": str(exc)}
-            parts = [json.dumps(answer).encode()]
+            parts = message(answer, "error", {"status": exc.status_code, "detail": str(exc)})
         except Exception as exc:  # a bug: the worker answers 500, the engine goes on
             log.exception("engine call %s failed", header.get("verb"))
-            answer["error"] = {"status": 500, "detail": f"internal error ({type(exc).__name__})"}
-            parts = [json.dumps(answer).encode()]
-        await self._socket.send_multipart([peer.bytes, *parts], copy=False)
+            parts = message(answer, "error", {
+                "status": 500, "detail": f"internal error ({type(exc).__name__})"})
+        if self._channel is not None and not self._socket.closed:  # closed: the worker's 503
+            self._channel.send([peer.bytes, *parts])
 
 
 # -- the workers' side -------------------------------------------------------------------------
@@ -159,75 +244,76 @@ class RemoteEngine:
         self.connect_timeout_s = connect_timeout_s
         self._ids = itertools.count()
         self._calls: dict[int, asyncio.Future[Any]] = {}
-        self._context: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._context: zmq.Context | None = None
+        self._socket: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._channel: _Channel | None = None
+        self._monitor_channel: _Channel | None = None
 
     async def start(self) -> None:
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for an engine that is not there
+        socket.setsockopt(zmq.SNDHWM, 0)  # bounded by the requests in flight
+        socket.setsockopt(zmq.RCVHWM, 0)
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.address)
         self._socket = socket
-        self._tasks = [asyncio.create_task(self._receive(), name="gln-engine-answers"),
-                       asyncio.create_task(self._watch(monitor), name="gln-engine-watch")]
+        self._monitor = monitor
+        self._channel = _Channel(socket, self._take_answer)
+        self._monitor_channel = _Channel(monitor, self._take_event)
 
     async def close(self) -> bool:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._fail_all(Unavailable("the server is shutting down"))
+        for channel in (self._channel, self._monitor_channel):
+            if channel is not None:
+                channel.stop()
         if self._socket is not None:
             self._socket.disable_monitor()
             self._socket.close()
+        if self._monitor is not None:
+            self._monitor.close()
         if self._context is not None:
             self._context.term()
         return True  # the engine process snapshots; its exit status says how that went
 
     async def _call(self, verb: str, *args: Any) -> Any:
-        assert self._socket is not None, "the remote engine has not started"
+        assert self._channel is not None, "the remote engine has not started"
         call_id = next(self._ids)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = answer
         try:
             parts = message({"id": call_id, "verb": verb}, "args", list(args))
-            try:
-                await asyncio.wait_for(self._socket.send_multipart(parts, copy=False),
-                                       self.connect_timeout_s)
-            except TimeoutError:
-                raise Unavailable("the engine process is not answering (starting or "
-                                  "restarting); retry shortly") from None
+            waited = 0.0
+            while not self._channel.send(parts):  # no engine connected (IMMEDIATE)
+                if waited >= self.connect_timeout_s:
+                    raise Unavailable("the engine process is not answering (starting or "
+                                      "restarting); retry shortly")
+                await asyncio.sleep(0.02)
+                waited += 0.02
             return await answer
         finally:
             self._calls.pop(call_id, None)
 
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            header_frame, *data = await self._socket.recv_multipart(copy=False)
-            header = json.loads(header_frame.bytes)
-            answer = self._calls.get(header["id"])
-            if answer is None or answer.done():
-                continue  # its caller was cancelled, or was answered that the engine died
-            if "error" in header:
-                error = header["error"]
-                answer.set_exception(_RemoteError(error["status"], error["detail"]))
-            else:
-                answer.set_result(unpack(header["ok"], [frame.buffer for frame in data]))
+    def _take_answer(self, frames: list[zmq.Frame]) -> None:
+        header, buffers = read_message(frames)
+        answer = self._calls.get(header["id"])
+        if answer is None or answer.done():
+            return  # its caller was cancelled, or was answered that the engine died
+        if "error" in header:
+            error = header["error"]
+            answer.set_exception(_RemoteError(error["status"], error["detail"]))
+        else:
+            answer.set_result(unpack(header["ok"], buffers))
 
-    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+    def _take_event(self, frames: list[zmq.Frame]) -> None:
         """Fail every call in flight when the connection to the engine drops."""
-        try:
-            while True:
-                event = parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_DISCONNECTED:
-                    log.warning("the engine process disconnected; %d request(s) in flight "
-                                "are answered 503", len(self._calls))
-                    self._fail_all(Unavailable(ENGINE_GONE))
-        finally:
-            monitor.close()
+        event = parse_monitor_message([frame.bytes for frame in frames])
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            log.warning("the engine process disconnected; %d request(s) in flight are "
+                        "answered 503", len(self._calls))
+            self._fail_all(Unavailable(ENGINE_GONE))
 
     def _fail_all(self, error: Exception) -> None:
         for answer in self._calls.values():
