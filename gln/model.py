@@ -38,7 +38,14 @@ from gln.kernels.uploads import ChunkUploads
 from gln.pipeline import Pipeline
 from gln.saliency import saliency_terms
 from gln.schedules import Evaluated, PerExample
-from gln.serialize import load_state, read_snapshot, snapshot_bytes, snapshot_config
+from gln.serialize import (
+    SnapshotFormatError,
+    check_arrays,
+    load_state,
+    read_snapshot,
+    snapshot_bytes,
+    snapshot_config,
+)
 from gln.staging import Staging, chunk_bounds
 from gln.state import State, allocating, estimate_nbytes, initial_state, layout_of
 
@@ -464,10 +471,23 @@ class GLN:
         saved = dict(snapshot.config)
         if device is not None:
             saved["device"] = device
-        config = cls._checked_config(saved, use_kernels)
-        pipeline = Pipeline(config)
-        with allocating(config, pipeline.device):
-            state = load_state(snapshot, layout_of(config), pipeline.xp)
+        try:
+            config = cls._checked_config(saved, use_kernels)
+        except (TypeError, ValueError) as error:
+            raise SnapshotFormatError(f"GLN snapshot of an invalid configuration: {error}"
+                                      ) from None
+        layout = layout_of(config)
+        # Before anything is built: the arrays the header names must be the configuration's
+        # and fill the payload exactly, so a small blob cannot make a large model.
+        check_arrays(snapshot, layout)
+        try:
+            pipeline = Pipeline(config)
+            with allocating(config, pipeline.device):
+                state = load_state(snapshot, layout, pipeline.xp)
+        except (MemoryError, ValueError) as error:
+            if isinstance(error, SnapshotFormatError):
+                raise
+            raise SnapshotFormatError(f"GLN snapshot cannot be loaded here: {error}") from None
         model = cls.__new__(cls)
         model._own(config, pipeline, state)
         return model

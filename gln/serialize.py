@@ -228,7 +228,7 @@ def _arrays_and_counters(
     payload only, so a header may be anything)."""
     try:
         arrays = [
-            (str(entry["name"]), np.dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"]))
+            (str(entry["name"]), _dtype(entry["dtype"]), tuple(_side(d) for d in entry["shape"]))
             for entry in header["arrays"]
         ]
         counters = header["moments_count"], header["examples_seen"]
@@ -241,6 +241,23 @@ def _arrays_and_counters(
                 f"[0, 2**62)), got {value!r}"
             )
     return arrays, *counters
+
+
+# The dtypes a state holds, as a header writes them; a string is matched before NumPy parses it
+# (np.dtype reads struct and tuple notation, which a crafted header could abuse).
+_DTYPES = {f"{order}{kind}{size}" for order in "<>|=" for kind in "fiub" for size in (1, 2, 4, 8)}
+
+
+def _dtype(text: Any) -> np.dtype:
+    if not isinstance(text, str) or text not in _DTYPES:
+        raise ValueError(f"dtype {text!r} is none of a state's")
+    return np.dtype(text)
+
+
+def _side(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_COUNT:
+        raise ValueError(f"array side {value!r} is not a size")
+    return value
 
 
 @dataclass(frozen=True)
@@ -263,6 +280,22 @@ def read_snapshot(blob: bytes) -> Snapshot:
     config = _config_of(header)
     arrays, moments_count, examples_seen = _arrays_and_counters(header)
     return Snapshot(config, arrays, moments_count, examples_seen, payload)
+
+
+def check_arrays(snapshot: Snapshot, expected: Layout) -> None:
+    """``SnapshotFormatError`` unless the snapshot's arrays are ``expected``'s (the layout of
+    the configuration it is loaded with; one saved before ``moments_shift`` may lack that) and
+    fill its payload exactly: checked before anything of that size is allocated."""
+    named = {name: (shape, dtype) for name, dtype, shape in snapshot.arrays}
+    for name, layout in named.items():
+        if expected.get(name) != layout:
+            raise SnapshotFormatError(f"snapshot array {name!r} does not fit the configuration")
+    if len(named) != len(snapshot.arrays) or set(expected) - set(named) - {"moments_shift"}:
+        raise SnapshotFormatError("GLN snapshot arrays do not match the configuration")
+    size = sum(dtype.itemsize * math.prod(shape) for shape, dtype in named.values())
+    if size != len(snapshot.payload):
+        raise SnapshotFormatError(f"GLN snapshot payload of {len(snapshot.payload)} bytes, "
+                                  f"where its arrays take {size}")
 
 
 def load_state(snapshot: Snapshot, expected: Layout, xp: Any) -> State:

@@ -17,6 +17,7 @@ from gln import GLN
 from service.api.app import create_app
 from service.settings import Settings
 from tests.gln.snapshot_bytes import with_config, with_header
+from tests.support.forged_snapshots import blob, mutate, split
 
 OCTETS = {"content-type": "application/octet-stream"}
 
@@ -185,3 +186,17 @@ async def test_exporting_a_model_that_does_not_exist_is_404(client):
     r = await client.get("/v1/models/nope/export")
     assert r.status_code == 404
     assert r.json()["detail"] == "model 'nope' not found"
+
+
+async def test_hostile_model_bytes_never_get_a_5xx_and_create_nothing(client):
+    """Forged blobs (headers rewritten, checksums recomputed) are answered 201 or 422."""
+    header, payload = split(blob())
+    rng = np.random.default_rng(7)
+    statuses: dict[int, int] = {}
+    for i in range(300):
+        r = await client.post(f"/v1/models/fuzz-{i}/import", content=mutate(rng, header, payload),
+                              headers={"content-type": "application/octet-stream"})
+        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        assert r.status_code in (201, 422), r.text
+    created = {m["name"] for m in (await client.get("/v1/models")).json()}
+    assert len(created) == statuses.get(201, 0) and statuses[422] > 150
