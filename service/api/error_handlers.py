@@ -24,9 +24,16 @@ def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _internal_error)
 
 
+# A 503 says when to try again: the log or the store is away, the engine restarting, the
+# models still being restored; each is usually over in seconds, and clients back off from it.
+RETRY_AFTER_S = "1"
+
+
 async def _registry_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RegistryError)
-    return JSONResponse({"detail": _shortened(str(exc))}, status_code=exc.status_code)
+    headers = {"retry-after": RETRY_AFTER_S} if exc.status_code == 503 else None
+    return JSONResponse({"detail": _shortened(str(exc))}, status_code=exc.status_code,
+                        headers=headers)
 
 
 # An error's words echo what the client sent (a config value, a label); a value of megabytes

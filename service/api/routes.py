@@ -52,7 +52,8 @@ def engine_of(request: Request) -> EngineClient:
     """The app's engine (started by the lifespan); 503 if the app has not started."""
     engine: EngineClient | None = getattr(request.app.state, "engine", None)
     if engine is None:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "service is starting")
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "service is starting",
+                            headers={"retry-after": "1"})
     return engine
 
 

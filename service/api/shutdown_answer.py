@@ -50,7 +50,7 @@ class ShutdownAnswerMiddleware:
             withdrawn = isinstance(cancelled, RequestWithdrawn)
             try:
                 await send_json(send, 503, WITHDRAWN if withdrawn else UNKNOWN,
-                                [(b"connection", b"close")])
+                                [(b"connection", b"close"), (b"retry-after", b"1")])
             except Exception:
                 raise cancelled from None  # its answer had started: uvicorn closes it
             log.warning("%s %s answered 503: the shutdown stopped waiting for it (%s)",

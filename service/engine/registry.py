@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -353,6 +354,16 @@ class ModelRegistry:
                 raise self._snapshot_failed("first snapshot of %r failed", name, exc) from exc
             self._add(served)
             return served
+
+    def _without_paths(self, words: str) -> str:
+        """``words`` with the server's data directories named by their settings: what a client
+        reads (a 404, /readyz) shows no path of the host."""
+        for directory, setting in ((self.settings.wal_dir, "GLN_WAL_DIR"),
+                                   (self.settings.snapshot_dir, "GLN_SNAPSHOT_DIR")):
+            if directory:
+                words = words.replace(str(Path(directory).resolve()), setting)
+                words = words.replace(str(directory), setting)
+        return words
 
     def _name_differing_only_in_case(self, name: str) -> str | None:
         """The name of a model, served or not restored, that is ``name`` but for case.
@@ -755,7 +766,7 @@ class ModelRegistry:
                     delay = min(30.0, delay * 2)
                     continue
                 log.exception("cannot restore model %r", name)
-                self._failed[name] = f"{type(exc).__name__}: {exc}"
+                self._failed[name] = self._without_paths(f"{type(exc).__name__}: {exc}")
                 return
             log.info(
                 "restored %r: snapshot version %d, then %d log entries in %.3f s",

@@ -474,6 +474,7 @@ async def test_learn_answers_503_while_the_log_is_down_and_loses_nothing_acknowl
 
     assert down.status_code == 503 and "retry it with the same Idempotency-Key" in down.json()[
         "detail"]
+    assert down.headers["retry-after"] == "1"  # when to try again, for clients that back off
     assert unkeyed.status_code == 503 and "did not confirm" in unkeyed.json()["detail"]
     assert seen_while_down == 9
     assert again.json()["duplicate"] is True and again.json()["sequence"] == 12

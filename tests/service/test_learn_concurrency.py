@@ -228,7 +228,7 @@ async def test_a_request_a_shutdown_stops_waiting_for_is_withdrawn_and_answered_
         assert (await first).status_code == 200
         info = (await client.get("/v1/models/m")).json()
         scrape = (await client.get("/metrics")).text
-    assert sent[0]["status"] == 503
+    assert sent[0]["status"] == 503 and (b"retry-after", b"1") in sent[0]["headers"]
     assert json.loads(sent[1]["body"])["detail"] == WITHDRAWN
     assert info["examples_seen"] == 3 and info["pending_examples"] == 0
     assert 'route="/v1/models/{name}/learn",status="503"' in scrape

@@ -244,6 +244,7 @@ async def test_readyz_is_503_until_every_model_is_restored(
             assert (await client.get("/healthz")).status_code == 200
             r = await client.get("/readyz")
             assert r.status_code == 503 and "restoring" in r.json()["detail"]
+            assert r.headers["retry-after"] == "1"
             # A stored model may still be on its way: 503, not a misleading 404 or list.
             assert (await client.get("/v1/models/stored")).status_code == 503
             assert (await client.get("/v1/models")).status_code == 503
@@ -406,3 +407,21 @@ async def test_a_hung_redis_holds_no_thread_that_predictions_need(
             assert {a.json()["status"] for a in answers} == {"degraded"}
             await asyncio.sleep(PING_REUSE_S)
             assert (await client.get("/readyz")).json()["status"] == "ready"
+
+
+async def test_a_damaged_store_is_reported_without_the_hosts_paths(
+    settings: Settings, serve, create_model
+):
+    """Why a model could not be restored names its file within the store, not where the store
+    lies on the host (a 404's and /readyz's words reach any client)."""
+    async with serve(create_app(settings)) as client:
+        await create_model(client, "broken")
+    (Path(settings.snapshot_dir) / "broken" / "HEAD").write_bytes(b"{not json")
+    app = create_app(settings)
+    async with serve(app) as client:
+        problems = " ".join((await client.get("/readyz")).json()["problems"])
+        detail = (await client.get("/v1/models/broken")).json()["detail"]
+    assert "broken/HEAD is not JSON" in problems and "broken/HEAD" in detail
+    for words in (problems, detail):
+        assert str(Path(settings.snapshot_dir).resolve()) not in words
+        assert settings.snapshot_dir not in words

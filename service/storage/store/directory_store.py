@@ -119,14 +119,14 @@ class DirectorySnapshotStore(ClosingMixin):
         try:
             head = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise SnapshotCorruptError(f"{model_dir / 'HEAD'} is not JSON: {exc}") from exc
+            raise SnapshotCorruptError(f"{model_dir.name}/HEAD is not JSON: {exc}") from exc
         if not isinstance(head, dict):
-            raise SnapshotCorruptError(f"{model_dir / 'HEAD'} is not a JSON object")
+            raise SnapshotCorruptError(f"{model_dir.name}/HEAD is not a JSON object")
         return head
 
     def _parse_head(self, model_dir: Path, head: dict[str, Any]) -> tuple[SnapshotInfo, Path]:
         """The info ``HEAD`` holds and the version file it points to."""
-        info = SnapshotInfo.from_head(head, str(model_dir / "HEAD"))
+        info = SnapshotInfo.from_head(head, f"{model_dir.name}/HEAD")  # no path of the host
         return info, model_dir / f"v{info.version}.snap"
 
     def _versions_on_disk(self, model_dir: Path) -> list[int]:
