@@ -96,9 +96,11 @@ class Settings(BaseSettings):
         description="Label learned for rows whose label never came; unset: drop them.",
     )
     max_models: int = Field(1000, gt=0, description="Most models one server holds.")
-    max_total_model_bytes: int = Field(
-        8192 * MIB, gt=0,
-        description="Most bytes all models together may hold (GLN.estimate_nbytes).",
+    max_total_model_bytes: int | None = Field(
+        None, gt=0,
+        description="Most bytes all models together may hold (GLN.estimate_nbytes). Unset: "
+        "half the memory this process may use (the machine's, or its container's limit "
+        "where lower), or 80% of the GPU's with GLN_DEVICE=cuda.",
     )
     api_token: SecretStr | None = Field(
         None,

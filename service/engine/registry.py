@@ -25,6 +25,7 @@ import numpy as np
 
 from gln import GLN
 from gln.backend import resolve_device
+from service.engine import memory
 from service.engine.learn_answers import LearnResult
 from service.engine.served_model import ServedModel, StoredModel
 from service.engine.snapshot_blob import WAL_ID, split_snapshot
@@ -119,6 +120,11 @@ class ModelRegistry:
         self.metrics = metrics
         self.executor = executor
         self._models: dict[str, ServedModel] = {}
+        self._derived_budget: tuple[int, str] | None = None  # GLN_MAX_TOTAL_MODEL_BYTES unset
+        try:
+            self._device = resolve_device(settings.device)
+        except ValueError:  # no model can be built: _build says why
+            self._device = "cpu"
         self._failed: dict[str, str] = {}  # stored names that could not be restored -> why
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()
@@ -420,12 +426,23 @@ class ModelRegistry:
         admitted now never pushes the total past the budget later.
         """
         held = sum(served.reserved_nbytes for served in self._models.values())
-        budget = self.settings.max_total_model_bytes
+        budget, source = self._budget()
         if held + needed > budget:
+            _, free = memory.memory(self._device)
             raise LimitExceeded(
                 f"{what} and the server's models hold {held}; together more than "
-                f"GLN_MAX_TOTAL_MODEL_BYTES={budget}{advice}"
+                f"GLN_MAX_TOTAL_MODEL_BYTES={budget}{source} ({free} bytes of the "
+                f"{'GPU' if self._device == 'cuda' else 'machine'} free now){advice}"
             )
+
+    def _budget(self) -> tuple[int, str]:
+        """The bytes all models may hold, and (when derived) where that comes from."""
+        if self.settings.max_total_model_bytes is not None:
+            return self.settings.max_total_model_bytes, ""
+        if self._derived_budget is None:
+            budget, source = memory.default_budget(self._device)
+            self._derived_budget = budget, f" (unset: {source})"
+        return self._derived_budget
 
     async def _reserve_waiting_room(self, served: ServedModel) -> None:
         """Count room for the model's rows waiting for labels in the server's memory budget,
