@@ -25,9 +25,11 @@ import uvicorn
 from pydantic import ValidationError
 
 from gln.backend import resolve_device
+from service.api import slow_clients
 from service.api.app import create_app
 from service.api.listen import bind_listeners
 from service.api.request_id import LOG_FORMAT, RequestIdLogFilter
+from service.api.slow_clients import HeaderDeadlineProtocol
 from service.engine.local import open_log
 from service.settings import Settings, unknown_variables
 from service.storage.dir_lock import DirectoryInUseError, lock_data_directories
@@ -109,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         # A stream's batches are arrays, which deflate barely shrinks: compressing every
         # message took most of the stream's CPU.
         ws_per_message_deflate=False,
+        http=HeaderDeadlineProtocol,
+        limit_concurrency=settings.max_connections,
     )
+    slow_clients.header_timeout_s = settings.header_timeout_s
     server = uvicorn.Server(config)
     server.run(sockets=listeners)
     if not server.started:  # its start-up failed, and said why in the log

@@ -125,6 +125,22 @@ class Settings(BaseSettings):
         description="Longest wait for the next piece of a request body before answering 408: "
         "a client that stops sending holds no buffer for good.",
     )
+    min_body_bytes_per_s: float = Field(
+        32 * 1024, gt=0,
+        description="Slowest pace a request body may arrive at, on average, after its first "
+        "GLN_BODY_TIMEOUT_S: a body trickled a byte at a time gets 408 instead of holding "
+        "its connection.",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0,
+        description="Longest a connection may take to send a request's headers (from its "
+        "start, or from the request's first byte); then 408 and the connection is closed.",
+    )
+    max_connections: int = Field(
+        2048, gt=0,
+        description="Connections (and requests in flight) one HTTP process serves at once; "
+        "beyond them new requests get 503.",
+    )
     max_large_bodies: int = Field(
         2, gt=0,
         description="Requests with a body over 1 MiB handled at once, once read; more wait "

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
+from service.api.slow_clients import HeaderDeadlineProtocol
 from service.api.worker import ENGINE_ADDRESS, METRICS_DIR
 from service.engine.process import STARTUP_FAILED, run_engine
 from service.settings import Settings
@@ -126,6 +127,7 @@ def serve_with_workers(settings: Settings, listeners: list[socket.socket]) -> in
             access_log=settings.access_log,
             timeout_graceful_shutdown=settings.shutdown_timeout_s, server_header=False,
             ws_per_message_deflate=False,  # as gln-service's single process: arrays
+            http=HeaderDeadlineProtocol, limit_concurrency=settings.max_connections,
         )
         Multiprocess(config, sockets=listeners).run()
     finally:

@@ -83,7 +83,8 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
                        import_max_bytes=settings.import_max_bytes,
                        timeout_s=settings.body_timeout_s,
                        max_large_bodies=settings.max_large_bodies,
-                       max_buffered_bytes=settings.buffered_bytes_limit)
+                       max_buffered_bytes=settings.buffered_bytes_limit,
+                       min_bytes_per_s=settings.min_body_bytes_per_s)
     app.add_middleware(BearerAuthMiddleware, token=settings.api_token,
                        protect_reads=settings.token_for_reads)
     # Outside the body limit: a request waiting for its turn to be parsed is answered too.

@@ -51,11 +51,13 @@ class BodyLimitMiddleware:
 
     def __init__(self, app: ASGIApp, max_bytes: int, import_max_bytes: int,
                  timeout_s: float = 30.0, max_large_bodies: int = 2,
-                 max_buffered_bytes: int | None = None) -> None:
+                 max_buffered_bytes: int | None = None,
+                 min_bytes_per_s: float = math.inf) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.import_max_bytes = import_max_bytes
         self.timeout_s = timeout_s
+        self.min_bytes_per_s = min_bytes_per_s
         self._large_turns = asyncio.Semaphore(max_large_bodies)
         # None: no bound (the app passes Settings.buffered_bytes_limit, which has the default)
         self.max_buffered_bytes = max_buffered_bytes if max_buffered_bytes else math.inf
@@ -77,15 +79,23 @@ class BodyLimitMiddleware:
             # (counted in ``buffered`` all the same), and a deadline per request cost a few
             # percent of a small learn. Every later piece, and any larger body, has one.
             patient = chunked or declared > SMALL_BODY_BYTES
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             while True:
                 if patient:
+                    # Each piece within timeout_s, and the whole at min_bytes_per_s on average
+                    # after the first timeout_s: a trickle of bytes cannot hold a connection.
+                    paced = started + self.timeout_s + held / self.min_bytes_per_s
+                    wait = min(self.timeout_s, paced - loop.time())
                     try:
-                        async with asyncio.timeout(self.timeout_s):
+                        async with asyncio.timeout(max(wait, 0.0)):
                             message = await receive()
                     except TimeoutError:
-                        await send_json(
-                            send, 408, f"request body incomplete after {self.timeout_s:g} s "
-                            "without data (GLN_BODY_TIMEOUT_S)", [(b"connection", b"close")])
+                        await send_json(send, 408, (
+                            f"request body incomplete after {self.timeout_s:g} s without data, "
+                            f"or slower than {self.min_bytes_per_s:g} bytes/s "
+                            "(GLN_BODY_TIMEOUT_S, GLN_MIN_BODY_BYTES_PER_S)"),
+                            [(b"connection", b"close")])
                         return
                 else:
                     message = await receive()

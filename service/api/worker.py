@@ -14,6 +14,7 @@ import os
 
 from fastapi import FastAPI
 
+from service.api import slow_clients
 from service.api.app import create_app
 from service.api.request_id import LOG_FORMAT, RequestIdLogFilter
 from service.engine.client import EngineClient
@@ -31,6 +32,7 @@ def create_worker_app() -> FastAPI:
     metrics_dir = os.environ[METRICS_DIR]
     count_across_processes(metrics_dir)  # before the app makes its metrics
     settings = Settings()
+    slow_clients.header_timeout_s = settings.header_timeout_s
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdLogFilter())
