@@ -752,3 +752,32 @@ async def test_a_durability_shortfall_is_reported_until_the_log_confirms_any_mod
     assert short == {"status": "degraded", "problems": [
         "learn requests of 'a' are refused: the replica did not answer"]}
     assert recovered == {"status": "ready", "problems": []}
+
+
+async def test_a_redis_that_stops_fsyncing_gets_learns_refused_and_readyz_says_why(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """GLN_WAL_DURABILITY=always on a Redis that runs 'appendfsync always', then 'CONFIG SET
+    appendfsync everysec' under the running service: the next learn is refused (503, not
+    acknowledged), /readyz names why, and once Redis fsyncs again learns are acknowledged."""
+    from tests.redis_process import RedisProcess
+
+    with RedisProcess(tmp_path / "redis", appendfsync="always") as server:
+        settings = Settings(redis_url=server.url, redis_key_prefix="t", wal_durability="always",
+                            snapshot_dir=str(tmp_path / "unused"), snapshot_interval_s=3600)
+        admin = redis.Redis.from_url(server.url)
+        async with serve(create_app(settings)) as client:
+            await create_model(client, "m", small_config)
+            X, y = make_data(2)
+            body = {"features": X, "labels": y}
+            assert (await client.post("/v1/models/m/learn", json=body)).status_code == 200
+            admin.config_set("appendfsync", "everysec")
+            refused = await client.post("/v1/models/m/learn", json=body)
+            degraded = (await client.get("/readyz")).json()
+            admin.config_set("appendfsync", "always")
+            again = await client.post("/v1/models/m/learn", json=body)
+            ready = (await client.get("/readyz")).json()
+        admin.close()
+    assert refused.status_code == 503 and "not fsynced" in refused.json()["detail"]
+    assert degraded["status"] == "degraded" and "not fsynced" in degraded["problems"][0]
+    assert again.status_code == 200 and ready == {"status": "ready", "problems": []}

@@ -918,3 +918,26 @@ def test_open_wal_picks_by_redis_url(tmp_path: Path, redis_url: str) -> None:
 
 def test_check_durability_passes_for_the_defaults(wal: WriteAheadLog) -> None:
     wal.check_durability()  # everysec / fsync: nothing the server could refuse
+
+
+@pytest.mark.parametrize("change", [("appendfsync", "everysec"), ("appendonly", "no")])
+def test_redis_always_is_enforced_on_every_append(
+    aof_redis: tuple[str, tuple[int, ...]], change: tuple[str, str]
+) -> None:
+    """A Redis that stops fsyncing every write under a running log (``CONFIG SET``) fails the
+    next append with WalDurabilityError (the entry is logged, not acknowledged), not only the
+    start-up check; back to 'always', appends are confirmed again."""
+    url, _ = aof_redis
+    wal = RedisWriteAheadLog(url, durability="always")
+    wal.check_durability()
+    wal.append("m", *tagged(1))
+    admin = redis.Redis.from_url(url)
+    admin.config_set(*change)
+    with pytest.raises(WalDurabilityError, match="not fsynced"):
+        wal.append("m", *tagged(2))
+    admin.config_set("appendonly", "yes")
+    admin.config_set("appendfsync", "always")
+    wal.append("m", *tagged(3))
+    assert len(list(wal.read_after("m", None))) == 3  # the refused entry is logged all the same
+    admin.close()
+    wal.close()

@@ -375,15 +375,26 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
             raise WalDivergedError(name, follows, found, known_key)
 
     def _check_confirmations(self, replies: list[Any], what: str) -> None:
-        """WalDurabilityError unless the WAITAOF and WAIT replies (in the order of
-        :meth:`_confirmations`) confirm ``what`` as the durability asks."""
-        for reply in replies:  # WAITAOF or WAIT refused (on a replica, say)
+        """WalDurabilityError unless the replies to :meth:`_confirmations` (in its order)
+        confirm ``what`` as the durability asks: checked on every append, so a Redis whose
+        configuration changed under a running service (``CONFIG SET appendonly no``) stops
+        acknowledging at once instead of losing what it acknowledged at its next crash."""
+        for reply in replies:  # refused: WAITAOF with the AOF off, WAIT on a replica, ...
             if isinstance(reply, redis.ResponseError):
-                raise reply
-        if self.durability == "waitaof" and int(replies[0][0]) < 1:
+                raise WalDurabilityError(f"{what}: Redis refused to confirm it ({reply})")
+        replies = list(replies)
+        if self.durability == "waitaof" and int(replies.pop(0)[0]) < 1:
             raise WalDurabilityError(
                 f"{what} was not fsynced to the AOF within {self.waitaof_timeout_s} s"
             )
+        if self.durability == "always":
+            setting = {**_setting(replies.pop(0)), **_setting(replies.pop(0))}
+            if setting.get("appendonly") != "yes" or setting.get("appendfsync") != "always":
+                raise WalDurabilityError(
+                    f"{what} is not fsynced: Redis now runs with appendonly "
+                    f"{setting.get('appendonly')!r}, appendfsync {setting.get('appendfsync')!r} "
+                    "(durability='always' needs 'yes' and 'always')"
+                )
         if self.replicas and int(replies[-1]) < self.replicas:
             raise WalDurabilityError(
                 f"{what} reached {int(replies[-1])} of the {self.replicas} replica(s) it "
@@ -392,10 +403,13 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
 
     def _confirmations(self) -> list[tuple[Any, ...]]:
         """The commands that wait until what a connection wrote is as durable as the log is
-        configured to be (none for ``everysec`` without replicas)."""
-        commands = []
+        configured to be, or (``always``) read back that Redis still fsyncs every write; none
+        for ``everysec`` without replicas."""
+        commands: list[tuple[Any, ...]] = []
         if self.durability == "waitaof":
             commands.append(self._wait_for_aof())
+        if self.durability == "always":  # two reads: CONFIG GET of several names is 7.0's
+            commands += [("CONFIG", "GET", "appendonly"), ("CONFIG", "GET", "appendfsync")]
         if self.replicas:
             commands.append(self._wait_for_replicas())
         return commands
@@ -524,3 +538,13 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
                 batch = []
         if batch:
             self._client.delete(*batch)
+
+
+def _setting(reply: Any) -> dict[str, str]:
+    """A CONFIG GET reply (a dict, or a flat list of names and values) as text."""
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+    return {_text(name): _text(value) for name, value in pairs}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
