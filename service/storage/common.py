@@ -46,6 +46,11 @@ def check_name(name: str) -> str:
     return name
 
 
+# A model's file log in its directory (service.storage.wal.file_log); the directory store
+# tells by it that a directory which lost its HEAD held a model that learned.
+LOG_FILE_NAME = "wal.log"
+
+
 def model_dir_in(root: Path, name: str) -> Path:
     """``root / name`` for a checked model name, refusing anything that resolves elsewhere."""
     model_dir = root / check_name(name)

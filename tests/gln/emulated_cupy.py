@@ -52,6 +52,7 @@ import ctypes
 import functools
 import hashlib
 import mmap
+import os
 import re
 import shutil
 import subprocess
@@ -928,6 +929,8 @@ class EmulatedCupy(types.ModuleType):
             profilerStop=lambda: _operation("profiler stop"),
             hostRegister=_host_register,
             hostUnregister=_host_unregister,
+            # (free, total) bytes: the device's memory is the host's here.
+            memGetInfo=lambda: _host_memory_info(),
             CUDARuntimeError=CUDARuntimeError,
         )
         self.cuda = types.SimpleNamespace(runtime=runtime, Device=_Device, Event=_Event,
@@ -1033,3 +1036,10 @@ def emulated_cupy_installed() -> Iterator[EmulatedCupy]:
         else:
             sys.modules["cupy"] = previous
         forget_compiled_kernels()
+
+
+def _host_memory_info() -> tuple[int, int]:
+    """cudaMemGetInfo's (free, total) for the emulated device, whose memory is the host's."""
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return free, pages

@@ -24,6 +24,7 @@ from service.engine.registry import PING_REUSE_S
 from service.settings import Settings
 from service.storage.store import open_store
 from tests.redis_process import RedisProcess
+from tests.service.staged_crash import skip_shutdown_snapshots
 
 
 def _store(settings: Settings):
@@ -425,3 +426,30 @@ async def test_a_damaged_store_is_reported_without_the_hosts_paths(
     for words in (problems, detail):
         assert str(Path(settings.snapshot_dir).resolve()) not in words
         assert settings.snapshot_dir not in words
+
+
+async def test_a_directory_that_lost_its_head_is_damage_not_a_model_that_never_was(
+    settings: Settings, serve, create_model, make_data
+):
+    """HEAD removed under a model that learned: the restart shows it unrestored with the
+    reason (/readyz, its info), a create of the name is refused and deletes nothing, and the
+    log with its acknowledged examples is still there for whoever repairs the store."""
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m")
+        X, y = make_data(5)
+        assert (await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+                ).status_code == 200
+        skip_shutdown_snapshots(app)  # the examples are in the log alone
+    model_dir = Path(settings.snapshot_dir) / "m"
+    (model_dir / "HEAD").unlink()
+    log_before = (model_dir / "wal.log").read_bytes()
+    async with serve(create_app(settings)) as client:
+        readiness = (await client.get("/readyz")).json()
+        info = await client.get("/v1/models/m")
+        create = await client.post("/v1/models", json={"name": "m", "config": {
+            "num_features": 6}})
+    assert readiness["status"] == "degraded" and "m/HEAD is missing" in readiness["problems"][0]
+    assert info.status_code == 404 and "HEAD is missing, though wal.log remain" in info.text
+    assert create.status_code == 409 and "could not be restored" in create.text
+    assert (model_dir / "wal.log").read_bytes() == log_before  # nothing acknowledged is gone

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from service.storage.common import (
+    LOG_FILE_NAME,
     ClosingMixin,
     fsync_dir,
     is_model_name,
@@ -174,8 +175,14 @@ class DirectorySnapshotStore(ClosingMixin):
         return info
 
     def load(self, name: str) -> tuple[bytes, SnapshotInfo] | None:
-        """Read ``HEAD``, then its version file; verify length and SHA-256."""
+        """Read ``HEAD``, then its version file; verify length and SHA-256. A directory whose
+        ``HEAD`` is gone while what only a model that lived leaves remains (a second version,
+        a log) is damage, said as such (SnapshotCorruptError), never a model that never was."""
         model_dir = self._model_dir(name)
+        remains = self._remains_without_head(model_dir)
+        if remains:
+            raise SnapshotCorruptError(f"{name}/HEAD is missing, though {remains} remain: the "
+                                       "model's snapshot pointer was lost")
         return load_current(
             name,
             read_head=lambda: self._read_head(model_dir),
@@ -184,12 +191,27 @@ class DirectorySnapshotStore(ClosingMixin):
         )
 
     def names(self) -> list[str]:
-        """Sorted names of the subdirectories that hold a ``HEAD``."""
+        """Sorted names of the subdirectories that hold a ``HEAD``, or that lost theirs
+        (``load`` then says so)."""
         out = []
         for entry in self.path.iterdir():
-            if is_model_name(entry.name) and (entry / "HEAD").is_file():
+            if is_model_name(entry.name) and ((entry / "HEAD").is_file()
+                                              or self._remains_without_head(entry)):
                 out.append(entry.name)
         return sorted(out)
+
+    def _remains_without_head(self, model_dir: Path) -> str:
+        """What of a lived model a directory without ``HEAD`` holds ('' if it has a ``HEAD``, or
+        holds nothing a model leaves once it is acknowledged: a create that crashed before its
+        first ``HEAD`` leaves ``v1.snap`` alone)."""
+        if not model_dir.is_dir() or (model_dir / "HEAD").exists():
+            return ""
+        remains = [f"v{version}.snap" for version in sorted(self._versions_on_disk(model_dir))
+                   if version > 1]
+        log_file = model_dir / LOG_FILE_NAME
+        if log_file.is_file() and log_file.stat().st_size > 0:
+            remains.append(LOG_FILE_NAME)
+        return ", ".join(remains)
 
     def delete(self, name: str) -> None:
         """Remove the model's directory (HEAD, version files, lock file).

@@ -19,7 +19,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from service.storage.common import ClosingMixin, fsync_dir, model_dir_in, replace_atomically
+from service.storage.common import (
+    LOG_FILE_NAME,
+    ClosingMixin,
+    fsync_dir,
+    model_dir_in,
+    replace_atomically,
+)
 from service.storage.wal.entries import (
     FORMAT,
     EntryWriting,
@@ -44,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 _HEADER_LEN = struct.Struct("<I")  # inside the payload: length of the JSON header
-_LOG_NAME = "wal.log"
+_LOG_NAME = LOG_FILE_NAME
 _TMP_PREFIX = ".wal-tmp-"  # not ".tmp-": DirectorySnapshotStore removes those in its dirs
 _COPY_BYTES = 16 * 1024 * 1024
 
