@@ -83,13 +83,14 @@ class Stream(_Stream):
 
     def __enter__(self) -> Stream:
         try:
-            self._socket = websockets.sync.client.connect(self._url, **self._options)
+            self._connection = websockets.sync.client.connect(self._url, **self._options)
+            self._socket = self._connection.__enter__()
         except (InvalidHandshake, OSError, TimeoutError) as exc:
             raise _refused(exc) from exc
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._socket.close()
+    def __exit__(self, *exc: Any) -> None:
+        self._connection.__exit__(*exc)
 
 
 class AsyncStream(_Stream):
@@ -97,10 +98,11 @@ class AsyncStream(_Stream):
 
     async def __aenter__(self) -> AsyncStream:
         try:
-            self._socket = await websockets.asyncio.client.connect(self._url, **self._options)
+            self._connection = websockets.asyncio.client.connect(self._url, **self._options)
+            self._socket = await self._connection.__aenter__()
         except (InvalidHandshake, OSError, TimeoutError) as exc:
             raise _refused(exc) from exc
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self._socket.close()
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._connection.__aexit__(*exc)
