@@ -1,7 +1,8 @@
 """A Python client of the gln-service HTTP API: ``GLNClient`` (blocking), ``AsyncGLNClient``.
 
-Installed on its own with ``pip install 'gln-service[client]'`` (httpx, NumPy, websockets); it
-imports neither ``gln`` nor ``service``. docs/client.md has a tour.
+Installed on its own with ``pip install ./gln_client`` (its own ``pyproject.toml``: httpx,
+NumPy, websockets), or beside the service with its ``client`` extra; it imports neither
+``gln`` nor ``service``. docs/client.md has a tour.
 
 >>> from gln_client import GLNClient
 >>> client = GLNClient("http://127.0.0.1:8000")  # nothing is sent until a verb is called
