@@ -1,5 +1,6 @@
-"""The examples in the docstrings run as written: every module of ``gln`` and ``service`` that
-has examples is checked with ``doctest``, so an example that no longer matches the code fails."""
+"""The examples in the docstrings run as written: every module of ``gln``, ``service`` and
+``gln_client`` that has examples is checked with ``doctest``, so an example that no longer
+matches the code fails."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from types import ModuleType
 import pytest
 
 import gln
+import gln_client
 import service
 
 
 def _modules_with_examples() -> list[ModuleType]:
     modules = [
         importlib.import_module(info.name)
-        for package in (gln, service)
+        for package in (gln, service, gln_client)
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
         if not info.name.endswith("__main__")
     ]
@@ -34,7 +36,7 @@ MODULES = _modules_with_examples()
 def test_the_modules_with_examples_are_found():
     names = {m.__name__ for m in MODULES}
     assert {"gln.checks", "gln.model", "service.engine.waiting_rows", "service.storage.store",
-            "service.storage.wal"} <= names
+            "service.storage.wal", "gln_client.rows"} <= names
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
