@@ -1,6 +1,8 @@
 """Gated Linear Networks (Veness et al.): online learning, one example at a time.
 
-See ``gln.model.GLN`` for the public API and ``gln.network`` for the paper's Algorithm 1.
+See ``gln.model.GLN`` for the public API and ``gln.network`` for the paper's Algorithm 1;
+``gln.sklearn`` and ``gln.river`` adapt it to scikit-learn and River (imported on their own:
+``import gln`` needs neither).
 """
 
 from gln.model import GLN
