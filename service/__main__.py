@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdLogFilter())
     try:  # a server that cannot build a model must not start and blame its clients for it
-        resolve_device(settings.device)
+        device = resolve_device(settings.device)
     except ValueError as exc:
         print(f"gln-service: GLN_DEVICE={settings.device}: {exc}", file=sys.stderr)
         return 2
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("service")
     for warning in unknown_variables(os.environ):
         log.warning("%s", warning)
-    log.info("%s", settings.summary())
+    log.info("%s", settings.summary(device))
     if settings.workers > 1:
         for name, value in overrides.items():  # the workers read their settings anew
             os.environ[f"GLN_{name.upper()}"] = str(value)

@@ -174,7 +174,8 @@ class ServiceMetrics:
             "gln_build_info", "Version and device of this process (value 1).",
             ["version", "device"], registry=r,
         )
-        self.build_info.labels(version=version or package_version(), device=device).set(1)
+        self._version = version or package_version()
+        self.show_device(device)
         # Each model's learn/predict counters, looked up once: ``.labels(...)`` costs a lock
         # and a dict lookup per metric, and predict counts on every request.
         self._counters: dict[str, _ModelCounters] = {}
@@ -229,6 +230,11 @@ class ServiceMetrics:
     def observe_predicted(self, name: str, n: int) -> None:
         """Count rows answered by predict."""
         self._model_counters(name).predicted.inc(n)
+
+    def show_device(self, device: str) -> None:
+        """``gln_build_info``'s device: the one models run on ("auto" resolved once known)."""
+        self.build_info.clear()
+        self.build_info.labels(version=self._version, device=device).set(1)
 
     def observe_snapshot(self, name: str, seconds: float, nbytes: int, at: float) -> None:
         """Record one successful snapshot of a model, taken at unix time ``at``."""

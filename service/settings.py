@@ -257,9 +257,10 @@ class Settings(BaseSettings):
             return None
         return [name.strip() for name in self.allowed_hosts.split(",") if name.strip()]
 
-    def summary(self) -> str:
+    def summary(self, device: str | None = None) -> str:
         """One line of what this process runs with, for its start-up log: where snapshots and
-        the log go, how durable, the device and the guards (a Redis URL's password hidden)."""
+        the log go, how durable, the device (``device``: what "auto" resolved to) and the
+        guards (a Redis URL's password hidden)."""
         if self.redis_url:
             store = f"redis {_without_password(self.redis_url)} (prefix {self.redis_key_prefix!r})"
             log = f"Redis stream, durability {self.wal_durability}, replicas {self.wal_replicas}"
@@ -267,7 +268,9 @@ class Settings(BaseSettings):
             store = f"directory {Path(self.snapshot_dir).resolve()}"
             wal_dir = Path(self.wal_dir or self.snapshot_dir).resolve()
             log = f"file in {wal_dir}, fsync {'on' if self.wal_fsync else 'off'}"
-        return (f"listening on {self.host}:{self.port}, device {self.device}; snapshots to "
+        resolved = f" ({device})" if device is not None and device != self.device else ""
+        return (f"listening on {self.host}:{self.port}, device {self.device}{resolved}; "
+                "snapshots to "
                 f"{store} every {self.snapshot_interval_s:g} s; write-ahead log: "
                 f"{log if self.wal_enabled else 'off'}; bearer token "
                 f"{'required' if self.api_token else 'off'}")

@@ -121,10 +121,13 @@ class ModelRegistry:
         self.executor = executor
         self._models: dict[str, ServedModel] = {}
         self._derived_budget: tuple[int, str] | None = None  # GLN_MAX_TOTAL_MODEL_BYTES unset
+        # The device models are built on: GLN_DEVICE with "auto" resolved, so that a model's
+        # info and gln_build_info say where it runs.
         try:
             self._device = resolve_device(settings.device)
-        except ValueError:  # no model can be built: _build says why
-            self._device = "cpu"
+        except ValueError:  # no model can be built on it: _build says why
+            self._device = settings.device
+        metrics.show_device(self._device)
         self._failed: dict[str, str] = {}  # stored names that could not be restored -> why
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()
@@ -336,14 +339,14 @@ class ModelRegistry:
                     f"(on a case-insensitive file system they would share their files)")
             try:
                 # Sized before it is built: an oversized config must never be allocated.
-                needed = GLN.estimate_nbytes({**config, "device": self.settings.device})
+                needed = GLN.estimate_nbytes({**config, "device": self._device})
                 if needed > self.settings.max_model_bytes:
                     raise InvalidRequest(
                         f"{invalid}: the model would hold {needed} bytes, more than "
                         f"GLN_MAX_MODEL_BYTES={self.settings.max_model_bytes}"
                     )
                 # What is wrong with the config comes before the server's room for it.
-                await self._run(GLN.check_config, {**config, "device": self.settings.device})
+                await self._run(GLN.check_config, {**config, "device": self._device})
                 self._check_room(needed)
                 model = await self._run(build)
             except (ValueError, TypeError) as exc:
@@ -463,12 +466,12 @@ class ModelRegistry:
             served.waiting_room_reserved = True
 
     def _build(self, config: dict[str, Any]) -> GLN:
-        model = GLN(**config, device=self.settings.device)
+        model = GLN(**config, device=self._device)
         model.warm_up()  # so that the first request does not pay for it
         return model
 
     def _load(self, blob: bytes) -> GLN:
-        model = GLN.from_bytes(blob, self.settings.device)
+        model = GLN.from_bytes(blob, self._device)
         model.warm_up()
         return model
 

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gln import GLN
 from service.api.app import create_app
 from service.metrics import package_version
+from service.settings import Settings
 
 
 async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, frozenset], float]:
@@ -175,3 +176,16 @@ async def test_a_deleted_model_is_freed_without_waiting_for_the_garbage_collecto
             assert model() is None
         finally:
             gc.enable()
+
+
+async def test_gln_device_auto_is_reported_as_the_device_it_resolved_to(tmp_path, serve,
+                                                                          create_model):
+    """GLN_DEVICE=auto on a machine without a GPU: the model's info, gln_build_info and the
+    start-up line say "cpu", where the models run, not "auto"."""
+    settings = Settings(snapshot_dir=str(tmp_path / "s"), device="auto")
+    async with serve(create_app(settings)) as client:
+        info = await create_model(client, "m")
+        page = (await client.get("/metrics")).text
+    assert info["config"]["device"] == "cpu"
+    assert 'device="cpu"' in page and 'device="auto"' not in page
+    assert "device auto (cpu);" in settings.summary("cpu")
