@@ -30,6 +30,7 @@ from fastapi import FastAPI
 
 from service.api.auth import BearerAuthMiddleware
 from service.api.body_limit import BodyLimitMiddleware
+from service.api.docs_page import add_docs_page
 from service.api.error_handlers import add_error_handlers
 from service.api.host_check import HostCheckMiddleware, allowed_hosts_for
 from service.api.request_id import RequestIdMiddleware
@@ -61,6 +62,8 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
         summary="Gated Linear Networks that learn online, one example at a time, over HTTP.",
         lifespan=_lifespan,
         telemetry=NO_TELEMETRY,
+        docs_url=None,  # add_docs_page: Swagger UI from the package, not a CDN
+        redoc_url=None,  # ReDoc has no bundled copy; /docs shows the same schema
     )
     app.state.settings = settings
     app.state.metrics = ServiceMetrics(device=settings.device)
@@ -77,6 +80,7 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
     # twice per request, which cost more than the rest of the routing.
     app.router.routes[:0] = [*router.routes, *stream_router.routes]
     add_error_handlers(app)
+    add_docs_page(app)
     # The last added is the outermost: metrics see every answer, including the guards' 401
     # and 413; the token is checked before a byte of the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,

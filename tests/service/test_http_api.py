@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import numpy as np
@@ -413,6 +414,18 @@ async def test_healthz_readyz_openapi(client: httpx.AsyncClient):
     ]:
         assert path in spec["paths"], path
     assert (await client.get("/docs")).status_code == 200
+
+
+async def test_the_docs_page_needs_no_internet(client: httpx.AsyncClient):
+    """/docs loads Swagger UI from the server itself: every script and style it names is
+    served here, and none is taken from another host."""
+    page = (await client.get("/docs")).text
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert assets and not [url for url in assets if "://" in url]
+    for url in assets:
+        r = await client.get(url)
+        assert r.status_code == 200 and len(r.content) > 0, url
+    assert "/openapi.json" in page
 
 
 async def test_openapi_lists_every_status_a_prediction_can_get(client: httpx.AsyncClient):
