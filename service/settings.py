@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         description="Longest wait for the next piece of a request body before answering 408: "
         "a client that stops sending holds no buffer for good.",
     )
+    wal_timeout_s: float = Field(
+        1.0, gt=0,
+        description="Longest a Redis log call may take beyond what its confirmations wait for "
+        "(WAITAOF, WAIT): a Redis that hangs fails appends (503, Retry-After) in about this "
+        "long, and no model's writer is held for longer.",
+    )
     min_body_bytes_per_s: float = Field(
         32 * 1024, gt=0,
         description="Slowest pace a request body may arrive at, on average, after its first "

@@ -28,6 +28,8 @@ from service.storage.wal import WalDurabilityError, WriteAheadLog, open_wal
 
 log = logging.getLogger(__name__)
 
+STORE_THREADS = 2  # snapshots are written one model at a time each; two keep one slow save apart
+
 
 class LocalEngine:
     """The models of this process, served through the engine interface."""
@@ -46,6 +48,7 @@ class LocalEngine:
         self._tasks: list[asyncio.Task[Any]] = []
         self._closables: list[Any] = []
         self._executor: ThreadPoolExecutor | None = None
+        self._store_executor: ThreadPoolExecutor | None = None
 
     # -- lifecycle --
     async def start(self) -> None:
@@ -55,6 +58,7 @@ class LocalEngine:
             self._locks = await asyncio.to_thread(lock_data_directories, settings)
         self._executor = ThreadPoolExecutor(settings.worker_threads,
                                             thread_name_prefix="gln-worker")
+        self._store_executor = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="gln-store")
         store = open_store(settings.redis_url, settings.snapshot_dir,
                            key_prefix=settings.redis_key_prefix)
         wal = self._opened_log
@@ -64,7 +68,8 @@ class LocalEngine:
         # there too, so that turning the log back on cannot replay a deleted model's entries.
         ignored = None if settings.wal_enabled else await asyncio.to_thread(_log_of, settings)
         self._closables = [c for c in (store, wal, ignored) if c is not None]
-        registry = ModelRegistry(store, settings, self.metrics, self._executor, wal, ignored)
+        registry = ModelRegistry(store, settings, self.metrics, self._executor, wal, ignored,
+                                 self._store_executor)
         self.registry = registry
         self._tasks = [
             asyncio.create_task(registry.restore_all(), name="gln-restore"),
@@ -92,8 +97,9 @@ class LocalEngine:
                     "their learning since their last snapshot is lost (GLN_WAL_ENABLED=false)"))
         for closable in self._closables:
             await asyncio.to_thread(closable.close)
-        if self._executor is not None:
-            await asyncio.to_thread(self._executor.shutdown, wait=True)
+        for executor in (self._executor, self._store_executor):
+            if executor is not None:
+                await asyncio.to_thread(executor.shutdown, wait=True)
         for lock in self._locks:
             lock.release()
         return clean
@@ -181,5 +187,5 @@ def _log_of(settings: Settings) -> WriteAheadLog:
         settings.redis_url, settings.wal_dir or settings.snapshot_dir,
         key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
         idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
-        replicas=settings.wal_replicas,
+        replicas=settings.wal_replicas, call_timeout_s=settings.wal_timeout_s,
     )

@@ -108,6 +108,7 @@ class ModelRegistry:
         executor: Executor,
         wal: WriteAheadLog | None = None,
         ignored_log: WriteAheadLog | None = None,
+        store_executor: Executor | None = None,
     ) -> None:
         self.store = store
         self.wal = wal
@@ -119,6 +120,9 @@ class ModelRegistry:
         self.settings = settings
         self.metrics = metrics
         self.executor = executor
+        # The snapshot store's calls run on threads of their own: a store that hangs holds
+        # none of the threads the models learn and predict on.
+        self.store_executor = store_executor or executor
         self._models: dict[str, ServedModel] = {}
         self._derived_budget: tuple[int, str] | None = None  # GLN_MAX_TOTAL_MODEL_BYTES unset
         # The device models are built on: GLN_DEVICE with "auto" resolved, so that a model's
@@ -139,9 +143,13 @@ class ModelRegistry:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
+    async def _run_store(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.store_executor, fn, *args)
+
     def _served(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ServedModel:
         return ServedModel(
-            name, model, executor=self.executor, metrics=self.metrics,
+            name, model, executor=self.executor, store_executor=self.store_executor,
+            metrics=self.metrics,
             settings=self.settings, snapshot=snapshot, wal=self.wal,
             load_snapshot=functools.partial(self._stored, name, afresh=True),
         )
@@ -494,7 +502,7 @@ class ModelRegistry:
         async with self._names_lock:
             if name in self._failed:
                 try:
-                    await self._run(self.store.delete, name)
+                    await self._run_store(self.store.delete, name)
                     for opened in (self.wal, self.ignored_log):
                         if opened is not None:
                             await self._run(opened.delete, name)
@@ -750,7 +758,7 @@ class ModelRegistry:
             delay = retry_s
             while True:
                 try:
-                    names = await self._run(self.store.names)
+                    names = await self._run_store(self.store.names)
                     break
                 except Exception as exc:
                     log.warning("snapshot store unreachable (%s); retrying in %.0f s", exc, delay)
@@ -766,7 +774,7 @@ class ModelRegistry:
         delay = retry_s
         while True:
             try:
-                stored = await self._run(self._stored, name)
+                stored = await self._run_store(self._stored, name)
                 if stored is None:
                     return  # deleted by someone else since names()
                 info = stored.info

@@ -202,6 +202,7 @@ class ServedModel:
         model: GLN,
         *,
         executor: Executor,
+        store_executor: Executor | None = None,
         metrics: ServiceMetrics,
         settings: Settings,
         snapshot: SnapshotInfo | None = None,
@@ -239,6 +240,7 @@ class ServedModel:
         self.lock = threading.Lock()
         self.updates = 0  # learn calls and waiting-row puts; compared with the snapshotted count
         self._executor = executor
+        self._store_executor = store_executor or executor  # the store's calls, apart
         self._metrics = metrics
         self._max_chunk_rows = settings.max_chunk_rows
         self._queue: deque[_Job] = deque()
@@ -291,11 +293,11 @@ class ServedModel:
 
     async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
         """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
-        return await self._run(self.snapshots.save, self, store, force)
+        return await _in_thread(self._store_executor, self.snapshots.save, self, store, force)
 
     async def delete_snapshots(self, store: SnapshotStore) -> None:
         """Remove the model's snapshots and log; no snapshot of it can be written afterwards."""
-        await self._run(self.snapshots.delete, store)
+        await _in_thread(self._store_executor, self.snapshots.delete, store)
 
     def capture(self) -> tuple[SnapshotBuffer, int, str | None, list[WaitingRow]]:
         """(thread) The arrays copied under the model lock, with what they hold: the updates,

@@ -453,3 +453,47 @@ async def test_a_directory_that_lost_its_head_is_damage_not_a_model_that_never_w
     assert info.status_code == 404 and "HEAD is missing, though wal.log remain" in info.text
     assert create.status_code == 409 and "could not be restored" in create.text
     assert (model_dir / "wal.log").read_bytes() == log_before  # nothing acknowledged is gone
+
+
+async def test_a_hung_redis_bounds_learns_and_never_holds_predictions(
+    serve, tmp_path, small_config, make_data, create_model
+):
+    """Redis stopped (SIGSTOP) under learns of three models and snapshots of all: each learn is
+    answered 503 with Retry-After within about GLN_WAL_TIMEOUT_S, a prediction of a model is
+    answered meanwhile, and once Redis resumes the models learn again (before, every model
+    thread sat in an append for the 60 s socket timeout, and an idle model's prediction took
+    9.8 s)."""
+    try:
+        server = RedisProcess(tmp_path / "redis")
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    settings = Settings(redis_url=server.url, snapshot_dir=str(tmp_path / "snaps"),
+                        worker_threads=2, snapshot_interval_s=3600, wal_timeout_s=0.5)
+    X, y = make_data(4)
+    body = {"features": X, "labels": y}
+    with server:
+        app = create_app(settings)
+        async with serve(app) as client:
+            for name in ("a", "b", "c", "idle"):
+                await create_model(client, name, small_config)
+            server.pause()
+            try:
+                t0 = time.monotonic()
+                learns = [asyncio.create_task(client.post(f"/v1/models/{name}/learn", json=body))
+                          for name in ("a", "b", "c") for _ in range(3)]
+                snapshots = asyncio.create_task(app.state.engine.registry.snapshot_changed())
+                await asyncio.sleep(0.1)
+                predicted = await asyncio.wait_for(
+                    client.post("/v1/models/idle/predict", json={"features": X}), 5)
+                predict_s = time.monotonic() - t0
+                answers = await asyncio.wait_for(asyncio.gather(*learns), 20)
+                learns_s = time.monotonic() - t0
+            finally:
+                server.resume()
+            await asyncio.wait_for(snapshots, 90)
+            again = await client.post("/v1/models/a/learn", json=body)
+    assert predicted.status_code == 200 and predict_s < 2.0
+    assert {r.status_code for r in answers} == {503}
+    assert all(r.headers["retry-after"] == "1" for r in answers)
+    assert learns_s < 10  # three models' appends in turn on two threads, each about 0.5 s
+    assert again.status_code == 200

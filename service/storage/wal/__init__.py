@@ -84,16 +84,18 @@ def open_wal(
     idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S,
     fsync: bool = True,
     replicas: int = 0,
+    call_timeout_s: float | None = None,
 ) -> WriteAheadLog:
     """The Redis log when ``redis_url`` is set (non-empty), else the file log in ``wal_dir``.
 
-    ``durability`` and ``replicas`` apply to Redis, ``fsync`` to files;
+    ``durability``, ``replicas`` and ``call_timeout_s`` apply to Redis, ``fsync`` to files;
     ``idempotency_ttl_s`` to both.
     """
     if redis_url:
         return RedisWriteAheadLog(
             redis_url, key_prefix=key_prefix, durability=durability,
             idempotency_ttl_s=idempotency_ttl_s, replicas=replicas,
+            call_timeout_s=call_timeout_s,
         )
     if replicas:
         raise ValueError("replicas needs the Redis log (a redis_url)")

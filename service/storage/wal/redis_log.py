@@ -164,7 +164,10 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
     early. Either raises :class:`WalDurabilityError` naming what is missing.
 
     ``read_page_entries`` is how many entries one XRANGE fetches during replay (an entry can
-    be a whole chunk, tens of MB); ``socket_timeout`` bounds each Redis call in seconds.
+    be a whole chunk, tens of MB); ``socket_timeout`` bounds each Redis call in seconds, and
+    ``call_timeout_s`` (when given, in its place) bounds each beyond the waits its
+    confirmations ask of Redis (WAITAOF, WAIT): a Redis that hangs fails appends in about that
+    long instead of holding a model's writer, and its thread, for a minute.
     """
 
     def __init__(
@@ -180,7 +183,12 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
         read_page_entries: int = 8,
         socket_connect_timeout: float = 5.0,
         socket_timeout: float | None = 60.0,
+        call_timeout_s: float | None = None,
     ) -> None:
+        if call_timeout_s is not None:
+            socket_timeout = call_timeout_s + (waitaof_timeout_s if durability == "waitaof"
+                                               else 0.0) + (replica_timeout_s if replicas else 0.0)
+            socket_connect_timeout = min(socket_connect_timeout, max(call_timeout_s, 0.5))
         super().__init__(url, key_prefix, socket_connect_timeout, socket_timeout)
         if durability not in _DURABILITIES:
             raise ValueError(f"durability must be one of {_DURABILITIES}, got {durability!r}")
