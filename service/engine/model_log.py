@@ -23,6 +23,7 @@ from service.storage.wal import (
     LogEntry,
     WalDivergedError,
     WalDurabilityError,
+    WalGapError,
     WriteAheadLog,
 )
 
@@ -175,6 +176,13 @@ class ModelLog:
                 self._metrics.wal_replayed_examples.inc(len(entry.labels))
             count += 1
         applied_id = model.applied_id
+        end = self.wal.last_id(self.name)
+        if end is not None and end != applied_id and (
+                applied_id is None or self.wal.reaches(self.name, applied_id)):
+            raise WalGapError(
+                f"the log of {self.name!r} records {end} as its newest entry, but its entries "
+                f"end at {applied_id}: entries were removed, and the model is not served "
+                "smaller than it was acknowledged (repair the log, or DELETE the model)")
         if applied_id is not None and not self.wal.reaches(self.name, applied_id):
             # The log ends before the model's snapshot: moved to a new directory, or emptied.
             # New entries must follow the snapshot's, or a restore would skip them as learned.

@@ -65,7 +65,7 @@ from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.storage.store import SnapshotInfo, SnapshotStore
-from service.storage.wal import LogEntry, WriteAheadLog, request_digest
+from service.storage.wal import LogEntry, WalGapError, WriteAheadLog, request_digest
 
 log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
@@ -327,6 +327,12 @@ class ServedModel:
             self._wait(entry.label_ids, entry.features, entry.predictions, entry.expires_at,
                        entry.expired_ids, entry.id)
             return
+        if entry.start is not None and entry.start != self.model.examples_seen:
+            raise WalGapError(
+                f"the log of {self.name!r} lost entries: entry {entry.id} follows example "
+                f"{entry.start}, but the snapshot and the entries before it hold "
+                f"{int(self.model.examples_seen)}; the model is not served smaller than it was "
+                "acknowledged (repair or restore the log, or DELETE the model)")
         start, probs, losses, _ = self._apply(entry.features, entry.labels, entry.id)
         self.waiting_rows.remove_ids(entry.label_ids)
         if len(entry.request_rows) != len(entry.idempotency_keys):
@@ -748,9 +754,11 @@ class ServedModel:
         """(model lock) Log the run as one entry (naming the waiting rows it learns)."""
         wal, model_log = self.wal, self.log
         assert wal is not None and model_log is not None
+        start = int(self.model.examples_seen)
         return model_log.logged(self, lambda follows: wal.append(
             self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
             [job.digest for job in jobs], [row.id for row in waiting_rows], follows=follows,
+            start=start,
         ))
 
     def _answer(self, groups: list[_GroupResult]) -> None:

@@ -781,3 +781,42 @@ async def test_a_redis_that_stops_fsyncing_gets_learns_refused_and_readyz_says_w
     assert refused.status_code == 503 and "not fsynced" in refused.json()["detail"]
     assert degraded["status"] == "degraded" and "not fsynced" in degraded["problems"][0]
     assert again.status_code == 200 and ready == {"status": "ready", "problems": []}
+
+
+@pytest.mark.parametrize("damage", ["middle entry", "last entry", "whole stream"])
+async def test_a_log_that_lost_acknowledged_entries_is_not_restored_smaller(
+    redis_url, redis_key_prefix, tmp_path, serve, small_config, create_model, make_data, damage
+):
+    """Entries removed from a model's Redis stream behind its back (XDEL, DEL): the restart
+    shows the model unrestored with the reason (/readyz, its 404) instead of serving it with
+    fewer examples and handing out their sequence numbers again; nothing else is served."""
+    settings = Settings(redis_url=redis_url, redis_key_prefix=redis_key_prefix,
+                        snapshot_dir=str(tmp_path / "unused"), snapshot_interval_s=3600)
+    app = create_app(settings)
+    async with serve(app) as client:
+        await create_model(client, "m", small_config)
+        await create_model(client, "other", small_config)
+        for seed in range(3):
+            X, y = make_data(4, seed=seed)
+            for name in ("m", "other"):
+                r = await client.post(f"/v1/models/{name}/learn",
+                                      json={"features": X, "labels": y})
+                assert r.status_code == 200
+        skip_shutdown_snapshots(app)  # the examples are in the log alone
+    admin = redis.Redis.from_url(redis_url)
+    stream = f"{redis_key_prefix}:wal:m"
+    ids = [entry_id for entry_id, _ in admin.xrange(stream)]
+    if damage == "whole stream":
+        admin.delete(stream)
+    else:
+        admin.xdel(stream, ids[1] if damage == "middle entry" else ids[-1])
+    admin.close()
+    restarted = create_app(settings)
+    async with serve(restarted) as client:
+        readiness = (await client.get("/readyz")).json()
+        info = await client.get("/v1/models/m")
+        other = (await client.get("/v1/models/other")).json()
+    assert readiness["status"] == "degraded" and "'m'" in readiness["problems"][0]
+    assert info.status_code == 404
+    assert "lost entries" in info.text or "entries were removed" in info.text
+    assert other["examples_seen"] == 12  # the undamaged model is served whole

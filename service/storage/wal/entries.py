@@ -106,6 +106,7 @@ def _encode_entry(
     request_rows: Sequence[int] | None = None,
     digests: Sequence[str | None] = (),
     label_ids: Sequence[str] = (),
+    start: int | None = None,
 ) -> tuple[dict[str, Any], bytes, bytes]:
     """Check the arrays; return the entry's JSON-able header and the two raw byte strings."""
     _check_array(features, 2, "f", "features must be a 2-D float ndarray (n, num_features)")
@@ -128,6 +129,10 @@ def _encode_entry(
     if label_ids:
         header["v"] = FORMAT_DELAYED_LABELS
         header["label_ids"] = _check_label_ids(label_ids)
+    if start is not None:
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start must be a count of examples, got {start!r}")
+        header["start"] = start
     return header, x.tobytes(), y.tobytes()
 
 
@@ -202,6 +207,8 @@ def decode_entry(
         if wait is not None:
             return _waiting_entry(entry_id, features, second, wait, created_at)
         label_ids = tuple(str(i) for i in header.get("label_ids") or ())
+        start = header.get("start")
+        start = None if start is None else int(start)
         labels = second
     except WalCorruptError:
         raise
@@ -213,7 +220,8 @@ def decode_entry(
         raise WalCorruptError(f"entry {entry_id}: request rows {rows} for {len(labels)} labels")
     if digests and len(digests) != len(keys):
         raise WalCorruptError(f"entry {entry_id}: {len(digests)} digests for {len(keys)} keys")
-    return LogEntry(entry_id, features, labels, keys, created_at, rows, digests, label_ids)
+    return LogEntry(entry_id, features, labels, keys, created_at, rows, digests, label_ids,
+                    start=start)
 
 
 def _waiting_entry(
@@ -263,13 +271,14 @@ class EntryWriting:
         label_ids: Sequence[str] = (),
         *,
         follows: str | None = ANY_END,
+        start: int | None = None,
     ) -> str:
         """Log one chunk durably; its id (see :meth:`WriteAheadLog.append`)."""
         keys = check_keys(idempotency_keys)
         digests = _check_digests(request_digests, keys)
         now = time.time()
         header, x, y = _encode_entry(
-            features, labels, keys, now, request_rows, digests, label_ids
+            features, labels, keys, now, request_rows, digests, label_ids, start
         )
         return self._write(name, header, x, y, keys, digests, now, follows)
 

@@ -84,6 +84,9 @@ class LogEntry:
     expires_at: float = 0.0  # wait entry: when its rows' wait ends (time.time())
     # Wait entry: ids that expired (dropped, their label never came) once its rows were put.
     expired_ids: tuple[str, ...] = ()
+    # Learn entry: how many examples the model had learned before it (None: logged before
+    # entries said so). A replay that finds another count has lost entries: never smaller.
+    start: int | None = None
 
     @property
     def waiting(self) -> bool:
@@ -116,8 +119,12 @@ class WriteAheadLog(Protocol):
         label_ids: Sequence[str] = (),
         *,
         follows: str | None = ANY_END,
+        start: int | None = None,
     ) -> str:
         """Log one chunk (``features`` (n, d) floats, ``labels`` (n,) ints) durably; its id.
+
+        ``start``: how many examples the model had learned before this chunk, which a replay
+        checks (:attr:`LogEntry.start`).
 
         ``idempotency_keys`` has one item per request of the chunk (None where a request has
         no key). A key already remembered keeps its original entry id; callers check
