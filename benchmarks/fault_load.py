@@ -7,7 +7,12 @@ model for ``--seconds`` seconds, retrying a request with the same key on any con
 or 5xx until it is acknowledged. Half-way through, Redis is stopped (SHUTDOWN, which flushes
 its AOF; ``--kill-redis`` sends SIGKILL instead) and started again ``--redis-down-s`` seconds
 later on the same port and directory. Meanwhile learn requests cannot be logged, so they are
-refused (503) and retried.
+refused (503) and retried. With ``--hang-redis`` Redis is stopped with SIGSTOP instead (it keeps
+its connections and answers nothing) and resumed with SIGCONT: learns are refused after
+``GLN_WAL_TIMEOUT_S``, and a second, idle model is predicted every 50 ms throughout, whose
+slowest answers while Redis hangs are reported (``predict_*_ms_while_hung``); ``--busy-models
+N`` keeps N more models learning (a thread each, unchecked), so that more models wait on the
+log than the server has model threads.
 
 With ``--lose-primary`` Redis runs as a primary and a replica and the server with
 ``GLN_WAL_REPLICAS=1``; half-way through, the primary is SIGKILLed (its machine is lost), the
@@ -27,6 +32,7 @@ JSON line.
 
     python benchmarks/fault_load.py                      # 60 s, Redis down for ~2 s
     python benchmarks/fault_load.py --seconds 20 --redis-down-s 3
+    python benchmarks/fault_load.py --seconds 20 --redis-down-s 4 --hang-redis --busy-models 6
     python benchmarks/fault_load.py --seconds 30 --lose-primary
     python benchmarks/fault_load.py --seconds 30 --sentinel
     python benchmarks/fault_load.py --seconds 30 --sentinel --failover-again
@@ -41,6 +47,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +86,11 @@ def main() -> int:
     parser.add_argument("--kill-redis", action="store_true",
                         help="SIGKILL Redis instead of SHUTDOWN (then up to ~1 s of log "
                         "entries may be lost by Redis; the server's model keeps them)")
+    parser.add_argument("--hang-redis", action="store_true",
+                        help="SIGSTOP Redis for --redis-down-s instead of restarting it, and "
+                        "time predictions of an idle model meanwhile")
+    parser.add_argument("--busy-models", type=int, default=0,
+                        help="more models kept learning, a thread each (not checked)")
     parser.add_argument("--lose-primary", action="store_true",
                         help="a primary and a replica, GLN_WAL_REPLICAS=1; half-way through the "
                         "primary is killed and the server restarted on the promoted replica")
@@ -131,8 +143,11 @@ def run(
     replica: RedisProcess | None, sentinel: SentinelProcess | None,
 ) -> dict:
     server.start()
-    r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": CONFIG})
-    r.raise_for_status()
+    busy = [f"busy{i}" for i in range(args.busy_models)]
+    for name in ("m", "idle", *busy):
+        r = httpx.post(f"{server.url}/v1/models", json={"name": name, "config": CONFIG})
+        r.raise_for_status()
+    predictions = IdlePredictions(server.url, "idle", CONFIG["num_features"], busy)
     bar = tqdm(total=round(args.seconds), unit="s", desc="fault_load", file=sys.stderr)
     learners = DurableLearners(server.url, "m", CONFIG["num_features"], CONFIG["num_classes"],
                                threads=args.threads, seed=args.seed)
@@ -140,6 +155,8 @@ def run(
     redis_down_s = failover_s = None
     t0 = time.perf_counter()
     learners.start()
+    predictions.start()
+    hung: tuple[float, float] | None = None
     try:
         while (elapsed := time.perf_counter() - t0) < args.seconds:
             if redis_down_s is None and elapsed >= down_at:
@@ -149,6 +166,10 @@ def run(
                 elif replica is not None:
                     redis_down_s = fail_over(redis_server, replica, server)
                     redis_server = replica
+                elif args.hang_redis:
+                    hung_from = time.perf_counter()
+                    redis_down_s = hang_redis(redis_server, args.redis_down_s)
+                    hung = (hung_from, time.perf_counter())
                 else:
                     redis_down_s = restart_redis(redis_server, args.redis_down_s,
                                                  args.kill_redis)
@@ -158,6 +179,7 @@ def run(
             time.sleep(0.25)
     finally:
         learners.stop(timeout_s=120)
+        predictions.stop()
         bar.close()
     load_s = time.perf_counter() - t0
     if learners.failures:
@@ -184,7 +206,9 @@ def run(
         "redis_restart": (
             "primary lost, Sentinel failover" if sentinel else
             "primary lost, replica promoted" if replica else
+            "SIGSTOP, then SIGCONT" if args.hang_redis else
             "SIGKILL" if args.kill_redis else "SHUTDOWN"),
+        **predictions.summary(hung),
         "redis_down_s": None if redis_down_s is None else round(redis_down_s, 2),
         "sentinel_failover_s": None if failover_s is None else round(failover_s, 2),
         "snapshot_interval_s": args.snapshot_interval_s,
@@ -246,6 +270,69 @@ def _wait_for_acks(learners: DurableLearners, more_than: int, timeout_s: float =
         if time.perf_counter() > deadline:
             raise TimeoutError(f"no learn request acknowledged within {timeout_s} s")
         time.sleep(0.01)
+
+
+class IdlePredictions:
+    """A thread predicting one row of model ``name`` every 50 ms (when each was sent, how long
+    its answer took, its status), and a thread learning each of the ``busy`` models."""
+
+    def __init__(self, url: str, name: str, num_features: int, busy: list[str]) -> None:
+        self.url, self.name = url, name
+        self.body = {"features": [[0.0] * num_features]}
+        self.samples: list[tuple[float, float, int]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True)] + [
+            threading.Thread(target=self._learn, args=(model,), daemon=True) for model in busy]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _learn(self, model: str) -> None:
+        body = {**self.body, "labels": [1]}
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self._stop.is_set():
+                with contextlib.suppress(httpx.TransportError):
+                    client.post(f"/v1/models/{model}/learn", json=body)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self._stop.wait(0.05):
+                sent = time.perf_counter()
+                try:
+                    status = client.post(f"/v1/models/{self.name}/predict",
+                                         json=self.body).status_code
+                except httpx.TransportError:
+                    status = 0
+                self.samples.append((sent, time.perf_counter() - sent, status))
+
+    def summary(self, hung: tuple[float, float] | None) -> dict:
+        """The predictions sent while Redis hung (all of them without a hang): how many, how
+        many failed, their slowest and 99th-percentile answer in ms."""
+        chosen = [s for s in self.samples if hung is None or hung[0] <= s[0] <= hung[1]]
+        seconds = sorted(s[1] for s in chosen)
+        suffix = "_while_hung" if hung is not None else ""
+        return {
+            f"predictions{suffix}": len(chosen),
+            f"predictions_failed{suffix}": sum(s[2] != 200 for s in chosen),
+            f"predict_p99_ms{suffix}": round(1e3 * seconds[int(0.99 * (len(seconds) - 1))], 1)
+            if seconds else None,
+            f"predict_max_ms{suffix}": round(1e3 * seconds[-1], 1) if seconds else None,
+        }
+
+
+def hang_redis(redis_server: RedisProcess, down_s: float) -> float:
+    """SIGSTOP Redis (connected, answering nothing) for ``down_s``, then SIGCONT; seconds."""
+    t0 = time.perf_counter()
+    redis_server.pause()
+    time.sleep(down_s)
+    redis_server.resume()
+    return time.perf_counter() - t0
 
 
 def restart_redis(redis_server: RedisProcess, down_s: float, kill: bool) -> float:

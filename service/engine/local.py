@@ -49,6 +49,7 @@ class LocalEngine:
         self._closables: list[Any] = []
         self._executor: ThreadPoolExecutor | None = None
         self._store_executor: ThreadPoolExecutor | None = None
+        self._read_executor: ThreadPoolExecutor | None = None
 
     # -- lifecycle --
     async def start(self) -> None:
@@ -59,6 +60,8 @@ class LocalEngine:
         self._executor = ThreadPoolExecutor(settings.worker_threads,
                                             thread_name_prefix="gln-worker")
         self._store_executor = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="gln-store")
+        self._read_executor = ThreadPoolExecutor(settings.worker_threads,
+                                                 thread_name_prefix="gln-read")
         store = open_store(settings.redis_url, settings.snapshot_dir,
                            key_prefix=settings.redis_key_prefix)
         wal = self._opened_log
@@ -69,7 +72,7 @@ class LocalEngine:
         ignored = None if settings.wal_enabled else await asyncio.to_thread(_log_of, settings)
         self._closables = [c for c in (store, wal, ignored) if c is not None]
         registry = ModelRegistry(store, settings, self.metrics, self._executor, wal, ignored,
-                                 self._store_executor)
+                                 self._store_executor, self._read_executor)
         self.registry = registry
         self._tasks = [
             asyncio.create_task(registry.restore_all(), name="gln-restore"),
@@ -97,7 +100,7 @@ class LocalEngine:
                     "their learning since their last snapshot is lost (GLN_WAL_ENABLED=false)"))
         for closable in self._closables:
             await asyncio.to_thread(closable.close)
-        for executor in (self._executor, self._store_executor):
+        for executor in (self._executor, self._store_executor, self._read_executor):
             if executor is not None:
                 await asyncio.to_thread(executor.shutdown, wait=True)
         for lock in self._locks:

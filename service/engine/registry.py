@@ -109,6 +109,7 @@ class ModelRegistry:
         wal: WriteAheadLog | None = None,
         ignored_log: WriteAheadLog | None = None,
         store_executor: Executor | None = None,
+        read_executor: Executor | None = None,
     ) -> None:
         self.store = store
         self.wal = wal
@@ -123,6 +124,9 @@ class ModelRegistry:
         # The snapshot store's calls run on threads of their own: a store that hangs holds
         # none of the threads the models learn and predict on.
         self.store_executor = store_executor or executor
+        # Batches of predictions alone run on threads of their own too: a log that hangs, in
+        # whose appends every model thread may sit, never holds them.
+        self.read_executor = read_executor or executor
         self._models: dict[str, ServedModel] = {}
         self._derived_budget: tuple[int, str] | None = None  # GLN_MAX_TOTAL_MODEL_BYTES unset
         # The device models are built on: GLN_DEVICE with "auto" resolved, so that a model's
@@ -149,6 +153,7 @@ class ModelRegistry:
     def _served(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ServedModel:
         return ServedModel(
             name, model, executor=self.executor, store_executor=self.store_executor,
+            read_executor=self.read_executor,
             metrics=self.metrics,
             settings=self.settings, snapshot=snapshot, wal=self.wal,
             load_snapshot=functools.partial(self._stored, name, afresh=True),

@@ -142,6 +142,10 @@ class _Verb(enum.Enum):
     EXPIRE = "expire waiting rows"  # drop rows whose label never came (waiting_rows; X empty)
 
 
+# Verbs that read the model and write nothing, to the log or anywhere.
+_READS = frozenset({_Verb.PREDICT, _Verb.EXPLAIN})
+
+
 @dataclass(eq=False)  # a job is itself: compared by identity (its queue withdraws it)
 class _Job:
     verb: _Verb
@@ -203,6 +207,7 @@ class ServedModel:
         *,
         executor: Executor,
         store_executor: Executor | None = None,
+        read_executor: Executor | None = None,
         metrics: ServiceMetrics,
         settings: Settings,
         snapshot: SnapshotInfo | None = None,
@@ -241,6 +246,7 @@ class ServedModel:
         self.updates = 0  # learn calls and waiting-row puts; compared with the snapshotted count
         self._executor = executor
         self._store_executor = store_executor or executor  # the store's calls, apart
+        self._read_executor = read_executor or executor  # batches of reads alone, apart
         self._metrics = metrics
         self._max_chunk_rows = settings.max_chunk_rows
         self._queue: deque[_Job] = deque()
@@ -487,7 +493,11 @@ class ServedModel:
             while self._queue:
                 batch = self._take_batch()
                 try:
-                    groups = await self._run(self._serve_batch, batch)
+                    # A batch of reads alone (predict, explain) never touches the log: it runs
+                    # on threads of its own, which a log that hangs cannot all be holding.
+                    reads_only = all(job.verb in _READS for job in batch)
+                    executor = self._read_executor if reads_only else self._executor
+                    groups = await _in_thread(executor, self._serve_batch, batch)
                 except Exception as exc:  # e.g. the thread pool is gone: nobody may hang
                     groups = [_GroupResult([job], error=exc) for job in batch]
                 self._answer(groups)
