@@ -72,7 +72,9 @@ TABLES = {
         ("errors_returned.503", "503s returned"), ("redis_down_s", "Redis down, s"),
         ("sentinel_failover_s", "Sentinel failover, s"), ("examples_lost", "examples lost"),
         ("examples_duplicated", "examples duplicated"),
-        ("model_equals_reference", "model equals reference"))),
+        ("model_equals_reference", "model equals reference"),
+        ("predictions_while_hung", "idle model's predictions while Redis hung"),
+        ("predict_max_ms_while_hung", "their slowest, ms"))),
     "recovery_time": Table("recovery_time.json", (
         ("store", "store and log"), ("seconds_to_listening", "s to listening"),
         ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),
