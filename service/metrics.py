@@ -117,6 +117,11 @@ class ServiceMetrics:
             "gln_snapshot_duration_seconds", "Time to serialise and store one snapshot.",
             buckets=SNAPSHOT_BUCKETS, registry=r,
         )
+        self.snapshot_fallbacks = Counter(
+            "gln_snapshot_fallbacks",
+            "Restores that found a model's newest snapshot damaged and loaded an older one "
+            "kept (GLN_SNAPSHOT_KEEP), then the log after it.", registry=r,
+        )
         self.snapshot_failures = Counter(
             "gln_snapshot_failures",
             "Snapshots that could not be stored (periodic, asked for, or a new model's first).",

@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         description="Longest wait for the next piece of a request body before answering 408: "
         "a client that stops sending holds no buffer for good.",
     )
+    snapshot_keep: int = Field(
+        3, ge=1, le=100,
+        description="Snapshot versions kept of each model: a restore whose newest is damaged "
+        "falls back to the newest whole one and replays the log from its entry (the log is "
+        "trimmed only past the oldest kept).",
+    )
     wal_timeout_s: float = Field(
         1.0, gt=0,
         description="Longest a Redis log call may take beyond what its confirmations wait for "

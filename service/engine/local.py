@@ -63,7 +63,7 @@ class LocalEngine:
         self._read_executor = ThreadPoolExecutor(settings.worker_threads,
                                                  thread_name_prefix="gln-read")
         store = open_store(settings.redis_url, settings.snapshot_dir,
-                           key_prefix=settings.redis_key_prefix)
+                           key_prefix=settings.redis_key_prefix, keep=settings.snapshot_keep)
         wal = self._opened_log
         if wal is None:
             wal = await asyncio.to_thread(open_log, settings)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gln import SnapshotBuffer
-from service.engine.snapshot_blob import snapshot_blob
+from service.engine.snapshot_blob import WAL_ID, snapshot_blob
 from service.engine.waiting_rows import WaitingRow
 from service.errors import ModelNotFound
 from service.metrics import ServiceMetrics
@@ -72,7 +72,12 @@ class ModelSnapshots:
             )
             if self._wal is not None and applied_id is not None:
                 try:
-                    self._wal.trim_through(self.name, applied_id)
+                    # Only past the oldest version kept: a restore may fall back to it, and
+                    # replays the log from its entry.
+                    oldest = next(iter(store.kept(self.name)), info)
+                    through = oldest.metadata.get(WAL_ID)
+                    if through is not None:
+                        self._wal.trim_through(self.name, through)
                 except Exception as exc:
                     log.warning("trimming the log of %r failed (kept longer): %s", self.name, exc)
             return info

@@ -168,6 +168,11 @@ class ModelRegistry:
         if loaded is None:
             return None
         blob, info = loaded
+        if info.damage:  # loud, though not smaller: the log replays from its entry
+            log.warning("the newest snapshot of %r is damaged (%s); restoring it from version %d, "
+                        "an older one kept (GLN_SNAPSHOT_KEEP), and the log after it",
+                        name, self._without_paths(info.damage), info.version)
+            self.metrics.snapshot_fallbacks.inc()
         model_blob, waiting = split_snapshot(blob, info.metadata)
         return StoredModel(self._load(model_blob), info, waiting)
 

@@ -77,11 +77,16 @@ async def test_restart_replays_the_log_after_the_latest_snapshot(
     assert crashed_bytes == _learned_in_order(small_config, answers)
 
 
+@pytest.mark.parametrize("keep", [1, 3])
 async def test_a_snapshot_records_its_log_entry_and_trims_the_log(
-    store_settings: Settings, serve, small_config, create_model, make_data
+    store_settings: Settings, serve, small_config, create_model, make_data, keep
 ):
+    """A snapshot records the newest entry its weights include; the log is trimmed through
+    the entry of the oldest snapshot kept (GLN_SNAPSHOT_KEEP), so that a restore may fall back
+    to any kept one and replay from there."""
     X, y = make_data(10)
-    async with serve(create_app(store_settings)) as client:
+    settings = store_settings.model_copy(update={"snapshot_keep": keep})
+    async with serve(create_app(settings)) as client:
         await create_model(client, "m", small_config)
         first = (await client.post("/v1/models/m/learn", json={"features": X, "labels": y})).json()
         await client.post("/v1/models/m/snapshot")
@@ -90,7 +95,10 @@ async def test_a_snapshot_records_its_log_entry_and_trims_the_log(
         )).json()
         with _store(store_settings) as store, _wal(store_settings) as wal:
             assert store.load("m")[1].metadata == {WAL_ID: first["log_id"]}
-            assert [e.id for e in wal.read_after("m", None)] == [later["log_id"]]
+            logged = [e.id for e in wal.read_after("m", None)]
+    # keep=1: trimmed through the snapshot's entry; keep=3: the first snapshot (no entry) is
+    # kept too, so nothing is trimmed yet.
+    assert logged == ([later["log_id"]] if keep == 1 else [first["log_id"], later["log_id"]])
 
 
 async def test_a_retried_idempotency_key_is_learned_once(

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
@@ -24,7 +25,7 @@ from service.engine.registry import PING_REUSE_S
 from service.settings import Settings
 from service.storage.store import open_store
 from tests.redis_process import RedisProcess
-from tests.service.staged_crash import skip_shutdown_snapshots
+from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
 def _store(settings: Settings):
@@ -417,7 +418,8 @@ async def test_a_damaged_store_is_reported_without_the_hosts_paths(
     lies on the host (a 404's and /readyz's words reach any client)."""
     async with serve(create_app(settings)) as client:
         await create_model(client, "broken")
-    (Path(settings.snapshot_dir) / "broken" / "HEAD").write_bytes(b"{not json")
+    for head in ("HEAD", "v1.head"):  # the pointer and the version's own head
+        (Path(settings.snapshot_dir) / "broken" / head).write_bytes(b"{not json")
     app = create_app(settings)
     async with serve(app) as client:
         problems = " ".join((await client.get("/readyz")).json()["problems"])
@@ -442,7 +444,8 @@ async def test_a_directory_that_lost_its_head_is_damage_not_a_model_that_never_w
                 ).status_code == 200
         skip_shutdown_snapshots(app)  # the examples are in the log alone
     model_dir = Path(settings.snapshot_dir) / "m"
-    (model_dir / "HEAD").unlink()
+    for head in (model_dir / "HEAD", *model_dir.glob("v*.head")):  # the pointer and every
+        head.unlink()  # version's own head: nothing says what the snapshot files hold
     log_before = (model_dir / "wal.log").read_bytes()
     async with serve(create_app(settings)) as client:
         readiness = (await client.get("/readyz")).json()
@@ -497,3 +500,44 @@ async def test_a_hung_redis_bounds_learns_and_never_holds_predictions(
     assert all(r.headers["retry-after"] == "1" for r in answers)
     assert learns_s < 10  # three models' appends in turn on two threads, each about 0.5 s
     assert again.status_code == 200
+
+
+async def test_a_damaged_newest_snapshot_restores_from_an_older_kept_one_and_the_log(
+    store_settings: Settings, serve, create_model, make_data
+):
+    """GLN_SNAPSHOT_KEEP=3: the newest snapshot damaged, the restart loads the newest whole
+    one kept, replays the log from its entry (the log is trimmed only past the oldest kept),
+    and serves the model whole: the same bytes as before, the fallback counted and said."""
+    app = create_app(store_settings)
+    async with serve(app) as client:
+        await create_model(client, "m")
+        for seed in range(3):
+            X, y = make_data(4, seed=seed)
+            assert (await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+                    ).status_code == 200
+            assert (await client.post("/v1/models/m/snapshot")).status_code == 200
+        before = await model_bytes(app, "m")
+        skip_shutdown_snapshots(app)
+    store = open_store(store_settings.redis_url, store_settings.snapshot_dir,
+                       key_prefix=store_settings.redis_key_prefix, keep=3)
+    with store:
+        assert [info.version for info in store.kept("m")] == [2, 3, 4]
+        blob, info = store.load("m")
+        damaged = bytearray(blob)
+        damaged[-1] ^= 0xFF  # a flipped byte of version 4, written behind the store's back
+        if store_settings.redis_url:
+            key = f"{store_settings.redis_key_prefix}:model:m:v4:chunk:0"
+            client = redis.Redis.from_url(store_settings.redis_url)
+            chunk = bytearray(client.get(key))
+            chunk[0] ^= 0xFF
+            client.set(key, bytes(chunk))
+            client.close()
+        else:
+            (Path(store_settings.snapshot_dir) / "m" / "v4.snap").write_bytes(bytes(damaged))
+    restarted = create_app(store_settings)
+    async with serve(restarted) as client:
+        info_after = (await client.get("/v1/models/m")).json()
+        page = (await client.get("/metrics")).text
+        after = await model_bytes(restarted, "m")
+    assert after == before and info_after["examples_seen"] == 12
+    assert "gln_snapshot_fallbacks_total 1.0" in page

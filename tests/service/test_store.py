@@ -41,7 +41,9 @@ class Backend:
 
     kind: str
 
-    def make(self, chunk_bytes: int = CHUNK) -> SnapshotStore:
+    def make(self, chunk_bytes: int = CHUNK, keep: int = 1) -> SnapshotStore:
+        """A store over this backend; ``keep=1`` (one version, as the contract tests assume)
+        unless a test is about the versions kept."""
         raise NotImplementedError
 
     def traces(self) -> list[str]:
@@ -64,8 +66,9 @@ class RedisBackend(Backend):
         self.url, self.prefix = url, prefix
         self.client = redis.Redis.from_url(url)
 
-    def make(self, chunk_bytes: int = CHUNK) -> SnapshotStore:
-        return RedisSnapshotStore(self.url, key_prefix=self.prefix, chunk_bytes=chunk_bytes)
+    def make(self, chunk_bytes: int = CHUNK, keep: int = 1) -> SnapshotStore:
+        return RedisSnapshotStore(self.url, key_prefix=self.prefix, chunk_bytes=chunk_bytes,
+                                  keep=keep)
 
     def traces(self) -> list[str]:
         return sorted(k.decode() for k in self.client.scan_iter(match=f"{self.prefix}*"))
@@ -88,8 +91,8 @@ class DirectoryBackend(Backend):
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def make(self, chunk_bytes: int = CHUNK) -> SnapshotStore:
-        return DirectorySnapshotStore(self.root)
+    def make(self, chunk_bytes: int = CHUNK, keep: int = 1) -> SnapshotStore:
+        return DirectorySnapshotStore(self.root, keep=keep)
 
     def traces(self) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*"))
@@ -98,7 +101,8 @@ class DirectoryBackend(Backend):
         return sorted(p.name for p in (self.root / name).glob("*.snap"))
 
     def tamper(self, name: str) -> None:
-        (path,) = (self.root / name).glob("*.snap")
+        version = json.loads((self.root / name / "HEAD").read_bytes())["version"]
+        path = self.root / name / f"v{version}.snap"
         data = bytearray(path.read_bytes())
         data[0] ^= 0xFF
         path.write_bytes(bytes(data))
@@ -162,17 +166,37 @@ def test_versions_increase_and_load_returns_latest(store: SnapshotStore) -> None
     assert info.metadata == {}
 
 
-def test_old_versions_removed_after_save(store: SnapshotStore, backend: Backend) -> None:
+def test_versions_older_than_the_kept_ones_are_removed_after_save(backend: Backend) -> None:
+    store = backend.make(keep=3)
     store.save("m", os.urandom(500))
     first_parts = backend.snapshot_parts("m")
-    store.save("m", os.urandom(500))
-    store.save("m", os.urandom(300))
+    for size in (500, 300, 200):
+        store.save("m", os.urandom(size))
     parts = backend.snapshot_parts("m")
     if backend.kind == "redis":
         assert len(first_parts) == 8  # ceil(500 / 64)
-        assert parts == sorted(f"{backend.prefix}:model:m:v3:chunk:{i}" for i in range(5))
+        assert parts == sorted(f"{backend.prefix}:model:m:v{v}:chunk:{i}"
+                               for v, n in ((2, 8), (3, 5), (4, 4)) for i in range(n))
     else:
-        assert parts == ["v3.snap"]
+        assert parts == ["v2.snap", "v3.snap", "v4.snap"]
+    assert [info.version for info in store.kept("m")] == [2, 3, 4]  # keep=3, oldest first
+
+
+def test_a_damaged_newest_version_falls_back_to_the_newest_whole_one(backend: Backend) -> None:
+    """GLN_SNAPSHOT_KEEP: the current version damaged, load returns the newest older version
+    that is whole, saying what was damaged; with every kept version damaged, it raises."""
+    store = backend.make(keep=3)
+    blobs = [os.urandom(300) for _ in range(3)]
+    for version, blob in enumerate(blobs, 1):
+        store.save("m", blob, metadata={"wal_id": str(version)})
+    backend.tamper("m")
+    blob, info = store.load("m")
+    assert (blob, info.version, info.metadata) == (blobs[1], 2, {"wal_id": "2"})
+    assert "v3" in info.damage
+    store.save("one", b"only version")
+    backend.tamper("one")
+    with pytest.raises(SnapshotCorruptError):
+        store.load("one")
 
 
 def test_delete_removes_everything(store: SnapshotStore, backend: Backend) -> None:
@@ -211,15 +235,23 @@ def test_tampered_bytes_are_detected(store: SnapshotStore, backend: Backend) -> 
 
 
 def test_a_head_missing_a_field_is_corruption(store: SnapshotStore, backend: Backend) -> None:
-    """Both stores read their head through one parser: a field gone is named corruption."""
+    """Both stores read their heads through one parser: a field gone is named corruption. The
+    current head damaged, the version's own head still reads it (saying what was damaged);
+    both damaged, the load raises."""
     store.save("m", b"payload", {"k": "v"})
-    if isinstance(backend, RedisBackend):
-        backend.client.hdel(f"{backend.prefix}:model:m:head", "sha256")
-    else:
-        head_file = backend.root / "m" / "HEAD"
-        head = json.loads(head_file.read_text())
-        del head["sha256"]
-        head_file.write_text(json.dumps(head))
+    own = ("m:v1:head" if isinstance(backend, RedisBackend) else "v1.head")
+    for head in ("head", own):
+        if isinstance(backend, RedisBackend):
+            backend.client.hdel(f"{backend.prefix}:model:{'m:head' if head == 'head' else own}",
+                                "sha256")
+        else:
+            head_file = backend.root / "m" / ("HEAD" if head == "head" else own)
+            fields = json.loads(head_file.read_text())
+            del fields["sha256"]
+            head_file.write_text(json.dumps(fields))
+        if head == "head":
+            blob, info = store.load("m")
+            assert blob == b"payload" and "is unreadable" in info.damage
     with pytest.raises(SnapshotCorruptError, match="is unreadable"):
         store.load("m")
 
@@ -443,7 +475,7 @@ def test_directory_layout_and_leftover_temp_files(tmp_path: Path) -> None:
     (tmp_path / "m" / ".tmp-crashed-v9.snap").write_bytes(b"half")
     info = store.save("m", b"payload", metadata={"a": "b"})
     files = sorted(p.name for p in (tmp_path / "m").iterdir() if p.name != ".lock")
-    assert files == ["HEAD", "v1.snap"]
+    assert files == ["HEAD", "v1.head", "v1.snap"]
     assert (tmp_path / "m" / "v1.snap").read_bytes() == b"payload"
     assert info.version == 1
 
@@ -463,6 +495,8 @@ def test_directory_unreadable_head_is_corruption(tmp_path: Path) -> None:
     store = DirectorySnapshotStore(tmp_path)
     store.save("m", b"x")
     (tmp_path / "m" / "HEAD").write_text("{not json")
+    assert "HEAD is not JSON" in store.load("m")[1].damage  # its own head still reads it
+    (tmp_path / "m" / "v1.head").write_text("{not json")
     with pytest.raises(SnapshotCorruptError):
         store.load("m")
 

@@ -626,7 +626,7 @@ def test_file_trim_rewrites_atomically_and_shares_a_snapshot_dir(tmp_path: Path)
     store.save("m", b"weights", metadata={"wal_id": ids[1]})
     wal.trim_through("m", store.load("m")[1].metadata["wal_id"])
     files = sorted(p.name for p in (tmp_path / "m").iterdir() if p.name != ".lock")
-    assert files == ["HEAD", "v1.snap", "wal.log"]  # no temp files left
+    assert files == ["HEAD", "v1.head", "v1.snap", "wal.log"]  # no temp files left
     store.save("m", b"weights 2")  # the store's clean-up leaves the log alone
     assert tags(wal.read_after("m", ids[1])) == [2, 3]
     wal.delete("m")  # the log goes, the snapshot stays

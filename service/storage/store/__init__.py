@@ -52,9 +52,10 @@ __all__ = [
 
 
 def open_store(
-    redis_url: str | None, snapshot_dir: str, *, key_prefix: str = "gln"
+    redis_url: str | None, snapshot_dir: str, *, key_prefix: str = "gln", keep: int = 3
 ) -> SnapshotStore:
-    """The Redis store when ``redis_url`` is set (non-empty), else the directory store."""
+    """The Redis store when ``redis_url`` is set (non-empty), else the directory store; each
+    keeps the newest ``keep`` versions of a model."""
     if redis_url:
-        return RedisSnapshotStore(redis_url, key_prefix=key_prefix)
-    return DirectorySnapshotStore(snapshot_dir)
+        return RedisSnapshotStore(redis_url, key_prefix=key_prefix, keep=keep)
+    return DirectorySnapshotStore(snapshot_dir, keep=keep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ from service.storage.store.interface import (
     as_bytes_view,
     check_metadata,
 )
-from service.storage.store.loading import load_current
+from service.storage.store.loading import load_current, load_newest_valid
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ def _read_version(name: str, info: SnapshotInfo, path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError as exc:
-        raise SnapshotCorruptError(f"snapshot {name!r} v{info.version}: file missing") from exc
+        raise SnapshotCorruptError(f"snapshot {name!r} v{info.version}: file missing",
+                                   info.version) from exc
 
 
 class DirectorySnapshotStore(ClosingMixin):
@@ -82,9 +84,12 @@ class DirectorySnapshotStore(ClosingMixin):
     The directory is created if missing, and what a delete left of a model's files removed.
     """
 
-    _VERSION_RE = re.compile(r"v(\d+)\.snap")
+    _VERSION_RE = re.compile(r"v(\d+)\.(?:snap|head)")
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], keep: int = 3) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        self.keep = keep
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -135,9 +140,32 @@ class DirectorySnapshotStore(ClosingMixin):
         found = []
         for entry in model_dir.iterdir():
             match = self._VERSION_RE.fullmatch(entry.name)
-            if match:
+            if match and entry.suffix == ".snap":
                 found.append(int(match.group(1)))
         return found
+
+    def _kept_heads(self, name: str, below: int) -> list[tuple[SnapshotInfo, Path]]:
+        """The versions below ``below`` with a file and a head of their own, newest first."""
+        model_dir = self._model_dir(name)
+        kept = []
+        for version in sorted(self._versions_on_disk(model_dir), reverse=True):
+            head_file = model_dir / f"v{version}.head"
+            if version >= below or not head_file.is_file():
+                continue
+            try:
+                info = SnapshotInfo.from_head(json.loads(head_file.read_bytes()),
+                                              f"{name}/v{version}.head")
+            except (ValueError, UnicodeDecodeError):
+                continue  # a damaged head of its own: that version cannot be checked
+            kept.append((info, model_dir / f"v{version}.snap"))
+        return kept
+
+    def kept(self, name: str) -> list[SnapshotInfo]:
+        """The infos of the versions kept of ``name`` (each with a head of its own), oldest
+        first."""
+        if not self._model_dir(name).is_dir():
+            return []
+        return [info for info, _ in reversed(self._kept_heads(name, 1 << 62))]
 
     def save(
         self, name: str, blob: bytes, metadata: Mapping[str, str] | None = None
@@ -164,11 +192,14 @@ class DirectorySnapshotStore(ClosingMixin):
                 metadata=meta,
             )
             _write_atomically(model_dir / f"v{version}.snap", view)
-            head_json = json.dumps(info.head_fields(), sort_keys=True)
-            _write_atomically(model_dir / "HEAD", head_json.encode())
+            head_json = json.dumps(info.head_fields(), sort_keys=True).encode()
+            # Each version's own head beside it: what a load falls back on, should HEAD's
+            # version be damaged (the newest ``keep`` versions are kept).
+            _write_atomically(model_dir / f"v{version}.head", head_json)
+            _write_atomically(model_dir / "HEAD", head_json)
             for entry in model_dir.iterdir():
                 match = self._VERSION_RE.fullmatch(entry.name)
-                stale = match is not None and int(match.group(1)) < version
+                stale = match is not None and int(match.group(1)) <= version - self.keep
                 if stale or entry.name.startswith(".tmp-"):
                     with contextlib.suppress(FileNotFoundError):
                         entry.unlink()
@@ -179,16 +210,22 @@ class DirectorySnapshotStore(ClosingMixin):
         ``HEAD`` is gone while what only a model that lived leaves remains (a second version,
         a log) is damage, said as such (SnapshotCorruptError), never a model that never was."""
         model_dir = self._model_dir(name)
-        remains = self._remains_without_head(model_dir)
-        if remains:
-            raise SnapshotCorruptError(f"{name}/HEAD is missing, though {remains} remain: the "
-                                       "model's snapshot pointer was lost")
-        return load_current(
-            name,
-            read_head=lambda: self._read_head(model_dir),
-            parse_head=lambda head: self._parse_head(model_dir, head),
-            read_blob=lambda info, path: _read_version(name, info, path),
-        )
+
+        def current() -> tuple[bytes, SnapshotInfo] | None:
+            remains = self._remains_without_head(model_dir)
+            if remains:
+                raise SnapshotCorruptError(f"{name}/HEAD is missing, though {remains} remain: "
+                                           "the model's snapshot pointer was lost")
+            return load_current(
+                name,
+                read_head=lambda: self._read_head(model_dir),
+                parse_head=lambda head: self._parse_head(model_dir, head),
+                read_blob=lambda info, path: _read_version(name, info, path),
+            )
+
+        return load_newest_valid(name, current, lambda below: [
+            (info, functools.partial(_read_version, name, info, path))
+            for info, path in self._kept_heads(name, below)])
 
     def names(self) -> list[str]:
         """Sorted names of the subdirectories that hold a ``HEAD``, or that lost theirs

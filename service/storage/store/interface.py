@@ -15,8 +15,12 @@ class SnapshotCorruptError(ValueError):
     """A stored snapshot does not match its recorded length or SHA-256, or its head is unreadable.
 
     Raised by ``load`` instead of handing back bytes that would fail (or worse, half succeed)
-    in ``GLN.from_bytes``.
+    in ``GLN.from_bytes``. ``version``: the version found damaged, where one was.
     """
+
+    def __init__(self, message: str, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,9 @@ class SnapshotInfo:
     nbytes: int
     sha256: str
     metadata: dict[str, str] = field(default_factory=dict)
+    # Set by a ``load`` that fell back to this version, an older one the store kept
+    # (GLN_SNAPSHOT_KEEP): what was wrong with the newer ones.
+    damage: str = field(default="", compare=False)
 
     @classmethod
     def from_head(cls, head: Mapping[str, Any], where: str) -> SnapshotInfo:
@@ -68,6 +75,11 @@ class SnapshotStore(Protocol):
 
     def load(self, name: str) -> tuple[bytes, SnapshotInfo] | None:
         """The current snapshot of ``name`` (checksum verified), or None if there is none."""
+        ...
+
+    def kept(self, name: str) -> list[SnapshotInfo]:
+        """The infos of the versions kept of ``name`` (the newest ``keep``), oldest first;
+        ``load`` falls back on them when the current one is damaged."""
         ...
 
     def names(self) -> list[str]:

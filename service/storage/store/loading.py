@@ -4,6 +4,7 @@ head meanwhile (and removed the old version), start over from the new head."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from typing import TypeVar
@@ -19,12 +20,13 @@ def _verify(name: str, info: SnapshotInfo, blob: bytes) -> None:
     if len(blob) != info.nbytes:
         raise SnapshotCorruptError(
             f"snapshot {name!r} v{info.version}: {len(blob)} bytes stored, "
-            f"head says {info.nbytes}"
+            f"head says {info.nbytes}", info.version
         )
     digest = hashlib.sha256(blob).hexdigest()
     if digest != info.sha256:
         raise SnapshotCorruptError(
-            f"snapshot {name!r} v{info.version}: sha256 {digest} != recorded {info.sha256}"
+            f"snapshot {name!r} v{info.version}: sha256 {digest} != recorded {info.sha256}",
+            info.version,
         )
 
 
@@ -63,3 +65,27 @@ def load_current(
     raise SnapshotCorruptError(
         f"snapshot of {name!r} kept changing while being read ({LOAD_ATTEMPTS} attempts)"
     )
+
+
+def load_newest_valid(
+    name: str, current: Callable[[], tuple[bytes, SnapshotInfo] | None],
+    older: Callable[[int], list[tuple[SnapshotInfo, Callable[[], bytes]]]],
+) -> tuple[bytes, SnapshotInfo] | None:
+    """``current()`` (a ``load_current``), or where that is damaged, the newest of the older
+    versions the store kept that is whole: ``older(version)`` gives those below ``version``,
+    newest first, each as its info and a reader of its bytes. The info returned says what was
+    damaged (``damage``); SnapshotCorruptError (the current one's) if none is whole."""
+    try:
+        return current()
+    except SnapshotCorruptError as damage:
+        error = damage
+    found = [str(error)]
+    for info, read in older(error.version if error.version is not None else 1 << 62):
+        try:
+            blob = read()
+            _verify(name, info, blob)
+        except SnapshotCorruptError as also:
+            found.append(str(also))
+            continue
+        return blob, dataclasses.replace(info, damage="; ".join(found))
+    raise error

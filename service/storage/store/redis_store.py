@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -18,7 +19,7 @@ from service.storage.store.interface import (
     as_bytes_view,
     check_metadata,
 )
-from service.storage.store.loading import load_current
+from service.storage.store.loading import load_current, load_newest_valid
 
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 """Chunk size for Redis: far below Redis' 512 MB value limit, large enough to keep round trips
@@ -38,11 +39,14 @@ class RedisSnapshotStore(RedisClient):
         p:model:n:versions           sorted set "V:nchunks" (score V) of versions with chunks
         p:model:n:vV:chunk:i         i-th chunk of version V (string, <= chunk_bytes)
         p:model:n:head               hash version, nchunks, nbytes, sha256, created_at, metadata
+        p:model:n:v{V}:head          the same hash for version V alone, while V is kept
 
     A save takes a version from the counter, registers it in ``versions`` (so a crashed save's
     chunks are still found and removed later), writes all chunks with pipelines, then switches
     the head in one WATCH/MULTI/EXEC, refusing to move it back to an older version if a
-    concurrent save got there first. Only after the switch are older versions' chunks deleted.
+    concurrent save got there first. Only after the switch are versions older than the newest
+    ``keep`` deleted: a load whose current version is damaged falls back to the newest whole
+    one of those kept (each has a head of its own).
     A reader that read the old head and finds its chunks gone (or changed) starts over from
     the new head.
 
@@ -58,11 +62,15 @@ class RedisSnapshotStore(RedisClient):
         *,
         socket_connect_timeout: float = 5.0,
         socket_timeout: float | None = 60.0,
+        keep: int = 3,
     ) -> None:
         super().__init__(url, key_prefix, socket_connect_timeout, socket_timeout)
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
         self.chunk_bytes = chunk_bytes
+        self.keep = keep
 
     def __repr__(self) -> str:
         return (
@@ -120,7 +128,7 @@ class RedisSnapshotStore(RedisClient):
                 self._drop_versions(name, [member])
             raise
         if switched:
-            older = self._client.zrangebyscore(versions_key, "-inf", f"({version}")
+            older = self._client.zrangebyscore(versions_key, "-inf", version - self.keep)
             self._drop_versions(name, [m.decode() for m in older])
         else:
             self._drop_versions(name, [member])
@@ -134,12 +142,37 @@ class RedisSnapshotStore(RedisClient):
         """
         check_name(name)
         head_key = self._model_key(name, "head")
-        return load_current(
+        return load_newest_valid(name, lambda: load_current(
             name,
             read_head=lambda: self._client.hgetall(head_key) or None,
             parse_head=lambda head: self._parse_head(name, head),
             read_blob=lambda info, nchunks: self._read_chunks(name, info, nchunks),
-        )
+        ), lambda below: [
+            (info, functools.partial(self._read_chunks, name, info, nchunks))
+            for info, nchunks in self._kept_heads(name, below)])
+
+    def kept(self, name: str) -> list[SnapshotInfo]:
+        """The infos of the versions kept of ``name`` (each with a head of its own), oldest
+        first."""
+        check_name(name)
+        return [info for info, _ in reversed(self._kept_heads(name, 1 << 62))]
+
+    def _kept_heads(self, name: str, below: int) -> list[tuple[SnapshotInfo, int]]:
+        """The registered versions below ``below`` with a readable head of their own (info,
+        chunks), newest first."""
+        members = self._client.zrevrangebyscore(self._model_key(name, "versions"),
+                                                f"({below}", "-inf")
+        kept = []
+        for member in members:
+            version = int(member.decode().partition(":")[0])
+            head = self._client.hgetall(self._model_key(name, f"v{version}:head"))
+            if not head:
+                continue  # being written, or saved before versions had heads of their own
+            try:
+                kept.append(self._parse_head(name, head))
+            except SnapshotCorruptError:
+                continue
+        return kept
 
     def names(self) -> list[str]:
         """Sorted names of the models with a snapshot under this key prefix."""
@@ -191,6 +224,7 @@ class RedisSnapshotStore(RedisClient):
             pipe.multi()
             pipe.delete(head_key)  # drop fields a future layout might not rewrite
             pipe.hset(head_key, mapping=mapping)
+            pipe.hset(self._model_key(name, f"v{info.version}:head"), mapping=mapping)
             pipe.sadd(self._models_key(), name)
             return True
 
@@ -205,6 +239,7 @@ class RedisSnapshotStore(RedisClient):
             version_text, _, nchunks_text = member.partition(":")
             version, nchunks = int(version_text), int(nchunks_text or 0)
             keys = [self._chunk_key(name, version, i) for i in range(nchunks)]
+            keys.append(self._model_key(name, f"v{version}:head"))
             for start in range(0, len(keys), 1000):
                 pipe.delete(*keys[start:start + 1000])
         pipe.zrem(self._model_key(name, "versions"), *members)
@@ -232,7 +267,8 @@ class RedisSnapshotStore(RedisClient):
             for index, piece in enumerate(pipe.execute(), start):
                 if piece is None:
                     raise SnapshotCorruptError(
-                        f"snapshot {name!r} v{info.version}: chunk {index} of {nchunks} missing"
+                        f"snapshot {name!r} v{info.version}: chunk {index} of {nchunks} missing",
+                        info.version,
                     )
                 pieces.append(piece)
         return b"".join(pieces)
