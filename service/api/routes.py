@@ -382,7 +382,7 @@ MODEL_BYTES = {"type": "string", "format": "binary"}  # a GLN.to_bytes() blob
 async def create_model(request: Request, engine: Engine) -> dict[str, Any]:
     """Create a model from a GLN config; it is snapshotted at once (version 1)."""
     body = await parse_body(request, CreateModelRequest)
-    return await engine.create(body.name, body.config)
+    return await engine.create(body.name, body.config, body.replace_unrestored)
 
 
 @router.get(

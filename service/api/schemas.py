@@ -106,6 +106,12 @@ class CreateModelRequest(_Body):
         "defaults (num_classes 2, layer_sizes [32, 32, 1], context_dim 4); the device is the "
         "server's (GLN_DEVICE).",
     )
+    replace_unrestored: bool = Field(
+        False,
+        description="Create even where a stored model of this name could not be restored "
+        "(/readyz names it): its snapshots and log are deleted first, and what they held is "
+        "gone for good. Without it such a create is refused (409).",
+    )
 
 
 class FeaturesRequest(_Body):

@@ -28,8 +28,11 @@ Labels = np.ndarray | Sequence[int]
 class EngineClient(Protocol):
     """What the HTTP face asks of the engine; each call is one request's work."""
 
-    async def create(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
-        """Build and serve a model; its info (``GET /v1/models/{name}``'s body)."""
+    async def create(self, name: str, config: dict[str, Any],
+                     replace_unrestored: bool = False) -> dict[str, Any]:
+        """Build and serve a model; its info (``GET /v1/models/{name}``'s body).
+        ``replace_unrestored``: first delete a stored model of the name that could not be
+        restored (else that is a 409)."""
         ...
 
     async def import_model(self, name: str, blob: bytes) -> dict[str, Any]:

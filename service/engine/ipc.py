@@ -321,8 +321,9 @@ class RemoteEngine:
                 answer.set_exception(error)
 
     # -- EngineClient --
-    async def create(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("create", name, config)
+    async def create(self, name: str, config: dict[str, Any],
+                     replace_unrestored: bool = False) -> dict[str, Any]:
+        return await self._call("create", name, config, replace_unrestored)
 
     async def import_model(self, name: str, blob: bytes) -> dict[str, Any]:
         return await self._call("import_model", name, blob)

@@ -113,8 +113,9 @@ class LocalEngine:
         return self.registry
 
     # -- models --
-    async def create(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
-        return (await self._models.create(name, config)).describe()
+    async def create(self, name: str, config: dict[str, Any],
+                     replace_unrestored: bool = False) -> dict[str, Any]:
+        return (await self._models.create(name, config, replace_unrestored)).describe()
 
     async def import_model(self, name: str, blob: bytes) -> dict[str, Any]:
         return (await self._models.import_model(name, blob)).describe()

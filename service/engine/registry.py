@@ -299,14 +299,21 @@ class ModelRegistry:
         return self.models()
 
     # -- create / import / export / delete --
-    async def create(self, name: str, config: dict[str, Any]) -> ServedModel:
+    async def create(self, name: str, config: dict[str, Any],
+                     replace_unrestored: bool = False) -> ServedModel:
         """Build a model from ``config``, store its first snapshot, and start serving it.
 
         The first snapshot makes a model durable from birth: a restart brings it back even if
-        it never learned. 409 if the name exists, 422 for a config GLN rejects, 503 if the
-        store cannot take the snapshot (then nothing is created).
+        it never learned. 409 if the name exists, or is a stored model that could not be
+        restored (unless ``replace_unrestored``: its remains are deleted first), 422 for a
+        config GLN rejects, 503 if the store cannot take the snapshot (then nothing is
+        created).
         """
         await self._wait_restored()
+        if replace_unrestored and name in self._failed:
+            log.warning("replacing model %r, which could not be restored (%s): its snapshots "
+                        "and log are deleted", name, self._failed[name])
+            await self.delete(name)
         config = self._without_device(config)
         unknown = sorted(set(config) - CONFIG_KEYS)
         if unknown:
@@ -347,7 +354,8 @@ class ModelRegistry:
             if name in self._failed:
                 raise ModelExists(
                     f"model {name!r} is stored but could not be restored "
-                    f"({self._failed[name]}); DELETE /v1/models/{name} removes it")
+                    f"({self._failed[name]}); DELETE /v1/models/{name} removes it, or a "
+                    "create with replace_unrestored: true replaces it")
             if name in self._models:
                 raise ModelExists(f"model {name!r} already exists")
             other = self._name_differing_only_in_case(name)

@@ -290,7 +290,9 @@ async def test_an_unreadable_snapshot_is_a_degraded_readiness_until_deleted(
         r = await client.post("/v1/models", json={"name": "broken", "config": {"num_features": 2}})
         assert r.status_code == 409
         assert r.json()["detail"].startswith("model 'broken' is stored but could not be restored")
-        assert r.json()["detail"].endswith("DELETE /v1/models/broken removes it")
+        assert r.json()["detail"].endswith(
+            "DELETE /v1/models/broken removes it, or a create with replace_unrestored: true "
+            "replaces it")
         blob = await client.get("/v1/models/good/export")
         r = await client.post("/v1/models/broken/import", content=blob.content,
                               headers={"content-type": "application/octet-stream"})
@@ -452,10 +454,16 @@ async def test_a_directory_that_lost_its_head_is_damage_not_a_model_that_never_w
         info = await client.get("/v1/models/m")
         create = await client.post("/v1/models", json={"name": "m", "config": {
             "num_features": 6}})
+        kept_log = (model_dir / "wal.log").read_bytes()
+        forced = await client.post("/v1/models", json={"name": "m", "config": {
+            "num_features": 6}, "replace_unrestored": True})
+        ready = (await client.get("/readyz")).json()
     assert readiness["status"] == "degraded" and "m/HEAD is missing" in readiness["problems"][0]
     assert info.status_code == 404 and "HEAD is missing, though wal.log remain" in info.text
-    assert create.status_code == 409 and "could not be restored" in create.text
-    assert (model_dir / "wal.log").read_bytes() == log_before  # nothing acknowledged is gone
+    assert create.status_code == 409 and "replace_unrestored" in create.text
+    assert kept_log == log_before  # nothing acknowledged is gone until the replace says so
+    assert forced.status_code == 201 and forced.json()["examples_seen"] == 0
+    assert ready["status"] == "ready"
 
 
 async def test_a_hung_redis_bounds_learns_and_never_holds_predictions(
