@@ -33,6 +33,7 @@ from service.api.body_limit import BodyLimitMiddleware
 from service.api.docs_page import add_docs_page
 from service.api.error_handlers import add_error_handlers
 from service.api.host_check import HostCheckMiddleware, allowed_hosts_for
+from service.api.kserve import router as kserve_router
 from service.api.request_id import RequestIdMiddleware
 from service.api.request_metrics import RequestMetricsMiddleware
 from service.api.routes import router
@@ -78,7 +79,7 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
     # routes are the hot ones, and routes are matched in order), rather than through
     # include_router: FastAPI matches an included router's routes through a layer of its own,
     # twice per request, which cost more than the rest of the routing.
-    app.router.routes[:0] = [*router.routes, *stream_router.routes]
+    app.router.routes[:0] = [*router.routes, *stream_router.routes, *kserve_router.routes]
     add_error_handlers(app)
     add_docs_page(app)
     # The last added is the outermost: metrics see every answer, including the guards' 401
@@ -97,7 +98,8 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
         settings.host, settings.allowed_host_names))
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(
-        RequestMetricsMiddleware, metrics=app.state.metrics, routes=list(router.routes)
+        RequestMetricsMiddleware, metrics=app.state.metrics,
+        routes=[*router.routes, *kserve_router.routes]
     )
     # Outermost: every layer below, routing included, sees the path without its slash.
     app.add_middleware(TrailingSlashMiddleware)
