@@ -177,19 +177,20 @@ class ModelLog:
             count += 1
         applied_id = model.applied_id
         end = self.wal.last_id(self.name)
-        if end is not None and end != applied_id and (
-                applied_id is None or self.wal.reaches(self.name, applied_id)):
+        behind = applied_id is not None and not self.wal.reaches(self.name, applied_id)
+        if end is not None and end != applied_id and not behind:
             raise WalGapError(
                 f"the log of {self.name!r} records {end} as its newest entry, but its entries "
                 f"end at {applied_id}: entries were removed, and the model is not served "
                 "smaller than it was acknowledged (repair the log, or DELETE the model)")
-        if applied_id is not None and not self.wal.reaches(self.name, applied_id):
+        if behind:
             # The log ends before the model's snapshot: moved to a new directory, or emptied.
             # New entries must follow the snapshot's, or a restore would skip them as learned.
             log.warning("the log of %r ends before its snapshot's entry %s (a new or emptied "
                         "log); its entries continue after that one", self.name, applied_id)
             self.wal.continue_after(self.name, applied_id)
-        self.end = self.wal.last_id(self.name)
+            end = self.wal.last_id(self.name)
+        self.end = end
         self.in_doubt = False
         self.confirmed_at = time.monotonic()
         return count
