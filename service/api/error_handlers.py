@@ -32,7 +32,7 @@ RETRY_AFTER_S = "1"
 async def _registry_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RegistryError)
     headers = {"retry-after": RETRY_AFTER_S} if exc.status_code == 503 else None
-    return JSONResponse({"detail": _shortened(str(exc))}, status_code=exc.status_code,
+    return JSONResponse({"detail": shortened(str(exc))}, status_code=exc.status_code,
                         headers=headers)
 
 
@@ -41,7 +41,8 @@ async def _registry_error(request: Request, exc: Exception) -> JSONResponse:
 DETAIL_MAX_CHARS = 2000
 
 
-def _shortened(detail: str) -> str:
+def shortened(detail: str) -> str:
+    """``detail`` cut past ``DETAIL_MAX_CHARS``, saying how much was left out."""
     if len(detail) <= DETAIL_MAX_CHARS:
         return detail
     return f"{detail[:DETAIL_MAX_CHARS]}... ({len(detail) - DETAIL_MAX_CHARS} characters more)"
@@ -76,9 +77,13 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 with one readable line per problem; never echoes the input (it may hold NaN)."""
     assert isinstance(exc, RequestValidationError)
-    problems = [f"{_place(error.get('loc', ()))}: {error.get('msg', 'invalid')}"
-                for error in exc.errors()]
-    return JSONResponse({"detail": _shortened("; ".join(problems))}, status_code=422)
+    return JSONResponse({"detail": validation_detail(exc)}, status_code=422)
+
+
+def validation_detail(exc: RequestValidationError) -> str:
+    """One readable line per problem of a malformed request (also a stream's batch)."""
+    return shortened("; ".join(f"{_place(error.get('loc', ()))}: {error.get('msg', 'invalid')}"
+                               for error in exc.errors()))
 
 
 def _place(loc: tuple[int | str, ...]) -> str:

@@ -38,6 +38,7 @@ from service.api.schemas import (
     SnapshotOut,
     Status,
     array_body,
+    learn_answer,
     readable_errors,
 )
 from service.engine.client import EngineClient
@@ -111,6 +112,11 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
     clear message, rather than a generic JSON error.
     """
     require_content_type(request, JSON)
+    return await _validated_json(request, model)
+
+
+async def _validated_json(request: Request, model: type[Body]) -> Body:
+    """:func:`parse_body` once the Content-Type is known to be JSON."""
     raw = await request.body()
     try:
         if len(raw) > OFFLOAD_BYTES:
@@ -154,7 +160,7 @@ async def parse_data_body(request: Request, model: type[Body]) -> Any:
     """A data route's body: JSON validated as ``model`` (:func:`parse_body`), or an ``.npz``
     archive of the same fields as arrays (:mod:`service.api.npz`); 422 if it is neither."""
     if require_content_type(request, JSON, NPZ) != NPZ:
-        return await parse_body(request, model)
+        return await _validated_json(request, model)  # its type is checked just now
     raw = await request.body()
     limit = request.app.state.settings.max_body_bytes
     try:
@@ -295,14 +301,7 @@ async def learn(name: str, request: Request) -> Response:
     key = idempotency_key(request)
     body = await parse_data_body(request, LearnRequest)
     result = await engine.learn(name, body.features, body.labels, key)
-    return await answer(request, {
-        "examples": result.rows,
-        "sequence": result.sequence,
-        "probabilities": result.probabilities,
-        "log_loss": result.mean_loss,
-        "duplicate": result.duplicate,
-        "log_id": result.log_id,
-    })
+    return await answer(request, learn_answer(result))
 
 
 @_data_route("/v1/models/{name}/predict", PredictResponse, PredictRequest, errors=(409, 503))

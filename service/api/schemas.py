@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from service.engine.learn_answers import LearnResult
 from service.errors import shown
 
 # Not starting with '.': '.' and '..' mean something else in URLs and directories, and a
@@ -336,3 +337,10 @@ def array_body(model: type[BaseModel], arrays: dict[str, np.ndarray]) -> ArrayBo
         if bad is not None:
             raise ValueError(f"ids: id {bad} is not 1-200 visible ASCII characters")
     return ArrayBody(features, arrays.get("labels"), ids)
+
+
+def learn_answer(result: LearnResult) -> dict[str, Any]:
+    """A learn's answer (:class:`LearnResponse`'s fields), for ``/learn`` and the stream alike."""
+    return {"examples": result.rows, "sequence": result.sequence,
+            "probabilities": result.probabilities, "log_loss": result.mean_loss,
+            "duplicate": result.duplicate, "log_id": result.log_id}

@@ -26,8 +26,9 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from service.api.error_handlers import shortened, validation_detail
 from service.api.npz import read_npz, write_npz
-from service.api.schemas import LearnRequest, array_body, readable_errors
+from service.api.schemas import LearnRequest, array_body, learn_answer, readable_errors
 from service.engine.client import EngineClient
 from service.engine.learn_answers import LearnResult
 from service.errors import RegistryError
@@ -119,18 +120,15 @@ async def _send_answers(
 
 
 def _answer(outcome: LearnResult | Exception) -> dict[str, Any]:
+    """A batch's answer: learn's, or its error in the words an HTTP request would get."""
     if isinstance(outcome, LearnResult):
-        return {"examples": outcome.rows, "sequence": outcome.sequence,
-                "probabilities": outcome.probabilities, "log_loss": outcome.mean_loss,
-                "duplicate": outcome.duplicate, "log_id": outcome.log_id}
+        return learn_answer(outcome)
     if isinstance(outcome, RegistryError):
-        return {"error": {"status": outcome.status_code, "detail": str(outcome)}}
+        return {"error": {"status": outcome.status_code, "detail": shortened(str(outcome))}}
     if isinstance(outcome, RequestValidationError):
-        errors = outcome.errors()
-        detail = "; ".join(str(error.get("msg")) for error in errors) or "invalid batch"
-        return {"error": {"status": 422, "detail": detail}}
+        return {"error": {"status": 422, "detail": validation_detail(outcome)}}
     if isinstance(outcome, ValueError):
-        return {"error": {"status": 422, "detail": str(outcome)}}
+        return {"error": {"status": 422, "detail": shortened(str(outcome))}}
     return {"error": {"status": 500, "detail": f"internal error ({type(outcome).__name__})"}}
 
 

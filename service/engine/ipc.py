@@ -28,15 +28,15 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from service.engine.client import Labels, Rows
+from service.engine.client import EngineClient, Labels, Rows
 from service.engine.learn_answers import LearnResult
 from service.errors import RegistryError, Unavailable
 
 log = logging.getLogger(__name__)
 
 # The verbs a worker may call: EngineClient's, nothing else of the engine.
-VERBS = frozenset({"create", "import_model", "export", "delete", "list_models", "info", "learn",
-                   "predict", "labels", "explain", "snapshot", "readiness", "metrics_text"})
+VERBS = frozenset(name for name, value in vars(EngineClient).items()
+                  if callable(value) and not name.startswith("_"))
 
 
 # -- the wire ----------------------------------------------------------------------------------

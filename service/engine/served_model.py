@@ -292,9 +292,7 @@ class ServedModel:
 
     def _model_bytes_sync(self) -> memoryview:
         """(thread) The model's bytes, holding the model lock for a copy of its arrays only."""
-        buffer = SnapshotBuffer(self.model)
-        with self.lock:
-            buffer.capture(self.model)
+        buffer, *_ = self.capture()
         return buffer.seal()
 
     async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
