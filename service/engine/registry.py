@@ -423,14 +423,10 @@ class ModelRegistry:
         is accepted)."""
         if "device" not in config:
             return config
-        try:
-            device = resolve_device(self.settings.device)
-        except ValueError:  # the server cannot build any model: let _build say why
-            device = self.settings.device
-        if config["device"] != device:
+        if config["device"] != self._device:
             raise InvalidRequest(
                 f"config: 'device' is chosen by the server (GLN_DEVICE={self.settings.device}, "
-                f"here {device!r}); leave it out"
+                f"here {self._device!r}); leave it out"
             )
         return {key: value for key, value in config.items() if key != "device"}
 
