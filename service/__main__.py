@@ -27,9 +27,8 @@ from pydantic import ValidationError
 from gln.backend import resolve_device
 from service.api import slow_clients
 from service.api.app import create_app
-from service.api.listen import bind_listeners
+from service.api.listen import bind_listeners, server_options
 from service.api.request_id import LOG_FORMAT, RequestIdLogFilter
-from service.api.slow_clients import HeaderDeadlineProtocol
 from service.engine.local import open_log
 from service.settings import Settings, unknown_variables
 from service.storage.dir_lock import DirectoryInUseError, lock_data_directories
@@ -100,20 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     # re-raise a no-op, so a graceful stop exits with our status instead of "killed by 15".
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _after_graceful_stop)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_graceful_shutdown=settings.shutdown_timeout_s,
-        server_header=False,
-        # A stream's batches are arrays, which deflate barely shrinks: compressing every
-        # message took most of the stream's CPU.
-        ws_per_message_deflate=False,
-        http=HeaderDeadlineProtocol,
-        limit_concurrency=settings.max_connections,
-    )
+    config = uvicorn.Config(app, **server_options(settings))
     slow_clients.header_timeout_s = settings.header_timeout_s
     server = uvicorn.Server(config)
     server.run(sockets=listeners)

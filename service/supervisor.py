@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
-from service.api.slow_clients import HeaderDeadlineProtocol
+from service.api.listen import server_options
 from service.api.worker import ENGINE_ADDRESS, METRICS_DIR
 from service.engine.process import STARTUP_FAILED, run_engine
 from service.settings import Settings
@@ -121,14 +121,8 @@ def serve_with_workers(settings: Settings, listeners: list[socket.socket]) -> in
         engine.watch()
         os.environ[ENGINE_ADDRESS] = engine.address
         os.environ[METRICS_DIR] = metrics_dir
-        config = uvicorn.Config(
-            "service.api.worker:create_worker_app", factory=True, workers=settings.workers,
-            host=settings.host, port=settings.port, log_level=settings.log_level,
-            access_log=settings.access_log,
-            timeout_graceful_shutdown=settings.shutdown_timeout_s, server_header=False,
-            ws_per_message_deflate=False,  # as gln-service's single process: arrays
-            http=HeaderDeadlineProtocol, limit_concurrency=settings.max_connections,
-        )
+        config = uvicorn.Config("service.api.worker:create_worker_app", factory=True,
+                                workers=settings.workers, **server_options(settings))
         Multiprocess(config, sockets=listeners).run()
     finally:
         status = engine.stop()

@@ -1,4 +1,5 @@
-"""The server's listening sockets, bound before it restores anything.
+"""The server's listening sockets, bound before it restores anything, and how uvicorn serves
+on them.
 
 uvicorn binds its address only after the app's start-up has run, so a server whose port is
 taken would restore every stored model, then fail. Bound first, it refuses at once, in one
@@ -8,6 +9,10 @@ line.
 from __future__ import annotations
 
 import socket
+from typing import Any
+
+from service.api.slow_clients import HeaderDeadlineProtocol
+from service.settings import Settings
 
 
 def bind_listeners(host: str, port: int) -> list[socket.socket]:
@@ -33,3 +38,16 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
             sock.close()
         raise
     return bound
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's settings for the HTTP face, one process or many workers alike."""
+    return {
+        "host": settings.host, "port": settings.port, "log_level": settings.log_level,
+        "access_log": settings.access_log, "server_header": False,
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+        # A stream's batches are arrays, which deflate barely shrinks: compressing every
+        # message took most of the stream's CPU.
+        "ws_per_message_deflate": False,
+        "http": HeaderDeadlineProtocol, "limit_concurrency": settings.max_connections,
+    }
