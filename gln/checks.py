@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -128,7 +129,123 @@ def _listed(values: Any) -> Any:
     return values.tolist() if isinstance(values, np.ndarray) and values.ndim == 1 else values
 
 
+MAX_NAME_CHARS = 200
+# Names live in the snapshot's header (gln.serialize.MAX_HEADER_BYTES is 1 MiB): all of a
+# model's names together stay well inside it.
+MAX_NAMES_CHARS = 256 * 1024
+
+
+def names(name: str, values: Any, count: int) -> tuple[str, ...] | None:
+    """``values`` (None, or ``count`` distinct strings of 1 to 200 characters) as a tuple."""
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise ValueError(f"{name} must be a list of {count} strings, got {values!r}")
+    listed = list(values)
+    if len(listed) != count:
+        raise ValueError(f"{name} must give one name per {name.removesuffix('_names')} "
+                         f"({count}), got {len(listed)}")
+    for index, value in enumerate(listed):
+        if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
+            raise ValueError(f"{name}[{index}] must be a string of 1 to {MAX_NAME_CHARS} "
+                             f"characters, got {_shown(value)}")
+    if len(set(listed)) != count:
+        twice = next(value for value in listed if listed.count(value) > 1)
+        raise ValueError(f"{name} must be distinct: {twice!r} appears twice")
+    if sum(map(len, listed)) > MAX_NAMES_CHARS:
+        raise ValueError(f"{name} must hold at most {MAX_NAMES_CHARS} characters in all")
+    return tuple(listed)
+
+
 # ------------------------------------------------------------------ input batches
+def rows_by_name(X: Any, feature_names: tuple[str, ...] | None) -> Any:
+    """Rows given by feature name (a list of mappings, or a DataFrame) as lists of values in
+    the model's order of ``feature_names``; any other ``X`` as it is. ``ValueError`` naming the
+    first row that lacks a name or holds one the model does not have, and for named rows sent
+    to a model without ``feature_names``."""
+    if _is_dataframe(X) and feature_names is not None:
+        missing = [name for name in feature_names if name not in X.columns]
+        unknown = [str(column) for column in X.columns if column not in set(feature_names)]
+        if missing or unknown:
+            raise ValueError(_names_message("the DataFrame", missing, unknown, feature_names))
+        return X[list(feature_names)].to_numpy()
+    if not (isinstance(X, list | tuple) and X and isinstance(X[0], Mapping)):
+        return X
+    if feature_names is None:
+        raise ValueError("features: rows given by name need a model with feature_names; "
+                         "send each row as a list of its values")
+    rows = []
+    wanted = len(feature_names)
+    for index, row in enumerate(X):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"features: row {index} is not given by name as row 0 is, got "
+                             f"{_shown(row)}")
+        try:
+            rows.append([row[name] for name in feature_names])
+        except KeyError:
+            pass
+        else:
+            if len(row) == wanted:
+                continue
+        missing = [name for name in feature_names if name not in row]
+        unknown = [str(key) for key in row if key not in set(feature_names)]
+        raise ValueError(_names_message(f"row {index}", missing, unknown, feature_names))
+    return rows
+
+
+def _names_message(where: str, missing: list[str], unknown: list[str],
+                   feature_names: tuple[str, ...]) -> str:
+    """Which feature names ``where`` lacks and which it has that the model does not."""
+    parts = []
+    if missing:
+        parts.append(f"lacks {', '.join(map(repr, missing[:5]))}"
+                     + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    if unknown:
+        parts.append(f"has unknown {', '.join(map(repr, unknown[:5]))}"
+                     + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
+    shown_names = ", ".join(map(repr, feature_names[:10]))
+    more = f", ... ({len(feature_names)} in all)" if len(feature_names) > 10 else ""
+    return f"features: {where} {' and '.join(parts)}; the model's features are {shown_names}{more}"
+
+
+def labels_by_name(y: Any, class_names: tuple[str, ...] | None) -> Any:
+    """Labels given as class names (strings) as class indices; others as they are. A list may
+    mix names and indices. ``ValueError`` naming the first name the model does not have."""
+    if class_names is None:
+        return y
+    if isinstance(y, np.ndarray):
+        if y.dtype.kind not in "USO":
+            return y
+        y = y.tolist()
+    elif _is_series(y):
+        y = y.tolist()
+    if not isinstance(y, list | tuple) or not any(isinstance(label, str) for label in y):
+        return y
+    index_of = {name: index for index, name in enumerate(class_names)}
+    labels = []
+    for position, label in enumerate(y):
+        if isinstance(label, str):
+            if label not in index_of:
+                shown_names = ", ".join(map(repr, class_names[:10]))
+                more = f", ... ({len(class_names)} in all)" if len(class_names) > 10 else ""
+                raise ValueError(f"labels[{position}] is {_shown(label)}, which is no class "
+                                 f"of this model: its classes are {shown_names}{more}")
+            label = index_of[label]
+        labels.append(label)
+    return labels
+
+
+def _is_dataframe(X: Any) -> bool:
+    """Whether ``X`` is a pandas DataFrame (pandas is not imported here for it)."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(X, pandas.DataFrame)
+
+
+def _is_series(y: Any) -> bool:
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(y, pandas.Series)
+
+
 def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> np.ndarray:
     """Features as C-contiguous float32 (n, num_features), or ``ValueError`` naming the first
     bad value: a wrong shape, a ragged row, NaN, inf or a magnitude beyond float32, or, with
@@ -184,6 +301,8 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
     if labels.dtype.kind == "O":  # Python ints beyond int64, or other objects: name the first
         labels = np.asarray([_class_index(label, num_classes, index)
                              for index, label in enumerate(labels.tolist())], dtype=np.int64)
+    if labels.dtype.kind in "US":
+        raise ValueError(_name_without_classes(y, labels))
     if labels.dtype.kind not in "biuf":
         raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
     if labels.dtype.kind in "iu" and (
@@ -200,6 +319,15 @@ def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.
             f"labels[{index}] is {labels[index].item()!r}"
         )
     return as_float.astype(np.int64)
+
+
+def _name_without_classes(y: Any, labels: np.ndarray) -> str:
+    """The error for labels by name sent to a model without class names, naming the first
+    (NumPy makes every label of a list a string when one is: the list says which was)."""
+    listed = y if isinstance(y, list | tuple) else labels.tolist()
+    at = next((i for i, label in enumerate(listed) if isinstance(label, str | bytes)), 0)
+    return (f"labels[{at}] is {_shown(listed[at])}: labels by name need a model with "
+            "class_names (this one takes class indices)")
 
 
 def _unmasked(values: Any, what: str) -> Any:
@@ -256,6 +384,9 @@ def _ragged_row_message(X: Any, num_features: int) -> str | None:
     if not isinstance(X, list | tuple):
         return None
     for index, row in enumerate(X):
+        if isinstance(row, Mapping):
+            return (f"row {index} is given by name (an object), row 0 as a list: send every "
+                    "row the same way")
         if isinstance(row, list | tuple) and len(row) != num_features:
             return f"each row must have {num_features} features, row {index} has {len(row)}"
     return None

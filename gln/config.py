@@ -50,6 +50,8 @@ class Config:
         image_shape: Sequence[int] | None,
         gating_window: int,
         seed: int,
+        feature_names: Sequence[str] | None,
+        class_names: Sequence[str] | None,
         device: str,
         use_kernels: bool,
     ) -> None:
@@ -108,6 +110,8 @@ class Config:
         self.seed = checks.integer("seed", seed)
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
+        self.feature_names = checks.names("feature_names", feature_names, self.num_features)
+        self.class_names = checks.names("class_names", class_names, self.num_classes)
         self.device = device
         self.use_kernels = bool(use_kernels)
 
@@ -118,7 +122,8 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         """The constructor arguments, JSON-serialisable; ``GLN(**config.as_dict())`` rebuilds
-        the model (without ``use_kernels``, the host's choice)."""
+        the model (without ``use_kernels``, the host's choice). Names are there only when
+        given, so a model without them has the header it had before names existed."""
         rate = self.schedule.to_config()
         if rate is None:
             raise ValueError("a callable learning_rate cannot be serialised; use a number or dict")
@@ -139,6 +144,8 @@ class Config:
             "image_shape": None if self.image_shape is None else list(self.image_shape),
             "gating_window": self.gating_window,
             "seed": self.seed,
+            **({} if self.feature_names is None else {"feature_names": list(self.feature_names)}),
+            **({} if self.class_names is None else {"class_names": list(self.class_names)}),
             "device": self.device,
         }
 

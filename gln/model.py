@@ -112,6 +112,10 @@ class GLN:
         hyperplane's normal is kept on (``gln.gating.restrict_to_windows``); 0 (default): the
         whole input, as in the paper.
     seed: seeds the hyperplanes; the same seed and data give the same bytes.
+    feature_names: optional, one distinct name per feature: rows may then be given by name
+        (a list of dicts, or a DataFrame, whose columns are picked by name); kept in snapshots.
+    class_names: optional, one distinct name per class: labels may then be given by name
+        (``"fraud"`` as well as its index); ``predict_names`` answers with them.
     device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     use_kernels: run the compiled CPU or CUDA kernels (default), or the plain array code that
         they are tested against (slower); a host's choice, not kept in snapshots.
@@ -140,6 +144,8 @@ class GLN:
     image_shape = _Delegated("_config")
     gating_window = _Delegated("_config")
     seed = _Delegated("_config")
+    feature_names = _Delegated("_config")  # a tuple, or None
+    class_names = _Delegated("_config")  # a tuple, or None
     device = _Delegated("_config")
     use_kernels = _Delegated("_config")
     schedule = _Delegated("_config")  # the learning rate as a function of t
@@ -170,6 +176,8 @@ class GLN:
         image_shape: Sequence[int] | None = None,
         gating_window: int = 0,
         seed: int = 0,
+        feature_names: Sequence[str] | None = None,
+        class_names: Sequence[str] | None = None,
         device: str = "cpu",
         use_kernels: bool = True,
     ) -> None:
@@ -255,7 +263,8 @@ class GLN:
         """
         config = self._config
         unit = strict and config.input_scaling == "unit"
-        X32 = checks.checked_features(X, config.num_features, unit)
+        X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
+                                      config.num_features, unit)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])
@@ -264,9 +273,11 @@ class GLN:
         """Check labels on their own (int64 (n,)); ``num_rows``: how many there must be.
 
         Raises ``ValueError`` naming the first label (by its index in ``y``) that is not a
-        class index of this model.
+        class index of this model, or (with ``class_names``) one of its class names.
         """
-        return checks.checked_labels(y, self._config.num_classes, num_rows)
+        config = self._config
+        return checks.checked_labels(checks.labels_by_name(y, config.class_names),
+                                     config.num_classes, num_rows)
 
     # ------------------------------------------------------------------ public verbs
     def predict_proba(self, X: Any, *, checked: bool = False) -> np.ndarray:
@@ -290,6 +301,17 @@ class GLN:
     def predict(self, X: Any) -> np.ndarray:
         """The most probable class of each row (n,)."""
         return np.argmax(self.predict_proba(X), axis=1)
+
+    def class_of(self, probabilities: np.ndarray) -> np.ndarray:
+        """The most probable class of each row of ``probabilities`` (n, num_classes): its name
+        where the model has ``class_names`` (a str array), else its index."""
+        best = np.argmax(probabilities, axis=1)
+        names = self._config.class_names
+        return best if names is None else np.asarray(names)[best]
+
+    def predict_names(self, X: Any) -> np.ndarray:
+        """The most probable class of each row, by name where the model has ``class_names``."""
+        return self.class_of(self.predict_proba(X))
 
     def saliency(self, X: Any) -> np.ndarray:
         """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
