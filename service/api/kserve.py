@@ -104,12 +104,12 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     body = await request.body()
     try:
         header, rows = _read_request(body, request.headers.get(HEADER_LENGTH))
-        probabilities = await request.app.state.engine.predict(name, rows)
+        prediction = await request.app.state.engine.predict(name, rows)
     except _BadRequest as exc:
         return _error(400, str(exc))
     except RegistryError as exc:
         return _error(exc.status_code, str(exc))
-    return _answer(name, header, np.asarray(probabilities, dtype=np.float64))
+    return _answer(name, header, np.asarray(prediction["probabilities"], dtype=np.float64))
 
 
 def _read_request(body: bytes, header_length: str | None) -> tuple[dict[str, Any], np.ndarray]:

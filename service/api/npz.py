@@ -31,9 +31,9 @@ import numpy as np
 
 NPZ = "application/x-npz"
 
-# Array kinds a body may hold: numbers for features and labels, text for ids and a stream
-# batch's idempotency key.
-_KINDS = {"features": "biuf", "labels": "biuf", "ids": "U", "key": "U"}
+# Array kinds a body may hold: numbers for features, numbers or class names for labels, text
+# for ids and a stream batch's idempotency key.
+_KINDS = {"features": "biuf", "labels": "biufU", "ids": "U", "key": "U"}
 
 
 def read_npz(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:

@@ -314,8 +314,7 @@ async def predict(name: str, request: Request) -> Response:
     """
     engine = engine_of(request)
     body = await parse_data_body(request, PredictRequest)
-    probs = await engine.predict(name, body.features, body.ids)
-    return await answer(request, {"probabilities": probs})
+    return await answer(request, await engine.predict(name, body.features, body.ids))
 
 
 @_data_route("/v1/models/{name}/labels", LabelsResponse, LabelsRequest, errors=(503,))

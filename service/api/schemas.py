@@ -44,7 +44,11 @@ NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
 ID_PATTERN = r"^[\x21-\x7e]{1,200}$"  # visible ASCII, as idempotency keys
 _ID = re.compile(ID_PATTERN)
 
-Rows = list[list[StrictFloat]]  # strict: "1.5" and true are not numbers
+# A row is a list of numbers, or (for a model with feature_names) an object of numbers by
+# feature name. Strict: "1.5" and true are not numbers. Left to right: a list row, the common
+# one, is tried first and costs what it did before names.
+Row = Annotated[list[StrictFloat] | dict[str, StrictFloat], Field(union_mode="left_to_right")]
+Rows = list[Row]
 
 
 NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -, not starting with '.'"
@@ -52,7 +56,9 @@ NAME_DESCRIPTION = "1-64 characters from A-Z a-z 0-9 _ . -, not starting with '.
 NAME_RULE = ("a model name is 1 to 64 ASCII letters, digits, '_', '-' or '.', not starting "
              "with '.'")
 ID_RULE = "an id is 1 to 200 visible ASCII characters without spaces"
-LABEL_RULE = "a label is a class index (an integer)"
+LABEL_RULE = "a label is a class index (an integer) or, for a model with class_names, a name"
+ROW_RULE = ("a row is a list of numbers or, for a model with feature_names, an object of "
+            "numbers by name")
 SINGLE_ROW = "a list of rows, got a list of numbers (wrap a single row as [[x1, x2, ...]])"
 
 
@@ -83,12 +89,14 @@ def _integral(label: float) -> int:
     return int(label)
 
 
-# An int, or a float with nothing after the point (as JSON Schema's "integer" allows). Ints
-# take the first branch: the float branch's Python call is paid only by labels sent as floats.
+# An int, or a float with nothing after the point (as JSON Schema's "integer" allows), or a
+# class name (checked against the model's class_names by the model). Ints take the first
+# branch: the float branch's Python call is paid only by labels sent as floats.
 Label = Annotated[
-    StrictInt | Annotated[StrictFloat, AfterValidator(_integral)],
+    StrictInt | Annotated[StrictFloat, AfterValidator(_integral)]
+    | Annotated[str, StringConstraints(min_length=1, max_length=200)],
     Field(union_mode="left_to_right"),
-    WithJsonSchema({"type": "integer"}),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}]}),
 ]
 
 
@@ -118,8 +126,11 @@ class CreateModelRequest(_Body):
 class FeaturesRequest(_Body):
     """Rows to predict or explain."""
 
-    features: Rows = Field(min_length=1, examples=[[[0.1, 0.2, 0.3]]],
-                           description="One row per example, each num_features wide.")
+    features: Rows = Field(
+        min_length=1, examples=[[[0.1, 0.2, 0.3]]],
+        description="One row per example, each num_features wide; for a model with "
+        "feature_names, a row may be an object of every feature's value by name.",
+    )
 
 
 RowId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -144,7 +155,8 @@ class LabelsRequest(_Body):
                              description="Ids given to predict, each at most once.")
     labels: list[Label] = Field(min_length=1, examples=[[0]],
                                 description="Class index for each id, in [0, num_classes) "
-                                "(a whole float such as 1.0 counts as 1).")
+                                "(a whole float such as 1.0 counts as 1), or its name for a "
+                                "model with class_names.")
 
 
 class LabelResult(BaseModel):
@@ -167,11 +179,16 @@ class LearnRequest(FeaturesRequest):
 
     labels: list[Label] = Field(min_length=1, examples=[[1]],
                                 description="Class index of each row, in [0, num_classes) "
-                                "(a whole float such as 1.0 counts as 1).")
+                                "(a whole float such as 1.0 counts as 1), or its name for a "
+                                "model with class_names.")
 
 
 class PredictResponse(BaseModel):
     probabilities: list[list[float]] = Field(description="(rows, num_classes); each row sums to 1.")
+    classes: list[int | str] = Field(
+        description="The most probable class of each row: its name for a model with "
+        "class_names, else its index."
+    )
 
 
 class LearnResponse(BaseModel):
@@ -269,6 +286,7 @@ def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
     for ``[[0.1, ...]]``) is one error, not one per number. The inputs are not kept: the
     handler never echoes a body whole.
     """
+    errors = _untagged(errors)
     single_row = any(error["loc"][:2] == ("features", 0) and _is_bare_number(error)
                      for error in errors)
     readable: dict[str, dict[str, Any]] = {}  # by place: a label's branches become one
@@ -278,7 +296,7 @@ def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
         if single_row and field == "features" and _is_bare_number(error):
             loc, msg = ("features",), SINGLE_ROW
         elif field == "features" and len(loc) == 2 and error["type"] == "list_type":
-            msg = f"a row is a list of numbers, got {shown(error.get('input'))}"
+            msg = f"{ROW_RULE}, got {shown(error.get('input'))}"
         elif field in ("ids", "labels") and len(loc) > 1 and isinstance(loc[1], int):
             rule = ID_RULE if field == "ids" else LABEL_RULE
             loc, msg = loc[:2], f"{rule}, got {shown(error.get('input'))}"
@@ -288,10 +306,29 @@ def readable_errors(errors: Sequence[ErrorDetails]) -> list[dict[str, Any]]:
     return list(readable.values())
 
 
+def _untagged(errors: Sequence[ErrorDetails]) -> list[ErrorDetails]:
+    """``errors`` without the union's branch in a row's place (``features[0]['list[float]']``
+    becomes ``features[0]``), and without the other branch's "not an object" (or "not a
+    list") where a row's error lies inside the branch the row took."""
+    def features(error: ErrorDetails) -> bool:
+        return error["loc"][:1] == ("features",) and len(error["loc"]) > 2
+
+    inside = {error["loc"][1] for error in errors if features(error) and len(error["loc"]) > 3}
+    untagged = []
+    for error in errors:
+        if features(error):
+            loc = error["loc"]
+            if len(loc) == 3 and loc[1] in inside:
+                continue
+            error = {**error, "loc": (*loc[:2], *loc[3:])}  # type: ignore[typeddict-item]
+        untagged.append(error)
+    return untagged
+
+
 def _is_bare_number(error: ErrorDetails) -> bool:
     """Whether ``error`` is a number standing where a row should be (``features[i]``)."""
     value = error.get("input")
-    return (len(error["loc"]) == 2 and error["type"] == "list_type"
+    return (len(error["loc"]) == 2 and error["type"] in ("list_type", "dict_type")
             and isinstance(value, int | float) and not isinstance(value, bool))
 
 

@@ -12,17 +12,18 @@ JSON body, as the nested lists the client sent); answers are arrays, plain dicts
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from service.engine.learn_answers import LearnResult
 
-# Rows as a client sent them: an array (a binary body) or nested lists (a JSON body), which
-# the engine checks against the model (width, finiteness, label range) before they queue.
-Rows = np.ndarray | Sequence[Sequence[float]]
-Labels = np.ndarray | Sequence[int]
+# Rows as a client sent them: an array (a binary body), nested lists, or (for a model with
+# feature names) objects of values by name (a JSON body), which the engine checks against the
+# model (width, finiteness, names, label range) before they queue. Labels may be class names.
+Rows = np.ndarray | Sequence[Sequence[float]] | Sequence[Mapping[str, float]]
+Labels = np.ndarray | Sequence[int | str]
 
 
 class EngineClient(Protocol):
@@ -63,8 +64,9 @@ class EngineClient(Protocol):
 
     async def predict(
         self, name: str, features: Rows, ids: Sequence[str] | None = None
-    ) -> np.ndarray:
-        """Class probabilities (n, num_classes); with ``ids`` the rows wait for labels."""
+    ) -> dict[str, np.ndarray]:
+        """``probabilities`` (n, num_classes) and ``classes``, each row's most probable class
+        (its name where the model has class names); with ``ids`` the rows wait for labels."""
         ...
 
     async def labels(

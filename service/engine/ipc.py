@@ -372,7 +372,8 @@ class RemoteEngine:
 
 def rows_array(features: Rows) -> Any:
     """JSON rows as one float64 array, converted here in the worker rather than in the engine;
-    rows that do not make one (ragged) travel as they are, for the engine to name the row."""
+    rows that do not make one (ragged, or given by name) travel as they are, for the engine to
+    read by name or to name the row."""
     if isinstance(features, np.ndarray):
         return features
     try:
@@ -382,7 +383,9 @@ def rows_array(features: Rows) -> Any:
 
 
 def labels_array(labels: Labels) -> Any:
-    """JSON labels (ints, checked by the schema) as one int64 array."""
+    """JSON labels (ints, checked by the schema) as one int64 array; labels that hold class
+    names travel as they are, for the engine to look them up."""
     if isinstance(labels, np.ndarray):
         return labels
-    return np.array(labels, dtype=np.int64)
+    array = np.array(labels)  # not dtype=int64, which would read the name "1" as 1
+    return array.astype(np.int64, copy=False) if array.dtype.kind in "iu" else labels

@@ -143,7 +143,7 @@ class LocalEngine:
 
     async def predict(
         self, name: str, features: Rows, ids: Sequence[str] | None = None
-    ) -> np.ndarray:
+    ) -> dict[str, np.ndarray]:
         return await self._models.predict(name, features, ids)
 
     async def labels(

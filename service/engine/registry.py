@@ -26,6 +26,7 @@ import numpy as np
 from gln import GLN
 from gln.backend import resolve_device
 from service.engine import memory
+from service.engine.client import Labels, Rows
 from service.engine.learn_answers import LearnResult
 from service.engine.served_model import ServedModel, StoredModel
 from service.engine.snapshot_blob import WAL_ID, split_snapshot
@@ -546,10 +547,10 @@ class ModelRegistry:
 
     # -- data --
     async def _check(
-        self, served: ServedModel, features: Sequence[Sequence[float]],
-        labels: Sequence[int] | None = None, *, values_per_row: int | None = None,
+        self, served: ServedModel, features: Rows,
+        labels: Labels | None = None, *, values_per_row: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Validate a request's rows against the model (width, finiteness, label range) and
+        """Validate a request's rows against the model (width, finiteness, names, labels) and
         the size of its answer (``values_per_row``: num_classes unless given).
 
         Runs before a request joins the queue, so a bad request never touches the model.
@@ -587,9 +588,10 @@ class ModelRegistry:
             raise InvalidRequest(str(exc)) from exc
 
     async def predict(
-        self, name: str, features: Sequence[Sequence[float]], ids: Sequence[str] | None = None
-    ) -> np.ndarray:
-        """Class probabilities for each row; counts the rows in the metrics.
+        self, name: str, features: Rows, ids: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Class probabilities for each row, and its most probable class (by name where the
+        model has class names); counts the rows in the metrics.
 
         With ``ids`` (one per row, unique), each row and its prediction wait for a label
         (:meth:`labels`) for ``label_ttl_s`` seconds.
@@ -604,10 +606,10 @@ class ModelRegistry:
         self.metrics.observe_predicted(name, len(X))
         if ids is not None:
             await self._expire(served)  # the oldest rows make room
-        return probs
+        return {"probabilities": probs, "classes": served.model.class_of(probs)}
 
     async def labels(
-        self, name: str, ids: Sequence[str], labels: Sequence[int]
+        self, name: str, ids: Sequence[str], labels: Labels
     ) -> tuple[LearnResult | None, list[str]]:
         """Learn the waiting rows of ``ids`` with ``labels``; also the ids not waiting.
 
@@ -622,13 +624,13 @@ class ModelRegistry:
             raise InvalidRequest(f"ids: {len(ids)} ids, more than GLN_MAX_ROWS_PER_REQUEST={limit}")
         _check_ids(ids, len(labels), "labels")
         try:  # every label, also those of ids no longer waiting, and named by request index
-            served.model.check_labels(labels)
+            indices = served.model.check_labels(labels).tolist()  # names become indices
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(str(exc)) from exc
         rows, missing = served.waiting_rows.waiting(ids, time.time())
         if not rows:
             return None, missing
-        wanted = dict(zip(ids, labels, strict=True))
+        wanted = dict(zip(ids, indices, strict=True))
         try:
             result = await self._learn_waiting(served, rows, [wanted[row.id] for row in rows])
         finally:
@@ -692,7 +694,7 @@ class ModelRegistry:
                 await self._expire(served)
 
     async def learn(
-        self, name: str, features: Sequence[Sequence[float]], labels: Sequence[int],
+        self, name: str, features: Rows, labels: Labels,
         key: str | None = None,
     ) -> LearnResult:
         """Validate, then queue the rows on the model's single writer and wait for them.
@@ -709,7 +711,7 @@ class ModelRegistry:
             queued = served.queue_learn(X, y, key)
         return await served.answer(queued)
 
-    async def explain(self, name: str, features: Sequence[Sequence[float]]) -> np.ndarray:
+    async def explain(self, name: str, features: Rows) -> np.ndarray:
         """Per-class saliency of each row: (n, num_classes, num_features)."""
         served = await self.get(name)
         model = served.model

@@ -8,6 +8,7 @@ go to a temporary directory, or to the real Redis of the ``redis_url`` fixture
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -107,6 +108,45 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+@contextlib.asynccontextmanager
+async def serve_over_a_remote_engine(settings: Settings, socket_dir: Any) -> AsyncIterator[
+        httpx.AsyncClient]:
+    """The HTTP face over a :class:`RemoteEngine` talking to an :class:`EngineServer` in this
+    process (what ``GLN_WORKERS`` > 1 runs across processes): every call crosses the socket."""
+    from service.engine.ipc import EngineServer, RemoteEngine
+    from service.engine.local import LocalEngine
+    from service.metrics import ServiceMetrics
+
+    engine = LocalEngine(settings, ServiceMetrics(settings.device, http=False))
+    await engine.start()
+    server = EngineServer(engine, f"ipc://{socket_dir}/engine.sock")
+    serving = asyncio.create_task(server.serve())
+    app = create_app(settings, RemoteEngine(server.address))
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport,
+                                         base_url="http://localhost") as client:
+                yield client
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await engine.close()
+        server.close()
+
+
+@pytest.fixture(params=["local", "remote"])
+async def engine_client(request: pytest.FixtureRequest, settings: Settings,
+                        tmp_path: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client of the app over each engine: in its own process, and across a socket."""
+    if request.param == "local":
+        async with serve(create_app(settings)) as client:
+            yield client
+    else:
+        async with serve_over_a_remote_engine(settings, tmp_path) as client:
+            yield client
+
+
 # The helpers above as fixtures, so test modules need not import this conftest.
 @pytest.fixture
 def small_config() -> dict[str, Any]:
@@ -121,6 +161,11 @@ def serve_fixture() -> Callable[..., Any]:
 @pytest.fixture(name="create_model")
 def create_model_fixture() -> Callable[..., Any]:
     return create_model
+
+
+@pytest.fixture(name="serve_over_a_remote_engine")
+def serve_over_a_remote_engine_fixture() -> Callable[..., Any]:
+    return serve_over_a_remote_engine
 
 
 @pytest.fixture(name="make_data")

@@ -3,23 +3,18 @@ and the HTTP face over a remote engine (``RemoteEngine`` to an ``EngineServer``,
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import warnings
 import zipfile
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from starlette.websockets import WebSocketDisconnect
 
 from gln import GLN
 from service.api.app import create_app
-from service.engine.ipc import EngineServer, RemoteEngine
-from service.engine.local import LocalEngine
-from service.metrics import ServiceMetrics
 from service.settings import Settings
 
 with warnings.catch_warnings():  # Starlette's test client would rather have httpx2
@@ -190,40 +185,25 @@ def test_a_stream_needs_the_token_when_one_is_set(tmp_path, small_config):
 
 
 async def test_the_http_face_over_a_remote_engine_answers_as_over_a_local_one(
-    tmp_path, small_config, make_data
+    tmp_path, small_config, make_data, serve_over_a_remote_engine
 ):
     settings = Settings(snapshot_dir=str(tmp_path / "s"), snapshot_interval_s=3600)
-    engine = LocalEngine(settings, ServiceMetrics(settings.device, http=False))
-    await engine.start()
-    server = EngineServer(engine, f"ipc://{tmp_path}/engine.sock")
-    serving = asyncio.create_task(server.serve())
-    app = create_app(settings, RemoteEngine(server.address))
     X, y = make_data(8, seed=9)
-    try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport,
-                                         base_url="http://localhost") as client:
-                assert (await client.post("/v1/models", json={
-                    "name": "m", "config": small_config})).status_code == 201
-                learned = await client.post("/v1/models/m/learn",
-                                            json={"features": X, "labels": y})
-                ragged = await client.post("/v1/models/m/learn", json={
-                    "features": [[0.0] * 6, [0.0]], "labels": [0, 1]})
-                missing = await client.get("/v1/models/nope")
-                binary = await client.post("/v1/models/m/predict", headers=NPZ,
-                                           content=npz(features=np.asarray(X)))
-                exported = (await client.get("/v1/models/m/export")).content
-                imported = await client.post(
-                    "/v1/models/copy/import", content=exported,
-                    headers={"content-type": "application/octet-stream"})
-                listed = [m["name"] for m in (await client.get("/v1/models")).json()]
-                page = (await client.get("/metrics")).text
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
-        await engine.close()
-        server.close()
+    async with serve_over_a_remote_engine(settings, tmp_path) as client:
+        assert (await client.post("/v1/models", json={
+            "name": "m", "config": small_config})).status_code == 201
+        learned = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        ragged = await client.post("/v1/models/m/learn", json={
+            "features": [[0.0] * 6, [0.0]], "labels": [0, 1]})
+        missing = await client.get("/v1/models/nope")
+        binary = await client.post("/v1/models/m/predict", headers=NPZ,
+                                   content=npz(features=np.asarray(X)))
+        exported = (await client.get("/v1/models/m/export")).content
+        imported = await client.post(
+            "/v1/models/copy/import", content=exported,
+            headers={"content-type": "application/octet-stream"})
+        listed = [m["name"] for m in (await client.get("/v1/models")).json()]
+        page = (await client.get("/metrics")).text
     reference = GLN(**small_config)
     probs = reference.learn(np.asarray(X), np.asarray(y))
     assert learned.status_code == 200

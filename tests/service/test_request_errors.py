@@ -11,7 +11,7 @@ JSON = {"content-type": "application/json"}
 ID_RULE = "an id is 1 to 200 visible ASCII characters without spaces"
 NAME_RULE = ("a model name is 1 to 64 ASCII letters, digits, '_', '-' or '.', not starting "
              "with '.'")
-LABEL_RULE = "a label is a class index (an integer)"
+LABEL_RULE = "a label is a class index (an integer) or, for a model with class_names, a name"
 SINGLE_ROW = ("features: a list of rows, got a list of numbers (wrap a single row as "
               "[[x1, x2, ...]])")
 
@@ -77,12 +77,12 @@ async def test_a_single_row_clause_keeps_the_body_s_other_mistakes(
     client: httpx.AsyncClient, create_model
 ):
     await create_model(client)
-    r = await client.post("/v1/models/m/learn", json={"features": [1, 2.5, 3], "labels": ["0"]})
+    r = await client.post("/v1/models/m/learn", json={"features": [1, 2.5, 3], "labels": [True]})
     assert r.status_code == 422, r.text
-    assert r.json()["detail"] == f"{SINGLE_ROW}; labels[0]: {LABEL_RULE}, got '0'"
+    assert r.json()["detail"] == f"{SINGLE_ROW}; labels[0]: {LABEL_RULE}, got true"
 
 
-@pytest.mark.parametrize("bad, shown", [(5, "5"), ("row", "'row'"), ({"a": 1}, "an object")])
+@pytest.mark.parametrize("bad, shown", [(5, "5"), ("row", "'row'"), (None, "null")])
 async def test_a_row_that_is_not_a_list_is_named_by_its_place(
     client: httpx.AsyncClient, create_model, make_data, bad, shown: str
 ):
@@ -90,7 +90,22 @@ async def test_a_row_that_is_not_a_list_is_named_by_its_place(
     X, _ = make_data(1)
     r = await client.post("/v1/models/m/predict", json={"features": [X[0], bad]})
     assert r.status_code == 422, r.text
-    assert r.json()["detail"] == f"features[1]: a row is a list of numbers, got {shown}"
+    assert r.json()["detail"] == (f"features[1]: a row is a list of numbers or, for a model "
+                                  f"with feature_names, an object of numbers by name, got {shown}")
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([{"a": 1.0}], "rows given by name need a model with feature_names"),
+    ([[0.0] * 6, {"a": 1.0}], "row 1 is given by name (an object), row 0 as a list"),
+])
+async def test_rows_by_name_to_a_model_without_names_are_refused_saying_why(
+    client: httpx.AsyncClient, create_model, rows, message: str
+):
+    await create_model(client)
+    r = await client.post("/v1/models/m/learn", json={"features": rows, "labels": [0] * len(rows)})
+    assert r.status_code == 422, r.text
+    assert message in r.json()["detail"]
+    assert await _nothing_learned(client)
 
 
 # -- labels ---------------------------------------------------------------------------------------
@@ -122,7 +137,7 @@ async def test_delayed_labels_sent_as_whole_floats_are_learned(
 
 
 @pytest.mark.parametrize("token, shown", [
-    ("1.5", "1.5"), ('"1"', "'1'"), ("true", "true"), ("null", "null"), ("[1]", "a list"),
+    ("1.5", "1.5"), ('""', "''"), ("true", "true"), ("null", "null"), ("[1]", "a list"),
     ("NaN", "nan"), ("1e300", "1e+300"),
 ])
 @pytest.mark.parametrize("route", ["learn", "labels"])
@@ -152,3 +167,21 @@ async def test_a_label_out_of_range_is_named_by_its_place_not_read_as_a_class(
         f"labels must be class indices in [0, 3); labels[1] is {int(label)}"
     )
     assert await _nothing_learned(client)
+
+
+@pytest.mark.parametrize("route", ["learn", "labels"])
+async def test_a_label_by_name_to_a_model_without_class_names_is_refused_naming_it(
+    client: httpx.AsyncClient, create_model, route: str
+):
+    await create_model(client)
+    rows = {"features": [[0.0] * 6] * 2} if route == "learn" else {"ids": ["a", "b"]}
+    if route == "labels":
+        await client.post("/v1/models/m/predict", json={"features": [[0.0] * 6] * 2,
+                                                        "ids": ["a", "b"]})
+    r = await client.post(f"/v1/models/m/{route}", json={**rows, "labels": [0, "1"]})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == ("labels[1] is '1': labels by name need a model with "
+                                  "class_names (this one takes class indices)")
+    info = (await client.get("/v1/models/m")).json()
+    assert info["examples_seen"] == 0
+    assert info["waiting_for_labels"] == (2 if route == "labels" else 0)  # they wait on
