@@ -44,7 +44,8 @@ class Verbs:
     ``rows`` are a NumPy array (n, num_features), a list of lists, a pandas DataFrame, a list
     of dicts or one dict (:mod:`gln_client.rows`). Dicts and DataFrames are put in the order of
     ``feature_names``: the call's, else the model's config's (when it has them), else the
-    client's. Every call raises :class:`gln_client.GLNError` (a subclass per status) when the
+    client's. Labels are class indices or, for a model with ``class_names``, names. Every
+    call raises :class:`gln_client.GLNError` (a subclass per status) when the
     service refuses it, and ``ValueError`` for rows it cannot send.
     """
 
@@ -130,6 +131,12 @@ class Verbs:
         """Class probabilities (n, num_classes). With ``ids`` (one per row), the rows wait for
         their labels (:meth:`labels`)."""
         return self._run(self._protocol.predict(name, rows, ids, feature_names))
+
+    def predict_classes(self, name: str, rows: Any, ids: Any = None, *,
+                        feature_names: Sequence[str] | None = None) -> Answer[np.ndarray]:
+        """The most probable class of each row (n,): its name where the model has
+        ``class_names``, else its index. ``ids`` as for :meth:`predict`."""
+        return self._run(self._protocol.predict(name, rows, ids, feature_names, "classes"))
 
     def labels(self, name: str, ids: Any, labels: Any) -> Answer[LabelsResult]:
         """Learn the rows predicted earlier under ``ids``, now that their labels are known."""

@@ -286,12 +286,14 @@ class Protocol:
                                       headers)
         return LearnResult.of(fields)
 
-    def predict(self, name: str, rows: Any, ids: Any,
-                feature_names: Sequence[str] | None) -> Exchange[np.ndarray]:
+    def predict(self, name: str, rows: Any, ids: Any, feature_names: Sequence[str] | None,
+                answer: str = "probabilities") -> Exchange[np.ndarray]:
+        """The prediction's ``answer``: ``probabilities``, or ``classes`` (by name where the
+        model has class names)."""
         X = yield from self.rows(name, rows, feature_names)
         arrays = {"features": X, "ids": None if ids is None else np.asarray(as_ids(ids))}
         fields = yield from self.data(name, "predict", arrays)
-        return np.asarray(fields["probabilities"])
+        return np.asarray(fields[answer])
 
     def labels(self, name: str, ids: Any, labels: Any) -> Exchange[LabelsResult]:
         arrays = {"ids": np.asarray(as_ids(ids)), "labels": as_labels(labels)}

@@ -56,13 +56,14 @@ def as_rows(rows: Any, feature_names: Sequence[str] | None) -> np.ndarray:
 
 
 def as_labels(labels: Any) -> np.ndarray:
-    """``labels`` (a list, an array, a pandas Series, or one label) as a 1-D array."""
+    """``labels`` (a list, an array, a pandas Series, or one label) as a 1-D array: class
+    indices, or class names for a model with ``class_names``."""
     array = np.asarray(labels)
     if array.ndim == 0:
         array = array.reshape(1)
-    if array.ndim != 1 or array.dtype.kind not in "biuf":
-        raise ValueError(f"labels: one class index per row, got shape {array.shape} of "
-                         f"{array.dtype}")
+    if array.ndim != 1 or array.dtype.kind not in "biufU":
+        raise ValueError(f"labels: one class index or name per row, got shape {array.shape} "
+                         f"of {array.dtype}")
     return array
 
 

@@ -121,6 +121,23 @@ def test_feature_names_come_from_the_call_or_the_client(connect: Any, name: str)
         client.predict(name, {"a": 1.0, "b": 2.0})
 
 
+@pytest.mark.parametrize("binary", [True, False])
+def test_a_model_with_names_takes_dict_rows_and_class_names(connect: Any, name: str,
+                                                            binary: bool) -> None:
+    client = connect(binary=binary)
+    client.create_model(name, {**CONFIG, "feature_names": FEATURES,
+                               "class_names": ["no", "yes"]})
+    X, y = _data(20, seed=3)
+    rows = [dict(zip(reversed(FEATURES), reversed(row.tolist()), strict=True)) for row in X]
+    names = np.array(["no", "yes"])[y]
+    assert client.learn(name, rows, names).examples == 20  # the model's names order the rows
+    probabilities = client.predict(name, X[:6])
+    assert client.predict_classes(name, rows[:6]).tolist() == [
+        ["no", "yes"][i] for i in probabilities.argmax(axis=1)]
+    client.predict(name, X[:1], ids=["n-1"])
+    assert client.labels(name, ["n-1"], ["yes"]).learned == 1
+
+
 def test_a_learn_with_the_same_key_is_a_duplicate(connect: Any, name: str) -> None:
     client = connect()
     client.create_model(name, CONFIG)
