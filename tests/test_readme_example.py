@@ -1,5 +1,6 @@
-"""README.md's library example runs as written, and the stream it prints learns; its batches
-scored inside a page-locked block are the model's predictions."""
+"""README.md's library sketch and docs/library.md's example run as written, and the stream
+they learn from is learned; the batches scored inside a page-locked block are the model's
+predictions."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from typing import Any
 import numpy as np
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+LIBRARY = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
 def test_the_library_example_runs_and_its_online_loss_falls() -> None:
-    section = README.read_text().split("## The library in one example", 1)[1]
+    section = LIBRARY.read_text().split("## In one example", 1)[1]
     codes = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert len(codes) == 2  # the example, then scoring in batches
     printed = io.StringIO()
     namespace: dict[str, Any] = {}
     with contextlib.redirect_stdout(printed):
         for code in codes:
-            exec(compile(code, str(README), "exec"), namespace)  # noqa: S102
+            exec(compile(code, str(LIBRARY), "exec"), namespace)  # noqa: S102
     losses = [float(line.split()[-1]) for line in printed.getvalue().splitlines()]
     assert len(losses) == 10
     assert losses[-1] < 0.8 * losses[0]  # the stream is learnable; its loss falls
@@ -30,3 +32,14 @@ def test_the_library_example_runs_and_its_online_loss_falls() -> None:
     model, X_test = namespace["model"], namespace["X_test"]
     assert namespace["test_probs"].shape == (len(X_test), 2)
     np.testing.assert_array_equal(namespace["test_probs"], model.predict_proba(X_test))
+
+
+def test_the_readme_sketch_runs_and_learns() -> None:
+    section = README.read_text().split("## The library", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102
+    probs, y = namespace["probs"], namespace["y"]
+    losses = -np.log(probs[np.arange(len(y)), y])
+    assert losses[-200:].mean() < 0.8 * losses[:200].mean()  # it learns as it goes
+    assert namespace["same"].to_bytes() == namespace["model"].to_bytes()
