@@ -4,13 +4,13 @@ The names and labels are a contract with the Grafana dashboard (docs/interfaces.
 gets its own :class:`ServiceMetrics` (and so its own ``CollectorRegistry``), which lets tests
 build several apps in one process without "duplicated timeseries" errors.
 
-The model name is the only per-model label; :meth:`ServiceMetrics.forget_model` removes a
-model's series when the model is deleted, so label values stay bounded by the live models.
+The model name is the only per-model label, and bounded: the first ``GLN_METRICS_MODELS``
+models have series of their own, the others are summed under ``model="(others)"``
+(:class:`ModelSeries`); a deleted model's series go with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,11 +23,16 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
     multiprocess,
     values,
 )
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# No ``_created`` series: a timestamp per counter and histogram that no dashboard reads (6 of
+# each model's 16 series were these).
+disable_created_metrics()
 
 # 100 us .. 30 s: a single-example request is well under a millisecond when the model is
 # small, and a 100-row learn of the MNIST network takes seconds on two cores.
@@ -36,16 +41,6 @@ LATENCY_BUCKETS = (
     2.5, 5.0, 10.0, 30.0,
 )
 SNAPSHOT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
-
-
-@dataclass(frozen=True)
-class _ModelCounters:
-    """One model's children of the per-model counters."""
-
-    learned: Counter
-    log_loss: Counter
-    correct: Counter
-    predicted: Counter
 
 
 def package_version() -> str:
@@ -61,7 +56,8 @@ class ServiceMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, device: str, version: str | None = None, http: bool = True) -> None:
+    def __init__(self, device: str, version: str | None = None, http: bool = True,
+                 models_with_series: int = 100) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         # The process's memory, CPU time and open files (process_*), on Linux.
@@ -77,22 +73,6 @@ class ServiceMetrics:
             "gln_http_request_duration_seconds",
             "Time to answer an HTTP request; status_class is its status' class (2xx, 4xx, ...).",
             ["route", "method", "status_class"], buckets=LATENCY_BUCKETS, registry=h,
-        )
-        self.examples_learned = Counter(
-            "gln_examples_learned", "Examples learned.", ["model"], registry=r,
-        )
-        self.log_loss = Counter(
-            "gln_prequential_log_loss_nats",
-            "Sum of prequential log loss (nats): each example is scored before it is learned.",
-            ["model"], registry=r,
-        )
-        self.correct = Counter(
-            "gln_prequential_correct",
-            "Prequential correct predictions (argmax before the update equals the label).",
-            ["model"], registry=r,
-        )
-        self.examples_predicted = Counter(
-            "gln_examples_predicted", "Rows answered by predict.", ["model"], registry=r,
         )
         self.models_loaded = Gauge("gln_models_loaded", "Models held in memory.", registry=r)
         self.ready = Gauge(
@@ -110,9 +90,6 @@ class ServiceMetrics:
             "Stored models that could not be restored (not served until fixed or deleted).",
             registry=r,
         )
-        self.model_bytes = Gauge(
-            "gln_model_bytes", "Bytes held by a model's arrays.", ["model"], registry=r,
-        )
         self.snapshot_duration = Histogram(
             "gln_snapshot_duration_seconds", "Time to serialise and store one snapshot.",
             buckets=SNAPSHOT_BUCKETS, registry=r,
@@ -126,13 +103,6 @@ class ServiceMetrics:
             "gln_snapshot_failures",
             "Snapshots that could not be stored (periodic, asked for, or a new model's first).",
             registry=r,
-        )
-        self.snapshot_bytes = Gauge(
-            "gln_snapshot_bytes", "Size of a model's latest snapshot.", ["model"], registry=r,
-        )
-        self.snapshot_last_success = Gauge(
-            "gln_snapshot_last_success_timestamp_seconds",
-            "Unix time of a model's latest successful snapshot.", ["model"], registry=r,
         )
         self.wal_append_duration = Histogram(
             "gln_wal_append_duration_seconds",
@@ -162,79 +132,48 @@ class ServiceMetrics:
             "Learn requests not learned again because their Idempotency-Key was already logged.",
             registry=r,
         )
-        self.labels_learned = Counter(
-            "gln_delayed_labels_learned",
-            "Predicted rows learned when their label arrived.", ["model"], registry=r,
-        )
-        self.labels_expired = Counter(
-            "gln_delayed_labels_expired",
-            "Predicted rows whose label did not come in time (dropped, or learned with "
-            "GLN_LABEL_DEFAULT).", ["model"], registry=r,
-        )
-        self.labels_pending = Gauge(
-            "gln_delayed_labels_pending", "Predicted rows waiting for their label.",
-            ["model"], registry=r,
-        )
         self.build_info = Gauge(
             "gln_build_info", "Version and device of this process (value 1).",
             ["version", "device"], registry=r,
         )
         self._version = version or package_version()
         self.show_device(device)
-        # Each model's learn/predict counters, looked up once: ``.labels(...)`` costs a lock
-        # and a dict lookup per metric, and predict counts on every request.
-        self._counters: dict[str, _ModelCounters] = {}
-
-    # -- per-model series -------------------------------------------------------------------
-    def _per_model(self) -> tuple[Counter | Gauge, ...]:
-        return (
-            self.examples_learned, self.log_loss, self.correct, self.examples_predicted,
-            self.model_bytes, self.snapshot_bytes, self.snapshot_last_success,
-            self.labels_learned, self.labels_expired, self.labels_pending,
-        )
+        # Each model's series, kept as plain numbers and written out at each scrape.
+        self.models = ModelSeries(models_with_series)
+        r.register(self.models)
 
     def add_model(self, name: str, nbytes: Callable[[], int]) -> None:
         """Start a model's series at zero so dashboards show it before its first example;
         its bytes are read at each scrape (a CPU model grows on its first short call)."""
-        for metric in (self.examples_learned, self.log_loss, self.correct,
-                       self.examples_predicted, self.labels_learned, self.labels_expired):
-            metric.labels(model=name)
-        self.model_bytes.labels(model=name).set_function(nbytes)
-        self.labels_pending.labels(model=name).set(0)
-
-    def _model_counters(self, name: str) -> _ModelCounters:
-        counters = self._counters.get(name)
-        if counters is None:
-            counters = _ModelCounters(
-                learned=self.examples_learned.labels(model=name),
-                log_loss=self.log_loss.labels(model=name),
-                correct=self.correct.labels(model=name),
-                predicted=self.examples_predicted.labels(model=name),
-            )
-            self._counters[name] = counters
-        return counters
+        self.models.add(name, nbytes)
 
     def forget_model(self, name: str) -> None:
-        """Remove every series labelled with this model (it was deleted)."""
-        self._counters.pop(name, None)
-        # The bytes callback holds the model, and prometheus_client keeps it in a reference
-        # cycle that outlives ``remove``: only a full collection (rare, see __main__) would
-        # free the deleted model's memory. Dropping the callback frees it at once.
-        self.model_bytes.labels(model=name).set_function(lambda: 0)
-        for metric in self._per_model():
-            with contextlib.suppress(KeyError):
-                metric.remove(name)
+        """Remove the model's series (it was deleted); what it counted stays counted in
+        ``model="(others)"`` if it had no series of its own."""
+        self.models.forget(name)
 
     def observe_learned(self, name: str, n: int, log_loss_sum: float, correct: int) -> None:
         """Count one learned chunk: examples, summed prequential log loss, correct guesses."""
-        counters = self._model_counters(name)
-        counters.learned.inc(n)
-        counters.log_loss.inc(log_loss_sum)
-        counters.correct.inc(correct)
+        counts = self.models.of(name)
+        counts.learned += n
+        counts.log_loss += log_loss_sum
+        counts.correct += correct
 
     def observe_predicted(self, name: str, n: int) -> None:
         """Count rows answered by predict."""
-        self._model_counters(name).predicted.inc(n)
+        self.models.of(name).predicted += n
+
+    def count_labels_learned(self, name: str, n: int) -> None:
+        """Count predicted rows learned when their label came."""
+        self.models.of(name).labels_learned += n
+
+    def count_labels_expired(self, name: str, n: int) -> None:
+        """Count predicted rows whose label did not come in time."""
+        self.models.of(name).labels_expired += n
+
+    def show_labels_pending(self, name: str, n: int) -> None:
+        """Export how many of the model's predicted rows wait for their label."""
+        self.models.of(name).labels_pending = n
 
     def show_device(self, device: str) -> None:
         """``gln_build_info``'s device: the one models run on ("auto" resolved once known)."""
@@ -249,8 +188,8 @@ class ServiceMetrics:
     def show_snapshot(self, name: str, nbytes: int, at: float) -> None:
         """Export the size and time of a model's latest snapshot, also one restored at start-up
         (without it a restarted model has no snapshot age, and the stale alert cannot fire)."""
-        self.snapshot_bytes.labels(model=name).set(nbytes)
-        self.snapshot_last_success.labels(model=name).set(at)
+        counts = self.models.of(name)
+        counts.snapshot_bytes, counts.snapshot_at = nbytes, at
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""
@@ -281,3 +220,125 @@ class _Only:
     def collect(self) -> Iterator[Metric]:
         return (family for family in self.registry.collect()
                 if family.name.startswith(self.prefix))
+
+
+OTHERS = "(others)"  # the model label of the models without series of their own (no model's name)
+
+
+def _no_bytes() -> int:
+    return 0
+
+
+@dataclass
+class _Counts:
+    """One model's counts and gauges, as plain numbers (each written by one thread at a time:
+    its writer, or the event loop)."""
+
+    learned: float = 0.0
+    log_loss: float = 0.0
+    correct: float = 0.0
+    predicted: float = 0.0
+    labels_learned: float = 0.0
+    labels_expired: float = 0.0
+    labels_pending: int = 0
+    snapshot_bytes: float | None = None
+    snapshot_at: float | None = None
+    nbytes: Callable[[], int] = _no_bytes
+    own_series: bool = True
+
+
+# (family name, help, _Counts field) of each per-model counter, then of each gauge.
+_COUNTERS = (
+    ("gln_examples_learned", "Examples learned.", "learned"),
+    ("gln_prequential_log_loss_nats",
+     "Sum of prequential log loss (nats): each example is scored before it is learned.",
+     "log_loss"),
+    ("gln_prequential_correct",
+     "Prequential correct predictions (argmax before the update equals the label).", "correct"),
+    ("gln_examples_predicted", "Rows answered by predict.", "predicted"),
+    ("gln_delayed_labels_learned", "Predicted rows learned when their label arrived.",
+     "labels_learned"),
+    ("gln_delayed_labels_expired",
+     "Predicted rows whose label did not come in time (dropped, or learned with "
+     "GLN_LABEL_DEFAULT).", "labels_expired"),
+)
+
+
+class ModelSeries:
+    """The per-model series, bounded: the first ``limit`` models (created or restored) export
+    series of their own, labelled with their name; the others are summed under
+    ``model="(others)"`` (their snapshot time is the oldest of theirs, so the stale-snapshot
+    alert still fires for any of them). A page of 10,000 models is then a few hundred series,
+    not 160,000, and costs a few sums, not a labelled child per model and metric.
+
+    A prometheus_client collector: :meth:`collect` writes the families at each scrape.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._models: dict[str, _Counts] = {}
+        self._own = 0  # models with series of their own
+        self._retired = _Counts()  # what deleted models without series of their own counted
+        self._unknown = _Counts()  # a count for a model deleted meanwhile lands here, unseen
+
+    def add(self, name: str, nbytes: Callable[[], int]) -> None:
+        own = self._own < self.limit
+        self._own += own
+        self._models[name] = _Counts(nbytes=nbytes, own_series=own)
+
+    def forget(self, name: str) -> None:
+        counts = self._models.pop(name, None)
+        if counts is None:
+            return
+        counts.nbytes = _no_bytes  # the callback holds the model: let it go at once
+        if counts.own_series:
+            self._own -= 1
+            return
+        for _, _, field in _COUNTERS:  # counters never go down: the sum keeps its counts
+            setattr(self._retired, field, getattr(self._retired, field) + getattr(counts, field))
+
+    def of(self, name: str) -> _Counts:
+        """The model's counts (a scratch record for a model deleted meanwhile)."""
+        return self._models.get(name) or self._unknown
+
+    def has_own_series(self, name: str) -> bool:
+        counts = self._models.get(name)
+        return counts is not None and counts.own_series
+
+    def collect(self) -> Iterator[Metric]:
+        models = list(self._models.items())  # one copy, in C: safe beside the loop's changes
+        own = [(name, counts) for name, counts in models if counts.own_series]
+        others = [counts for _, counts in models if not counts.own_series]
+        summed = bool(others) or any(getattr(self._retired, field) for _, _, field in _COUNTERS)
+        for family, doc, field in _COUNTERS:
+            metric = CounterMetricFamily(family, doc, labels=["model"])
+            for name, counts in own:
+                metric.add_metric([name], getattr(counts, field))
+            if summed:
+                metric.add_metric([OTHERS], getattr(self._retired, field)
+                                  + sum(getattr(counts, field) for counts in others))
+            yield metric
+        model_bytes = GaugeMetricFamily("gln_model_bytes", "Bytes held by a model's arrays.",
+                                        labels=["model"])
+        pending = GaugeMetricFamily("gln_delayed_labels_pending",
+                                    "Predicted rows waiting for their label.", labels=["model"])
+        snapshot_bytes = GaugeMetricFamily("gln_snapshot_bytes",
+                                           "Size of a model's latest snapshot.", labels=["model"])
+        snapshot_at = GaugeMetricFamily(
+            "gln_snapshot_last_success_timestamp_seconds",
+            "Unix time of a model's latest successful snapshot (of (others): the oldest).",
+            labels=["model"])
+        for name, counts in own:
+            model_bytes.add_metric([name], counts.nbytes())
+            pending.add_metric([name], counts.labels_pending)
+            if counts.snapshot_at is not None:
+                snapshot_bytes.add_metric([name], counts.snapshot_bytes or 0)
+                snapshot_at.add_metric([name], counts.snapshot_at)
+        if others:
+            model_bytes.add_metric([OTHERS], sum(counts.nbytes() for counts in others))
+            pending.add_metric([OTHERS], sum(counts.labels_pending for counts in others))
+            snapshotted = [counts for counts in others if counts.snapshot_at is not None]
+            if snapshotted:
+                snapshot_bytes.add_metric([OTHERS], sum(c.snapshot_bytes or 0 for c in snapshotted))
+                snapshot_at.add_metric([OTHERS], min(c.snapshot_at or 0 for c in snapshotted))
+        yield from (model_bytes, pending, snapshot_bytes, snapshot_at)

@@ -183,6 +183,12 @@ class Settings(BaseSettings):
         1024 * MIB, gt=0,
         description="Largest model (GLN.estimate_nbytes) a client may create or import.",
     )
+    metrics_models: int = Field(
+        100, ge=0,
+        description="Models whose metrics have series of their own (model=\"<name>\"), the "
+        "first ones created or restored; the others are summed under model=\"(others)\", so "
+        "that a server of many models keeps its metrics page small.",
+    )
     recent_window: int = Field(
         1000, gt=0, description="Examples in the 'recent' window of a model's online metrics."
     )

@@ -67,7 +67,8 @@ def create_app(settings: Settings | None = None, engine: EngineClient | None = N
         redoc_url=None,  # ReDoc has no bundled copy; /docs shows the same schema
     )
     app.state.settings = settings
-    app.state.metrics = ServiceMetrics(device=settings.device)
+    app.state.metrics = ServiceMetrics(device=settings.device,
+                                       models_with_series=settings.metrics_models)
     app.state.engine = engine
     # The /metrics page: this process's engine renders every metric, the HTTP ones included;
     # a worker of another process's engine adds the workers' HTTP metrics to the engine's.

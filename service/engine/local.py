@@ -161,7 +161,8 @@ class LocalEngine:
     async def metrics_text(self) -> bytes:
         if self.registry is not None:
             await self.registry.store_reachable()  # gln_store_up as of this scrape
-        return self.metrics.render()
+        # In a thread: the page of many models takes a while, and the loop serves on.
+        return await asyncio.to_thread(self.metrics.render)
 
 
 def open_log(settings: Settings) -> WriteAheadLog | None:

@@ -48,7 +48,8 @@ def run_engine(settings: Settings, address: str, control: Connection, log_format
 
 async def _serve(settings: Settings, address: str, control: Connection,
                  opened_log: WriteAheadLog | None, locks: list[DirectoryLock]) -> int:
-    metrics = ServiceMetrics(device=settings.device, http=False)
+    metrics = ServiceMetrics(device=settings.device, http=False,
+                             models_with_series=settings.metrics_models)
     engine = LocalEngine(settings, metrics, opened_log, locks)
     await engine.start()
     server = EngineServer(engine, address)

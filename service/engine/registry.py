@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,6 +82,21 @@ CONFIG_KEYS = frozenset(inspect.signature(GLN).parameters) - {"device", "use_ker
 
 # Requests with more numbers than this are converted and checked in a thread, not the loop.
 _INLINE_CHECK_VALUES = 20_000
+# Models restored, closed or snapshotted at once: enough to keep the store's threads and the
+# disk busy (at 10,000 models one at a time took most of a 30 s shutdown grace period); more
+# would only queue for the same threads.
+PARALLEL_MODELS = 16
+
+
+async def _for_each(items: Iterable[T], fn: Callable[[T], Awaitable[Any]]) -> list[Any]:
+    """``await fn(item)`` for every item, at most PARALLEL_MODELS at a time; the results."""
+    gate = asyncio.Semaphore(PARALLEL_MODELS)
+
+    async def one(item: T) -> Any:
+        async with gate:
+            return await fn(item)
+
+    return await asyncio.gather(*(one(item) for item in items))
 
 
 def _check_ids(ids: Sequence[str], rows: int, against: str) -> None:
@@ -138,6 +153,11 @@ class ModelRegistry:
             self._device = settings.device
         metrics.show_device(self._device)
         self._failed: dict[str, str] = {}  # stored names that could not be restored -> why
+        # Kept as models come and go, so that admitting one costs the same at any count:
+        # every name held (served or failed), by its case-folded form, and the bytes the
+        # served models may come to hold (each one's ``reserved_nbytes``).
+        self._by_folded_name: dict[str, str] = {}
+        self._held_nbytes = 0
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()
         self._ping_in_flight: asyncio.Future[bool] | None = None
@@ -179,8 +199,13 @@ class ModelRegistry:
 
     def _add(self, served: ServedModel) -> None:
         self._models[served.name] = served
+        self._by_folded_name[served.name.casefold()] = served.name
+        self._held_nbytes += served.reserved_nbytes
         served.start()
         self.metrics.add_model(served.name, lambda: int(served.model.nbytes))
+        if served.snapshot is not None:  # its first, or the one it was restored from
+            self.metrics.show_snapshot(served.name, served.snapshot.nbytes,
+                                       served.snapshot.created_at)
         self.metrics.models_loaded.set(len(self._models))
 
     # -- readiness --
@@ -409,9 +434,8 @@ class ModelRegistry:
         would be one directory: one model's snapshots and log would overwrite the other's.
         The rule holds on every store, so that a name valid on one server is valid on all.
         """
-        folded = name.casefold()
-        return next((other for other in (*self._models, *self._failed)
-                     if other.casefold() == folded), None)
+        other = self._by_folded_name.get(name.casefold())
+        return None if other == name else other
 
     async def export(self, name: str) -> memoryview:
         """``GLN.to_bytes()`` of ``name``: every learn request answered before it, included."""
@@ -451,7 +475,7 @@ class ModelRegistry:
         on its first short call; waiting rows up to their limit once reserved), so what is
         admitted now never pushes the total past the budget later.
         """
-        held = sum(served.reserved_nbytes for served in self._models.values())
+        held = self._held_nbytes
         budget, source = self._budget()
         if held + needed > budget:
             _, free = memory.memory(self._device)
@@ -487,6 +511,7 @@ class ModelRegistry:
                 "; predict without ids, lower GLN_MAX_PENDING_LABEL_ROWS, or delete a model",
             )
             served.waiting_room_reserved = True
+            self._held_nbytes += needed
 
     def _build(self, config: dict[str, Any]) -> GLN:
         model = GLN(**config, device=self._device)
@@ -524,6 +549,7 @@ class ModelRegistry:
                 except Exception as exc:
                     raise _store_failed("deleting %r failed", name, exc) from exc
                 del self._failed[name]
+                del self._by_folded_name[name.casefold()]
                 return
             served = self._models.pop(name, None)
             if served is None:
@@ -543,6 +569,8 @@ class ModelRegistry:
                                 "model of the name will be refused until it is): %s", name, exc)
             self.metrics.forget_model(name)
             self.metrics.models_loaded.set(len(self._models))
+            del self._by_folded_name[name.casefold()]
+            self._held_nbytes -= served.reserved_nbytes
         log.info("deleted model %r, its snapshots and its log", name)
 
     # -- data --
@@ -634,8 +662,8 @@ class ModelRegistry:
         try:
             result = await self._learn_waiting(served, rows, [wanted[row.id] for row in rows])
         finally:
-            self.metrics.labels_pending.labels(model=name).set(len(served.waiting_rows))
-        self.metrics.labels_learned.labels(model=name).inc(result.rows)
+            self.metrics.show_labels_pending(name, len(served.waiting_rows))
+        self.metrics.count_labels_learned(name, result.rows)
         return result, [*missing, *result.stale_ids]
 
     async def _expire(self, served: ServedModel) -> None:
@@ -656,8 +684,8 @@ class ModelRegistry:
                                 len(rows), served.name, exc)
             else:
                 learned = await self._learn_default(served, rows, default)
-                self.metrics.labels_expired.labels(model=served.name).inc(learned)
-        self.metrics.labels_pending.labels(model=served.name).set(len(served.waiting_rows))
+                self.metrics.count_labels_expired(served.name, learned)
+        self.metrics.show_labels_pending(served.name, len(served.waiting_rows))
 
     async def _learn_waiting(
         self, served: ServedModel, rows: list[WaitingRow], labels: list[int]
@@ -739,19 +767,20 @@ class ModelRegistry:
         return info
 
     async def snapshot_changed(self) -> bool:
-        """Snapshot every model changed since its last snapshot; False if any save failed."""
-        ok = True
-        for served in list(self._models.values()):
-            if not served.changed_since_snapshot:
-                continue
+        """Snapshot every model changed since its last snapshot, several at once; False if
+        any save failed."""
+        async def save(served: ServedModel) -> bool:
             try:
                 await served.save_snapshot(self.store, force=False)
             except ModelNotFound:
                 pass  # deleted meanwhile
             except Exception as exc:  # the store is down, typically: say so, once per model
-                ok = False
                 self._snapshot_failed("snapshot of %r failed", served.name, exc)
-        return ok
+                return False
+            return True
+
+        changed = [served for served in self._models.values() if served.changed_since_snapshot]
+        return all(await _for_each(changed, save))
 
     async def snapshot_periodically(self, interval_s: float) -> None:
         """Every ``interval_s`` seconds, snapshot the models that changed (until cancelled)."""
@@ -780,8 +809,7 @@ class ModelRegistry:
                     log.warning("snapshot store unreachable (%s); retrying in %.0f s", exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(30.0, delay * 2)
-            for name in names:
-                await self._restore_one(name, retry_s)
+            await _for_each(names, functools.partial(self._restore_one, retry_s=retry_s))
             self._restored.set()
             self.metrics.ready.set(1)
         log.info("restored %d model(s); %d failed", len(self._models), len(self._failed))
@@ -811,14 +839,14 @@ class ModelRegistry:
                     continue
                 log.exception("cannot restore model %r", name)
                 self._failed[name] = self._without_paths(f"{type(exc).__name__}: {exc}")
+                self._by_folded_name[name.casefold()] = name
                 return
             log.info(
                 "restored %r: snapshot version %d, then %d log entries in %.3f s",
                 name, info.version, replayed, time.perf_counter() - t0,
             )
             self._add(served)
-            self.metrics.labels_pending.labels(model=name).set(len(served.waiting_rows))
-            self.metrics.show_snapshot(name, info.nbytes, info.created_at)
+            self.metrics.show_labels_pending(name, len(served.waiting_rows))
             return
 
     def _refuse_an_unapplied_log(self, name: str, info: SnapshotInfo) -> None:
@@ -835,6 +863,5 @@ class ModelRegistry:
 
     async def close(self) -> bool:
         """Finish every queued learn request, then snapshot what changed; False on failure."""
-        for served in list(self._models.values()):
-            await served.close()
+        await _for_each(list(self._models.values()), ServedModel.close)
         return await self.snapshot_changed()

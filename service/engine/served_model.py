@@ -239,6 +239,8 @@ class ServedModel:
         # Set once the server has counted room for this model's waiting rows in its memory
         # budget (the registry, at its first prediction with ids or a restore of waiting rows).
         self.waiting_room_reserved = False
+        # What the model may come to hold: its configuration's, which no learning changes.
+        self._model_nbytes = GLN.estimate_nbytes(model.config_for_estimate())
         self.stats = OnlineStats(settings.recent_window)
         # `lock` guards the model's arrays: the worker holds it while it serves a batch, and
         # serialisation (to_bytes) takes it, so a snapshot never catches half a learn chunk.
@@ -377,8 +379,8 @@ class ServedModel:
     def reserved_nbytes(self) -> int:
         """What the server counts for this model in its memory budget: what the model may come
         to hold, and its waiting rows' capacity once reserved."""
-        model = GLN.estimate_nbytes(self.model.config_for_estimate())
-        return model + (self.waiting_capacity_nbytes if self.waiting_room_reserved else 0)
+        return self._model_nbytes + (
+            self.waiting_capacity_nbytes if self.waiting_room_reserved else 0)
 
     @property
     def pending_examples(self) -> int:
@@ -598,7 +600,7 @@ class ServedModel:
     def _count_expired(self, rows: int) -> None:
         """Count rows dropped live (a replay drops them again without counting)."""
         if rows:
-            self._metrics.labels_expired.labels(model=self.name).inc(rows)
+            self._metrics.count_labels_expired(self.name, rows)
 
     def _learn_group(self, group: _GroupResult) -> None:
         """(thread, model lock) Log, then learn, a run of learn requests; answer each."""

@@ -117,7 +117,8 @@ async def serve_over_a_remote_engine(settings: Settings, socket_dir: Any) -> Asy
     from service.engine.local import LocalEngine
     from service.metrics import ServiceMetrics
 
-    engine = LocalEngine(settings, ServiceMetrics(settings.device, http=False))
+    engine = LocalEngine(settings, ServiceMetrics(settings.device, http=False,
+                                                  models_with_series=settings.metrics_models))
     await engine.start()
     server = EngineServer(engine, f"ipc://{socket_dir}/engine.sock")
     serving = asyncio.create_task(server.serve())

@@ -189,3 +189,36 @@ async def test_gln_device_auto_is_reported_as_the_device_it_resolved_to(tmp_path
     assert info["config"]["device"] == "cpu"
     assert 'device="cpu"' in page and 'device="auto"' not in page
     assert "device auto (cpu);" in settings.summary("cpu")
+
+
+async def test_models_past_the_limit_are_summed_under_others_and_no_created_series(
+    settings, serve, create_model, make_data
+):
+    """GLN_METRICS_MODELS bounds the per-model series: the first models created have their
+    own, the rest are summed under model="(others)", whose counters keep what a deleted one
+    counted; their snapshot time is the oldest of theirs (the stale-snapshot alert's)."""
+    app = create_app(settings.model_copy(update={"metrics_models": 2}))
+    X, y = make_data(4)
+    async with serve(app) as client:
+        for name in ("a", "b", "c", "d"):
+            await create_model(client, name)
+        for rows, name in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
+            await client.post(f"/v1/models/{name}/learn",
+                              json={"features": X[:rows], "labels": y[:rows]})
+        infos = {m["name"]: m for m in (await client.get("/v1/models")).json()}
+        s = await scrape(client)
+        assert (await client.delete("/v1/models/c")).status_code == 204
+        after_delete = await scrape(client)
+        assert (await client.delete("/v1/models/a")).status_code == 204
+        await create_model(client, "e")  # takes the series a freed
+        after_a = await scrape(client)
+    learned = "gln_examples_learned_total"
+    assert [value(s, learned, model=m) for m in ("a", "b", "(others)")] == [1, 2, 7]
+    assert series_with(s, model="c") == series_with(s, model="d") == []
+    assert value(s, "gln_model_bytes", model="(others)") == infos["c"]["nbytes"] + infos[
+        "d"]["nbytes"]
+    assert value(s, "gln_snapshot_last_success_timestamp_seconds", model="(others)") == min(
+        infos[m]["snapshot"]["created_at"] for m in ("c", "d"))
+    assert value(after_delete, learned, model="(others)") == 7  # a counter never goes down
+    assert value(after_a, learned, model="e") == 0
+    assert not [name for name, _ in s if name.endswith("_created")]
