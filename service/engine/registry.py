@@ -28,6 +28,7 @@ from gln.backend import resolve_device
 from service.engine import memory
 from service.engine.client import Labels, Rows
 from service.engine.learn_answers import LearnResult
+from service.engine.passes import Passes
 from service.engine.served_model import ServedModel, StoredModel
 from service.engine.snapshot_blob import WAL_ID, split_snapshot
 from service.engine.waiting_rows import WaitingRow
@@ -143,6 +144,8 @@ class ModelRegistry:
         # Batches of predictions alone run on threads of their own too: a log that hangs, in
         # whose appends every model thread may sit, never holds them.
         self.read_executor = read_executor or executor
+        # The writers of every model: passes serving many models' batches at once.
+        self.passes = Passes(executor, self.read_executor, settings.worker_threads, wal)
         self._models: dict[str, ServedModel] = {}
         self._derived_budget: tuple[int, str] | None = None  # GLN_MAX_TOTAL_MODEL_BYTES unset
         # The device models are built on: GLN_DEVICE with "auto" resolved, so that a model's
@@ -174,8 +177,7 @@ class ModelRegistry:
     def _served(self, name: str, model: GLN, snapshot: SnapshotInfo | None) -> ServedModel:
         return ServedModel(
             name, model, executor=self.executor, store_executor=self.store_executor,
-            read_executor=self.read_executor,
-            metrics=self.metrics,
+            metrics=self.metrics, passes=self.passes,
             settings=self.settings, snapshot=snapshot, wal=self.wal,
             load_snapshot=functools.partial(self._stored, name, afresh=True),
         )
@@ -864,4 +866,5 @@ class ModelRegistry:
     async def close(self) -> bool:
         """Finish every queued learn request, then snapshot what changed; False on failure."""
         await _for_each(list(self._models.values()), ServedModel.close)
+        await self.passes.close()
         return await self.snapshot_changed()

@@ -1,16 +1,18 @@
 """One model in memory: its ordered request queue, its single writer, its log and snapshots.
 
 The learn path is a queue, and the queue is the batcher: each model owns one
-ordered queue of requests and one worker task. The worker takes everything waiting (up to
-``max_chunk_rows`` rows) and serves it in a worker thread, one model call per run of
+ordered queue of requests, and the engine's passes (:mod:`service.engine.passes`) serve it,
+a batch at a time, beside the batches of other models waiting at the same moment. A batch is
+everything waiting (up to ``max_chunk_rows`` rows), served in a worker thread, one model call
+per run of
 consecutive requests of the same verb: a run of learn requests becomes one ``model.learn`` on
 the concatenated rows, which equals learning them one by one, so coalescing changes nothing
 but the speed, and queue order is update order. Every learned example gets a sequence number
 (its 0-based index in the model's stream); a learn response carries its first example's.
 
 Predictions and saliency ride the same queue, so they see every learn request queued before
-them and none after, never half of one; serialisation takes the model lock, which the worker
-holds while it serves a batch. All model and store calls run on the app's thread pool, so the
+them and none after, never half of one; serialisation takes the model lock, which is held
+while a batch is served. All model and store calls run on the app's thread pool, so the
 event loop only moves bytes. With a write-ahead log, each learn run is logged before it is
 applied and answered (docs/durability.md).
 
@@ -33,7 +35,6 @@ A served model owns two parts: its view of the log (appends, doubt, catch-up, re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import enum
 import itertools
@@ -44,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from service.engine.model_log import ModelLog
 from service.engine.model_snapshots import ModelSnapshots
 from service.engine.online_stats import OnlineStats
 from service.engine.snapshot_blob import WAL_ID
+from service.engine.threads import in_thread
 from service.engine.waiting_rows import WaitingRow, WaitingRows
 from service.errors import (
     IdempotencyKeyReused,
@@ -67,50 +69,15 @@ from service.settings import Settings
 from service.storage.store import SnapshotInfo, SnapshotStore
 from service.storage.wal import LogEntry, WalGapError, WriteAheadLog, request_digest
 
+if TYPE_CHECKING:
+    from service.engine.passes import Passes
+
 log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
 throttled = Throttled(log)
 
 
 T = TypeVar("T")
-
-
-async def _in_thread(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on ``executor``, awaited: ``loop.run_in_executor`` with a lighter bridge.
-
-    ``run_in_executor`` wraps the executor's future in a second, asyncio one, chained by
-    callbacks both ways, and copies the outcome across on the loop: 50,000 instructions of
-    the 900,000 a single-row request costs outside the model. Here the thread hands its
-    outcome straight to the loop. As there, a call cancelled before a thread starts it is not
-    run.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def run() -> None:
-        try:
-            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
-        except BaseException as exc:  # handed to the awaiting task, as run_in_executor does
-            outcome = (None, exc)
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for it
-            loop.call_soon_threadsafe(_settle, done, *outcome)
-
-    started = executor.submit(run)
-    try:
-        return await done
-    except asyncio.CancelledError:
-        started.cancel()
-        raise
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    """(loop) Give ``future`` its outcome, unless it was cancelled meanwhile."""
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 class StoredModel(NamedTuple):
@@ -179,11 +146,12 @@ class _GroupResult:
 
 
 class ServedModel:
-    """One model in memory: its request queue and worker, its stats and snapshot info.
+    """One model in memory: its request queue, its stats and snapshot info.
 
     Every request that touches the weights (learn, predict, explain) joins one ordered queue.
-    The worker takes everything waiting (up to ``max_chunk_rows`` rows), hands it to a worker
-    thread in one go, and there, holding the model lock, serves consecutive requests of the
+    A pass (:mod:`service.engine.passes`) takes everything waiting (up to ``max_chunk_rows``
+    rows), hands it to a worker thread in one go (with other models' batches), and there,
+    holding the model lock, serves consecutive requests of the
     same verb with one model call: a run of learns is one ``learn`` on the concatenated rows
     (exactly equal to learning them one by one), a run of predictions one ``predict_proba``.
     So a prediction sees every learn request queued before it and none queued after, never
@@ -207,12 +175,12 @@ class ServedModel:
         *,
         executor: Executor,
         store_executor: Executor | None = None,
-        read_executor: Executor | None = None,
         metrics: ServiceMetrics,
         settings: Settings,
         snapshot: SnapshotInfo | None = None,
         wal: WriteAheadLog | None = None,
         load_snapshot: Callable[[], StoredModel | None] | None = None,
+        passes: Passes,
     ) -> None:
         self.name = name
         self.model = model
@@ -248,34 +216,33 @@ class ServedModel:
         self.updates = 0  # learn calls and waiting-row puts; compared with the snapshotted count
         self._executor = executor
         self._store_executor = store_executor or executor  # the store's calls, apart
-        self._read_executor = read_executor or executor  # batches of reads alone, apart
         self._metrics = metrics
         self._max_chunk_rows = settings.max_chunk_rows
         self._queue: deque[_Job] = deque()
         self._queued_learn_rows = 0
-        self._wake = asyncio.Event()
+        self._passes = passes
+        # True from the moment the model has queued work until its batch is answered: it is
+        # then lined up for a pass, or in one (service.engine.passes); ``idle`` is set
+        # otherwise, which a close waits for.
+        self.scheduled = False
+        self.idle = asyncio.Event()
+        self.idle.set()
         self._closing = False
-        self._worker: asyncio.Task[None] | None = None
         # Held while a request is checked and queued, so that requests queue in the order
         # they arrived even when a large one is checked in a thread (the registry takes it).
         self.admission = asyncio.Lock()
 
     # -- lifecycle --
     def start(self) -> None:
-        """Start the worker (on the running event loop)."""
+        """Take requests (again)."""
         self._closing = False
-        self._worker = asyncio.create_task(self._work(), name=f"gln-model-{self.name}")
 
     async def close(self) -> None:
-        """Stop taking requests, finish every queued one, then stop the worker."""
+        """Stop taking requests, and return once every queued one is answered. (A cancelled
+        caller, a DELETE a shutdown stopped waiting for, stops only its own wait: the passes
+        serving the model's batches go on, and answer their requests.)"""
         self._closing = True
-        self._wake.set()
-        if self._worker is not None:
-            # Shielded: a cancelled caller (a DELETE a shutdown stopped waiting for) must not
-            # cancel the worker halfway through a batch, whose requests would then go
-            # unanswered although carried out.
-            await asyncio.shield(self._worker)
-            self._worker = None
+        await self.idle.wait()
 
     @property
     def changed_since_snapshot(self) -> bool:
@@ -299,11 +266,11 @@ class ServedModel:
 
     async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
         """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
-        return await _in_thread(self._store_executor, self.snapshots.save, self, store, force)
+        return await in_thread(self._store_executor, self.snapshots.save, self, store, force)
 
     async def delete_snapshots(self, store: SnapshotStore) -> None:
         """Remove the model's snapshots and log; no snapshot of it can be written afterwards."""
-        await _in_thread(self._store_executor, self.snapshots.delete, store)
+        await in_thread(self._store_executor, self.snapshots.delete, store)
 
     def capture(self) -> tuple[SnapshotBuffer, int, str | None, list[WaitingRow]]:
         """(thread) The arrays copied under the model lock, with what they hold: the updates,
@@ -388,7 +355,7 @@ class ServedModel:
         return self._queued_learn_rows
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await _in_thread(self._executor, fn, *args)
+        return await in_thread(self._executor, fn, *args)
 
     # -- the queue --
     async def learn(
@@ -453,7 +420,9 @@ class ServedModel:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         job = _Job(verb, X, y, future, **fields)
         self._queue.append(job)
-        self._wake.set()
+        if not self.scheduled:
+            self.idle.clear()
+            self._passes.ready(self)
         return job
 
     async def answer(self, job: _Job) -> Any:
@@ -485,27 +454,13 @@ class ServedModel:
         job.future.cancel()
         return True
 
-    async def _work(self) -> None:
-        """The single writer: serve queued requests batch by batch, in arrival order."""
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue:
-                batch = self._take_batch()
-                try:
-                    # A batch of reads alone (predict, explain) never touches the log: it runs
-                    # on threads of its own, which a log that hangs cannot all be holding.
-                    reads_only = all(job.verb in _READS for job in batch)
-                    executor = self._read_executor if reads_only else self._executor
-                    groups = await _in_thread(executor, self._serve_batch, batch)
-                except Exception as exc:  # e.g. the thread pool is gone: nobody may hang
-                    groups = [_GroupResult([job], error=exc) for job in batch]
-                self._answer(groups)
-            if self._closing:
-                return
+    # -- served by the passes (service.engine.passes) --
+    @property
+    def has_queued_work(self) -> bool:
+        return bool(self._queue)
 
-    def _take_batch(self) -> list[_Job]:
-        """Everything waiting, up to max_chunk_rows rows (always at least one request)."""
+    def take_batch(self) -> list[_Job]:
+        """(loop) Everything waiting, up to max_chunk_rows rows (always at least one request)."""
         jobs = [self._queue.popleft()]
         rows = len(jobs[0].X)
         while self._queue and rows + len(self._queue[0].X) <= self._max_chunk_rows:
@@ -514,7 +469,17 @@ class ServedModel:
             rows += len(job.X)
         return jobs
 
-    def _serve_batch(self, jobs: list[_Job]) -> list[_GroupResult]:
+    @staticmethod
+    def reads_only(jobs: list[_Job]) -> bool:
+        """Whether a batch only reads the model (it never touches the log)."""
+        return all(job.verb in _READS for job in jobs)
+
+    @staticmethod
+    def failed_batch(jobs: list[_Job], error: Exception) -> list[_GroupResult]:
+        """The outcome of a batch that could not be served at all: every request, ``error``."""
+        return [_GroupResult([job], error=error) for job in jobs]
+
+    def serve_batch(self, jobs: list[_Job]) -> list[_GroupResult]:
         """(thread) Under the lock, one model call per run of consecutive same-verb jobs."""
         groups = [_GroupResult(list(run)) for _, run in itertools.groupby(jobs, lambda j: j.verb)]
         with self.lock:
@@ -771,7 +736,7 @@ class ServedModel:
             start=start,
         ))
 
-    def _answer(self, groups: list[_GroupResult]) -> None:
+    def deliver(self, groups: list[_GroupResult]) -> None:
         """(loop) Give every request its slice; count learned examples in stats and metrics."""
         for group in groups:
             is_learn = group.jobs[0].verb is _Verb.LEARN
