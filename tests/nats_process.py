@@ -48,8 +48,9 @@ class NatsProcess:
     """One ``nats-server`` on 127.0.0.1 with JetStream in ``directory``.
 
     ``name`` is its server name, ``routes`` the cluster ports of its peers (empty: a server of
-    its own). The client, cluster and monitoring ports are picked once and kept by every
-    restart, so clients holding :attr:`url` reach the restarted server.
+    its own), ``max_payload`` the largest message it takes. The client, cluster and
+    monitoring ports are picked once and kept by every restart, so clients holding
+    :attr:`url` reach the restarted server.
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class NatsProcess:
         cluster_port: int | None = None,
         routes: tuple[int, ...] = (),
         binary: str | None = None,
+        max_payload: str = MAX_PAYLOAD,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -69,6 +71,7 @@ class NatsProcess:
         self.monitor_port = free_port()
         self.cluster_port = cluster_port
         self.routes = tuple(routes)
+        self.max_payload = max_payload
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
 
@@ -86,7 +89,7 @@ class NatsProcess:
             "host: 127.0.0.1",
             f"port: {self.port}",
             f"http_port: {self.monitor_port}",
-            f"max_payload: {MAX_PAYLOAD}",
+            f"max_payload: {self.max_payload}",
             "jetstream {",
             f"  store_dir: {str(self.directory / 'jetstream')!r}",
             "  max_memory_store: 64MB",
@@ -157,6 +160,13 @@ class NatsProcess:
         assert self.proc is not None and self.running
         self.proc.send_signal(signal.SIGSTOP)
         self.paused = True
+        # The signal takes a moment: return once the process is stopped (Linux says so).
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + 5
+        while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "T":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nats-server {self.name} did not stop on SIGSTOP")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause` (harmless when not paused)."""
