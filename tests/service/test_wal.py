@@ -1053,6 +1053,27 @@ def test_nats_keys_missing_behind_the_last_entry_are_written_by_reading_it(
     wal.close()
 
 
+def test_a_foreign_message_on_a_nats_model_subject_is_corruption(
+    nats_url: str, nats_prefix: str
+) -> None:
+    import asyncio
+
+    import nats
+
+    wal = NatsWriteAheadLog(nats_url, key_prefix=nats_prefix)
+    wal.append("m", *tagged(1))
+
+    async def publish_garbage() -> None:
+        nc = await nats.connect(nats_url)
+        await nc.jetstream().publish(f"{nats_prefix}.wal.m", b"not an entry")
+        await nc.close()
+
+    asyncio.run(publish_garbage())
+    with pytest.raises(WalCorruptError):
+        list(wal.read_after("m", None))
+    wal.close()
+
+
 def test_nats_replicas_beyond_the_servers_are_refused_before_anything_is_logged(
     nats_url: str, nats_prefix: str
 ) -> None:
