@@ -97,7 +97,7 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
 def _learn_through(
     cluster: NatsCluster, tmp_path: Path, small_config: dict[str, Any], fault: str,
 ) -> tuple[DurableLearners, float]:
-    """A server on the cluster's R3 log, four keyed learners; after 150 acknowledged requests
+    """A server on the cluster's R3 log, four keyed learners; after 100 acknowledged requests
     ``fault`` strikes the stream's leader. Returns the learners (stopped) and the seconds from
     the fault until a request sent after it was acknowledged."""
     server = ServerProcess({
@@ -112,7 +112,7 @@ def _learn_through(
         assert r.status_code == 201, r.text
         learners.start()
         try:
-            learners.wait_for_acks(150, timeout_s=60)
+            learners.wait_for_acks(100, timeout_s=60)
             leader = cluster.leader_of(STREAM)
             in_flight = len(learners.acks) + learners.threads
             struck = time.monotonic()
@@ -128,9 +128,9 @@ def _learn_through(
             learners.wait_for_acks(in_flight + 1, timeout_s=60)
             outage_s = time.monotonic() - struck
             if fault == "kill":
-                learners.wait_for_acks(len(learners.acks) + 100, timeout_s=60)
+                learners.wait_for_acks(len(learners.acks) + 50, timeout_s=60)
                 leader.start()  # it catches up from the others, the learning goes on
-            learners.wait_for_acks(len(learners.acks) + 150, timeout_s=60)
+            learners.wait_for_acks(len(learners.acks) + 100, timeout_s=60)
         finally:
             learners.stop(timeout_s=90)
         assert not learners.failures, (learners.failures, server.log_text()[-3000:])

@@ -65,6 +65,9 @@ _WRONG_LAST = 10071  # JetStream's error code: the subject does not end where a 
 _WRONG_LAST_RE = re.compile(r"wrong last sequence: (\d+)")
 _NOT_FOUND = 10037  # no message
 PING_TIMEOUT_S = 2.0
+# The start-up check waits this long at least: a cluster that has just formed, or streams just
+# made, elect their leaders first (up to a few seconds).
+STARTUP_TIMEOUT_S = 15.0
 # Time allowed a call for each byte it sends or may receive, on top of call_timeout_s: a 31 MB
 # entry took 2.8 s to append to a 3-node cluster, and 1.0 s to read back, on two busy cores.
 _SLOWEST_BYTES_PER_S = 8 * 1024 * 1024
@@ -164,9 +167,10 @@ class NatsWriteAheadLog(EntryWriting, KeyLookups):
     (:class:`WalDivergedError`). An entry and its keys are two writes: should the keys not
     land (a crash, a timeout), the entry is in the log without them, its append failed, and
     the model catches up with the log; reading the log to its end (``read_after``, as a catch-up
-    and a restore do) writes the keys of the last entry where they are missing. Any entry
-    before the last was followed by an append, which the writer made only after that entry's
-    keys were written, or after it had read the log to its end.
+    and a restore do) writes the keys of the last entry where they are missing, before it gives
+    that entry (so no model applies an entry whose keys are missing). Any entry before the last
+    was followed by an append, which the writer made only after that entry's keys were
+    written, or after it had read the log to its end.
 
     ``trim_through`` writes the trim point to the model's meta message, then purges the
     subject through it, keeping its last message: JetStream checks ``follows`` against the
@@ -322,6 +326,12 @@ class NatsWriteAheadLog(EntryWriting, KeyLookups):
             if name == self.keys_stream and info.config.max_age != config.max_age:
                 info.config.max_age = config.max_age  # the TTL changed since it was made
                 await self._js.update_stream(info.config)
+        for name in wanted:  # a stream just made elects its leader before it takes writes
+            while True:
+                info = await self._js.stream_info(name)
+                if info.cluster is None or info.cluster.leader:
+                    break
+                await asyncio.sleep(0.05)
 
     def _replicas(self) -> int:
         """``replicas``, or 3 where the server is in a cluster and 1 where it is alone."""
@@ -510,25 +520,29 @@ class NatsWriteAheadLog(EntryWriting, KeyLookups):
         return self._entries(name, subject, start, meta.offset)
 
     def _entries(self, name: str, subject: str, seq: int, offset: int) -> Iterator[LogEntry]:
-        last: LogEntry | None = None
-        while True:
-            message = self._call(lambda s=seq: self._next(subject, s),
-                                 f"read the log of {name!r}", self._read_timeout_s())
-            if message is None:
-                break
-            seq = int(message.seq) + 1
+        """The entries from ``seq`` on, each read one ahead: the last one's keys are written
+        (where missing) before it is given, so that no model applies an entry whose keys a
+        retry could miss."""
+        def read(at: int) -> Any | None:
+            return self._call(lambda: self._next(subject, at), f"read the log of {name!r}",
+                              self._read_timeout_s())
+
+        message = read(seq)
+        while message is not None:
+            following = read(int(message.seq) + 1)
             header, body = _unframe(int(message.seq), message.data or b"")
-            if header.get("kind") == "base":  # continue_after's marker, no entry
-                continue
-            entry_id = str(int(message.seq) + offset)
-            try:
-                nx = _array_bytes(header["x"])
-            except (KeyError, ValueError, TypeError, IndexError) as exc:
-                raise WalCorruptError(f"entry {entry_id}: unreadable header {header!r}") from exc
-            last = decode_entry(entry_id, header, body[:nx], body[nx:])
-            yield last
-        if last is not None and any(k is not None for k in last.idempotency_keys):
-            self._restore_keys(name, last)
+            if header.get("kind") != "base":  # continue_after's marker is no entry
+                entry_id = str(int(message.seq) + offset)
+                try:
+                    nx = _array_bytes(header["x"])
+                except (KeyError, ValueError, TypeError, IndexError) as exc:
+                    raise WalCorruptError(
+                        f"entry {entry_id}: unreadable header {header!r}") from exc
+                entry = decode_entry(entry_id, header, body[:nx], body[nx:])
+                if following is None and any(k is not None for k in entry.idempotency_keys):
+                    self._restore_keys(name, entry)
+                yield entry
+            message = following
 
     def _read_timeout_s(self) -> float:
         """``call_timeout_s``, and time for the largest message the servers take."""
@@ -621,9 +635,11 @@ class NatsWriteAheadLog(EntryWriting, KeyLookups):
         replicas stored it, and serves reads of what is committed only."""
 
     def check_durability(self) -> None:
-        """Connect and make (or check) the streams; WalDurabilityError if JetStream cannot
-        give the replicas asked for. Warns where the servers' max_payload is under 8 MB."""
-        limit = self._call(lambda: self._max_payload(), "connect to NATS")
+        """Connect and make (or check) the streams, waiting (``STARTUP_TIMEOUT_S`` at least)
+        until each has a leader; WalDurabilityError if JetStream cannot give the replicas
+        asked for. Warns where the servers' max_payload is under 8 MB."""
+        limit = self._call(lambda: self._max_payload(), "connect to NATS",
+                           max(self.call_timeout_s, STARTUP_TIMEOUT_S))
         if limit < 8 * 1024 * 1024:
             log.warning(
                 "the NATS servers take messages of %s bytes at most (max_payload): a learn "
