@@ -25,6 +25,13 @@ Sentinel fail over once more (``SENTINEL FAILOVER``) as soon as learning is ackn
 to the other replica, while the new primary still takes writes, so that entries only it holds
 are lost (the server must rebuild its model from the snapshot and the log).
 
+With ``--nats pause`` or ``--nats kill`` the log is in NATS JetStream instead: a three-node
+cluster, streams of three replicas (``GLN_WAL_URL``), snapshots in a directory. Half-way through,
+the node leading the log's stream is stopped with SIGSTOP until the two others have elected a
+leader (``--redis-down-s`` at least) and then resumed, or SIGKILLed and started again once
+learning is acknowledged again. ``log_outage_s`` is the time from the fault until a request
+sent after it was acknowledged.
+
 At the end every acknowledged request's sequence must tile the model's stream exactly
 (``examples_lost`` and ``examples_duplicated`` both 0), and the model's snapshot must equal,
 byte for byte, a fresh model that learned the acknowledged rows in that order. Prints one
@@ -36,6 +43,8 @@ JSON line.
     python benchmarks/fault_load.py --seconds 30 --lose-primary
     python benchmarks/fault_load.py --seconds 30 --sentinel
     python benchmarks/fault_load.py --seconds 30 --sentinel --failover-again
+    python benchmarks/fault_load.py --seconds 20 --nats pause
+    python benchmarks/fault_load.py --seconds 20 --nats kill
 """
 
 from __future__ import annotations
@@ -59,7 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
 from service.storage.common import redis_client  # noqa: E402
-from service.storage.store import RedisSnapshotStore  # noqa: E402
+from service.storage.store import DirectorySnapshotStore, RedisSnapshotStore  # noqa: E402
+from tests.nats_process import NatsCluster, nats_cluster  # noqa: E402
 from tests.redis_process import (  # noqa: E402
     RedisProcess,
     SentinelProcess,
@@ -82,7 +92,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the load")
     parser.add_argument("--redis-down-s", type=float, default=2.0,
-                        help="how long Redis stays down, half-way through")
+                        help="how long Redis stays down, half-way through (--nats pause: the "
+                        "least the NATS leader stays paused)")
     parser.add_argument("--kill-redis", action="store_true",
                         help="SIGKILL Redis instead of SHUTDOWN (then up to ~1 s of log "
                         "entries may be lost by Redis; the server's model keeps them)")
@@ -101,6 +112,9 @@ def main() -> int:
     parser.add_argument("--failover-again", action="store_true",
                         help="with --sentinel: once learning is acknowledged again, a second "
                         "failover (SENTINEL FAILOVER) to the other replica")
+    parser.add_argument("--nats", choices=["pause", "kill"],
+                        help="the log in a 3-node NATS JetStream cluster (R3), whose stream "
+                        "leader is paused (SIGSTOP until another leads) or killed half-way")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--snapshot-interval-s", type=float, default=5.0,
                         help="GLN_SNAPSHOT_INTERVAL_S of the server (snapshot, then log trim)")
@@ -108,7 +122,24 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gln-fault-") as tmp, contextlib.ExitStack() as stack:
-        replica = sentinel = None
+        replica = sentinel = cluster = None
+        if args.nats:
+            cluster = stack.enter_context(nats_cluster(Path(tmp) / "nats"))
+            server = ServerProcess({
+                "GLN_WAL_URL": cluster.url,
+                "GLN_SNAPSHOT_DIR": str(Path(tmp) / "snapshots"),
+                "GLN_SNAPSHOT_INTERVAL_S": str(args.snapshot_interval_s),
+            }, Path(tmp) / "server.log")
+            with server:
+                try:
+                    result = run_nats(args, server, cluster)
+                except BaseException:
+                    print(server.log_text()[-5000:], file=sys.stderr)
+                    raise
+            print(json.dumps(result))
+            ok = result["examples_lost"] == 0 and result["examples_duplicated"] == 0 and (
+                result["model_equals_reference"])
+            return 0 if ok else 1
         if args.sentinel:
             redis_server, _ = stack.enter_context(primary_and_replicas(Path(tmp) / "redis", 2))
             sentinel = stack.enter_context(
@@ -217,6 +248,74 @@ def run(
         "requests_retried": sum(ack.attempts > 1 for ack in learners.acks),
         "duplicate_answers": sum(ack.duplicate for ack in learners.acks),
         "duplicate_answers_without_sequence": check.placed + check.unexplained,
+        "errors_returned": dict(sorted(learners.errors.items())),
+        "examples_acknowledged": check.examples,
+        "examples_seen": examples_seen,
+        "examples_lost": check.lost,
+        "examples_duplicated": check.duplicated,
+        "unexplained": check.unexplained,
+        "requests_abandoned": len(learners.abandoned),
+        "model_equals_reference": same,
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cpus",
+    }
+
+
+NATS_STREAM = "gln-wal"  # the log's stream under the default prefix
+
+
+def run_nats(args: argparse.Namespace, server: ServerProcess, cluster: NatsCluster) -> dict:
+    """The load of :func:`run` on a log in NATS, its stream's leader paused or killed
+    half-way; the figures, checked as :func:`run` checks them."""
+    server.start()
+    httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": CONFIG}).raise_for_status()
+    learners = DurableLearners(server.url, "m", CONFIG["num_features"], CONFIG["num_classes"],
+                               threads=args.threads, seed=args.seed)
+    t0 = time.perf_counter()
+    learners.start()
+    outage_s = None
+    try:
+        time.sleep(args.seconds / 2)
+        leader = cluster.leader_of(NATS_STREAM)
+        in_flight = len(learners.acks) + learners.threads
+        struck = time.perf_counter()
+        if args.nats == "pause":
+            leader.pause()
+            time.sleep(args.redis_down_s)
+            cluster.leader_of(NATS_STREAM, other_than=leader.name)
+            leader.resume()
+        else:
+            leader.kill()
+        _wait_for_acks(learners, in_flight)
+        outage_s = time.perf_counter() - struck
+        if args.nats == "kill":
+            leader.start()
+        time.sleep(max(0.0, args.seconds - (time.perf_counter() - t0)))
+    finally:
+        learners.stop(timeout_s=120)
+    load_s = time.perf_counter() - t0
+    if learners.failures:
+        raise RuntimeError(f"a learner failed: {learners.failures}")
+    examples_seen = httpx.get(f"{server.url}/v1/models/m").json()["examples_seen"]
+    httpx.post(f"{server.url}/v1/models/m/snapshot", timeout=60).raise_for_status()
+    server.terminate()
+    blob, _ = DirectorySnapshotStore(server.env["GLN_SNAPSHOT_DIR"]).load("m")
+    check = check_exactly_once(learners.acks, examples_seen)
+    same = None
+    if check.unexplained == 0:
+        same = GLN.from_bytes(blob).to_bytes() == reference_bytes(CONFIG, check.order)
+    return {
+        "benchmark": "fault_load",
+        "seconds": round(load_s, 2),
+        "threads": args.threads,
+        "log": "NATS JetStream, 3 nodes, stream replicas 3",
+        "fault": ("stream leader SIGSTOP until another leads, then SIGCONT"
+                  if args.nats == "pause" else "stream leader SIGKILL, then started again"),
+        "log_outage_s": None if outage_s is None else round(outage_s, 2),
+        "snapshot_interval_s": args.snapshot_interval_s,
+        "requests_acknowledged": len(learners.acks),
+        "requests_per_s": round(len(learners.acks) / load_s, 1),
+        "requests_retried": sum(ack.attempts > 1 for ack in learners.acks),
+        "duplicate_answers": sum(ack.duplicate for ack in learners.acks),
         "errors_returned": dict(sorted(learners.errors.items())),
         "examples_acknowledged": check.examples,
         "examples_seen": examples_seen,

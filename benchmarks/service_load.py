@@ -23,6 +23,8 @@ with the server, and a lighter client leaves more of them to what is being measu
     python benchmarks/service_load.py                      # all scenarios, own server
     python benchmarks/service_load.py --only small --duration 5
     python benchmarks/service_load.py --only small-learn-1 --server-env GLN_WAL_ENABLED=false
+    python benchmarks/service_load.py --only small-learn-1 --keyed \
+        --server-env GLN_WAL_URL=nats://127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224
     python benchmarks/service_load.py --only small-learn-1 small-learn-1000-npz --workers 1 2
     python benchmarks/service_load.py --url http://127.0.0.1:8000 --token "$GLN_API_TOKEN"
 """
@@ -121,9 +123,11 @@ class RawConnection:
         sock = self.writer.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def request_bytes(self, path: str, body: bytes) -> bytes:
+    def request_bytes(self, path: str, body: bytes, key: str | None = None) -> bytes:
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 f"Content-Type: {self.content_type}\r\nContent-Length: {len(body)}\r\n").encode()
+        if key is not None:
+            head += f"Idempotency-Key: {key}\r\n".encode()
         return head + self.auth + b"\r\n" + body
 
     async def send(self, raw: bytes) -> int:
@@ -182,14 +186,20 @@ async def _drive(senders: list[Callable[[int], Awaitable[int]]], warmup: float,
 
 async def run_raw(url: str, path: str, bodies: list[bytes], connections: int,
                   warmup: float, duration: float, token: str | None,
-                  content_type: str = "application/json") -> tuple[list[float], int]:
+                  content_type: str = "application/json",
+                  keyed: bool = False) -> tuple[list[float], int]:
+    """``keyed``: every request carries an Idempotency-Key of its own."""
     parts = urlsplit(url)
     conns = [RawConnection(parts.hostname or "127.0.0.1", parts.port or 80, token, content_type)
              for _ in range(connections)]
     await asyncio.gather(*(c.open() for c in conns))
     raws = [conns[0].request_bytes(path, b) for b in bodies]
+    run = f"{time.time_ns():x}"
 
     def sender(conn: RawConnection) -> Callable[[int], Awaitable[int]]:
+        if keyed:
+            return lambda i: conn.send(conn.request_bytes(
+                path, bodies[i % len(bodies)], f"{run}-{id(conn):x}-{i}"))
         return lambda i: conn.send(raws[i % len(raws)])
 
     try:
@@ -330,7 +340,7 @@ def run_scenario(url: str, scenario: Scenario, args: argparse.Namespace) -> dict
                          args.token, args.stream_in_flight)
     elif args.client == "raw":
         run = run_raw(url, path, bodies, args.connections, args.warmup, args.duration,
-                      args.token, NPZ if scenario.binary else "application/json")
+                      args.token, NPZ if scenario.binary else "application/json", args.keyed)
     else:
         run = run_httpx(url, path, bodies, args.connections, args.warmup, args.duration,
                         args.token)
@@ -347,6 +357,7 @@ def run_scenario(url: str, scenario: Scenario, args: argparse.Namespace) -> dict
         "batch": scenario.batch,
         "connections": args.connections,
         "client": args.client,
+        "keyed": args.keyed,
         "duration_s": args.duration,
         "requests": n,
         "errors": errors,
@@ -379,9 +390,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, nargs="*", default=[1],
                         help="GLN_WORKERS of the servers this starts, one after the other "
                         "(e.g. 1 4: the single process beside four HTTP workers)")
+    parser.add_argument("--keyed", action="store_true",
+                        help="every request with an Idempotency-Key of its own (raw client)")
     parser.add_argument("--stream-in-flight", type=int, default=8,
                         help="batches a stream sends ahead of their answers")
     args = parser.parse_args(argv)
+    if args.keyed and args.client != "raw":
+        parser.error("--keyed needs the raw client")
     extra_env = dict(item.split("=", 1) for item in args.server_env)
 
     scenarios = [Scenario(m, v, b) for m in MODELS for v in VERBS for b in BATCHES]

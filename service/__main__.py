@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if app.state.shutdown_clean is not False else 1
 
 
-# Settings whose values are not repeated in an error: a Redis URL may carry a password.
-SECRET_SETTINGS = frozenset({"redis_url", "api_token"})
+# Settings whose values are not repeated in an error: a Redis or NATS URL may carry a password.
+SECRET_SETTINGS = frozenset({"redis_url", "wal_url", "api_token"})
 
 
 def _settings_errors(exc: ValidationError) -> str:

@@ -11,6 +11,7 @@ patching the environment.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
@@ -20,7 +21,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gln.serialize import MAX_HEADER_BYTES
-from service.storage.common import SENTINEL_SCHEME, parse_sentinel_url
+from service.storage.common import SENTINEL_SCHEME, parse_nats_url, parse_sentinel_url
 
 MIB = 1024 * 1024
 # Room for a model blob's header: magic, length and the JSON the library parses at most.
@@ -69,6 +70,18 @@ class Settings(BaseSettings):
         0, ge=0,
         description="Redis log: how many Redis replicas must have received each append before "
         "it is acknowledged (WAIT <n>), so that it outlives the loss of the primary's machine.",
+    )
+    wal_url: str | None = Field(
+        None,
+        description="The write-ahead log in a NATS JetStream cluster, replicated by Raft "
+        "(nats://host1:4222,host2:4222,host3:4222; tls:// for TLS; user:password@ before the "
+        "hosts): nothing acknowledged is lost while most of its servers are up. Snapshots "
+        "still go to GLN_REDIS_URL or GLN_SNAPSHOT_DIR. Unset: the log goes with the snapshots.",
+    )
+    wal_stream_replicas: int | None = Field(
+        None, ge=1, le=5,
+        description="NATS log: replicas of its JetStream streams. Unset: 3 where the server is "
+        "in a cluster, 1 where it is alone.",
     )
     wal_fsync: bool = Field(True, description="File log: fdatasync every append.")
     wal_dir: str | None = Field(
@@ -134,8 +147,9 @@ class Settings(BaseSettings):
     wal_timeout_s: float = Field(
         1.0, gt=0,
         description="Longest a Redis log call may take beyond what its confirmations wait for "
-        "(WAITAOF, WAIT): a Redis that hangs fails appends (503, Retry-After) in about this "
-        "long, and no model's writer is held for longer.",
+        "(WAITAOF, WAIT), or a NATS log call in all: a Redis (or a NATS leader) that hangs "
+        "fails appends (503, Retry-After) in about this long, and no model's writer is held "
+        "for longer.",
     )
     min_body_bytes_per_s: float = Field(
         32 * 1024, gt=0,
@@ -231,6 +245,13 @@ class Settings(BaseSettings):
             parse_sentinel_url(url)  # ValueError names what is wrong
         return url
 
+    @field_validator("wal_url")
+    @classmethod
+    def _nats_url_is_whole(cls, url: str | None) -> str | None:
+        if url is not None:
+            parse_nats_url(url)  # ValueError names what is wrong
+        return url
+
     @model_validator(mode="after")
     def _replicas_need_redis(self) -> Self:
         if self.wal_replicas and not self.redis_url:
@@ -238,11 +259,31 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _nats_log_settings(self) -> Self:
+        """The Redis log's settings mean nothing to the NATS log (its replicas are
+        GLN_WAL_STREAM_REPLICAS), and the NATS log's nothing without it: refused, not
+        ignored. GLN_REDIS_KEY_PREFIX names the NATS streams too."""
+        if not self.wal_url:
+            if self.wal_stream_replicas is not None:
+                raise ValueError("GLN_WAL_STREAM_REPLICAS needs the NATS log: set GLN_WAL_URL")
+            return self
+        redis_only = [f"GLN_{name.upper()}" for name in ("wal_replicas", "wal_durability")
+                      if name in self.model_fields_set]
+        if redis_only:
+            raise ValueError(f"{' and '.join(redis_only)} set the Redis log, not the NATS log "
+                             "of GLN_WAL_URL (its replicas: GLN_WAL_STREAM_REPLICAS)")
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", self.redis_key_prefix):
+            raise ValueError(
+                "GLN_REDIS_KEY_PREFIX names the NATS log's streams too (GLN_WAL_URL): 1-32 "
+                f"characters from [A-Za-z0-9_-], got {self.redis_key_prefix!r}")
+        return self
+
+    @model_validator(mode="after")
     def _log_dir_apart_from_snapshots(self) -> Self:
         """The file log's directory is the snapshot directory or lies outside it: each
         holds one subdirectory per model, so a log directory inside the snapshots would be
         a model's directory, deleted with a model of its name (and the other way round)."""
-        if self.redis_url or not self.wal_dir:
+        if self.redis_url or self.wal_url or not self.wal_dir:
             return self
         snapshots, log = Path(self.snapshot_dir).resolve(), Path(self.wal_dir).resolve()
         if snapshots != log and (snapshots in log.parents or log in snapshots.parents):
@@ -282,10 +323,15 @@ class Settings(BaseSettings):
         if self.redis_url:
             store = f"redis {_without_password(self.redis_url)} (prefix {self.redis_key_prefix!r})"
             log = f"Redis stream, durability {self.wal_durability}, replicas {self.wal_replicas}"
-        else:
+        if self.wal_url:
+            replicas = self.wal_stream_replicas or "3 in a cluster, 1 alone"
+            log = (f"NATS JetStream {_without_password(self.wal_url)} (streams "
+                   f"{self.redis_key_prefix}-wal*), stream replicas {replicas}")
+        if not self.redis_url:
             store = f"directory {Path(self.snapshot_dir).resolve()}"
-            wal_dir = Path(self.wal_dir or self.snapshot_dir).resolve()
-            log = f"file in {wal_dir}, fsync {'on' if self.wal_fsync else 'off'}"
+            if not self.wal_url:
+                wal_dir = Path(self.wal_dir or self.snapshot_dir).resolve()
+                log = f"file in {wal_dir}, fsync {'on' if self.wal_fsync else 'off'}"
         resolved = f" ({device})" if device is not None and device != self.device else ""
         return (f"listening on {self.host}:{self.port}, device {self.device}{resolved}; "
                 "snapshots to "

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: a real Redis for the tests that need one.
+"""Shared pytest fixtures: a real Redis, and a real NATS server, for the tests that need one.
 
 ``redis_url`` gives a Redis URL for the whole session. When the environment variable
 ``REDIS_URL`` names a server that answers PING within a second, that server is used;
@@ -8,6 +8,9 @@ on this machine is never used unless ``REDIS_URL`` points at it.
 
 ``redis_key_prefix`` gives each test its own key prefix and deletes only the keys under it
 afterwards, so tests can share a server (even a shared one) without FLUSHDB.
+
+``nats_url`` gives a private ``nats-server`` with JetStream for the whole session (skipped where
+none is installed), and ``nats_prefix`` each test its own streams on it, deleted afterwards.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.nats_process import NatsProcess
 from tests.redis_process import RedisProcess
 
 
@@ -64,3 +68,40 @@ def redis_key_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys[start:start + 500])
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a private single ``nats-server`` with JetStream, for the whole session."""
+    try:
+        server = NatsProcess(tmp_path_factory.mktemp("nats"))
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server:
+        yield server.url
+
+
+@pytest.fixture
+def nats_prefix(nats_url: str) -> Iterator[str]:
+    """A stream prefix unique to this test; its streams are deleted afterwards."""
+    import asyncio
+    import concurrent.futures
+
+    import nats
+
+    prefix = f"t{uuid.uuid4().hex[:16]}"
+    yield prefix
+
+    async def delete_streams() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            for info in await js.streams_info():
+                if info.config.name.startswith(f"{prefix}-"):
+                    await js.delete_stream(info.config.name)
+        finally:
+            await nc.close()
+
+    # On a thread of its own: an async test's loop may still be this thread's.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, delete_streams()).result(30)

@@ -64,17 +64,18 @@ TABLES = {
         ("plain_cupy_learn_latency_median_us", "plain CuPy one-example learn, median us"))),
     "service_load": Table("service_load.json", (
         ("scenario", "scenario"), ("workers", "GLN_WORKERS"), ("log", "log"),
-        ("requests_per_s", "requests/s"),
+        ("keyed", "Idempotency-Key"), ("requests_per_s", "requests/s"),
         ("examples_per_s", "examples/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
         ("p999_ms", "p99.9 ms"), ("max_ms", "max ms"))),
     "fault_load": Table("fault_load.json", (
-        ("requests_acknowledged", "requests acknowledged"),
+        ("fault", "fault of the log"), ("requests_acknowledged", "requests acknowledged"),
         ("errors_returned.503", "503s returned"), ("redis_down_s", "Redis down, s"),
         ("sentinel_failover_s", "Sentinel failover, s"), ("examples_lost", "examples lost"),
         ("examples_duplicated", "examples duplicated"),
         ("model_equals_reference", "model equals reference"),
         ("predictions_while_hung", "idle model's predictions while Redis hung"),
-        ("predict_max_ms_while_hung", "their slowest, ms"))),
+        ("predict_max_ms_while_hung", "their slowest, ms"),
+        ("log_outage_s", "learning answered again after, s"))),
     "recovery_time": Table("recovery_time.json", (
         ("store", "store and log"), ("seconds_to_listening", "s to listening"),
         ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),

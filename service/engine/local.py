@@ -193,4 +193,5 @@ def _log_of(settings: Settings) -> WriteAheadLog:
         key_prefix=settings.redis_key_prefix, durability=settings.wal_durability,
         idempotency_ttl_s=settings.idempotency_ttl_s, fsync=settings.wal_fsync,
         replicas=settings.wal_replicas, call_timeout_s=settings.wal_timeout_s,
+        wal_url=settings.wal_url, stream_replicas=settings.wal_stream_replicas,
     )

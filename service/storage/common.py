@@ -272,3 +272,33 @@ def replace_atomically(
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+# The URL schemes of a NATS server (the write-ahead log in JetStream: wal/nats_log.py).
+NATS_SCHEMES = ("nats", "tls")
+
+
+def parse_nats_url(url: str) -> list[str]:
+    """The servers of ``nats://[user:password@]host[:port][,host[:port]...]`` (or ``tls://``),
+    one URL each as nats-py takes them; ValueError saying what is wrong."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError("a NATS URL looks like nats://host:4222[,host:4222...]")
+    scheme, _, rest = url.partition("://")
+    if scheme not in NATS_SCHEMES:
+        raise ValueError(f"a NATS URL starts nats:// or tls://, not {scheme}://")
+    user, _, hosts = rest.rpartition("@")
+    hosts = hosts.rstrip("/")
+    if not hosts or "/" in hosts or "?" in hosts:
+        raise ValueError("a NATS URL names servers only: nats://host:4222[,host:4222...]")
+    servers = []
+    for host in hosts.split(","):
+        parts = urlsplit(f"{scheme}://{host}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if not parts.hostname or port == 0:
+            raise ValueError(f"each NATS server is host or host:port (1-65535), got {host!r}")
+        auth = f"{user}@" if user else ""
+        servers.append(f"{scheme}://{auth}{host}")
+    return servers

@@ -1,4 +1,5 @@
-"""Contract tests for the write-ahead logs, run against a real Redis and a real directory.
+"""Contract tests for the write-ahead logs, run against a real Redis, a real directory and a
+real NATS server (JetStream).
 
 The first part runs once per log (``backend`` is parametrised); a small ``Backend`` helper per
 log knows how to list what it keeps underneath (Redis keys, files). The tests check what the
@@ -21,6 +22,7 @@ import pytest
 import redis
 
 from service.settings import Settings
+from service.storage.common import parse_nats_url
 from service.storage.wal import (
     FileWriteAheadLog,
     LogEntry,
@@ -35,7 +37,9 @@ from service.storage.wal import (
     request_digest,
 )
 from service.storage.wal.file_log import _frame
+from service.storage.wal.nats_log import NatsWriteAheadLog, WalTimeoutError
 from service.storage.wal.redis_log import _next_redis_id
+from tests.nats_process import NatsProcess, nats_subjects
 from tests.redis_process import RedisProcess, find_waitaof_server, free_port
 
 
@@ -79,13 +83,32 @@ class FileBackend(Backend):
         return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*"))
 
 
-@pytest.fixture(params=["redis", "file"])
+class NatsBackend(Backend):
+    kind = "nats"
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url, self.prefix = url, prefix
+
+    def make(self, **options: object) -> WriteAheadLog:
+        return NatsWriteAheadLog(self.url, key_prefix=self.prefix, **options)  # type: ignore[arg-type]
+
+    def traces(self) -> list[str]:
+        """The subjects that hold messages in the log's three streams."""
+        return nats_subjects(self.url, [f"{self.prefix}-wal", f"{self.prefix}-wal-keys",
+                                        f"{self.prefix}-wal-meta"])
+
+
+@pytest.fixture(params=["redis", "file", "nats"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    """One Backend per log kind; Redis keys live under a per-test prefix."""
+    """One Backend per log kind; Redis keys live under a per-test prefix, and so do the NATS
+    log's streams."""
     if request.param == "redis":
         url = request.getfixturevalue("redis_url")
         prefix = request.getfixturevalue("redis_key_prefix")
         yield RedisBackend(url, prefix)
+    elif request.param == "nats":
+        yield NatsBackend(request.getfixturevalue("nats_url"),
+                          request.getfixturevalue("nats_prefix"))
     else:
         yield FileBackend(tmp_path / "wal")
 
@@ -227,7 +250,7 @@ def test_plain_learn_entries_keep_the_first_format(
 ) -> None:
     """A log without delayed labels stays readable by a server that predates them; entries
     about delayed labels are marked so that such a server refuses them."""
-    from service.storage.wal import entries, file_log, redis_log
+    from service.storage.wal import entries, file_log, nats_log, redis_log
 
     X, y = chunk(1)
     wal.append("m", X, y)
@@ -239,7 +262,7 @@ def test_plain_learn_entries_keep_the_first_format(
         versions.append(header["v"])
         return original(entry_id, header, *raw)
 
-    for log_module in (file_log, redis_log):
+    for log_module in (file_log, redis_log, nats_log):
         monkeypatch.setattr(log_module, "decode_entry", spy)
     assert len(list(wal.read_after("m", None))) == 3
     assert versions == [1, 2, 2]
@@ -320,7 +343,7 @@ def test_continue_after_makes_later_entries_follow_a_snapshots_id(backend: Backe
     """A log behind the model's snapshot (a new or emptied log) numbers its next entries
     after the snapshot's, so a restore that replays after that id finds them; for Redis
     even an id ahead of its clock."""
-    ahead = "1000" if backend.kind == "file" else f"{int(time.time() * 1000) + 10**9}-0"
+    ahead = "1000" if backend.kind != "redis" else f"{int(time.time() * 1000) + 10**9}-0"
     wal = backend.make()
     early = [wal.append("m", *tagged(i)) for i in range(2)]
     wal.continue_after("m", ahead)
@@ -940,4 +963,185 @@ def test_redis_always_is_enforced_on_every_append(
     wal.append("m", *tagged(3))
     assert len(list(wal.read_after("m", None))) == 3  # the refused entry is logged all the same
     admin.close()
+    wal.close()
+
+
+# -- NATS -----------------------------------------------------------------------------------------
+
+
+def test_a_nats_url_names_its_servers_or_says_what_is_wrong() -> None:
+    assert parse_nats_url("nats://u:p%40ss@h1:4222,h2,[::1]:4223") == [
+        "nats://u:p%40ss@h1:4222", "nats://u:p%40ss@h2", "nats://u:p%40ss@[::1]:4223"]
+    assert parse_nats_url("tls://h1/") == ["tls://h1"]
+    for url, message in [("h1:4222", "looks like nats://"), ("redis://h1", "starts nats://"),
+                         ("nats://", "names servers only"), ("nats://h1/gln", "servers only"),
+                         ("nats://h1,", "host or host:port"), ("nats://h1:port", "host:port"),
+                         ("nats://h1:70000", "host:port")]:
+        with pytest.raises(ValueError, match=message):
+            parse_nats_url(url)
+        with pytest.raises(ValueError, match=message):
+            Settings(wal_url=url)
+
+
+def test_the_nats_log_settings_are_refused_where_they_mean_nothing() -> None:
+    with pytest.raises(ValueError, match="GLN_WAL_STREAM_REPLICAS needs the NATS log"):
+        Settings(wal_stream_replicas=3)
+    with pytest.raises(ValueError, match="GLN_WAL_DURABILITY set the Redis log"):
+        Settings(wal_url="nats://h1", wal_durability="everysec")
+    with pytest.raises(ValueError, match="GLN_REDIS_KEY_PREFIX names the NATS log's streams"):
+        Settings(wal_url="nats://h1", redis_key_prefix="a:b")
+    summary = Settings(wal_url="nats://app:secret@h1,h2", wal_stream_replicas=3).summary()
+    assert "write-ahead log: NATS JetStream nats://app:***@h1,h2" in summary
+    assert "stream replicas 3" in summary and "secret" not in summary
+
+
+def test_open_wal_picks_nats_by_wal_url(nats_url: str, nats_prefix: str, tmp_path: Path) -> None:
+    wal = open_wal("redis://unused", str(tmp_path), wal_url=nats_url, key_prefix=nats_prefix,
+                   idempotency_ttl_s=60, call_timeout_s=3)
+    assert isinstance(wal, NatsWriteAheadLog)
+    assert (wal.idempotency_ttl_s, wal.call_timeout_s) == (60, 3)
+    wal.close()
+    with pytest.raises(ValueError, match="replicas needs the Redis log"):
+        open_wal(None, str(tmp_path), wal_url=nats_url, replicas=1)
+    with pytest.raises(ValueError, match="stream_replicas needs the NATS log"):
+        open_wal(None, str(tmp_path), stream_replicas=3)
+    with pytest.raises(ValueError, match="key_prefix of a NATS log"):
+        NatsWriteAheadLog(nats_url, key_prefix="a.b")
+    assert os.listdir(tmp_path) == []
+
+
+def test_nats_subjects_take_dotted_model_names_and_any_key(
+    nats_url: str, nats_prefix: str
+) -> None:
+    """A dot splits a subject, and a key may hold '.', '*' or '>': both are encoded."""
+    wal = NatsWriteAheadLog(nats_url, key_prefix=nats_prefix)
+    keys = ["a.b", "*", ">", "x" * 200, "~!"]
+    dotted = wal.append("v1.2", *tagged(1), keys)
+    plain = wal.append("v1-2", *tagged(2), ["a.b"])
+    assert wal.seen_keys("v1.2", keys) == [dotted] * len(keys)
+    assert wal.seen_keys("v1-2", ["a.b", "*"]) == [plain, None]
+    assert tags(wal.read_after("v1.2", None)) == [1]
+    wal.delete("v1.2")
+    assert wal.seen_key("v1-2", "a.b") == plain and tags(wal.read_after("v1-2", None)) == [2]
+    wal.close()
+
+
+def test_nats_keys_missing_behind_the_last_entry_are_written_by_reading_it(
+    nats_url: str, nats_prefix: str
+) -> None:
+    """An entry and its keys are two writes: an append cut short between them leaves the entry
+    without its keys, and reading the log to its end (a catch-up, a restore) writes them
+    before it gives the entry."""
+    import asyncio
+
+    import nats
+
+    wal = NatsWriteAheadLog(nats_url, key_prefix=nats_prefix)
+    X, y = chunk(3)
+    digests = [request_digest(X[:1], y[:1]), request_digest(X[1:], y[1:])]
+    entry_id = wal.append("m", X, y, ["a", "b"], [1, 2], digests)
+
+    async def lose_the_keys() -> None:
+        nc = await nats.connect(nats_url)
+        await nc.jetstream().purge_stream(f"{nats_prefix}-wal-keys")
+        await nc.close()
+
+    asyncio.run(lose_the_keys())
+    assert wal.logged_requests("m", ["a", "b"]) == [None, None]
+    reader = wal.read_after("m", None)
+    assert next(reader).id == entry_id
+    # Written before the entry was given: a model applies it only with its keys known.
+    assert wal.logged_requests("m", ["a", "b"]) == [LoggedRequest(entry_id, digests[0]),
+                                                     LoggedRequest(entry_id, digests[1])]
+    assert list(reader) == []
+    wal.close()
+
+
+def test_a_foreign_message_on_a_nats_model_subject_is_corruption(
+    nats_url: str, nats_prefix: str
+) -> None:
+    import asyncio
+
+    import nats
+
+    wal = NatsWriteAheadLog(nats_url, key_prefix=nats_prefix)
+    wal.append("m", *tagged(1))
+
+    async def publish_garbage() -> None:
+        nc = await nats.connect(nats_url)
+        await nc.jetstream().publish(f"{nats_prefix}.wal.m", b"not an entry")
+        await nc.close()
+
+    asyncio.run(publish_garbage())
+    with pytest.raises(WalCorruptError):
+        list(wal.read_after("m", None))
+    wal.close()
+
+
+def test_nats_replicas_beyond_the_servers_are_refused_before_anything_is_logged(
+    nats_url: str, nats_prefix: str
+) -> None:
+    wal = NatsWriteAheadLog(nats_url, key_prefix=nats_prefix, replicas=3)
+    with pytest.raises(WalDurabilityError, match="cluster of at least 3 servers"):
+        wal.check_durability()
+    with pytest.raises(WalDurabilityError):
+        wal.append("m", *tagged(1))
+    wal.close()
+    alone = NatsWriteAheadLog(nats_url, key_prefix=nats_prefix)  # alone: one replica
+    assert list(alone.read_after("m", None)) == []
+    alone.close()
+    with pytest.raises(ValueError, match="replicas must be an int from 1 to 5"):
+        NatsWriteAheadLog(nats_url, replicas=0)
+
+
+def test_nats_entry_larger_than_max_payload_is_refused_and_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    try:
+        server = NatsProcess(tmp_path, max_payload="1MB")
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server, NatsWriteAheadLog(server.url) as wal:
+        with caplog.at_level(logging.WARNING, logger="service.storage.wal.nats_log"):
+            wal.check_durability()
+        assert "max_payload: 64MB" in caplog.text
+        X = np.zeros((1000, 300), np.float32)  # 1.2 MB
+        with pytest.raises(ValueError, match="larger than the NATS server's max_payload"):
+            wal.append("m", X, np.zeros(1000, np.int64))
+        small = wal.append("m", X[:10], np.zeros(10, np.int64))
+        assert [e.id for e in wal.read_after("m", None)] == [small]
+
+
+def test_a_hung_nats_server_fails_calls_in_time_not_forever(tmp_path: Path) -> None:
+    """A server stopped with SIGSTOP answers nothing: each call fails after call_timeout_s
+    (the append is in doubt: it may land once the server resumes), ping says False, and once
+    it resumes the log works again."""
+    try:
+        server = NatsProcess(tmp_path)
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+    with server, NatsWriteAheadLog(server.url, call_timeout_s=0.5) as wal:
+        first = wal.append("m", *tagged(1))
+        server.pause()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(WalTimeoutError, match="did not answer within 0.5 s"):
+                wal.append("m", *tagged(2))
+            assert time.monotonic() - t0 < 2
+            assert wal.ping() is False
+        finally:
+            server.resume()
+        third = wal.append("m", *tagged(3))
+        entries = list(wal.read_after("m", None))
+        assert (entries[0].id, entries[-1].id) == (first, third) and len(entries) in (2, 3)
+        assert wal.ping() is True
+
+
+def test_an_unreachable_nats_log_fails_calls_in_time() -> None:
+    wal = NatsWriteAheadLog(f"nats://127.0.0.1:{free_port()}", call_timeout_s=0.5)
+    t0 = time.monotonic()
+    assert wal.ping() is False
+    with pytest.raises(WalTimeoutError):
+        wal.append("m", *tagged(1))
+    assert time.monotonic() - t0 < 3
     wal.close()

@@ -8,12 +8,15 @@ current one, the log is trimmed through that id. At start-up a model is restored
 snapshot and the entries after that id are replayed in order. ``docs/durability.md`` says
 what survives what.
 
-Two implementations share the :class:`WriteAheadLog` interface (``interface.py``):
+Three implementations share the :class:`WriteAheadLog` interface (``interface.py``):
 
 * :class:`RedisWriteAheadLog` (``redis_log.py``) keeps one Redis Stream per model (``XADD`` /
   ``XRANGE`` / ``XTRIM MINID``). Its ``durability`` decides when an append counts as done.
 * :class:`FileWriteAheadLog` (``file_log.py``) keeps one append-only file per model, records
   framed with their length and CRC-32, fsynced on every append.
+* ``NatsWriteAheadLog`` (``nats_log.py``) keeps one subject per model in a NATS JetStream
+  stream replicated by Raft (three servers: nothing acknowledged is lost while two are up).
+  It is imported only when asked for (``open_wal(..., wal_url=...)``): nats-py is an extra.
 
 Entries (``entries.py``) carry raw array bytes plus their dtype and shape, never pickles. An
 append may carry idempotency keys (one per request of the chunk, or None for a request without
@@ -22,9 +25,10 @@ one) and each keyed request's :func:`request_digest`; the log remembers for
 retried request can be recognised (:meth:`WriteAheadLog.seen_key`) and not learned twice, and a
 key reused for other data told from a retry (:meth:`WriteAheadLog.logged_requests`).
 
-Entry ids are strings, opaque to callers: Redis stream ids (``"1712345678901-0"``) or, in
-files, decimal counters (``"1"``, ``"2"``, ...). Ids only ever increase for a model, also
-across trims and restarts; :meth:`WriteAheadLog.delete` starts a model's log afresh.
+Entry ids are strings, opaque to callers: Redis stream ids (``"1712345678901-0"``), in
+files decimal counters (``"1"``, ``"2"``, ...), in NATS the stream's sequence numbers. Ids
+only ever increase for a model, also across trims and restarts;
+:meth:`WriteAheadLog.delete` starts a model's log afresh.
 
 >>> import tempfile
 >>> import numpy as np
@@ -85,12 +89,27 @@ def open_wal(
     fsync: bool = True,
     replicas: int = 0,
     call_timeout_s: float | None = None,
+    wal_url: str | None = None,
+    stream_replicas: int | None = None,
 ) -> WriteAheadLog:
-    """The Redis log when ``redis_url`` is set (non-empty), else the file log in ``wal_dir``.
+    """The NATS JetStream log when ``wal_url`` is set (non-empty), else the Redis log when
+    ``redis_url`` is set, else the file log in ``wal_dir``.
 
-    ``durability``, ``replicas`` and ``call_timeout_s`` apply to Redis, ``fsync`` to files;
-    ``idempotency_ttl_s`` to both.
+    ``durability`` and ``replicas`` apply to Redis, ``stream_replicas`` to NATS (None: 3 in a
+    cluster, 1 on a server alone), ``call_timeout_s`` to both, ``fsync`` to files;
+    ``idempotency_ttl_s`` to all three.
     """
+    if wal_url:
+        if replicas:
+            raise ValueError("replicas needs the Redis log; the NATS log has stream_replicas")
+        from service.storage.wal.nats_log import NatsWriteAheadLog  # nats-py: an extra
+
+        return NatsWriteAheadLog(
+            wal_url, key_prefix=key_prefix, replicas=stream_replicas,
+            idempotency_ttl_s=idempotency_ttl_s, call_timeout_s=call_timeout_s,
+        )
+    if stream_replicas is not None:
+        raise ValueError("stream_replicas needs the NATS log (a wal_url)")
     if redis_url:
         return RedisWriteAheadLog(
             redis_url, key_prefix=key_prefix, durability=durability,
