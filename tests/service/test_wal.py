@@ -23,6 +23,7 @@ import redis
 from service.settings import Settings
 from service.storage.wal import (
     FileWriteAheadLog,
+    LogAppend,
     LogEntry,
     LoggedRequest,
     RedisWriteAheadLog,
@@ -178,6 +179,31 @@ def test_an_append_that_follows_another_end_is_refused_and_logs_nothing(
     wal.delete("m")
     assert not wal.reaches("m", first)
     assert wal.append("m", *tagged(5), follows=None)  # a deleted log starts afresh
+
+
+def test_append_many_logs_each_append_and_refuses_one_alone(wal: WriteAheadLog) -> None:
+    """One result per append, in order: an id, or the exception of an append refused (which
+    logs nothing of it), the others logged as if appended one by one."""
+    X, _ = chunk(1)
+    first = wal.append("a", *tagged(1))
+    results = wal.append_many([
+        LogAppend("a", *tagged(2), follows=first),
+        LogAppend("b", *tagged(3), ["kb"], request_digests=["00ff"]),
+        LogAppend("a", *tagged(4), follows=first),  # "a" ends at the one before now
+        LogAppend("c", X, predictions=np.ones((1, 2)), label_ids=["w"], expires_at=5.0),
+        LogAppend("b", X, np.array([1, 2])),  # one row, two labels
+        LogAppend("a", *tagged(5), start=9),
+    ])
+    assert isinstance(results[2], WalDivergedError) and isinstance(results[4], ValueError)
+    a2, b3, _, c, _, a5 = results
+    assert [e.id for e in wal.read_after("a", None)] == [first, a2, a5]
+    assert tags(wal.read_after("a", None)) == [1, 2, 5]
+    assert [e.start for e in wal.read_after("a", first)] == [None, 9]
+    assert [(e.id, int(e.labels[0])) for e in wal.read_after("b", None)] == [(b3, 3)]
+    assert wal.logged_requests("b", ["kb"]) == [LoggedRequest(b3, "00ff")]
+    (waiting,) = wal.read_after("c", None)
+    assert (waiting.id, waiting.waiting, waiting.label_ids) == (c, True, ("w",))
+    assert wal.append_many([]) == []
 
 
 def test_a_stream_logged_before_its_end_was_kept_is_checked_by_its_last_id(

@@ -45,7 +45,9 @@ from service.storage.wal.file_log import FileWriteAheadLog
 from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
+    AppendEach,
     Durability,
+    LogAppend,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
@@ -59,8 +61,10 @@ from service.storage.wal.redis_log import RedisWriteAheadLog
 __all__ = [
     "ANY_END",
     "DEFAULT_IDEMPOTENCY_TTL_S",
+    "AppendEach",
     "Durability",
     "FileWriteAheadLog",
+    "LogAppend",
     "LogEntry",
     "LoggedRequest",
     "RedisWriteAheadLog",

@@ -37,6 +37,7 @@ from service.storage.wal.entries import (
 from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
+    AppendEach,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
@@ -116,7 +117,7 @@ class _FileState:
         return str(self.last_id) if self.last_id else None
 
 
-class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
+class FileWriteAheadLog(EntryWriting, KeyLookups, AppendEach, ClosingMixin):
     """The log as one append-only file per model: ``{directory}/{name}/wal.log``.
 
     Each record is ``[u32 length][u32 CRC-32][payload]`` (little-endian); the payload is a
