@@ -1206,3 +1206,28 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 def _fdatasync(fd: int) -> None:
     (getattr(os, "fdatasync", None) or os.fsync)(fd)
+
+
+def logs_model(directory: str | os.PathLike[str], name: str) -> bool:
+    """True when the file log of ``directory`` holds something of model ``name`` (records not
+    followed by its delete, or a file of the older layout): what a model leaves only once it
+    has learned, which the snapshot store sharing the directory takes as evidence that it
+    lived. Reads the segments without the log's lock (a write under way ends the reading)."""
+    root = Path(directory)
+    with contextlib.suppress(OSError):
+        if (root / check_name(name) / LOG_FILE_NAME).stat().st_size > 0:
+            return True
+    quoted, held = json.dumps(name).encode(), False
+    for entry in sorted(FileWriteAheadLog._listing(root / LOG_DIR_NAME)):
+        try:
+            data = (root / LOG_DIR_NAME / entry).read_bytes() if _SEGMENT_RE.fullmatch(
+                entry) else b""
+        except OSError:
+            continue
+        offset = 0 if quoted in data else len(data)  # most segments never name it
+        while (found := _read_write(data, offset)) is not None:
+            head, _, offset = found
+            for record in head:
+                if record[0] == name:
+                    held = record[1] != "d"
+    return held
