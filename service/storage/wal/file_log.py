@@ -46,12 +46,13 @@ whose record it was:
   every call of the log raises :class:`WalCorruptError`, naming the segment and byte, until
   an operator repairs or moves the segment.
 
-Trims and space. A trim writes a small ``t`` record. A segment is deleted once no model needs
-any of its records: its live entries, and the record its state is read back from (its first
-record, or its latest ``s``). Segments go oldest first, so one quiet model with an entry in
-the oldest segment would pin every later one: when a new segment is started, the oldest is
-compacted if what it still holds is at most half a segment (the state and live entries of the
-models that need it are carried into the newest), and then deleted.
+Trims and space. A trim writes a small ``t`` record, or an ``s`` record where the model has at
+most ``_RESTATE_KEYS`` keys. A segment is deleted once no model needs any of its records: its
+live entries, and the record its state is read back from (its first record, or its latest
+``s``). Segments go oldest first, so one quiet model with an entry in the oldest segment would
+pin every later one: when a new segment is started, the oldest is compacted if what it still
+holds is at most half a segment (the state and live entries of the models that need it are
+carried into the newest), and then deleted.
 
 Migration. A directory in the older layout (``{directory}/{name}/wal.log``, one file per
 model) is carried into the log at opening: each model's state and entries, ids, keys and
