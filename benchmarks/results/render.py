@@ -76,6 +76,10 @@ TABLES = {
         ("predictions_while_hung", "idle model's predictions while Redis hung"),
         ("predict_max_ms_while_hung", "their slowest, ms"),
         ("log_outage_s", "learning answered again after, s"))),
+    "wal_append": Table("wal_append.json", (
+        ("scenario", "scenario"), ("log", "file log"), ("appends_per_s", "appends/s"),
+        ("fdatasyncs_per_append", "fdatasyncs per append"),
+        ("speedup", "appends/s, after / before"))),
     "recovery_time": Table("recovery_time.json", (
         ("store", "store and log"), ("seconds_to_listening", "s to listening"),
         ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),

@@ -46,8 +46,8 @@ def check_name(name: str) -> str:
     return name
 
 
-# A model's file log in its directory (service.storage.wal.file_log); the directory store
-# tells by it that a directory which lost its HEAD held a model that learned.
+# A model's file log in its directory, as the file log kept it before one log held every
+# model (service.storage.wal.file_log carries such files in).
 LOG_FILE_NAME = "wal.log"
 
 

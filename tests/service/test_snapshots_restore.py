@@ -448,18 +448,23 @@ async def test_a_directory_that_lost_its_head_is_damage_not_a_model_that_never_w
     model_dir = Path(settings.snapshot_dir) / "m"
     for head in (model_dir / "HEAD", *model_dir.glob("v*.head")):  # the pointer and every
         head.unlink()  # version's own head: nothing says what the snapshot files hold
-    log_before = (model_dir / "wal.log").read_bytes()
+    log_dir = Path(settings.snapshot_dir) / "wal~"  # the file log, of every model
+
+    def log_bytes() -> list[bytes]:
+        return [segment.read_bytes() for segment in sorted(log_dir.iterdir())]
+
+    log_before = log_bytes()
     async with serve(create_app(settings)) as client:
         readiness = (await client.get("/readyz")).json()
         info = await client.get("/v1/models/m")
         create = await client.post("/v1/models", json={"name": "m", "config": {
             "num_features": 6}})
-        kept_log = (model_dir / "wal.log").read_bytes()
+        kept_log = log_bytes()
         forced = await client.post("/v1/models", json={"name": "m", "config": {
             "num_features": 6}, "replace_unrestored": True})
         ready = (await client.get("/readyz")).json()
     assert readiness["status"] == "degraded" and "m/HEAD is missing" in readiness["problems"][0]
-    assert info.status_code == 404 and "HEAD is missing, though wal.log remain" in info.text
+    assert info.status_code == 404 and "HEAD is missing, though its log entries remain" in info.text
     assert create.status_code == 409 and "replace_unrestored" in create.text
     assert kept_log == log_before  # nothing acknowledged is gone until the replace says so
     assert forced.status_code == 201 and forced.json()["examples_seen"] == 0

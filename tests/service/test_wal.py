@@ -25,6 +25,7 @@ from service.settings import Settings
 from service.storage.common import parse_nats_url
 from service.storage.wal import (
     FileWriteAheadLog,
+    LogAppend,
     LogEntry,
     LoggedRequest,
     RedisWriteAheadLog,
@@ -36,11 +37,11 @@ from service.storage.wal import (
     open_wal,
     request_digest,
 )
-from service.storage.wal.file_log import _frame
 from service.storage.wal.nats_log import NatsWriteAheadLog, WalTimeoutError
 from service.storage.wal.redis_log import _next_redis_id
 from tests.nats_process import NatsProcess, nats_subjects
 from tests.redis_process import RedisProcess, find_waitaof_server, free_port
+from tests.support.legacy_file_log import frame
 
 
 class Backend:
@@ -201,6 +202,31 @@ def test_an_append_that_follows_another_end_is_refused_and_logs_nothing(
     wal.delete("m")
     assert not wal.reaches("m", first)
     assert wal.append("m", *tagged(5), follows=None)  # a deleted log starts afresh
+
+
+def test_append_many_logs_each_append_and_refuses_one_alone(wal: WriteAheadLog) -> None:
+    """One result per append, in order: an id, or the exception of an append refused (which
+    logs nothing of it), the others logged as if appended one by one."""
+    X, _ = chunk(1)
+    first = wal.append("a", *tagged(1))
+    results = wal.append_many([
+        LogAppend("a", *tagged(2), follows=first),
+        LogAppend("b", *tagged(3), ["kb"], request_digests=["00ff"]),
+        LogAppend("a", *tagged(4), follows=first),  # "a" ends at the one before now
+        LogAppend("c", X, predictions=np.ones((1, 2)), label_ids=["w"], expires_at=5.0),
+        LogAppend("b", X, np.array([1, 2])),  # one row, two labels
+        LogAppend("a", *tagged(5), start=9),
+    ])
+    assert isinstance(results[2], WalDivergedError) and isinstance(results[4], ValueError)
+    a2, b3, _, c, _, a5 = results
+    assert [e.id for e in wal.read_after("a", None)] == [first, a2, a5]
+    assert tags(wal.read_after("a", None)) == [1, 2, 5]
+    assert [e.start for e in wal.read_after("a", first)] == [None, 9]
+    assert [(e.id, int(e.labels[0])) for e in wal.read_after("b", None)] == [(b3, 3)]
+    assert wal.logged_requests("b", ["kb"]) == [LoggedRequest(b3, "00ff")]
+    (waiting,) = wal.read_after("c", None)
+    assert (waiting.id, waiting.waiting, waiting.label_ids) == (c, True, ("w",))
+    assert wal.append_many([]) == []
 
 
 def test_a_stream_logged_before_its_end_was_kept_is_checked_by_its_last_id(
@@ -534,8 +560,9 @@ def test_ping_true_for_working_log(wal: WriteAheadLog) -> None:
 # -- files ----------------------------------------------------------------------------------------
 
 
-def _log_file(root: Path, name: str = "m") -> Path:
-    return root / name / "wal.log"
+def _log_file(root: Path) -> Path:
+    """The first segment of the file log in ``root``, which holds every model's records."""
+    return root / "wal~" / "00000001.wal"
 
 
 def _torn(record: bytes, how: str) -> bytes:
@@ -559,12 +586,12 @@ def test_file_torn_tail_is_ignored_and_cut_off(
     wal.close()
     path = _log_file(tmp_path)
     good = path.read_bytes()
-    # What a fourth append cut short by a crash might leave behind.
+    # What a fourth append cut short by a crash might leave behind: its write, torn.
     probe = FileWriteAheadLog(tmp_path / "probe")
     probe.append("m", *tagged(99))
+    first_write = _log_file(tmp_path / "probe").stat().st_size
     probe.append("m", *tagged(99))
-    last_record = _log_file(tmp_path / "probe").read_bytes()
-    last_record = last_record[len(last_record) // 2:]
+    last_record = _log_file(tmp_path / "probe").read_bytes()[first_write:]
     with open(path, "ab") as fh:
         fh.write(_torn(last_record, how))
 
@@ -573,7 +600,7 @@ def test_file_torn_tail_is_ignored_and_cut_off(
         assert tags(wal.read_after("m", None)) == [0, 1, 2]
     torn = len(path.read_bytes()) - len(good)  # an operator is told what was cut off
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: its last {torn} bytes are not a whole record and are cut off (an append "
+        f"{path}: its last {torn} bytes are not a whole write and are cut off (an append "
         "that a crash cut short was never acknowledged; anything else is damage to the disk)"]
     assert wal.last_id("m") == "3" and wal.seen_key("m", "k2") == "3"
     assert wal.append("m", *tagged(3)) == "4"
@@ -600,11 +627,12 @@ def test_file_log_keeps_nothing_of_deleted_models(tmp_path: Path) -> None:
 
 
 def test_file_keys_trimmed_before_digests_were_kept_still_count(tmp_path: Path) -> None:
-    """A base record from before digests lists each key as [id, time]: still a known key."""
+    """A base record (of the older layout, carried in at opening) from before digests lists
+    each key as [id, time]: still a known key."""
     (tmp_path / "m").mkdir()
     base = {"kind": "base", "v": 1, "last_id": 3, "trimmed_through": 3,
             "keys": {"old": [3, time.time()]}}
-    (tmp_path / "m" / "wal.log").write_bytes(_frame(base))
+    (tmp_path / "m" / "wal.log").write_bytes(frame(base))
     wal = FileWriteAheadLog(tmp_path)
     assert wal.logged_requests("m", ["old"]) == [LoggedRequest("3", None)]
     assert wal.append("m", *tagged(4)) == "4"
@@ -640,7 +668,9 @@ def test_file_change_on_disk_after_opening_is_detected(tmp_path: Path) -> None:
         list(wal.read_after("m", None))
 
 
-def test_file_trim_rewrites_atomically_and_shares_a_snapshot_dir(tmp_path: Path) -> None:
+def test_file_log_shares_a_snapshot_dir(tmp_path: Path) -> None:
+    """The log's directory beside the models' is no model's: the store neither lists it nor
+    touches it, and the log leaves the models' directories alone."""
     from service.storage.store import DirectorySnapshotStore
 
     store = DirectorySnapshotStore(tmp_path)
@@ -649,12 +679,14 @@ def test_file_trim_rewrites_atomically_and_shares_a_snapshot_dir(tmp_path: Path)
     store.save("m", b"weights", metadata={"wal_id": ids[1]})
     wal.trim_through("m", store.load("m")[1].metadata["wal_id"])
     files = sorted(p.name for p in (tmp_path / "m").iterdir() if p.name != ".lock")
-    assert files == ["HEAD", "v1.head", "v1.snap", "wal.log"]  # no temp files left
-    store.save("m", b"weights 2")  # the store's clean-up leaves the log alone
+    assert files == ["HEAD", "v1.head", "v1.snap"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "wal~"]
+    assert store.names() == ["m"]
+    store.save("m", b"weights 2")
     assert tags(wal.read_after("m", ids[1])) == [2, 3]
     wal.delete("m")  # the log goes, the snapshot stays
     assert store.load("m")[0] == b"weights 2"
-    assert not _log_file(tmp_path).exists()
+    assert not (tmp_path / "wal~").exists()
 
 
 def test_file_reader_survives_a_concurrent_trim(tmp_path: Path) -> None:

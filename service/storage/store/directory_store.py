@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from service.storage.common import (
-    LOG_FILE_NAME,
     ClosingMixin,
     fsync_dir,
     is_model_name,
@@ -33,6 +32,7 @@ from service.storage.store.interface import (
     check_metadata,
 )
 from service.storage.store.loading import load_current, load_newest_valid
+from service.storage.wal.file_log import logs_model
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +245,8 @@ class DirectorySnapshotStore(ClosingMixin):
             return ""
         remains = [f"v{version}.snap" for version in sorted(self._versions_on_disk(model_dir))
                    if version > 1]
-        log_file = model_dir / LOG_FILE_NAME
-        if log_file.is_file() and log_file.stat().st_size > 0:
-            remains.append(LOG_FILE_NAME)
+        if logs_model(model_dir.parent, model_dir.name):  # a file log sharing the directory
+            remains.append("its log entries")
         return ", ".join(remains)
 
     def delete(self, name: str) -> None:

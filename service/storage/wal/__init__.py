@@ -12,11 +12,17 @@ Three implementations share the :class:`WriteAheadLog` interface (``interface.py
 
 * :class:`RedisWriteAheadLog` (``redis_log.py``) keeps one Redis Stream per model (``XADD`` /
   ``XRANGE`` / ``XTRIM MINID``). Its ``durability`` decides when an append counts as done.
-* :class:`FileWriteAheadLog` (``file_log.py``) keeps one append-only file per model, records
-  framed with their length and CRC-32, fsynced on every append.
+* :class:`FileWriteAheadLog` (``file_log.py``) keeps one log for every model of its directory:
+  segment files under ``wal~/``, each record tagged with its model and checked by a CRC-32,
+  an index per model built by one scan at opening. Appends that arrive together share one
+  write and one fdatasync (group commit); trimmed segments are deleted.
 * ``NatsWriteAheadLog`` (``nats_log.py``) keeps one subject per model in a NATS JetStream
   stream replicated by Raft (three servers: nothing acknowledged is lost while two are up).
   It is imported only when asked for (``open_wal(..., wal_url=...)``): nats-py is an extra.
+
+Several appends, of many models, can be logged together (:meth:`WriteAheadLog.append_many`,
+one :class:`LogAppend` each): the file log writes them with one write and one fdatasync, the
+Redis and NATS logs one after another (:class:`AppendEach`).
 
 Entries (``entries.py``) carry raw array bytes plus their dtype and shape, never pickles. An
 append may carry idempotency keys (one per request of the chunk, or None for a request without
@@ -49,7 +55,9 @@ from service.storage.wal.file_log import FileWriteAheadLog
 from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
+    AppendEach,
     Durability,
+    LogAppend,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
@@ -63,8 +71,10 @@ from service.storage.wal.redis_log import RedisWriteAheadLog
 __all__ = [
     "ANY_END",
     "DEFAULT_IDEMPOTENCY_TTL_S",
+    "AppendEach",
     "Durability",
     "FileWriteAheadLog",
+    "LogAppend",
     "LogEntry",
     "LoggedRequest",
     "RedisWriteAheadLog",

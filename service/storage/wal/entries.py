@@ -2,8 +2,8 @@
 entry into a JSON header and raw array bytes (never pickles), and back.
 
 The two logs share ``EntryWriting`` (``append`` and ``append_waiting``, which check and encode
-an entry and hand it to the log's own ``_write``) and ``KeyLookups`` (``seen_key`` and
-``seen_keys`` read off the log's ``logged_requests``).
+an entry (:func:`encode_append`) and hand it to the log's own ``_write``) and ``KeyLookups``
+(``seen_key`` and ``seen_keys`` read off the log's ``logged_requests``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from service.errors import shown
-from service.storage.wal.interface import ANY_END, LogEntry, LoggedRequest, WalCorruptError
+from service.storage.wal.interface import (
+    ANY_END,
+    LogAppend,
+    LogEntry,
+    LoggedRequest,
+    WalCorruptError,
+)
 
 FORMAT = 1
 """Version of the entry encoding (JSON header + raw array bytes); bumped on any change."""
@@ -250,6 +256,35 @@ def check_ttl(idempotency_ttl_s: float) -> float:
     return float(idempotency_ttl_s)
 
 
+class EncodedAppend(NamedTuple):
+    """An append checked and encoded: what a log's ``_write`` takes."""
+
+    name: str
+    header: dict[str, Any]
+    x: bytes
+    y: bytes
+    keys: list[str | None]
+    digests: list[str | None]
+    now: float
+    follows: str | None
+
+
+def encode_append(item: LogAppend) -> EncodedAppend:
+    """``item`` checked (ValueError or TypeError saying what is wrong) and encoded, stamped
+    with the time now."""
+    now = time.time()
+    if item.waiting:
+        assert item.predictions is not None
+        header, x, y = _encode_waiting(item.label_ids, item.features, item.predictions,
+                                       item.expires_at, now, item.expired_ids)
+        return EncodedAppend(item.name, header, x, y, [], [], now, item.follows)
+    keys = check_keys(item.idempotency_keys)
+    digests = _check_digests(item.request_digests, keys)
+    header, x, y = _encode_entry(item.features, item.labels, keys, now,  # type: ignore[arg-type]
+                                 item.request_rows, digests, item.label_ids, item.start)
+    return EncodedAppend(item.name, header, x, y, keys, digests, now, item.follows)
+
+
 class EntryWriting:
     """``append`` and ``append_waiting`` of a log: checked and encoded here, written by the
     log's own ``_write``."""
@@ -274,13 +309,9 @@ class EntryWriting:
         start: int | None = None,
     ) -> str:
         """Log one chunk durably; its id (see :meth:`WriteAheadLog.append`)."""
-        keys = check_keys(idempotency_keys)
-        digests = _check_digests(request_digests, keys)
-        now = time.time()
-        header, x, y = _encode_entry(
-            features, labels, keys, now, request_rows, digests, label_ids, start
-        )
-        return self._write(name, header, x, y, keys, digests, now, follows)
+        return self._write(*encode_append(LogAppend(
+            name, features, labels, idempotency_keys, request_rows, request_digests, label_ids,
+            follows, start)))
 
     def append_waiting(
         self, name: str, ids: Sequence[str], features: np.ndarray, predictions: np.ndarray,
@@ -288,9 +319,11 @@ class EntryWriting:
     ) -> str:
         """Log rows put to wait for their labels durably; its id (see
         :meth:`WriteAheadLog.append_waiting`)."""
-        now = time.time()
-        header, x, y = _encode_waiting(ids, features, predictions, expires_at, now, expired_ids)
-        return self._write(name, header, x, y, [], [], now, follows)
+        _check_array(predictions, 2, "f",
+                     "predictions must be a 2-D float ndarray (n, num_classes)")
+        return self._write(*encode_append(LogAppend(
+            name, features, label_ids=ids, follows=follows, predictions=predictions,
+            expires_at=expires_at, expired_ids=expired_ids)))
 
 
 class KeyLookups:

@@ -1,6 +1,7 @@
 """What the service relies on of a write-ahead log: the ``WriteAheadLog`` interface, the entries
-it gives back (``LogEntry``), what it remembers of an idempotency key (``LoggedRequest``), and
-its errors. ``service.storage.wal`` describes the log as a whole."""
+it gives back (``LogEntry``), one append of many logged together (``LogAppend``), what it
+remembers of an idempotency key (``LoggedRequest``), and its errors. ``service.storage.wal``
+describes the log as a whole."""
 
 from __future__ import annotations
 
@@ -94,6 +95,33 @@ class LogEntry:
         return self.predictions is not None
 
 
+@dataclass(frozen=True, eq=False)
+class LogAppend:
+    """One append of :meth:`WriteAheadLog.append_many`: the arguments of
+    :meth:`WriteAheadLog.append` (a learn entry: ``labels`` given) or, with ``predictions``,
+    of :meth:`WriteAheadLog.append_waiting` (a wait entry: ``label_ids`` are its rows' ids,
+    as in :class:`LogEntry`).
+    """
+
+    name: str
+    features: np.ndarray
+    labels: np.ndarray | None = None
+    idempotency_keys: Sequence[str | None] | None = None
+    request_rows: Sequence[int] | None = None
+    request_digests: Sequence[str | None] | None = None
+    label_ids: Sequence[str] = ()
+    follows: str | None = ANY_END
+    start: int | None = None
+    predictions: np.ndarray | None = None  # wait entry: (n, num_classes)
+    expires_at: float = 0.0  # wait entry
+    expired_ids: Sequence[str] = ()  # wait entry
+
+    @property
+    def waiting(self) -> bool:
+        """True for a wait entry (rows put to wait for their labels)."""
+        return self.predictions is not None
+
+
 class LoggedRequest(NamedTuple):
     """What the log remembers of an idempotency key: its entry, and its request's digest.
 
@@ -152,6 +180,15 @@ class WriteAheadLog(Protocol):
         or too many wait); an entry of no rows logs a drop alone. ``follows`` as for
         :meth:`append`.
         """
+        ...
+
+    def append_many(self, appends: Sequence[LogAppend]) -> list[str | Exception]:
+        """Log several appends (of many models, or several of one, in order) together, each
+        as :meth:`append` or :meth:`append_waiting` would; one result per append, in order:
+        its entry id, or the exception that refused it (a ``ValueError`` for bad arguments,
+        :class:`WalDivergedError` for a ``follows`` that does not hold, a failed write),
+        which leaves the others logged. The file log writes them with one write and one
+        fdatasync."""
         ...
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
@@ -219,3 +256,29 @@ class WriteAheadLog(Protocol):
     def close(self) -> None:
         """Release connections or file handles."""
         ...
+
+
+def append_one(wal: WriteAheadLog, item: LogAppend) -> str:
+    """``item`` logged by ``wal.append`` or ``wal.append_waiting``; its id."""
+    if item.waiting:
+        assert item.predictions is not None
+        return wal.append_waiting(item.name, item.label_ids, item.features, item.predictions,
+                                  item.expires_at, item.expired_ids, follows=item.follows)
+    return wal.append(item.name, item.features, item.labels,  # type: ignore[arg-type]
+                      item.idempotency_keys, item.request_rows, item.request_digests,
+                      item.label_ids, follows=item.follows, start=item.start)
+
+
+class AppendEach:
+    """``append_many`` as one append after another, for a log with no cheaper way to log
+    many at once (each append is then as durable, and as slow, as alone)."""
+
+    def append_many(self, appends: Sequence[LogAppend]) -> list[str | Exception]:
+        """Each item by :func:`append_one`, in order; an item's exception is its result."""
+        results: list[str | Exception] = []
+        for item in appends:
+            try:
+                results.append(append_one(self, item))  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - the item's result, as documented
+                results.append(exc)
+        return results

@@ -45,6 +45,7 @@ from service.storage.wal.entries import (
 from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
+    AppendEach,
     LogEntry,
     LoggedRequest,
     WalCorruptError,
@@ -141,7 +142,7 @@ class _Meta:
     trimmed: int = 0
 
 
-class NatsWriteAheadLog(EntryWriting, KeyLookups):
+class NatsWriteAheadLog(EntryWriting, KeyLookups, AppendEach):
     """The log in NATS JetStream, replicated by Raft: nothing acknowledged is lost while a
     majority of the stream's replicas is up.
 

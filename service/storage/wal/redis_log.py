@@ -24,6 +24,7 @@ from service.storage.wal.entries import (
 from service.storage.wal.interface import (
     ANY_END,
     DEFAULT_IDEMPOTENCY_TTL_S,
+    AppendEach,
     Durability,
     LogEntry,
     LoggedRequest,
@@ -125,7 +126,7 @@ return last
 """
 
 
-class RedisWriteAheadLog(EntryWriting, KeyLookups, RedisClient):
+class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
     """The log as one Redis Stream per model, plus one short-lived key per idempotency key.
 
     Layout (``p`` is ``key_prefix``, ``n`` the model name)::
