@@ -30,6 +30,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from service.engine.threads import in_thread
+from service.errors import Unavailable
 
 if TYPE_CHECKING:
     from service.engine.served_model import ServedModel
@@ -121,14 +122,25 @@ class Passes:
 
     def _serve_all(self, batches: list[tuple[ServedModel, list[Any]]]) -> list[Any]:
         """(thread) Each model's batch in turn; one sync of the log for all, before any answer."""
-        with self._synced_once():
+        with self._synced_once(batches):
             return [served.serve_batch(batch) for served, batch in batches]
 
     @contextlib.contextmanager
-    def _synced_once(self) -> Iterator[None]:
+    def _synced_once(self, batches: list[tuple[ServedModel, list[Any]]]) -> Iterator[None]:
+        """The log's appends of the block synced once as it ends, where the log can defer
+        them. If that fails, no request of the pass is acknowledged, and each model is in
+        doubt: it catches up with what the log holds before it learns again (and is rebuilt
+        from its snapshot if the log lacks what it learned)."""
         deferred: Callable[[], Any] | None = getattr(self._wal, "deferred_sync", None)
         if deferred is None:
             yield
             return
-        with deferred():
-            yield
+        try:
+            with deferred():
+                yield
+        except Exception as exc:
+            for served, _ in batches:
+                served.put_in_doubt()
+            raise Unavailable(f"write-ahead log did not confirm the appends ({type(exc).__name__}"
+                              "; see the service log): the requests are not acknowledged: "
+                              "retry them with the same Idempotency-Key") from exc

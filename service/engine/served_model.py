@@ -474,6 +474,12 @@ class ServedModel:
         """Whether a batch only reads the model (it never touches the log)."""
         return all(job.verb in _READS for job in jobs)
 
+    def put_in_doubt(self) -> None:
+        """(model lock or none held) The log may lack what the model learned last: catch up
+        with it (or rebuild) before learning again."""
+        if self.log is not None:
+            self.log.in_doubt = True
+
     @staticmethod
     def failed_batch(jobs: list[_Job], error: Exception) -> list[_GroupResult]:
         """The outcome of a batch that could not be served at all: every request, ``error``."""

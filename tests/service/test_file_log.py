@@ -124,6 +124,46 @@ def test_append_many_is_one_write_and_one_fdatasync(
     reopened.close()
 
 
+def test_appends_in_a_deferred_sync_block_are_one_write_and_one_fdatasync_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wal = FileWriteAheadLog(tmp_path)
+    writes, syncs = [], []
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, at: writes.append(at) or real_pwrite(
+        fd, data, at))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: syncs.append(fd) or real_fdatasync(fd))
+    with wal.deferred_sync():
+        ids = [wal.append(f"m{i}", *row(i)) for i in range(8)]
+        assert (writes, syncs) == ([], [])  # nothing written while the block lasts
+    assert ids == ["1"] * 8
+    assert (len(writes), len(syncs)) == (1, 1)
+    monkeypatch.undo()
+    assert all(tags(wal.read_after(f"m{i}", None)) == [i] for i in range(8))
+    wal.close()
+
+
+def test_a_deferred_sync_that_fails_raises_and_the_log_reads_the_disk_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wal = FileWriteAheadLog(tmp_path)
+    wal.append("m0", *row(0))
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with pytest.raises(OSError, match="Input/output"), wal.deferred_sync():
+        wal.append("m0", *row(1))
+        wal.append("m1", *row(2))
+    monkeypatch.undo()
+    # What reached the file is read back: the ids go on from there, nothing is doubled.
+    last = wal.last_id("m0")
+    assert last in ("1", "2") and tags(wal.read_after("m0", None)) == [0, 1][:int(last)]
+    assert wal.append("m0", *row(3)) == str(int(last) + 1)
+    wal.close()
+
+
 def test_appends_of_eight_threads_share_fdatasyncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -40,6 +40,7 @@ async def test_many_models_waiting_together_are_served_in_one_pass(
         held.model.learn = lambda *a, **k: (gate.wait(10), learn(*a, **k))[1]
         passes = registry.passes
         counting = passes._executor = CountingExecutor(passes._executor)
+        syncs_before = registry.wal.syncs
         first = asyncio.create_task(client.post(
             "/v1/models/m0/learn", json={"features": X[:1], "labels": y[:1]}))
         while counting.calls == 0:  # the lane holds m0's batch
@@ -52,8 +53,10 @@ async def test_many_models_waiting_together_are_served_in_one_pass(
             await asyncio.sleep(0.005)
         gate.set()
         answers = [await task for task in (first, *others)]
+        syncs = registry.wal.syncs - syncs_before
         infos = {name: (await client.get(f"/v1/models/{name}")).json() for name in names}
     assert counting.calls == 2  # m0's pass, then one pass of the 23 others
+    assert syncs == 2  # the file log synced once per pass, before its answers
     for i, (name, answer) in enumerate(zip(names, answers, strict=True)):
         assert answer.status_code == 200 and answer.json()["sequence"] == 0
         alone = GLN(**small_config)

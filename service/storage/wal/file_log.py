@@ -380,6 +380,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
         self._cond = threading.Condition(threading.Lock())
         self._released: collections.deque[_Segment] = collections.deque()
         self._reclaiming = False
+        self._deferring = threading.local()  # this thread's deferred tickets (deferred_sync)
         self._reset()
 
     def _reset(self) -> None:
@@ -826,6 +827,10 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
                 self._enqueue(e.name, "e", entry_id, parts, length, crc, record, ticket)
                 results[i] = str(entry_id)
                 queued.append(i)
+            deferred = getattr(self._deferring, "tickets", None)
+            if queued and deferred is not None:
+                deferred.append(ticket)  # written, and synced, as deferred_sync ends
+                return results
             if queued:
                 self._await(ticket.seq)
             rotated, self._rotated = self._rotated, False
@@ -835,6 +840,31 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
         if rotated:
             self._reclaim(compact=True)
         return results
+
+    @contextlib.contextmanager
+    def deferred_sync(self) -> Iterator[None]:
+        """Appends this thread makes inside the block are given their ids at once, and written
+        with one write and one fdatasync (as one group) as the block ends: the caller sends
+        no answer before then. If that write fails, the block raises its error (nothing of
+        the block is acknowledged; what reached the disk is read back by the next call)."""
+        if getattr(self._deferring, "tickets", None) is not None:
+            yield  # nested: the outer block writes
+            return
+        tickets: list[_Ticket] = []
+        self._deferring.tickets = tickets
+        try:
+            yield
+        finally:
+            self._deferring.tickets = None
+            if tickets:
+                with self._cond:
+                    self._await(max(ticket.seq for ticket in tickets))
+                    rotated, self._rotated = self._rotated, False
+                if rotated:
+                    self._reclaim(compact=True)
+        failed = next((ticket.error for ticket in tickets if ticket.error is not None), None)
+        if failed is not None:
+            raise failed
 
     def _admit(self, e: EncodedAppend) -> int:
         """(lock) The id an append will have; WalDivergedError or WalCorruptError if refused."""
