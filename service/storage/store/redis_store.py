@@ -99,7 +99,9 @@ class RedisSnapshotStore(RedisClient):
         If a save of a *newer* version of the same model finished while this one was being
         written, the newer one stays current and this version is discarded (its info is still
         returned). The service has one writer per model, so this only matters for two
-        processes sharing a store.
+        processes sharing a store. Through a Sentinel URL, PrimaryUnconfirmedError when the
+        Sentinels may have failed the primary over during the save: the snapshot may be
+        gone, and the log must not be trimmed past it.
         """
         check_name(name)
         meta = check_metadata(metadata)
