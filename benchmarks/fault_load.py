@@ -23,7 +23,12 @@ through the primary is SIGKILLed and nothing else is done: the Sentinel promotes
 other follows it, and the same server process learns on. ``--failover-again`` then has the
 Sentinel fail over once more (``SENTINEL FAILOVER``) as soon as learning is acknowledged again:
 to the other replica, while the new primary still takes writes, so that entries only it holds
-are lost (the server must rebuild its model from the snapshot and the log).
+are lost (the server must rebuild its model from the snapshot and the log). ``--sentinels 3``
+runs three Sentinels (quorum 2, down after 1 s) and names them all in the URL;
+``--pause-primary S`` SIGSTOPs the primary for S seconds and resumes it instead of killing it
+(the Sentinels promote a replica meanwhile, and the old primary comes back still a primary);
+``--min-replicas`` runs every server with ``min-replicas-to-write 1``. ``learning_outage_s``
+is the longest time without an acknowledgement from the fault on.
 
 With ``--nats pause`` or ``--nats kill`` the log is in NATS JetStream instead: a three-node
 cluster, streams of three replicas (``GLN_WAL_URL``), snapshots in a directory. Half-way through,
@@ -45,6 +50,9 @@ JSON line.
     python benchmarks/fault_load.py --seconds 30 --sentinel --failover-again
     python benchmarks/fault_load.py --seconds 20 --nats pause
     python benchmarks/fault_load.py --seconds 20 --nats kill
+    python benchmarks/fault_load.py --seconds 20 --sentinel --sentinels 3 --min-replicas
+    python benchmarks/fault_load.py --seconds 20 --sentinel --sentinels 3 --min-replicas \
+        --pause-primary 2
 """
 
 from __future__ import annotations
@@ -67,14 +75,16 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
-from service.storage.common import redis_client  # noqa: E402
 from service.storage.store import DirectorySnapshotStore, RedisSnapshotStore  # noqa: E402
 from tests.nats_process import NatsCluster, nats_cluster  # noqa: E402
 from tests.redis_process import (  # noqa: E402
+    MIN_REPLICAS,
     RedisProcess,
     SentinelProcess,
     primary_and_replica,
     primary_and_replicas,
+    sentinels_for,
+    sentinels_url,
 )
 from tests.service.durable_client import (  # noqa: E402
     DurableLearners,
@@ -115,6 +125,14 @@ def main() -> int:
     parser.add_argument("--nats", choices=["pause", "kill"],
                         help="the log in a 3-node NATS JetStream cluster (R3), whose stream "
                         "leader is paused (SIGSTOP until another leads) or killed half-way")
+    parser.add_argument("--sentinels", type=int, default=1,
+                        help="with --sentinel: how many Sentinels (quorum: a majority)")
+    parser.add_argument("--pause-primary", type=float, default=None, metavar="S",
+                        help="with --sentinel: SIGSTOP the primary for S s, then SIGCONT, "
+                        "instead of SIGKILL")
+    parser.add_argument("--min-replicas", action="store_true",
+                        help="every Redis server with min-replicas-to-write 1, "
+                        "min-replicas-max-lag 10")
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--snapshot-interval-s", type=float, default=5.0,
                         help="GLN_SNAPSHOT_INTERVAL_S of the server (snapshot, then log trim)")
@@ -123,6 +141,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="gln-fault-") as tmp, contextlib.ExitStack() as stack:
         replica = sentinel = cluster = None
+        url = None
+        extra = MIN_REPLICAS if args.min_replicas else ()
         if args.nats:
             cluster = stack.enter_context(nats_cluster(Path(tmp) / "nats"))
             server = ServerProcess({
@@ -141,15 +161,23 @@ def main() -> int:
                 result["model_equals_reference"])
             return 0 if ok else 1
         if args.sentinel:
-            redis_server, _ = stack.enter_context(primary_and_replicas(Path(tmp) / "redis", 2))
-            sentinel = stack.enter_context(
-                SentinelProcess(Path(tmp) / "sentinel", redis_server).start(replicas=2))
+            redis_server, _ = stack.enter_context(
+                primary_and_replicas(Path(tmp) / "redis", 2, extra))
+            if args.sentinels > 1:
+                group = stack.enter_context(sentinels_for(
+                    Path(tmp) / "sentinels", redis_server, count=args.sentinels,
+                    quorum=args.sentinels // 2 + 1))
+                sentinel, url = group[0], sentinels_url(group)
+            else:
+                sentinel = stack.enter_context(
+                    SentinelProcess(Path(tmp) / "sentinel", redis_server).start(replicas=2))
+                url = sentinel.url
         elif args.lose_primary:
             redis_server, replica = stack.enter_context(primary_and_replica(Path(tmp) / "redis"))
         else:
             redis_server = stack.enter_context(RedisProcess(Path(tmp) / "redis"))
         server = ServerProcess({
-            "GLN_REDIS_URL": sentinel.url if sentinel else redis_server.url,
+            "GLN_REDIS_URL": url or redis_server.url,
             "GLN_REDIS_KEY_PREFIX": PREFIX,
             "GLN_SNAPSHOT_DIR": str(Path(tmp) / "unused"),
             "GLN_SNAPSHOT_INTERVAL_S": str(args.snapshot_interval_s),
@@ -157,7 +185,7 @@ def main() -> int:
         }, Path(tmp) / "server.log")
         with server:
             try:
-                result = run(args, server, redis_server, replica, sentinel)
+                result = run(args, server, redis_server, replica, sentinel, url)
             except BaseException:
                 print(server.log_text()[-5000:], file=sys.stderr)
                 raise
@@ -171,7 +199,7 @@ def main() -> int:
 
 def run(
     args: argparse.Namespace, server: ServerProcess, redis_server: RedisProcess,
-    replica: RedisProcess | None, sentinel: SentinelProcess | None,
+    replica: RedisProcess | None, sentinel: SentinelProcess | None, url: str | None,
 ) -> dict:
     server.start()
     busy = [f"busy{i}" for i in range(args.busy_models)]
@@ -180,20 +208,25 @@ def run(
         r.raise_for_status()
     predictions = IdlePredictions(server.url, "idle", CONFIG["num_features"], busy)
     bar = tqdm(total=round(args.seconds), unit="s", desc="fault_load", file=sys.stderr)
+    acked_at: list[float] = []
     learners = DurableLearners(server.url, "m", CONFIG["num_features"], CONFIG["num_classes"],
-                               threads=args.threads, seed=args.seed)
+                               threads=args.threads, seed=args.seed,
+                               on_ack=lambda _: acked_at.append(time.perf_counter()))
     down_at = args.seconds / 2 - args.redis_down_s / 2
     redis_down_s = failover_s = None
     t0 = time.perf_counter()
     learners.start()
     predictions.start()
     hung: tuple[float, float] | None = None
+    fault_at = None
     try:
         while (elapsed := time.perf_counter() - t0) < args.seconds:
             if redis_down_s is None and elapsed >= down_at:
+                fault_at = time.perf_counter()
                 if sentinel is not None:
                     failover_s, redis_down_s = fail_over_by_sentinel(
-                        redis_server, sentinel, learners, args.failover_again)
+                        redis_server, sentinel, learners, args.failover_again,
+                        args.pause_primary)
                 elif replica is not None:
                     redis_down_s = fail_over(redis_server, replica, server)
                     redis_server = replica
@@ -218,10 +251,10 @@ def run(
 
     examples_seen = httpx.get(f"{server.url}/v1/models/m").json()["examples_seen"]
     httpx.post(f"{server.url}/v1/models/m/snapshot", timeout=60).raise_for_status()
-    store_url = sentinel.url if sentinel else redis_server.url
-    with RedisSnapshotStore(store_url, key_prefix=PREFIX) as store:
+    with RedisSnapshotStore(url or redis_server.url, key_prefix=PREFIX) as store:
         blob, _ = store.load("m")
-    info_client = redis_client(store_url, 5.0, 5.0)
+    named = f"redis://127.0.0.1:{sentinel.primary_port()}/0" if sentinel else redis_server.url
+    info_client = redis.Redis.from_url(named)
     version = info_client.info("server")["redis_version"]
     info_client.close()
     server.terminate()
@@ -235,6 +268,8 @@ def run(
         "threads": args.threads,
         "redis": f"{version}, appendonly yes, appendfsync everysec",
         "redis_restart": (
+            f"primary paused {args.pause_primary} s, Sentinel failover"
+            if sentinel and args.pause_primary else
             "primary lost, Sentinel failover" if sentinel else
             "primary lost, replica promoted" if replica else
             "SIGSTOP, then SIGCONT" if args.hang_redis else
@@ -242,6 +277,9 @@ def run(
         **predictions.summary(hung),
         "redis_down_s": None if redis_down_s is None else round(redis_down_s, 2),
         "sentinel_failover_s": None if failover_s is None else round(failover_s, 2),
+        "sentinels": args.sentinels if sentinel else None,
+        "min_replicas_to_write": 1 if args.min_replicas else 0,
+        "learning_outage_s": _longest_gap(fault_at, acked_at),
         "snapshot_interval_s": args.snapshot_interval_s,
         "requests_acknowledged": len(learners.acks),
         "requests_per_s": round(len(learners.acks) / load_s, 1),
@@ -342,15 +380,31 @@ def fail_over(primary: RedisProcess, replica: RedisProcess, server: ServerProces
     return time.perf_counter() - t0
 
 
+def _longest_gap(since: float | None, times: list[float]) -> float | None:
+    """The longest time without an acknowledgement from ``since`` on, in seconds."""
+    if since is None:
+        return None
+    points = [since, *sorted(t for t in list(times) if t >= since)]
+    gaps = [later - earlier for earlier, later in zip(points, points[1:], strict=False)]
+    return round(max(gaps), 2) if gaps else None
+
+
 def fail_over_by_sentinel(
     primary: RedisProcess, sentinel: SentinelProcess, learners: DurableLearners, again: bool,
+    pause_s: float | None = None,
 ) -> tuple[float, float]:
-    """The primary's machine is lost: SIGKILL it and do nothing else (``again``: then, once
-    learning is acknowledged again, a second failover). Seconds until the Sentinel named a new
-    primary, and until the server acknowledged learning again after the last failover."""
+    """The primary's machine is lost: SIGKILL it and do nothing else (``pause_s``: SIGSTOP it
+    that long, then SIGCONT; ``again``: then, once learning is acknowledged again, a second
+    failover). Seconds until the Sentinel named a new primary, and until the server
+    acknowledged learning again after the last failover."""
     t0 = time.perf_counter()
     in_flight = len(learners.acks) + learners.threads
-    primary.kill()
+    if pause_s:
+        primary.pause()
+        time.sleep(pause_s)
+        primary.resume()
+    else:
+        primary.kill()
     sentinel.wait_for_failover(primary.port)
     failover_s = time.perf_counter() - t0
     _wait_for_acks(learners, in_flight)

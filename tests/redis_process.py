@@ -224,7 +224,7 @@ def wait_for_replica(primary: RedisProcess, timeout_s: float = 20.0, replicas: i
     client = redis.Redis.from_url(primary.url)
     try:
         deadline = time.monotonic() + timeout_s
-        while client.set("synced", 1) and client.wait(replicas, 100) < replicas:
+        while not _replicated(client, replicas):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{replicas} replica(s) did not acknowledge a write within "
                                    f"{timeout_s} s")
@@ -233,20 +233,41 @@ def wait_for_replica(primary: RedisProcess, timeout_s: float = 20.0, replicas: i
         client.close()
 
 
+def _replicated(client: redis.Redis, replicas: int) -> bool:
+    """Whether ``replicas`` replicas acknowledge a write within 100 ms (a primary with
+    ``min-replicas-to-write`` refuses the write until they are connected)."""
+    try:
+        client.set("synced", 1)
+    except redis.ResponseError as exc:
+        if "NOREPLICAS" not in str(exc):
+            raise
+        time.sleep(0.1)
+        return False
+    return client.wait(replicas, 100) >= replicas
+
+
+# What docs/durability.md asks of every server of a Sentinel group: refuse writes unless a
+# replica acknowledged the replication stream within the last 10 s, so that a primary that
+# resumes after its replicas were moved to the promoted one takes nothing.
+MIN_REPLICAS = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
+
+
 @contextlib.contextmanager
 def primary_and_replicas(
-    directory: str | os.PathLike[str], count: int = 1,
+    directory: str | os.PathLike[str], count: int = 1, extra_args: tuple[str, ...] = (),
 ) -> Iterator[tuple[RedisProcess, list[RedisProcess]]]:
-    """A primary and ``count`` replicas of it, all with AOF (``everysec``), in their own
-    folders of ``directory``; it yields once every replica is in sync. At the end the replicas
-    are killed first: a primary stopped cleanly would wait for them to catch up.
+    """A primary and ``count`` replicas of it, all with AOF (``everysec``) and ``extra_args``,
+    in their own folders of ``directory``; it yields once every replica is in sync. At the end
+    the replicas are killed first: a primary stopped cleanly would wait for them to catch up.
     FileNotFoundError if there is no ``redis-server``."""
     root = Path(directory)
     # No wait for more replicas before the first sync (Redis waits 5 s by default).
-    primary = RedisProcess(root / "primary", extra_args=("--repl-diskless-sync-delay", "0"))
+    primary = RedisProcess(root / "primary",
+                           extra_args=("--repl-diskless-sync-delay", "0", *extra_args))
     replicas = [
         RedisProcess(root / f"replica-{i}", extra_args=(
             "--replicaof", "127.0.0.1", str(primary.port), "--repl-diskless-sync-delay", "0",
+            *extra_args,
         ))
         for i in range(count)
     ]
@@ -272,7 +293,8 @@ def primary_and_replica(
 
 class SentinelProcess:
     """A Redis Sentinel on 127.0.0.1 that monitors ``primary`` under ``name``, alone (quorum
-    1) and quick: it calls a primary down after ``down_after_ms`` without an answer and then
+    1) or with others (:func:`sentinels_for`), and quick: it calls a primary down after
+    ``down_after_ms`` without an answer and then, once ``quorum`` Sentinels agree, one of them
     promotes one of its replicas. A client finds the primary through :attr:`url`
     (``redis+sentinel://``, service/storage/common.py)."""
 
@@ -284,6 +306,7 @@ class SentinelProcess:
         name: str = "gln",
         down_after_ms: int = 500,
         failover_timeout_ms: int = 5000,
+        quorum: int = 1,
         password: str | None = None,
         binary: str | None = None,
     ) -> None:
@@ -294,6 +317,7 @@ class SentinelProcess:
         self.primary = primary
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
+        self.quorum = quorum
         self.binary = binary or find_redis_server()
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
@@ -306,16 +330,17 @@ class SentinelProcess:
         query = "" if self.password is None else f"?sentinel_password={self.password}"
         return f"redis+sentinel://127.0.0.1:{self.port}/{self.name}{query}"
 
-    def start(self, replicas: int = 0, timeout_s: float = 30.0) -> Self:
+    def start(self, replicas: int = 0, timeout_s: float = 30.0, others: int = 0) -> Self:
         """Start it (its config file is its own: Sentinel rewrites it) and wait until it
-        answers and knows ``replicas`` replicas of the primary."""
+        answers and knows ``replicas`` replicas of the primary (and ``others`` other
+        Sentinels: :func:`sentinels_for` waits for them)."""
         config = self.directory / "sentinel.conf"
         config.write_text("\n".join((
             f"port {self.port}",
             "bind 127.0.0.1",
             f"dir {self.directory}",
             f"logfile {self.directory / 'sentinel.log'}",
-            f"sentinel monitor {self.name} 127.0.0.1 {self.primary.port} 1",
+            f"sentinel monitor {self.name} 127.0.0.1 {self.primary.port} {self.quorum}",
             f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}",
             f"sentinel failover-timeout {self.name} {self.failover_timeout_ms}",
             "" if self.password is None else f"requirepass {self.password}",
@@ -327,7 +352,14 @@ class SentinelProcess:
         )
         self._wait_until(lambda: len(self._admin.sentinel_slaves(self.name)) >= replicas,
                          timeout_s, f"Sentinel did not see {replicas} replica(s)")
+        self.wait_for_others(others, timeout_s)
         return self
+
+    def wait_for_others(self, others: int, timeout_s: float = 30.0) -> None:
+        """Wait until it knows ``others`` other Sentinels (they find each other through the
+        primary's hello channel, every 2 s)."""
+        self._wait_until(lambda: len(self._admin.sentinel_sentinels(self.name)) >= others,
+                         timeout_s, f"Sentinel did not see {others} other Sentinel(s)")
 
     def primary_port(self) -> int:
         """The port of the server Sentinel names the primary now."""
@@ -378,3 +410,31 @@ class SentinelProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def sentinels_for(
+    directory: str | os.PathLike[str], primary: RedisProcess, *, count: int = 3,
+    quorum: int = 2, replicas: int = 2, down_after_ms: int = 1000,
+) -> Iterator[list[SentinelProcess]]:
+    """``count`` Sentinels watching ``primary`` (and its ``replicas``) with ``quorum``, as a
+    deployment runs them; it yields once each knows the replicas and the other Sentinels.
+    :func:`sentinels_url` is the service's URL for all of them."""
+    root = Path(directory)
+    group = [SentinelProcess(root / f"sentinel-{i}", primary, quorum=quorum,
+                             down_after_ms=down_after_ms) for i in range(count)]
+    try:
+        for sentinel in group:
+            sentinel.start(replicas=replicas)
+        for sentinel in group:
+            sentinel.wait_for_others(count - 1)
+        yield group
+    finally:
+        for sentinel in group:
+            sentinel.stop()
+
+
+def sentinels_url(group: list[SentinelProcess]) -> str:
+    """``redis+sentinel://`` URL naming every Sentinel of ``group``."""
+    hosts = ",".join(f"127.0.0.1:{sentinel.port}" for sentinel in group)
+    return f"redis+sentinel://{hosts}/{group[0].name}"

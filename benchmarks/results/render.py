@@ -70,7 +70,8 @@ TABLES = {
     "fault_load": Table("fault_load.json", (
         ("fault", "fault of the log"), ("requests_acknowledged", "requests acknowledged"),
         ("errors_returned.503", "503s returned"), ("redis_down_s", "Redis down, s"),
-        ("sentinel_failover_s", "Sentinel failover, s"), ("examples_lost", "examples lost"),
+        ("sentinel_failover_s", "Sentinel failover, s"),
+        ("learning_outage_s", "longest wait for an ack, s"), ("examples_lost", "examples lost"),
         ("examples_duplicated", "examples duplicated"),
         ("model_equals_reference", "model equals reference"),
         ("predictions_while_hung", "idle model's predictions while Redis hung"),

@@ -1,11 +1,13 @@
 """What the snapshot stores (``service/storage/store/``) and the write-ahead logs
 (``service/storage/wal/``) build on alike: model names that are safe as Redis key parts and
 directory names, one Redis client per store or log (of one server, or of the primary that Redis
-Sentinel names), and files replaced atomically and durably."""
+Sentinel names, followed by a :class:`~service.storage.primary_watch.PrimaryWatch`), and files
+replaced atomically and durably."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import tempfile
@@ -13,18 +15,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, Self
+from typing import Any, BinaryIO, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import ConnectionPool
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import SentinelConnectionPool
+
+from service.storage.primary_watch import PrimaryWatch
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # The URL scheme of a Redis primary found through Redis Sentinel (redis_client).
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
+
+log = logging.getLogger(__name__)
 
 
 def is_model_name(text: object) -> bool:
@@ -83,14 +90,27 @@ class ClosingMixin:
 PING_TIMEOUT_S = 2.0
 
 
+# A Sentinel that does not answer within this long is passed over (connecting, asking, or
+# hearing its events), so that a dead one delays neither a failover's notice nor a connection.
+SENTINEL_TIMEOUT_S = 1.0
+
+
 # The key a health check writes (under the key prefix), and how long it outlives the last check.
 HEALTH_KEY = "health"
 HEALTH_KEY_TTL_MS = 60_000
 
 
+class PrimaryUnconfirmedError(redis.ConnectionError):
+    """A write went to a Redis primary that a failover may take it from (the Sentinels are
+    failing it over, or named another meanwhile): it is not to be relied on."""
+
+
 class RedisClient(ClosingMixin):
     """What every Redis-backed class here shares: one client, health by a small write (on a
-    client of its own, with short timeouts), closing."""
+    client of its own, with short timeouts), closing; through a Sentinel URL, the watch of
+    the primary that both clients follow (:class:`PrimaryWatch`): on a failover it drops
+    their idle connections at once, and it tells whether what was written since a
+    :meth:`_primary_token` stays (:meth:`_primary_unconfirmed`)."""
 
     _client: redis.Redis
 
@@ -103,9 +123,15 @@ class RedisClient(ClosingMixin):
             raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
         self.url = url
         self.key_prefix = key_prefix
-        self._client = redis_client(url, socket_connect_timeout, socket_timeout)
+        self._watch = None
+        if url.startswith(f"{SENTINEL_SCHEME}://"):
+            self._watch = PrimaryWatch(parse_sentinel_url(url),
+                                       min(socket_connect_timeout, SENTINEL_TIMEOUT_S))
+        self._client = redis_client(url, socket_connect_timeout, socket_timeout, self._watch)
         ping_timeout = min(socket_connect_timeout, PING_TIMEOUT_S)
-        self._ping_client = redis_client(url, ping_timeout, PING_TIMEOUT_S)
+        self._ping_client = redis_client(url, ping_timeout, PING_TIMEOUT_S, self._watch)
+        if self._watch is not None:
+            self._watch.on_change(self.reconnect)
 
     def ping(self) -> bool:
         """True when Redis takes a write within ``PING_TIMEOUT_S`` (``HEALTH_KEY`` under the
@@ -121,18 +147,43 @@ class RedisClient(ClosingMixin):
 
     def reconnect(self) -> None:
         """Drop the idle connections: the next call connects afresh, and through a Sentinel
-        URL asks the Sentinels for the primary again (a connection open since before a
-        failover could otherwise go on reaching the old primary). Connections in use by
-        other threads finish their call; a Sentinel pool then drops those that reach a
-        primary it no longer names, instead of taking them back. The ping's client too, so
-        that health is that of the primary the writes reach."""
+        URL to the primary the watch names now (the watch calls this on every failover it
+        hears of). Connections in use by other threads finish their call; the pool then
+        drops those that reach a primary the watch no longer names, instead of taking them
+        back, and reconnects any taken that does. The ping's client too, so that health is
+        that of the primary the writes reach."""
         for client in (self._client, self._ping_client):
             client.connection_pool.disconnect(inuse_connections=False)
 
+    def _primary_token(self) -> int | None:
+        """Taken before a write that must stay (an append, a snapshot): see
+        :meth:`_primary_unconfirmed`. None without a Sentinel URL, or while a failover may be
+        under way."""
+        return None if self._watch is None else self._watch.token()
+
+    def _primary_unconfirmed(self, token: int | None) -> str | None:
+        """None when what was written since ``token`` was taken stays, as far as the
+        Sentinels can tell: always for a single server; through a Sentinel URL, when no
+        failover was heard of since and the primary named then is named still (the
+        connection written on was to it: the pool sees to that). Else why not, in words.
+        No round trip: the watch's threads keep the answer."""
+        if self._watch is None or self._watch.confirms(token):
+            return None
+        return self._watch.why_not()
+
+    def _wait_for_sentinels(self, timeout_s: float) -> None:
+        """At start-up: give the watch up to ``timeout_s`` to hear the Sentinels, so that the
+        first writes are not refused for want of it (they are, and say why, if it cannot)."""
+        if self._watch is not None and not self._watch.wait_settled(timeout_s):
+            log.warning("the Sentinels are not heard yet: %s", self._watch.why_not())
+
     def close(self) -> None:
-        """Close the clients' connections."""
-        self._client.close()
-        self._ping_client.close()
+        """Close the clients' connections, and stop the watch."""
+        for client in (self._client, self._ping_client):
+            client.close()
+            client.connection_pool.disconnect()
+        if self._watch is not None:
+            self._watch.close()
 
 
 @dataclass(frozen=True)
@@ -205,15 +256,39 @@ def _host_and_port(text: str, shape: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _WatchedPool(SentinelConnectionPool):
+    """Connections to the primary a :class:`PrimaryWatch` names (it is the pool's
+    ``sentinel_manager``): a new connection asks the watch where to go, one made before the
+    watch named another primary is reconnected when taken and dropped when given back."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        connection = super().get_connection(*args, **kwargs)
+        named = self.sentinel_manager.address
+        if named is not None and (connection.host, connection.port) != named:
+            try:
+                connection.disconnect()
+                connection.connect()
+            except BaseException:
+                self.release(connection)
+                raise
+        return connection
+
+    def owns_connection(self, connection: Any) -> bool:
+        named = self.sentinel_manager.address
+        return ((named is None or (connection.host, connection.port) == named)
+                and ConnectionPool.owns_connection(self, connection))
+
+
 def redis_client(
-    url: str, socket_connect_timeout: float, socket_timeout: float | None
+    url: str, socket_connect_timeout: float, socket_timeout: float | None,
+    watch: PrimaryWatch | None = None,
 ) -> redis.Redis:
     """A client of raw bytes (snapshots and log entries are binary) for ``url``.
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are redis-py's. A ``redis+sentinel://``
-    URL (:func:`parse_sentinel_url`) gives a client of the primary that the Sentinels name: it
-    asks them again on every new connection, so after a failover it writes to the promoted
-    replica, and a connection still open to a demoted primary is dropped at its first write.
+    URL (:func:`parse_sentinel_url`) gives a client of the primary that ``watch`` (required
+    then) names: a new connection goes where the Sentinels' latest word says, and one to a
+    primary they no longer name is not used again.
     """
     # No retries inside the client: a command whose connection dropped after Redis ran it
     # would run twice (an append logged twice); the log's callers retry knowingly.
@@ -221,20 +296,13 @@ def redis_client(
                 "socket_timeout": socket_timeout, "retry": Retry(NoBackoff(), 0)}
     if not url.startswith(f"{SENTINEL_SCHEME}://"):
         return redis.Redis.from_url(url, decode_responses=False, **timeouts)
-    target = parse_sentinel_url(url)
-    # The Sentinels answer at once or not at all: a silent one is skipped after the
-    # connect timeout, and one that refuses is not asked again (redis-py's default would
-    # retry it ten times, seconds of backoff), so the next Sentinel is asked instead.
-    sentinels = Sentinel(list(target.sentinels), sentinel_kwargs={
-        "socket_connect_timeout": socket_connect_timeout,
-        "socket_timeout": socket_connect_timeout,
-        "password": target.sentinel_password,
-        "retry": Retry(NoBackoff(), 0),
-    })
-    return sentinels.master_for(
-        target.service_name, db=target.db, username=target.username,
+    if watch is None:
+        raise ValueError("a Sentinel URL's client needs the PrimaryWatch of its Sentinels")
+    target = watch.target
+    return redis.Redis(connection_pool=_WatchedPool(
+        target.service_name, watch, is_master=True, db=target.db, username=target.username,
         password=target.password, decode_responses=False, **timeouts,
-    )
+    ))
 
 
 def fsync_dir(path: Path) -> None:

@@ -1,9 +1,13 @@
 """Redis Sentinel: with ``GLN_REDIS_URL=redis+sentinel://...`` the snapshots and the log go to
 the primary that the Sentinels name, and after the primary dies the service writes to the
 replica they promote, without a restart. With ``GLN_WAL_REPLICAS=1`` (every append held by a
-replica before it is answered) nothing acknowledged is lost on the way.
+replica before it is answered) nothing acknowledged is lost on the way, whether the primary
+dies (SIGKILL) or pauses while the Sentinels promote a replica and then resumes (SIGSTOP,
+SIGCONT): an append to a primary the Sentinels may be failing over is not acknowledged.
 
-Real processes throughout: a primary, two replicas and one Sentinel (tests/redis_process.py).
+Real processes throughout: a primary, two replicas and one Sentinel, or three with quorum 2
+and a server process under keyed load from four clients (tests/redis_process.py,
+tests/service/durable_client.py).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -21,22 +27,35 @@ from gln import GLN
 from service.api.app import create_app
 from service.settings import Settings
 from service.storage.common import parse_sentinel_url
+from service.storage.primary_watch import PrimaryWatch
 from service.storage.store import RedisSnapshotStore
 from tests.redis_process import (
+    MIN_REPLICAS,
     RedisProcess,
     SentinelProcess,
     free_port,
     primary_and_replicas,
+    sentinels_for,
+    sentinels_url,
+)
+from tests.service.durable_client import (
+    DurableLearners,
+    ServerProcess,
+    check_exactly_once,
+    reference_bytes,
 )
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
 @pytest.fixture
 def sentinel_group(tmp_path: Any) -> Iterator[tuple[RedisProcess, SentinelProcess]]:
-    """A primary with two replicas in sync, and a Sentinel that knows all three."""
+    """A primary with two replicas in sync, and a Sentinel that knows all three. Down after
+    1 s: at 0.5 s, Redis 7.0's Sentinel took the primary it had just switched to for down
+    (its first PING after the switch came over 0.5 s later) and failed over once more."""
     try:
         with primary_and_replicas(tmp_path / "group", count=2) as (primary, _):
-            with SentinelProcess(tmp_path / "sentinel", primary).start(replicas=2) as sentinel:
+            with SentinelProcess(tmp_path / "sentinel", primary,
+                                 down_after_ms=1000).start(replicas=2) as sentinel:
                 yield primary, sentinel
     except FileNotFoundError as exc:
         pytest.skip(f"{exc}")
@@ -156,3 +175,103 @@ async def test_learning_moves_to_the_promoted_replica_and_loses_nothing_acknowle
     assert described["examples_seen"] == sum(len(y) for _, y in batches)
     assert restored_bytes == reference.to_bytes()
 
+
+
+@pytest.fixture
+def three_sentinels(tmp_path: Any) -> Iterator[tuple[RedisProcess, list[SentinelProcess]]]:
+    """A primary with two replicas, every server with ``min-replicas-to-write 1`` (as
+    docs/durability.md asks), and three Sentinels, quorum 2, down after 1 s."""
+    try:
+        with primary_and_replicas(tmp_path / "group", 2, MIN_REPLICAS) as (primary, _):
+            with sentinels_for(tmp_path / "sentinels", primary) as group:
+                yield primary, group
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc}")
+
+
+def test_the_watch_hears_a_failover_and_names_the_promoted_replica(three_sentinels):
+    """The watch settles on the primary, unsettles as soon as the Sentinels start failing it
+    over (before they promote a replica), and settles on the promoted one; a token taken
+    before is never confirmed after."""
+    primary, group = three_sentinels
+    watch = PrimaryWatch(parse_sentinel_url(sentinels_url(group)), 1.0)
+    try:
+        assert watch.wait_settled(10)
+        assert watch.address == ("127.0.0.1", primary.port)
+        before = watch.token()
+        assert watch.confirms(before)
+        promoted = group[0].fail_over()
+        assert not watch.confirms(before)
+        assert watch.wait_settled(20)
+        assert watch.address == ("127.0.0.1", promoted)
+        assert watch.confirms(watch.token())
+    finally:
+        watch.close()
+
+
+def test_the_watch_needs_to_hear_half_the_sentinels(three_sentinels):
+    """With one of three Sentinels gone it still confirms; with two gone it cannot hear
+    every failover (a leader needs two votes, and it could hear neither), and refuses."""
+    _, group = three_sentinels
+    watch = PrimaryWatch(parse_sentinel_url(sentinels_url(group)), 0.5)
+    try:
+        assert watch.wait_settled(10)
+        group[0].stop()
+        time.sleep(0.5)
+        assert watch.confirms(watch.token())
+        group[1].stop()
+        deadline = time.monotonic() + 10
+        while watch.token() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not watch.confirms(watch.token())
+        assert "hears 1 of the 3 Sentinels" in watch.why_not()
+    finally:
+        watch.close()
+
+
+PAUSE_S = 2.0  # long enough for a failover (down after 1 s), short enough that the primary
+# resumes while the Sentinels are still repointing the other replica
+
+
+@pytest.mark.parametrize("fault", ["pause", "crash"])
+def test_a_failover_under_keyed_load_loses_and_repeats_nothing_acknowledged(
+    three_sentinels, tmp_path: Path, small_config: dict[str, Any], fault: str
+):
+    """Four clients learn with idempotency keys, retrying each request until it is answered,
+    while the primary is SIGKILLed, or SIGSTOPped for PAUSE_S and resumed: the Sentinels
+    promote a replica meanwhile. Every acknowledged request is in the model exactly once, in
+    the order of its sequence, and the model's bytes equal a replay of exactly those."""
+    primary, group = three_sentinels
+    server = ServerProcess({
+        "GLN_REDIS_URL": sentinels_url(group), "GLN_REDIS_KEY_PREFIX": "t",
+        "GLN_WAL_REPLICAS": "1", "GLN_SNAPSHOT_INTERVAL_S": "1",
+        "GLN_SNAPSHOT_DIR": str(tmp_path / "unused"),
+    }, tmp_path / "server.log")
+    learners = DurableLearners(server.url, "m", small_config["num_features"],
+                               small_config["num_classes"], threads=4, seed=5)
+    with server:
+        server.start()
+        r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": small_config})
+        assert r.status_code == 201, r.text
+        learners.start()
+        try:
+            learners.wait_for_acks(200, timeout_s=60)
+            if fault == "pause":
+                primary.pause()
+                time.sleep(PAUSE_S)
+                primary.resume()
+            else:
+                primary.kill()
+            group[0].wait_for_failover(primary.port)
+            learners.wait_for_acks(len(learners.acks) + 300, timeout_s=60)
+        finally:
+            learners.stop(timeout_s=60)
+        assert not learners.failures, learners.failures
+        assert not learners.abandoned, learners.abandoned
+        examples_seen = httpx.get(f"{server.url}/v1/models/m").json()["examples_seen"]
+        blob = httpx.get(f"{server.url}/v1/models/m/export").content
+        log_text = server.log_text()
+
+    result = check_exactly_once(learners.acks, examples_seen)
+    assert result.ok, (result.summary(), log_text[-5000:])
+    assert GLN.from_bytes(blob).to_bytes() == reference_bytes(small_config, result.order)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import redis
 
-from service.storage.common import RedisClient, check_name
+from service.storage.common import PrimaryUnconfirmedError, RedisClient, check_name
 from service.storage.store.interface import (
     SnapshotCorruptError,
     SnapshotInfo,
@@ -99,7 +99,9 @@ class RedisSnapshotStore(RedisClient):
         If a save of a *newer* version of the same model finished while this one was being
         written, the newer one stays current and this version is discarded (its info is still
         returned). The service has one writer per model, so this only matters for two
-        processes sharing a store.
+        processes sharing a store. Through a Sentinel URL, PrimaryUnconfirmedError when the
+        Sentinels may have failed the primary over during the save: the snapshot may be
+        gone, and the log must not be trimmed past it.
         """
         check_name(name)
         meta = check_metadata(metadata)
@@ -109,6 +111,7 @@ class RedisSnapshotStore(RedisClient):
         nchunks = math.ceil(nbytes / self.chunk_bytes)  # 0 for an empty blob
         versions_key = self._model_key(name, "versions")
 
+        primary = self._primary_token()
         version = int(self._client.incr(self._model_key(name, "counter")))
         member = f"{version}:{nchunks}"
         self._client.zadd(versions_key, {member: version})
@@ -132,6 +135,12 @@ class RedisSnapshotStore(RedisClient):
             self._drop_versions(name, [m.decode() for m in older])
         else:
             self._drop_versions(name, [member])
+        # A snapshot on a primary that a failover may discard must not let the log be trimmed
+        # past it (the caller trims only after a save returns).
+        if (unconfirmed := self._primary_unconfirmed(primary)) is not None:
+            raise PrimaryUnconfirmedError(
+                f"snapshot v{version} of {name!r} may not stay where it was written: "
+                f"{unconfirmed}")
         return info
 
     def load(self, name: str) -> tuple[bytes, SnapshotInfo] | None:

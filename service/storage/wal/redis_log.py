@@ -232,6 +232,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
     def check_durability(self) -> None:
         """Raise WalDurabilityError unless the server can give ``durability`` and ``replicas``;
         else no-op (with ``waitaof``, a warning where each WAITAOF waits long)."""
+        self._wait_for_sentinels(self.replica_timeout_s)
         if self.durability == "everysec" and not self.replicas:
             self._warn_if_aof_is_off()
             self._checked = True
@@ -358,6 +359,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
         idem_digests = [digest or "" for _, digest in keyed]
         # One connection for every command: WAITAOF and WAIT wait for *this connection's*
         # writes.
+        primary = self._primary_token()
         pipe = self._client.pipeline(transaction=False)
         self._append_script(
             keys=[stream, f"{stream}:last", *idem],
@@ -370,7 +372,7 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
         replies = pipe.execute(raise_on_error=False)
         self._check_refusal(name, follows, replies[0])
         entry_id = replies[0].decode()
-        self._check_confirmations(replies[1:], f"entry {entry_id} of {name!r}")
+        self._check_confirmations(replies[1:], f"entry {entry_id} of {name!r}", primary)
         return entry_id
 
     def _check_refusal(self, name: str, follows: str | None, reply: Any) -> None:
@@ -383,11 +385,18 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
             known_key = refusal[2].rpartition(":key:")[2] if len(refusal) > 2 else None
             raise WalDivergedError(name, follows, found, known_key)
 
-    def _check_confirmations(self, replies: list[Any], what: str) -> None:
+    def _check_confirmations(self, replies: list[Any], what: str, primary: int | None) -> None:
         """WalDurabilityError unless the replies to :meth:`_confirmations` (in its order)
         confirm ``what`` as the durability asks: checked on every append, so a Redis whose
         configuration changed under a running service (``CONFIG SET appendonly no``) stops
-        acknowledging at once instead of losing what it acknowledged at its next crash."""
+        acknowledging at once instead of losing what it acknowledged at its next crash.
+
+        Through a Sentinel URL, also unless the server written to is still the primary the
+        Sentinels named when ``primary`` (:meth:`_primary_token`) was taken, before the
+        write, with no failover heard of since: a primary that paused while a replica was
+        promoted takes writes when it resumes, and a replica still attached to it answers
+        their ``WAIT``, but the Sentinels then repoint both, and the writes are gone. This
+        check comes after the replies, so it covers the whole of the write and its waits."""
         for reply in replies:  # refused: WAITAOF with the AOF off, WAIT on a replica, ...
             if isinstance(reply, redis.ResponseError):
                 raise WalDurabilityError(f"{what}: Redis refused to confirm it ({reply})")
@@ -409,6 +418,9 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
                 f"{what} reached {int(replies[-1])} of the {self.replicas} replica(s) it "
                 f"needs within {self.replica_timeout_s} s"
             )
+        if (unconfirmed := self._primary_unconfirmed(primary)) is not None:
+            raise WalDurabilityError(
+                f"{what} may not stay where it was written: {unconfirmed}")
 
     def _confirmations(self) -> list[tuple[Any, ...]]:
         """The commands that wait until what a connection wrote is as durable as the log is
@@ -426,11 +438,14 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
     def wait_durable(self) -> None:
         """Write the probe key and wait for it as an append waits (replicas, AOF fsync):
         replication and the AOF keep their order, so everything logged before it is then as
-        durable. WalDurabilityError if not in time; a no-op for ``everysec`` alone."""
+        durable, and (through a Sentinel URL) on the primary the Sentinels name with no
+        failover in sight. WalDurabilityError if not; a no-op for ``everysec`` alone on a
+        single server."""
         confirmations = self._confirmations()
-        if confirmations:
+        primary = self._primary_token()
+        if confirmations or self._watch is not None:
             replies, _ = self._probed(*confirmations)
-            self._check_confirmations(replies, "what the log holds")
+            self._check_confirmations(replies, "what the log holds", primary)
 
     def read_after(self, name: str, after_id: str | None) -> Iterator[LogEntry]:
         """XRANGE pages with an exclusive start, ``read_page_entries`` entries per page."""
