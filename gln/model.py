@@ -465,17 +465,7 @@ class GLN:
 
     def _class_probabilities(self, outputs: np.ndarray | None, n: int) -> np.ndarray:
         """The network's outputs (n, G) float32 as class probabilities (n, num_classes)."""
-        classes = self._config.num_classes
-        if outputs is None:
-            return np.zeros((n, classes))
-        if classes == 2:  # [1 - q, q], written in place (no list to concatenate)
-            probs = np.empty((n, 2))
-            q = probs[:, 1:]
-            q[...] = outputs
-            np.subtract(1.0, q, out=probs[:, :1])
-            return probs
-        q = outputs.astype(np.float64)
-        return q / q.sum(axis=1, keepdims=True)
+        return class_probabilities(outputs, n, self._config.num_classes)
 
     # ------------------------------------------------------------------ bytes
     def to_bytes(self) -> bytes:
@@ -534,6 +524,21 @@ class GLN:
         return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
                 f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
                 f"device={self._pipeline.device!r}, examples_seen={self.examples_seen})")
+
+
+def class_probabilities(outputs: np.ndarray | None, n: int, classes: int) -> np.ndarray:
+    """The network's outputs (n, G) float32 (None: no rows) as the probabilities (n, classes)
+    of ``classes`` classes: [1 - q, q] for two, else the one-vs-all outputs normalised."""
+    if outputs is None:
+        return np.zeros((n, classes))
+    if classes == 2:  # [1 - q, q], written in place (no list to concatenate)
+        probs = np.empty((n, 2))
+        q = probs[:, 1:]
+        q[...] = outputs
+        np.subtract(1.0, q, out=probs[:, :1])
+        return probs
+    q = outputs.astype(np.float64)
+    return q / q.sum(axis=1, keepdims=True)
 
 
 def _copied(blob: bytes, use_kernels: bool) -> GLN:

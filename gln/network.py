@@ -94,7 +94,7 @@ def network_pass(
     for depth, (layer_weights, layer_contexts) in enumerate(zip(weights, contexts, strict=True)):
         if depth:  # the logits of the layer below are this layer's inputs
             inputs = with_bias(xp, probs, bias_logit, True)
-        num_glns, num_neurons = layer_weights.shape[:2]
+        num_glns, num_neurons = layer_weights.shape[-4:-2]  # behind a family's members axis
         probs = xp.empty((n, num_glns, num_neurons), dtype=xp.float32)
         layer_pass(
             layer_weights, layer_contexts, inputs, targets, rates,

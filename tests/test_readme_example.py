@@ -17,7 +17,7 @@ LIBRARY = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
 def test_the_library_example_runs_and_its_online_loss_falls() -> None:
-    section = LIBRARY.read_text().split("## In one example", 1)[1]
+    section = _section(LIBRARY, "## In one example")
     codes = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert len(codes) == 2  # the example, then scoring in batches
     printed = io.StringIO()
@@ -32,6 +32,21 @@ def test_the_library_example_runs_and_its_online_loss_falls() -> None:
     model, X_test = namespace["model"], namespace["X_test"]
     assert namespace["test_probs"].shape == (len(X_test), 2)
     np.testing.assert_array_equal(namespace["test_probs"], model.predict_proba(X_test))
+
+
+def _section(path: Path, heading: str) -> str:
+    """The text of ``path`` under ``heading``, up to the next heading of its level."""
+    return path.read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_library_family_example_runs_and_its_members_are_models_alone() -> None:
+    section = _section(LIBRARY, "## Many small models")
+    code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(LIBRARY), "exec"), namespace)  # noqa: S102
+    family, alone = namespace["family"], namespace["alone"]
+    assert family.size == 3 and family.member_bytes(2) == alone.to_bytes()
+    assert namespace["probs"].shape == (6, 2)
 
 
 def test_the_readme_sketch_runs_and_learns() -> None:

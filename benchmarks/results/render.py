@@ -39,6 +39,15 @@ TABLES = {
         ("pygln_examples_per_second", "pygln (PyTorch) examples/s"),
         ("speedup_over_pygln", "`gln` / pygln"),
         ("predicted_class_agreement", "same class as plain NumPy"))),
+    "family_learn": Table("family_learn.json", (
+        ("models", "models"), ("chunk_rows", "rows a family call"),
+        ("models_examples_per_second", "`GLN.learn` a row examples/s"),
+        ("family_examples_per_second", "`GLNFamily.learn` examples/s"),
+        ("family_over_models", "family / models"),
+        ("family_one_thread_examples_per_second", "family, kernels on one thread"),
+        ("family_one_thread_over_models", "one thread / models"),
+        ("members_equal", "members equal models alone"),
+        ("load_average", "load average, before-after"))),
     "mnist_online": Table("mnist_online.json", (
         ("seed", "seed"), ("gating_window", "gating window"),
         ("test_accuracy", "test accuracy"), ("prequential_accuracy", "prequential accuracy"),

@@ -105,3 +105,28 @@ def network_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., 
 
         return cuda_network_pass
     return functools.partial(network_pass, xp, layer_pass_for(xp, use_kernels))
+
+
+def family_layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
+    """``f(weights, members, contexts, inputs, targets, rates, pred_clip, weight_clip, learn,
+    probs)``: one layer over rows of many members of a family (``gln.family``) on ``xp``: the
+    compiled CPU kernel when ``use_kernels``, else the array code it gives the bytes of."""
+    if use_kernels and xp is np:
+        from gln.kernels.cpu_family import cpu_family_layer_pass  # noqa: PLC0415 - compiles
+
+        return cpu_family_layer_pass
+    from gln.family import reference_family_layer_pass  # noqa: PLC0415 - imports gln.kernels
+
+    return reference_family_layer_pass(xp)
+
+
+def family_moments_fold_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
+    """``f(members, x64, shifts, member_counts, totals, totals_sq) -> (counts, sums,
+    sums_sq)``: ``gln.family.family_moments_before_each_row`` on ``xp``, with the same bits."""
+    if use_kernels and xp is np:
+        from gln.kernels.cpu_family import cpu_family_moments  # noqa: PLC0415 - loads Numba
+
+        return cpu_family_moments
+    from gln.family import family_moments_before_each_row  # noqa: PLC0415 - imports gln.kernels
+
+    return functools.partial(family_moments_before_each_row, xp)
