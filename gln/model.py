@@ -37,7 +37,7 @@ from gln.kernels.replay import REPLAY_MAX_ROWS
 from gln.kernels.uploads import ChunkUploads
 from gln.pipeline import Pipeline
 from gln.saliency import saliency_terms
-from gln.schedules import Evaluated, PerExample
+from gln.schedules import DEFAULT_LEARNING_RATE, Evaluated, PerExample
 from gln.serialize import (
     SnapshotFormatError,
     check_arrays,
@@ -47,7 +47,15 @@ from gln.serialize import (
     snapshot_config,
 )
 from gln.staging import Staging, chunk_bounds
-from gln.state import State, allocating, estimate_nbytes, initial_state, layout_of
+from gln.state import (
+    DEFAULT_CONTEXT_DIM,
+    DEFAULT_LAYER_SIZES,
+    State,
+    allocating,
+    estimate_nbytes,
+    initial_state,
+    layout_of,
+)
 
 CHUNK_ROWS = 256  # CPU: a neuron's weights reused from cache, the chunk's projections a few MB
 CHUNK_ROWS_GPU = 4096  # GPU: a chunk's launches and host waits amortised
@@ -162,9 +170,9 @@ class GLN:
         self,
         num_features: int,
         num_classes: int = 2,
-        layer_sizes: Sequence[int] = (32, 32, 1),
-        context_dim: int = 4,
-        learning_rate: Any = 0.01,
+        layer_sizes: Sequence[int] = DEFAULT_LAYER_SIZES,
+        context_dim: int = DEFAULT_CONTEXT_DIM,
+        learning_rate: Any = DEFAULT_LEARNING_RATE,
         pred_clip: float = 0.01,
         weight_clip: float = 5.0,
         bias: float = 1.0 / (1.0 + math.exp(-1.0)),

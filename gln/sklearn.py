@@ -31,6 +31,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from gln.model import GLN
+from gln.schedules import DEFAULT_LEARNING_RATE
+from gln.state import DEFAULT_CONTEXT_DIM, DEFAULT_LAYER_SIZES
 
 
 class GLNClassifier(ClassifierMixin, BaseEstimator):
@@ -60,9 +62,9 @@ class GLNClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(
         self,
-        layer_sizes: Sequence[int] = (32, 32, 1),
-        context_dim: int = 4,
-        learning_rate: Any = 0.01,
+        layer_sizes: Sequence[int] = DEFAULT_LAYER_SIZES,
+        context_dim: int = DEFAULT_CONTEXT_DIM,
+        learning_rate: Any = DEFAULT_LEARNING_RATE,
         pred_clip: float = 0.01,
         weight_clip: float = 5.0,
         bias: float = 1.0 / (1.0 + math.exp(-1.0)),

@@ -22,6 +22,13 @@ from gln import checks
 from gln.gating import restrict_to_windows, sample_halfspaces
 from gln.scaling import RunningMoments
 
+# GLN's default network: one layer of 32 neurons of context dimension 2 and the output neuron.
+# On small tabular streams (benchmarks/paper/uci.py) it learned faster than the deeper
+# (32, 32, 1) of context dimension 4, whose 16 weight vectors a neuron each saw a sixteenth of
+# the rows (prequential log loss on training rows only: 2.35 against 3.73 summed over 7 sets).
+DEFAULT_LAYER_SIZES = (32, 1)
+DEFAULT_CONTEXT_DIM = 2
+
 if TYPE_CHECKING:
     from gln.config import Config
 
@@ -124,8 +131,8 @@ def estimate_nbytes(config: dict[str, Any]) -> int:
     kernels make, and the blur matrices, of a configuration not built."""
     features = checks.positive_int("num_features", config.get("num_features"))
     classes = checks.num_classes(config.get("num_classes", 2))
-    sizes = checks.layer_sizes(config.get("layer_sizes", (32, 32, 1)))
-    context_dim = checks.context_dim(config.get("context_dim", 4))
+    sizes = checks.layer_sizes(config.get("layer_sizes", DEFAULT_LAYER_SIZES))
+    context_dim = checks.context_dim(config.get("context_dim", DEFAULT_CONTEXT_DIM))
     layout = state_layout(features, 1 if classes == 2 else classes, sizes, context_dim)
     state = sum(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
     planes, dim = layout["normals"][0]
