@@ -29,7 +29,7 @@ from typing import Any, Self
 import numpy as np
 from tqdm import tqdm
 
-from gln import checks, staging
+from gln import checks, memory, staging
 from gln.backend import to_numpy
 from gln.config import Config
 from gln.kernels import page_locks
@@ -191,6 +191,7 @@ class GLN:
     ) -> None:
         config = Config(**{name: value for name, value in locals().items() if name != "self"})
         pipeline = Pipeline(config)
+        _warn_if_large(config, pipeline)
         with allocating(config, pipeline.device):
             state = initial_state(config, pipeline.xp)
         self._own(config, pipeline, state)
@@ -224,7 +225,8 @@ class GLN:
         ...
         ValueError: pred_clip must be in (0.0, 0.5), got 0.7
         """
-        Pipeline(cls._checked_config(config, use_kernels=False))
+        checked = cls._checked_config(config, use_kernels=False)
+        _warn_if_large(checked, Pipeline(checked))
 
     @property
     def config(self) -> dict[str, Any]:
@@ -547,6 +549,14 @@ def class_probabilities(outputs: np.ndarray | None, n: int, classes: int) -> np.
         return probs
     q = outputs.astype(np.float64)
     return q / q.sum(axis=1, keepdims=True)
+
+
+def _warn_if_large(config: Config, pipeline: Pipeline) -> None:
+    """Warn (``gln.memory``) where the model of ``config`` would take a large share of the
+    memory of its device."""
+    where = "the GPU's" if pipeline.device == "cuda" else "this machine's"
+    memory.warn_if_large(estimate_nbytes(config.for_estimate(pipeline.device)),
+                         memory.device_memory(pipeline.device, pipeline.xp), where)
 
 
 def _copied(blob: bytes, use_kernels: bool) -> GLN:
