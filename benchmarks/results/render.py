@@ -90,6 +90,11 @@ TABLES = {
         ("scenario", "scenario"), ("log", "file log"), ("appends_per_s", "appends/s"),
         ("fdatasyncs_per_append", "fdatasyncs per append"),
         ("speedup", "appends/s, after / before"))),
+    "paper_uci": Table("paper_uci.json", (
+        ("dataset", "data set"), ("method", "method"), ("splits", "splits"),
+        ("test_accuracy", "test accuracy"), ("test_accuracy_stderr", "standard error"),
+        ("prequential_accuracy", "prequential accuracy"),
+        ("seconds_per_split", "s a split"))),
     "recovery_time": Table("recovery_time.json", (
         ("store", "store and log"), ("seconds_to_listening", "s to listening"),
         ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),

@@ -874,8 +874,8 @@ def test_size_is_known_before_building_and_absurd_sizes_fail_cleanly():
         assert GLN.estimate_nbytes(config) == model.nbytes + int16_copy
         model.predict_proba(np.ones((1, config["num_features"])))  # makes the 16-bit copy
         assert GLN.estimate_nbytes(config) == model.nbytes
-    with pytest.raises(ValueError, match="bytes"):
-        GLN(num_features=10**13, num_classes=2, layer_sizes=(1,))
+    with pytest.raises(ValueError, match="bytes"), pytest.warns(UserWarning, match="GiB"):
+        GLN(num_features=10**13, num_classes=2, layer_sizes=(1,))  # warned, then refused
 
 
 def test_the_size_counts_the_blur_matrices_of_image_side_info():
