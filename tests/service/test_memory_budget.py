@@ -27,7 +27,7 @@ async def test_a_small_machine_refuses_a_model_it_cannot_hold(
     monkeypatch.setattr(memory, "host_memory", lambda: (64 * 2**20, 40 * 2**20))
     settings = Settings(snapshot_dir=str(tmp_path / "s"))
     assert settings.max_total_model_bytes is None
-    config = {"num_features": 10, "layer_sizes": [20000, 1]}
+    config = {"num_features": 10, "layer_sizes": [20000, 1], "context_dim": 4}
     async with serve(create_app(settings)) as client:
         await create_model(client, "first", config)
         r = await client.post("/v1/models", json={"name": "second", "config": config})
