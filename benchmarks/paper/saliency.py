@@ -129,8 +129,7 @@ def plot(path: Path, digits: np.ndarray,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("0.75")
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.75")
     rows = 1 + len(panels)
     fig, axes = plt.subplots(rows, 10, figsize=(12, 1.35 * rows + 0.4))
     for c in range(10):
