@@ -102,6 +102,17 @@ TABLES = {
         ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),
         ("seconds_to_ready", "s to `/readyz` 200"), ("export_s", "export s"),
         ("import_s", "import s"))),
+    "paper_saliency": Table("paper_saliency.json", (
+        ("input_scaling", "inputs"), ("test_accuracy", "test accuracy"),
+        ("map_correlation.within_class", "maps, within a class"),
+        ("map_correlation.between_classes", "maps, between classes"),
+        ("digit_correlation.within_class", "digits, within a class"),
+        ("digit_correlation.between_classes", "digits, between classes"),
+        ("residual_correlation", "map less class mean vs digit less class mean"),
+        ("contribution_correlation.within_class", "saliency x ink, within a class"),
+        ("contribution_digit_correlation", "saliency x ink vs digit"),
+        ("frame.pixels", "never-seen pixels"), ("frame.flat", "flat on every map"),
+        ("frame.offset_in_seen_spreads", "frame level off the mean, in spreads"))),
 }
 BLOCK = re.compile(r"(<!-- results: (\w+) -->\n).*?(<!-- /results -->)", re.DOTALL)
 
