@@ -297,7 +297,7 @@ def draw(rows: list[dict[str, Any]], path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     width = 0.8 / len(methods)
-    figure, axes = plt.subplots(figsize=(max(8, 1.6 * len(datasets)), 4.5))
+    figure, axes = plt.subplots(figsize=(max(8, 1.6 * len(datasets)), 5.2))
     for j, method in enumerate(methods):
         cells = {r["dataset"]: r for r in rows if r["method"] == method}
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(datasets))]
@@ -309,7 +309,7 @@ def draw(rows: list[dict[str, Any]], path: Path) -> None:
     axes.set_ylabel("test accuracy (frozen, 20% held out)")
     splits = rows[0]["splits"]
     axes.set_title(f"Single pass over 80%, mean and standard error over {splits} splits")
-    axes.legend(ncol=4, fontsize=7, loc="lower right")
+    axes.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="the MLP's hidden layers (default: the paper GLN's neurons)")
     parser.add_argument("--results", type=Path,
                         help="append a row per (data set, method) to this results file")
+    parser.add_argument("--machine", help="the machine, as the results file names it")
     parser.add_argument("--figure", type=Path, help="draw the accuracies to this PNG")
     parser.add_argument("--tune", action="store_true",
                         help="instead: prequential log loss of candidate GLN settings")
@@ -358,10 +359,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "mlp_hidden": list(MLP_HIDDEN),
            "rows": rows}
     if args.results:
-        command = "python benchmarks/paper/uci.py " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:])
-            if not a.startswith("benchmarks/results") and not a.startswith("docs/"))
-        machine = f"{platform.machine()}, {os.cpu_count()} cpus"
+        given = argv if argv is not None else sys.argv[1:]
+        command = " ".join(["python benchmarks/paper/uci.py", *given])
+        machine = args.machine or f"{platform.machine()}, {os.cpu_count()} cpus"
         commit = os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip() or "unknown"
         runs = json.loads(args.results.read_text()) if args.results.exists() else []
         runs += [{"command": command.strip(), "machine": machine, "commit": commit,
