@@ -303,7 +303,8 @@ def draw(rows: list[dict[str, Any]], path: Path) -> None:
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(datasets))]
         means = [cells[d]["test_accuracy"] if d in cells else np.nan for d in datasets]
         errors = [(cells[d]["test_accuracy_stderr"] or 0) if d in cells else 0 for d in datasets]
-        axes.bar(xs, means, width, yerr=errors, label=method, capsize=2)
+        color = plt.get_cmap("tab20")((2 * j) % 20 + j // 10)  # distinct past ten methods
+        axes.bar(xs, means, width, yerr=errors, label=method, capsize=2, color=color)
     axes.set_xticks(range(len(datasets)), datasets, rotation=15)
     axes.set_ylim(0.5, 1.0)
     axes.set_ylabel("test accuracy (frozen, 20% held out)")
