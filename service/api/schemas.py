@@ -112,7 +112,7 @@ class CreateModelRequest(_Body):
         examples=[{"num_features": 30, "num_classes": 2, "layer_sizes": [32, 32, 1],
                    "context_dim": 4, "learning_rate": 0.01}],
         description="GLN constructor arguments: num_features is required, the others have "
-        "defaults (num_classes 2, layer_sizes [32, 1], context_dim 2, learning_rate min(10 / t, "
+        "defaults (num_classes 2, layer_sizes [32, 1], context_dim 3, learning_rate min(10 / t, "
         "0.1)); the device is the "
         "server's (GLN_DEVICE).",
     )
