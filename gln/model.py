@@ -92,8 +92,12 @@ class GLN:
         prediction of K classes is (1 - eps) / (1 - eps + (K - 1) eps): 0.917 for 10 classes at
         the default eps = 0.01, 0.5 for 100. Many classes want ``pred_clip`` <= 0.1 / K.
     layer_sizes: neurons per layer (at most 64 layers), the last one 1 (the paper's single output
-        neuron).
-    context_dim: m, hyperplanes per neuron, 1 to 16; each neuron has 2^m weight vectors.
+        neuron). The default (32, 1), with context_dim 3 and the rate min(10 / t, 0.1), learns
+        small tabular streams about as fast as an online logistic regression from the first
+        rows (benchmarks/paper/uci.py); size it up for tens of thousands of rows and more.
+    context_dim: m, hyperplanes per neuron, 1 to 16; each neuron has 2^m weight vectors. A
+        configuration whose ``estimate_nbytes`` exceeds a tenth of the memory of its device
+        warns (``gln.memory``) before anything is allocated.
     learning_rate: a number, ``{"schedule": "inverse_time", "scale": s, "cap": c}`` for
         ``min(s / t, c)`` (the paper's MNIST run used scale 100, cap 0.01), or a callable of t
         (a model with one cannot be serialised: ``config``, ``to_bytes``, copies and pickles
