@@ -212,3 +212,26 @@ def per_row_side_info(xp: ModuleType, x64: Any, blur: tuple[Any, Any] | None) ->
         z = (rows @ z.reshape(n, rows.shape[0], cols.shape[0]) @ cols.T).reshape(n, d)
     norms = xp.sqrt((z * z).sum(axis=1, keepdims=True))
     return xp.where(norms > 0, z * (math.sqrt(d) / xp.where(norms > 0, norms, 1.0)), 0.0)
+
+
+def family_moments_before_each_row(
+    xp: ModuleType, members: Any, x64: Any, shifts: Any, member_counts: Any, totals: Any,
+    totals_sq: Any,
+) -> tuple[Any, Any, Any]:
+    """The statistics each row of a chunk sees: its member's count (n, 1), sums (n, d) and
+    sums of squares (n, d) of ``x - shifts[member]`` over that member's rows before it. The
+    members' counts (M,) and totals (M, d) are advanced in place to after the chunk.
+
+    Each member's rows go through ``gln.scaling.moments_before_each_row`` with its own
+    statistics: this is the specification the compiled fold
+    (``gln.kernels.cpu_family.cpu_family_moments``) gives the bits of."""
+    n, d = x64.shape
+    counts, sums, sums_sq = xp.empty((n, 1)), xp.empty((n, d)), xp.empty((n, d))
+    for member in xp.unique(members).tolist():
+        rows = xp.flatnonzero(members == member)
+        before = RunningMoments(int(member_counts[member]), totals[member], totals_sq[member])
+        counts[rows], sums[rows], sums_sq[rows], after = moments_before_each_row(
+            xp, before, x64[rows], shifts[member])
+        member_counts[member], totals[member], totals_sq[member] = (
+            after.count, after.total, after.total_sq)
+    return counts, sums, sums_sq
