@@ -262,7 +262,7 @@ class GLN:
         checks its clients' rows strictly.
         """
         config = self._config
-        unit = strict and config.input_scaling == "unit"
+        unit = strict and config.input_scaling in ("unit", "unit_fixed")
         X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
                                       config.num_features, unit)
         if y is None:
