@@ -225,8 +225,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "DIR" if a == args.data_dir else a for a in (argv or sys.argv[1:]))
         append_runs(args.results, command.strip(), args.machine, figures)
     if args.figure:
-        draw(figures, args.figure)
+        draw(same_size(figures, args.results), args.figure)
     return figures
+
+
+def same_size(figures: list[dict], results: Path | None) -> list[dict]:
+    """What to draw: every run of ``results`` (all of them, of this and earlier commands) of
+    the size of ``figures``, or ``figures`` alone without a results file."""
+    if results is None:
+        return figures
+    size = {key: figures[0][key] for key in ("tasks", "train_per_task", "test_per_task")}
+    return [run["figures"] for run in json.loads(results.read_text())
+            if all(run["figures"].get(key) == value for key, value in size.items())]
 
 
 if __name__ == "__main__":
