@@ -154,22 +154,19 @@ class ServiceMetrics:
 
     def observe_learned(self, name: str, n: int, log_loss_sum: float, correct: int) -> None:
         """Count one learned chunk: examples, summed prequential log loss, correct guesses."""
-        counts = self.models.of(name)
-        counts.learned += n
-        counts.log_loss += log_loss_sum
-        counts.correct += correct
+        self.models.count(name, learned=n, log_loss=log_loss_sum, correct=correct)
 
     def observe_predicted(self, name: str, n: int) -> None:
         """Count rows answered by predict."""
-        self.models.of(name).predicted += n
+        self.models.count(name, predicted=n)
 
     def count_labels_learned(self, name: str, n: int) -> None:
         """Count predicted rows learned when their label came."""
-        self.models.of(name).labels_learned += n
+        self.models.count(name, labels_learned=n)
 
     def count_labels_expired(self, name: str, n: int) -> None:
         """Count predicted rows whose label did not come in time."""
-        self.models.of(name).labels_expired += n
+        self.models.count(name, labels_expired=n)
 
     def show_labels_pending(self, name: str, n: int) -> None:
         """Export how many of the model's predicted rows wait for their label."""
@@ -245,6 +242,7 @@ class _Counts:
     snapshot_at: float | None = None
     nbytes: Callable[[], int] = _no_bytes
     own_series: bool = True
+    bytes_seen: int = 0  # nbytes() when last read (models summed under (others))
 
 
 # (family name, help, _Counts field) of each per-model counter, then of each gauge.
@@ -269,37 +267,51 @@ class ModelSeries:
     series of their own, labelled with their name; the others are summed under
     ``model="(others)"`` (their snapshot time is the oldest of theirs, so the stale-snapshot
     alert still fires for any of them). A page of 10,000 models is then a few hundred series,
-    not 160,000, and costs a few sums, not a labelled child per model and metric.
+    not 160,000.
+
+    Cheap at any count: the others' counters are summed as they count (a deleted model's
+    counts stay in the sum: counters never go down), and their bytes, which change at most
+    once in a model's life (its first call makes a copy of the normals), are read for
+    ``BYTES_READ_PER_SCRAPE`` of them a scrape, in turn.
 
     A prometheus_client collector: :meth:`collect` writes the families at each scrape.
     """
+
+    BYTES_READ_PER_SCRAPE = 1000
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._models: dict[str, _Counts] = {}
         self._own = 0  # models with series of their own
-        self._retired = _Counts()  # what deleted models without series of their own counted
+        self._others = _Counts()  # the counters of every model without series of its own
         self._unknown = _Counts()  # a count for a model deleted meanwhile lands here, unseen
+        self._bytes_from = 0  # where the next scrape's reading of the others' bytes starts
 
     def add(self, name: str, nbytes: Callable[[], int]) -> None:
         own = self._own < self.limit
         self._own += own
-        self._models[name] = _Counts(nbytes=nbytes, own_series=own)
+        self._models[name] = _Counts(nbytes=nbytes, own_series=own, bytes_seen=nbytes())
 
     def forget(self, name: str) -> None:
         counts = self._models.pop(name, None)
         if counts is None:
             return
         counts.nbytes = _no_bytes  # the callback holds the model: let it go at once
-        if counts.own_series:
-            self._own -= 1
-            return
-        for _, _, field in _COUNTERS:  # counters never go down: the sum keeps its counts
-            setattr(self._retired, field, getattr(self._retired, field) + getattr(counts, field))
+        self._own -= counts.own_series
 
     def of(self, name: str) -> _Counts:
         """The model's counts (a scratch record for a model deleted meanwhile)."""
         return self._models.get(name) or self._unknown
+
+    def count(self, name: str, **increments: float) -> None:
+        """Add ``increments`` (counter field -> amount) to the model's counters."""
+        counts = self._models.get(name)
+        if counts is None:
+            return
+        for field, amount in increments.items():
+            setattr(counts, field, getattr(counts, field) + amount)
+            if not counts.own_series:
+                setattr(self._others, field, getattr(self._others, field) + amount)
 
     def has_own_series(self, name: str) -> bool:
         counts = self._models.get(name)
@@ -309,14 +321,13 @@ class ModelSeries:
         models = list(self._models.items())  # one copy, in C: safe beside the loop's changes
         own = [(name, counts) for name, counts in models if counts.own_series]
         others = [counts for _, counts in models if not counts.own_series]
-        summed = bool(others) or any(getattr(self._retired, field) for _, _, field in _COUNTERS)
+        summed = bool(others) or any(getattr(self._others, field) for _, _, field in _COUNTERS)
         for family, doc, field in _COUNTERS:
             metric = CounterMetricFamily(family, doc, labels=["model"])
             for name, counts in own:
                 metric.add_metric([name], getattr(counts, field))
             if summed:
-                metric.add_metric([OTHERS], getattr(self._retired, field)
-                                  + sum(getattr(counts, field) for counts in others))
+                metric.add_metric([OTHERS], getattr(self._others, field))
             yield metric
         model_bytes = GaugeMetricFamily("gln_model_bytes", "Bytes held by a model's arrays.",
                                         labels=["model"])
@@ -335,7 +346,11 @@ class ModelSeries:
                 snapshot_bytes.add_metric([name], counts.snapshot_bytes or 0)
                 snapshot_at.add_metric([name], counts.snapshot_at)
         if others:
-            model_bytes.add_metric([OTHERS], sum(counts.nbytes() for counts in others))
+            start = self._bytes_from % len(others)
+            for counts in others[start:start + self.BYTES_READ_PER_SCRAPE]:
+                counts.bytes_seen = counts.nbytes()
+            self._bytes_from = start + self.BYTES_READ_PER_SCRAPE
+            model_bytes.add_metric([OTHERS], sum(counts.bytes_seen for counts in others))
             pending.add_metric([OTHERS], sum(counts.labels_pending for counts in others))
             snapshotted = [counts for counts in others if counts.snapshot_at is not None]
             if snapshotted:

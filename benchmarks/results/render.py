@@ -86,6 +86,13 @@ TABLES = {
         ("predictions_while_hung", "idle model's predictions while Redis hung"),
         ("predict_max_ms_while_hung", "their slowest, ms"),
         ("log_outage_s", "learning answered again after, s"))),
+    "tenants": Table("tenants.json", (
+        ("models", "models"), ("random_model_requests_per_s", "random model, req/s"),
+        ("random_model_p99_ms", "p99 ms"), ("one_model_requests_per_s", "one model, req/s"),
+        ("random_over_one", "random / one"), ("create_p50_ms", "create p50 ms"),
+        ("create_last_tenth_p99_ms", "last tenth's p99 ms"), ("metrics_ms", "/metrics ms"),
+        ("metrics_series", "series"), ("open_files", "open files"), ("rss_mib", "RSS MiB"),
+        ("sigterm_to_exit_s", "SIGTERM to exit, s"), ("restart_to_ready_s", "restart to ready, s"))),
     "wal_append": Table("wal_append.json", (
         ("scenario", "scenario"), ("log", "file log"), ("appends_per_s", "appends/s"),
         ("fdatasyncs_per_append", "fdatasyncs per append"),
@@ -95,6 +102,17 @@ TABLES = {
         ("snapshot_load_s", "snapshot load s"), ("replay_s", "tail replay s"),
         ("seconds_to_ready", "s to `/readyz` 200"), ("export_s", "export s"),
         ("import_s", "import s"))),
+    "paper_saliency": Table("paper_saliency.json", (
+        ("input_scaling", "inputs"), ("test_accuracy", "test accuracy"),
+        ("map_correlation.within_class", "maps, within a class"),
+        ("map_correlation.between_classes", "maps, between classes"),
+        ("digit_correlation.within_class", "digits, within a class"),
+        ("digit_correlation.between_classes", "digits, between classes"),
+        ("residual_correlation", "map less class mean vs digit less class mean"),
+        ("contribution_correlation.within_class", "saliency x ink, within a class"),
+        ("contribution_digit_correlation", "saliency x ink vs digit"),
+        ("frame.pixels", "never-seen pixels"), ("frame.flat", "flat on every map"),
+        ("frame.offset_in_seen_spreads", "frame level off the mean, in spreads"))),
     "paper_permuted_mnist": Table("paper_permuted_mnist.json", (
         ("model", "model"), ("seed", "seed"), ("tasks", "tasks"),
         ("train_per_task", "examples a task"), ("test_per_task", "test examples a task"),
