@@ -56,8 +56,12 @@ def permutations(tasks: int, seed: int) -> list[np.ndarray]:
 def run_gln(data: dict, orders: list[np.ndarray], seed: int, args: argparse.Namespace,
             bar: tqdm) -> list[list[float]]:
     """The GLN through the tasks: accuracy[k][j] on task j after learning tasks 0..k."""
+    rate: float | dict = args.gln_rate
+    if args.gln_rate_scale:
+        rate = {"schedule": "inverse_time", "scale": args.gln_rate_scale, "cap": args.gln_rate}
     model = GLN(num_features=784, num_classes=10, input_scaling=args.input_scaling,
-                side_info=args.side_info, seed=seed, device=args.device, **GLN_NETWORK)
+                side_info=args.side_info, seed=seed, device=args.device,
+                **{**GLN_NETWORK, "learning_rate": rate})
     accuracy = []
     for order in orders:
         X, y = data["X_train"][:, order], data["y_train"]
@@ -125,7 +129,7 @@ def summary(model: str, seed: int, accuracy: list[list[float]], args: argparse.N
             ) -> dict:
     """One run's figures: the headline numbers and the whole accuracy triangle."""
     return {
-        "model": model if model != "gln" else f"gln ({args.input_scaling}, {args.side_info})",
+        "model": model if model != "gln" else gln_name(args),
         "seed": seed, "tasks": args.tasks, "train_per_task": args.train_per_task,
         "test_per_task": args.test_per_task,
         "task1_after_task1": round(accuracy[0][0], 4),
@@ -134,6 +138,17 @@ def summary(model: str, seed: int, accuracy: list[list[float]], args: argparse.N
         "mean_after_last": round(float(np.mean(accuracy[-1])), 4),
         "accuracy": [[round(a, 4) for a in row] for row in accuracy],
     }
+
+
+def gln_name(args: argparse.Namespace) -> str:
+    """The GLN's row name: its input scaling, and its gating input and rate where not the
+    script's defaults."""
+    rate = f"rate {args.gln_rate:g}" if args.gln_rate != GLN_NETWORK["learning_rate"] else ""
+    if args.gln_rate_scale:
+        rate = f"rate min({args.gln_rate_scale:g}/t, {args.gln_rate:g})"
+    details = [args.input_scaling] + [d for d in (
+        "per_row" if args.side_info == "per_row" else "", rate) if d]
+    return f"gln ({', '.join(details)})"
 
 
 def draw(figures: list[dict], path: Path) -> None:
@@ -187,6 +202,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         choices=["unit_fixed", "unit", "standardize"])
     parser.add_argument("--side-info", default="scaled", choices=["scaled", "per_row"],
                         help="the GLN's gating input (GLN(side_info=...))")
+    parser.add_argument("--gln-rate", type=float, default=GLN_NETWORK["learning_rate"],
+                        help="the GLN's constant learning rate (the appendix's: 0.01)")
+    parser.add_argument("--gln-rate-scale", type=float,
+                        help="instead, the GLN's rate min(s / t, --gln-rate) (t: examples "
+                        "learned, over all tasks)")
     parser.add_argument("--device", default="cpu", help="the GLN's device (GLN(device=...))")
     parser.add_argument("--results", type=Path, help="add the runs to this results file")
     parser.add_argument("--figure", type=Path, help="draw the runs (PNG)")

@@ -92,7 +92,8 @@ TABLES = {
         ("random_over_one", "random / one"), ("create_p50_ms", "create p50 ms"),
         ("create_last_tenth_p99_ms", "last tenth's p99 ms"), ("metrics_ms", "/metrics ms"),
         ("metrics_series", "series"), ("open_files", "open files"), ("rss_mib", "RSS MiB"),
-        ("sigterm_to_exit_s", "SIGTERM to exit, s"), ("restart_to_ready_s", "restart to ready, s"))),
+        ("sigterm_to_exit_s", "SIGTERM to exit, s"),
+        ("restart_to_ready_s", "restart to ready, s"))),
     "wal_append": Table("wal_append.json", (
         ("scenario", "scenario"), ("log", "file log"), ("appends_per_s", "appends/s"),
         ("fdatasyncs_per_append", "fdatasyncs per append"),

@@ -25,7 +25,7 @@ def test_the_gln_runs_give_an_accuracy_triangle_a_row_each(tmp_path):
     assert {r["machine"] for r in rows} == {"test"}
     assert rows[0]["command"].startswith("python benchmarks/paper/permuted_mnist.py")
     for run in figures:
-        assert run["model"] == "gln (unit_fixed, scaled)" and run["train_per_task"] == 200
+        assert run["model"] == "gln (unit_fixed)" and run["train_per_task"] == 200
         assert [len(row) for row in run["accuracy"]] == [1, 2, 3]
         assert run["task1_after_task1"] == run["accuracy"][0][0]
         assert run["task1_after_last"] == run["accuracy"][-1][0]
@@ -44,5 +44,5 @@ def test_the_peers_run_and_the_figure_is_drawn(tmp_path):
     if torch_or_none() is None:
         pytest.skip("PyTorch (the paper extra) is not installed")
     figures, _, figure = _run(tmp_path, "gln,mlp,ewc", tasks=2, train=100, seeds=1)
-    assert [f["model"] for f in figures[:3]] == ["gln (unit_fixed, scaled)", "mlp", "ewc"]
+    assert [f["model"] for f in figures[:3]] == ["gln (unit_fixed)", "mlp", "ewc"]
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
