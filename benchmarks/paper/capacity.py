@@ -35,6 +35,7 @@ from benchmarks.paper.common import (  # noqa: E402
     mlp,
     mlp_accuracy,
     mnist_pixels,
+    recorded_command,
     torch_or_none,
 )
 from gln import GLN  # noqa: E402
@@ -43,7 +44,7 @@ WIDTH = 128  # the paper's layer width
 DEPTHS = (1, 2)  # layers of WIDTH before the output neuron
 CONTEXT_DIMS = (1, 2, 4)
 GLN_RATE, MLP_RATE, MLP_BATCH = 1e-4, 1e-5, 32  # the paper's rates (its sweep's best)
-QUICK = {"examples": 500, "passes": 10}
+QUICK = {"examples": 2000, "passes": 5}
 FULL = {"examples": 60000, "passes": 20}
 
 
@@ -179,9 +180,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for run in figures[-runs:]:
                 print(json.dumps(run), flush=True)
     if args.results:
-        command = "python benchmarks/paper/capacity.py " + " ".join(
-            "DIR" if a == args.data_dir else a for a in (argv or sys.argv[1:]))
-        append_runs(args.results, command.strip(), args.machine, figures)
+        command = recorded_command("benchmarks/paper/capacity.py",
+                                   sys.argv[1:] if argv is None else argv, args.data_dir)
+        append_runs(args.results, command, args.machine, figures)
     if args.figure:
         draw(figures, args.figure)
     return figures

@@ -74,6 +74,23 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cpus"
 
 
+NOT_RECORDED = ("--results", "--machine", "--figure")  # where the runs went, not what ran
+
+
+def recorded_command(script: str, argv: list[str], data_dir: str | None) -> str:
+    """The command a results row names: ``script`` with ``argv``, the data directory written
+    DIR and the options that only say where the results go left out."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in NOT_RECORDED:
+            skip = True
+        elif not word.startswith(NOT_RECORDED):
+            words.append("DIR" if data_dir is not None and word == data_dir else word)
+    return " ".join(["python", script, *words])
+
+
 def append_runs(path: Path, command: str, machine_name: str, figures: list[dict]) -> None:
     """Add one row per run (``figures``) to the results file ``path`` (a JSON list, one row a
     line, as the other results files)."""

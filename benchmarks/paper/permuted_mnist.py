@@ -11,7 +11,8 @@ MLP with EWC (lambda 1e3, Fisher diagonals from 100 examples of each task). The 
 appendix's: one-vs-all, [100, 25, 1] neurons, context dimension 6, constant rate 0.01.
 
 Prints one line of JSON a run; ``--results FILE`` adds them as rows (one per model and seed),
-``--figure FILE`` draws the accuracy on tasks 1, 2, 4 and 8 as the tasks go by.
+``--figure FILE`` draws the accuracy on tasks 1, 2 and 4, and the mean over the tasks learned,
+as the tasks go by.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from benchmarks.paper.common import (  # noqa: E402
     mlp,
     mlp_accuracy,
     mnist_pixels,
+    recorded_command,
     torch_or_none,
 )
 from gln import GLN  # noqa: E402
@@ -74,7 +76,7 @@ def run_gln(data: dict, orders: list[np.ndarray], seed: int, args: argparse.Name
 
 
 def run_mlp(torch: Any, data: dict, orders: list[np.ndarray], seed: int, ewc: bool,
-            bar: tqdm) -> list[list[float]]:
+            bar: tqdm, ewc_samples: int = EWC_SAMPLES) -> list[list[float]]:
     """The appendix's MLP (with EWC where ``ewc``) through the tasks, one pass each."""
     net = mlp(torch, MLP_SIZES, seed)
     optimiser = torch.optim.Adam(net.parameters(), lr=MLP_RATE)
@@ -99,7 +101,7 @@ def run_mlp(torch: Any, data: dict, orders: list[np.ndarray], seed: int, ewc: bo
             optimiser.step()
             bar.update(len(X[lo:lo + MLP_BATCH]))
         if ewc:
-            fisher, weights = fisher_diagonal(torch, net, X, generator)
+            fisher, weights = fisher_diagonal(torch, net, X, generator, ewc_samples)
             for f_sum, fw_sum, f, w in zip(fisher_sum, weighted_sum, fisher, weights,
                                            strict=True):
                 f_sum += f
@@ -109,12 +111,12 @@ def run_mlp(torch: Any, data: dict, orders: list[np.ndarray], seed: int, ewc: bo
     return accuracy
 
 
-def fisher_diagonal(torch: Any, net: Any, X: Any, generator: np.random.Generator
-                    ) -> tuple[list[Any], list[Any]]:
-    """EWC's anchor: the diagonal of the Fisher information at ``EWC_SAMPLES`` examples of the
+def fisher_diagonal(torch: Any, net: Any, X: Any, generator: np.random.Generator,
+                    samples: int = EWC_SAMPLES) -> tuple[list[Any], list[Any]]:
+    """EWC's anchor: the diagonal of the Fisher information at ``samples`` examples of the
     task (labels drawn from the network's own predictions) and the weights it was taken at."""
     fisher = [torch.zeros_like(p) for p in net.parameters()]
-    rows = generator.choice(len(X), size=min(EWC_SAMPLES, len(X)), replace=False)
+    rows = generator.choice(len(X), size=min(samples, len(X)), replace=False)
     for row in rows:
         log_p = torch.log_softmax(net(X[row:row + 1]), dim=1)
         label = torch.multinomial(log_p.exp().detach(), 1)[0, 0]
@@ -152,25 +154,26 @@ def gln_name(args: argparse.Namespace) -> str:
 
 
 def draw(figures: list[dict], path: Path) -> None:
-    """Accuracy on tasks 1, 2, 4 and 8 (columns) against tasks learned, mean and 95% CI over
-    seeds, one line per model."""
+    """Accuracy on tasks 1, 2 and 4 and the mean over the tasks learned (columns) against
+    tasks learned, mean and 95% CI over seeds, one line per model."""
     import matplotlib  # noqa: PLC0415 - a benchmark-only extra
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     tasks = figures[0]["tasks"]
-    shown = [j for j in (1, 2, 4, 8) if j <= tasks]
+    shown = [j for j in (1, 2, 4) if j < tasks] + [0]  # 0: the mean over the tasks so far
     fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.2), sharey=True,
                              squeeze=False)
     for ax, j in zip(axes[0], shown, strict=True):
         for model in dict.fromkeys(f["model"] for f in figures):
             runs = [f["accuracy"] for f in figures if f["model"] == model]
-            after = list(range(j, tasks + 1))
-            means = [np.mean([r[k - 1][j - 1] for r in runs]) for k in after]
-            errs = [ci95([r[k - 1][j - 1] for r in runs]) for k in after]
-            ax.errorbar(after, means, yerr=errs, marker="o", ms=3, capsize=2, label=model)
-        ax.set_title(f"task {j}")
+            after = list(range(max(j, 1), tasks + 1))
+            seen = [[r[k - 1][j - 1] if j else float(np.mean(r[k - 1])) for r in runs]
+                    for k in after]
+            ax.errorbar(after, [np.mean(a) for a in seen], yerr=[ci95(a) for a in seen],
+                        marker="o", ms=3, capsize=2, label=model)
+        ax.set_title(f"task {j}" if j else "all tasks learned, mean")
         ax.set_xlabel("tasks learned")
         ax.set_xlim(0.5, tasks + 0.5)
         ax.grid(alpha=0.3)
@@ -198,6 +201,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated, of gln, mlp, ewc (the peers need PyTorch)")
+    parser.add_argument("--ewc-samples", type=int, default=EWC_SAMPLES,
+                        help="examples a task EWC's Fisher diagonals are taken from")
     parser.add_argument("--input-scaling", default="unit_fixed",
                         choices=["unit_fixed", "unit", "standardize"])
     parser.add_argument("--side-info", default="scaled", choices=["scaled", "per_row"],
@@ -211,10 +216,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--results", type=Path, help="add the runs to this results file")
     parser.add_argument("--figure", type=Path, help="draw the runs (PNG)")
     parser.add_argument("--machine", default=machine(), help="the machine, for --results")
+    parser.add_argument("--redraw", action="store_true",
+                        help="run nothing: draw --figure from the runs of --results of this size")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.redraw:
+        size = {"tasks": args.tasks, "train_per_task": args.train_per_task,
+                "test_per_task": args.test_per_task}
+        figures = same_size([size], args.results)
+        draw(figures, args.figure)
+        return figures
 
     models = [m for m in args.models.split(",") if m]
     torch = torch_or_none() if set(models) - {"gln"} else None
@@ -237,13 +250,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if model == "gln":
                     accuracy = run_gln(data, orders, seed, args, bar)
                 else:
-                    accuracy = run_mlp(torch, data, orders, seed, model == "ewc", bar)
+                    accuracy = run_mlp(torch, data, orders, seed, model == "ewc", bar,
+                                       args.ewc_samples)
                 figures.append(summary(model, seed, accuracy, args))
                 print(json.dumps(figures[-1]), flush=True)
     if args.results:
-        command = "python benchmarks/paper/permuted_mnist.py " + " ".join(
-            "DIR" if a == args.data_dir else a for a in (argv or sys.argv[1:]))
-        append_runs(args.results, command.strip(), args.machine, figures)
+        command = recorded_command("benchmarks/paper/permuted_mnist.py",
+                                   sys.argv[1:] if argv is None else argv, args.data_dir)
+        append_runs(args.results, command, args.machine, figures)
     if args.figure:
         draw(same_size(figures, args.results), args.figure)
     return figures

@@ -34,6 +34,7 @@ def test_the_mlp_has_as_many_weights_as_the_gln_it_is_set_beside():
 def test_the_mlp_runs_and_the_figure_is_drawn(tmp_path):
     if torch_or_none() is None:
         pytest.skip("PyTorch (the paper extra) is not installed")
+    pytest.importorskip("matplotlib")
     figure = tmp_path / "capacity.png"
     figures = capacity.main(["--synthetic", "--examples", "100", "--passes", "2", "--depths",
                              "1", "--context-dims", "1", "--figure", str(figure)])
