@@ -43,7 +43,9 @@ Three modes (``input_scaling``):
     zeros): not centred, so the cosine similarity of two rows, which the paper's halfspace
     argument is about, is kept, and rows of two permutations of the pixels stay far apart;
     at norm sqrt(d), a unit normal's dot product with z is of the order of the N(0, 1)
-    offsets. The network is the paper's, exactly, on these inputs.
+    offsets. The network is the paper's, exactly, on these inputs. It is array code on every
+    device (no kernel of its own), so a GPU model's short calls are not replayed from captured
+    graphs.
 
 Side information for gating (``side_info``) is, by default, the scaled z above. With
 ``"per_row"`` it is instead each row on its own: centred on the row's mean, optionally smoothed

@@ -94,3 +94,20 @@ def test_snapshots_keep_the_mode_and_learn_on_alike():
 def test_strict_checks_refuse_values_outside_the_unit_interval():
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         _model().check_input(np.full((1, 16), 255.0), strict=True)
+
+
+def test_the_cuda_path_gives_the_cpu_models_results(cp):
+    """On the device (a GPU, or the emulated one), in long chunks and in single rows (which a
+    GPU model replays from captured graphs where it can), as the CPU model learns them."""
+    import warnings  # noqa: PLC0415
+
+    rng = np.random.default_rng(5)
+    X, y = _pixels(rng, 60), rng.integers(0, 3, 60)
+    cpu, chunked, rows = _model(), _model(device="cuda"), _model(device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed capture warns
+        learned = chunked.learn(X, y)
+        one_by_one = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(60)])
+    np.testing.assert_allclose(learned, cpu.learn(X, y), atol=1e-4)
+    np.testing.assert_allclose(one_by_one, learned, atol=1e-5)
+    np.testing.assert_allclose(rows.predict_proba(X[:5]), cpu.predict_proba(X[:5]), atol=1e-4)
