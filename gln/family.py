@@ -238,7 +238,7 @@ class GLNFamily:
         index per row. Returns X float32 (n, d), y int64 (n,) or None, members int64 (n,);
         ``ValueError`` names what is wrong."""
         config = self._config
-        unit = strict and config.input_scaling == "unit"
+        unit = strict and config.input_scaling in ("unit", "unit_fixed")
         X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
                                       config.num_features, unit)
         labels = None if y is None else checks.checked_labels(

@@ -92,7 +92,8 @@ TABLES = {
         ("random_over_one", "random / one"), ("create_p50_ms", "create p50 ms"),
         ("create_last_tenth_p99_ms", "last tenth's p99 ms"), ("metrics_ms", "/metrics ms"),
         ("metrics_series", "series"), ("open_files", "open files"), ("rss_mib", "RSS MiB"),
-        ("sigterm_to_exit_s", "SIGTERM to exit, s"), ("restart_to_ready_s", "restart to ready, s"))),
+        ("sigterm_to_exit_s", "SIGTERM to exit, s"),
+        ("restart_to_ready_s", "restart to ready, s"))),
     "wal_append": Table("wal_append.json", (
         ("scenario", "scenario"), ("log", "file log"), ("appends_per_s", "appends/s"),
         ("fdatasyncs_per_append", "fdatasyncs per append"),
@@ -113,6 +114,17 @@ TABLES = {
         ("contribution_digit_correlation", "saliency x ink vs digit"),
         ("frame.pixels", "never-seen pixels"), ("frame.flat", "flat on every map"),
         ("frame.offset_in_seen_spreads", "frame level off the mean, in spreads"))),
+    "paper_permuted_mnist": Table("paper_permuted_mnist.json", (
+        ("model", "model"), ("seed", "seed"), ("tasks", "tasks"),
+        ("train_per_task", "examples a task"), ("test_per_task", "test examples a task"),
+        ("task1_after_task1", "task 1 after task 1"),
+        ("task1_after_last", "task 1 after the last"),
+        ("mean_new_task", "each task after it, mean"),
+        ("mean_after_last", "all tasks after the last, mean"))),
+    "paper_capacity": Table("paper_capacity.json", (
+        ("dataset", "dataset"), ("model", "model"), ("weights", "weights"),
+        ("examples", "examples"), ("passes", "passes"),
+        ("final_train_accuracy", "training accuracy after the last pass"))),
 }
 BLOCK = re.compile(r"(<!-- results: (\w+) -->\n).*?(<!-- /results -->)", re.DOTALL)
 
