@@ -22,9 +22,9 @@ the float operations a model of its own makes on that member's rows in the same 
 bytes are the same (``member(i).to_bytes()`` equals those of a model that learned member i's
 rows alone, and so do the prequential probabilities):
 
-* the statistics: ``family_moments_before_each_row`` (below, the specification) is
+* the statistics: ``gln.scaling.family_moments_before_each_row`` (the specification) is
   ``gln.scaling.moments_before_each_row`` on each member's rows;
-* the layers: ``reference_family_layer_pass`` (below) is ``gln.network.reference_layer_pass``
+* the layers: ``gln.network.reference_family_layer_pass`` is ``gln.network.reference_layer_pass``
   on each row with its member's weights; the compiled kernels (``gln.kernels.cpu_family``)
   are the single model's kernels with the weights indexed by member.
 
@@ -50,7 +50,6 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -60,56 +59,12 @@ from gln.backend import to_numpy
 from gln.config import Config
 from gln.kernels import family_layer_pass_for, family_moments_fold_for
 from gln.model import CHUNK_ROWS, GLN, class_probabilities
-from gln.network import network_pass, reference_layer_pass
+from gln.network import network_pass
 from gln.pipeline import Pipeline
-from gln.scaling import FusedScaling, RunningMoments, moments_before_each_row, scale_inputs
+from gln.scaling import FusedScaling, scale_inputs
 from gln.serialize import snapshot_bytes
 from gln.staging import chunk_bounds
 from gln.state import State, estimate_nbytes
-
-
-def reference_family_layer_pass(xp: ModuleType) -> Any:
-    """One layer over a chunk of rows of many members, in plain array code: the specification
-    of ``gln.kernels.cpu_family``.
-
-    ``weights`` (M, G, K, 2^m, I) float32, ``members`` (n,) int64: row t reads and updates
-    ``weights[members[t]]``; the rest as ``gln.network.LayerPass``. Each row is
-    ``gln.network.reference_layer_pass`` on that row alone and its member's weights (a view,
-    updated in place), so each member's weights and outputs are the reference's bytes for its
-    rows."""
-    layer_pass = reference_layer_pass(xp)
-
-    def family_layer_pass(weights, members, contexts, inputs, targets, rates, pred_clip,
-                          weight_clip, learn, probs):
-        for t in range(contexts.shape[0]):
-            row = slice(t, t + 1)
-            layer_pass(weights[int(members[t])], contexts[row], inputs[row], targets[row],
-                       rates[row], pred_clip, weight_clip, learn, probs[row])
-
-    return family_layer_pass
-
-
-def family_moments_before_each_row(
-    xp: ModuleType, members: Any, x64: Any, shifts: Any, member_counts: Any, totals: Any,
-    totals_sq: Any,
-) -> tuple[Any, Any, Any]:
-    """The statistics each row of a chunk sees: its member's count (n, 1), sums (n, d) and
-    sums of squares (n, d) of ``x - shifts[member]`` over that member's rows before it. The
-    members' counts (M,) and totals (M, d) are advanced in place to after the chunk.
-
-    Each member's rows go through ``gln.scaling.moments_before_each_row`` with its own
-    statistics: this is the specification the compiled fold
-    (``gln.kernels.cpu_family.cpu_family_moments``) gives the bits of."""
-    n, d = x64.shape
-    counts, sums, sums_sq = xp.empty((n, 1)), xp.empty((n, d)), xp.empty((n, d))
-    for member in xp.unique(members).tolist():
-        rows = xp.flatnonzero(members == member)
-        before = RunningMoments(int(member_counts[member]), totals[member], totals_sq[member])
-        counts[rows], sums[rows], sums_sq[rows], after = moments_before_each_row(
-            xp, before, x64[rows], shifts[member])
-        member_counts[member], totals[member], totals_sq[member] = (
-            after.count, after.total, after.total_sq)
-    return counts, sums, sums_sq
 
 
 class GLNFamily:
@@ -283,7 +238,7 @@ class GLNFamily:
         index per row. Returns X float32 (n, d), y int64 (n,) or None, members int64 (n,);
         ``ValueError`` names what is wrong."""
         config = self._config
-        unit = strict and config.input_scaling == "unit"
+        unit = strict and config.input_scaling in ("unit", "unit_fixed")
         X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
                                       config.num_features, unit)
         labels = None if y is None else checks.checked_labels(

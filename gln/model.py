@@ -107,8 +107,11 @@ class GLN:
     bias: beta, the constant bias input of every layer, in [eps, 1 - eps] and not 0.5;
         the default sigmoid(1) makes its logit exactly 1.
     offset_scale: standard deviation of the hyperplane offsets (the paper: 1).
-    input_scaling: ``"standardize"`` or ``"unit"`` (inputs already in [0, 1]); see
-        ``gln.scaling``.
+    input_scaling: ``"standardize"`` (running statistics, any features), ``"unit"`` (inputs
+        already in [0, 1]) or ``"unit_fixed"`` (inputs in [0, 1], scaled with no statistics
+        at all: each row's side information and base predictions are its own, so they do not
+        drift when the stream changes, as in continual learning); see ``gln.scaling``. The
+        default stays ``"standardize"``: the other two need inputs in [0, 1].
     min_std: floor of the standard deviation used in input scaling; a feature whose spread is
         below it is treated as constant. The default 1e-9 standardises features of any
         practical scale (1e-3, the default before, made a feature of spread 1e-4 invisible:
@@ -276,7 +279,7 @@ class GLN:
         checks its clients' rows strictly.
         """
         config = self._config
-        unit = strict and config.input_scaling == "unit"
+        unit = strict and config.input_scaling in ("unit", "unit_fixed")
         X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
                                       config.num_features, unit)
         if y is None:

@@ -114,3 +114,24 @@ def with_bias(xp: ModuleType, values: Any, bias_logit: float, from_probs: bool) 
         values = xp.log(ratio, out=ratio)
     inputs[..., 1:] = values
     return inputs
+
+
+def reference_family_layer_pass(xp: ModuleType) -> Any:
+    """One layer over a chunk of rows of many members, in plain array code: the specification
+    of ``gln.kernels.cpu_family``.
+
+    ``weights`` (M, G, K, 2^m, I) float32, ``members`` (n,) int64: row t reads and updates
+    ``weights[members[t]]``; the rest as ``gln.network.LayerPass``. Each row is
+    ``gln.network.reference_layer_pass`` on that row alone and its member's weights (a view,
+    updated in place), so each member's weights and outputs are the reference's bytes for its
+    rows."""
+    layer_pass = reference_layer_pass(xp)
+
+    def family_layer_pass(weights, members, contexts, inputs, targets, rates, pred_clip,
+                          weight_clip, learn, probs):
+        for t in range(contexts.shape[0]):
+            row = slice(t, t + 1)
+            layer_pass(weights[int(members[t])], contexts[row], inputs[row], targets[row],
+                       rates[row], pred_clip, weight_clip, learn, probs[row])
+
+    return family_layer_pass

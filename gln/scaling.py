@@ -13,7 +13,7 @@ large against its spread: sums of raw values of 1e4 +- 0.05 gave a standard devi
 after a million rows, and of 3e7 +- 4 one of 0. Shifted, the sums are of the spread's size;
 ``x - shift`` is then standardised against them, which is the same z in exact arithmetic.
 
-Two modes (``input_scaling``):
+Three modes (``input_scaling``):
 
 ``"standardize"`` (default, any real-valued features)
     side information ``z = (x - mean) / max(std, min_std)`` per feature (0 before any row
@@ -30,6 +30,22 @@ Two modes (``input_scaling``):
     the centred input divided by one pooled standard deviation (the root mean of the per-feature
     variances), which keeps the geometry of the input (cosine similarity, as the paper's
     halfspace argument wants) and does not blow up rare features such as border pixels.
+
+``"unit_fixed"`` (inputs in [0, 1], and a stream whose statistics change)
+    no statistics at all: a row's scaling depends on that row alone, so it never drifts. The
+    running statistics of the other modes move whenever the stream's distribution does (each
+    new task of permuted MNIST moves every pixel's mean), which changes the gating and the base
+    predictions of every example learned before, and with them what the network predicts for
+    earlier tasks. Base predictions map [0, 1] onto logits [0, logit(1 - eps)]: 0 (no ink) is
+    the uninformative 1/2 and 1 is 1 - eps (the inputs themselves, as ``"unit"`` takes them,
+    make every blank pixel a confident 0 that the weights must learn to discount). Side
+    information is the row rescaled to norm sqrt(d), ``z = x sqrt(d) / |x|`` (0 for a row of
+    zeros): not centred, so the cosine similarity of two rows, which the paper's halfspace
+    argument is about, is kept, and rows of two permutations of the pixels stay far apart;
+    at norm sqrt(d), a unit normal's dot product with z is of the order of the N(0, 1)
+    offsets. The network is the paper's, exactly, on these inputs. It is array code on every
+    device (no kernel of its own), so a GPU model's short calls are not replayed from captured
+    graphs.
 
 Side information for gating (``side_info``) is, by default, the scaled z above. With
 ``"per_row"`` it is instead each row on its own: centred on the row's mean, optionally smoothed
@@ -49,7 +65,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NamedTuple
 
-INPUT_SCALINGS = ("standardize", "unit")
+INPUT_SCALINGS = ("standardize", "unit", "unit_fixed")
 # Side information is bounded to +-Z_LIMIT before it becomes float32: an outlier far beyond the
 # running statistics (a float32-sized value over a small spread) would otherwise be infinite,
 # and its halfspace margins NaN. Far inside float32, so a unit normal's dot product with a
@@ -132,6 +148,8 @@ def scale_inputs(
         # Per-row side information replaces z: no need to compute it.
         z, base_logits = compute(x64, counts, sums, sums_sq, min_std, pred_clip,
                                  side_info != "per_row")
+    elif mode == "unit_fixed":
+        z, base_logits = unit_fixed_scaled(xp, x64, pred_clip, side_info != "per_row")
     else:
         raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {mode!r}")
     if side_info == "per_row":
@@ -169,6 +187,20 @@ def unit_scaled(
     pooled = xp.sqrt(variance.mean(axis=1, keepdims=True))
     z = (x64 - mean) / xp.maximum(pooled, min_std)
     return xp.clip(z, -Z_LIMIT, Z_LIMIT), base_logits
+
+
+def unit_fixed_scaled(
+    xp: ModuleType, x64: Any, pred_clip: float, want_z: bool = True
+) -> tuple[Any, Any]:
+    """Mode ``"unit_fixed"``: ``z = x sqrt(d) / |x|`` (0 for a row of zeros; None unless
+    ``want_z``) and base logits ``clip(x, 0, 1) logit(1 - eps)``; no statistics, so each row's
+    are its own."""
+    base_logits = xp.clip(x64, 0.0, 1.0) * math.log((1.0 - pred_clip) / pred_clip)
+    if not want_z:
+        return None, base_logits
+    norms = xp.sqrt((x64 * x64).sum(axis=1, keepdims=True))
+    scale = xp.where(norms > 0, math.sqrt(x64.shape[1]) / xp.where(norms > 0, norms, 1.0), 0.0)
+    return x64 * scale, base_logits
 
 
 def _mean_and_variance(xp: ModuleType, counts: Any, sums: Any, sums_sq: Any) -> tuple[Any, Any]:
@@ -212,3 +244,26 @@ def per_row_side_info(xp: ModuleType, x64: Any, blur: tuple[Any, Any] | None) ->
         z = (rows @ z.reshape(n, rows.shape[0], cols.shape[0]) @ cols.T).reshape(n, d)
     norms = xp.sqrt((z * z).sum(axis=1, keepdims=True))
     return xp.where(norms > 0, z * (math.sqrt(d) / xp.where(norms > 0, norms, 1.0)), 0.0)
+
+
+def family_moments_before_each_row(
+    xp: ModuleType, members: Any, x64: Any, shifts: Any, member_counts: Any, totals: Any,
+    totals_sq: Any,
+) -> tuple[Any, Any, Any]:
+    """The statistics each row of a chunk sees: its member's count (n, 1), sums (n, d) and
+    sums of squares (n, d) of ``x - shifts[member]`` over that member's rows before it. The
+    members' counts (M,) and totals (M, d) are advanced in place to after the chunk.
+
+    Each member's rows go through ``gln.scaling.moments_before_each_row`` with its own
+    statistics: this is the specification the compiled fold
+    (``gln.kernels.cpu_family.cpu_family_moments``) gives the bits of."""
+    n, d = x64.shape
+    counts, sums, sums_sq = xp.empty((n, 1)), xp.empty((n, d)), xp.empty((n, d))
+    for member in xp.unique(members).tolist():
+        rows = xp.flatnonzero(members == member)
+        before = RunningMoments(int(member_counts[member]), totals[member], totals_sq[member])
+        counts[rows], sums[rows], sums_sq[rows], after = moments_before_each_row(
+            xp, before, x64[rows], shifts[member])
+        member_counts[member], totals[member], totals_sq[member] = (
+            after.count, after.total, after.total_sq)
+    return counts, sums, sums_sq

@@ -43,9 +43,11 @@ class Staging:
     def __init__(self, config: Config, pipeline: Pipeline, state: State) -> None:
         self.config, self.pipeline, self.state = config, pipeline, state
         self.schedule = config.schedule
-        # Short calls on the GPU: captured once, then replayed (gln.kernels.replay).
+        # Short calls on the GPU: captured once, then replayed (gln.kernels.replay). The
+        # "unit_fixed" scaling is array code (no kernel of its own), which a graph cannot
+        # capture: its short calls run as they are.
         self.replays = (CallReplays() if pipeline.device == "cuda" and config.use_kernels
-                        else None)
+                        and config.input_scaling != "unit_fixed" else None)
 
     def staged(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """What a chunk sends to the device, as one host buffer: its rows widened to float64

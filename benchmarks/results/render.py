@@ -119,6 +119,17 @@ TABLES = {
         ("contribution_digit_correlation", "saliency x ink vs digit"),
         ("frame.pixels", "never-seen pixels"), ("frame.flat", "flat on every map"),
         ("frame.offset_in_seen_spreads", "frame level off the mean, in spreads"))),
+    "paper_permuted_mnist": Table("paper_permuted_mnist.json", (
+        ("model", "model"), ("seed", "seed"), ("tasks", "tasks"),
+        ("train_per_task", "examples a task"), ("test_per_task", "test examples a task"),
+        ("task1_after_task1", "task 1 after task 1"),
+        ("task1_after_last", "task 1 after the last"),
+        ("mean_new_task", "each task after it, mean"),
+        ("mean_after_last", "all tasks after the last, mean"))),
+    "paper_capacity": Table("paper_capacity.json", (
+        ("dataset", "dataset"), ("model", "model"), ("weights", "weights"),
+        ("examples", "examples"), ("passes", "passes"),
+        ("final_train_accuracy", "training accuracy after the last pass"))),
 }
 BLOCK = re.compile(r"(<!-- results: (\w+) -->\n).*?(<!-- /results -->)", re.DOTALL)
 

@@ -14,10 +14,16 @@ from typing import Any
 import numpy as np
 
 from gln.gating import layer_contexts
-from gln.network import LayerPass, network_pass, reference_layer_pass
+from gln.network import (
+    LayerPass,
+    network_pass,
+    reference_family_layer_pass,
+    reference_layer_pass,
+)
 from gln.scaling import (
     FusedScaling,
     RunningMoments,
+    family_moments_before_each_row,
     moments_before_each_row,
     per_row_side_info,
     unit_scaled,
@@ -115,18 +121,14 @@ def family_layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[
         from gln.kernels.cpu_family import cpu_family_layer_pass  # noqa: PLC0415 - compiles
 
         return cpu_family_layer_pass
-    from gln.family import reference_family_layer_pass  # noqa: PLC0415 - imports gln.kernels
-
     return reference_family_layer_pass(xp)
 
 
 def family_moments_fold_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
     """``f(members, x64, shifts, member_counts, totals, totals_sq) -> (counts, sums,
-    sums_sq)``: ``gln.family.family_moments_before_each_row`` on ``xp``, with the same bits."""
+    sums_sq)``: ``gln.scaling.family_moments_before_each_row`` on ``xp``, with the same bits."""
     if use_kernels and xp is np:
         from gln.kernels.cpu_family import cpu_family_moments  # noqa: PLC0415 - loads Numba
 
         return cpu_family_moments
-    from gln.family import family_moments_before_each_row  # noqa: PLC0415 - imports gln.kernels
-
     return functools.partial(family_moments_before_each_row, xp)

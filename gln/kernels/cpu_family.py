@@ -85,7 +85,7 @@ def cpu_family_layer_pass(
     targets: np.ndarray, rates: np.ndarray, pred_clip: float, weight_clip: float, learn: bool,
     probs: np.ndarray,
 ) -> None:
-    """``gln.family.reference_family_layer_pass`` compiled: ``weights`` (M, G, K, 2^m, I),
+    """``gln.network.reference_family_layer_pass`` compiled: ``weights`` (M, G, K, 2^m, I),
     ``members`` (n,) int64, the rest as ``gln.network.LayerPass``; C-contiguous NumPy arrays.
 
     Each member's weights and outputs are the bytes ``gln.kernels.cpu.cpu_layer_pass`` gives
@@ -170,7 +170,7 @@ def cpu_family_moments(
     members: np.ndarray, x64: np.ndarray, shifts: np.ndarray, member_counts: np.ndarray,
     totals: np.ndarray, totals_sq: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``gln.family.family_moments_before_each_row`` for float64 NumPy arrays, bit for bit:
+    """``gln.scaling.family_moments_before_each_row`` for float64 NumPy arrays, bit for bit:
     each row's count (n, 1), sums (n, d) and sums of squares (n, d) of its member's rows
     before it; ``member_counts`` (M,) int64 and ``totals`` / ``totals_sq`` (M, d) are
     advanced in place."""

@@ -85,6 +85,8 @@ class LocalEngine:
 
     async def close(self) -> bool:
         """Drain every queue and snapshot what changed; False if any snapshot failed."""
+        if self.registry is not None:
+            self.registry.stop_periodic_work()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

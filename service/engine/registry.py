@@ -161,6 +161,7 @@ class ModelRegistry:
         # served models may come to hold (each one's ``reserved_nbytes``).
         self._by_folded_name: dict[str, str] = {}
         self._held_nbytes = 0
+        self._stopping = False  # stop_periodic_work was called
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()
         self._ping_in_flight: asyncio.Future[bool] | None = None
@@ -715,10 +716,17 @@ class ModelRegistry:
             return 0
         return result.rows
 
+    def stop_periodic_work(self) -> None:
+        """Make the periodic loops end at their next turn. Cancelling them is not enough: a
+        loop cancelled while it waits for a learn a pass is carrying out keeps waiting for
+        its outcome (``ServedModel.answer`` takes the cancellation back, as a request's
+        handler must), and would then go round again."""
+        self._stopping = True
+
     async def expire_labels_periodically(self, interval_s: float) -> None:
         """Every ``interval_s`` seconds, expire the rows that waited too long for a label."""
         await self.wait_restored()
-        while True:
+        while not self._stopping:
             await asyncio.sleep(interval_s)
             for served in list(self._models.values()):
                 await self._expire(served)
@@ -785,9 +793,9 @@ class ModelRegistry:
         return all(await _for_each(changed, save))
 
     async def snapshot_periodically(self, interval_s: float) -> None:
-        """Every ``interval_s`` seconds, snapshot the models that changed (until cancelled)."""
+        """Every ``interval_s`` seconds, snapshot the models that changed (until stopped)."""
         await self.wait_restored()
-        while True:
+        while not self._stopping:
             await asyncio.sleep(interval_s)
             await self.snapshot_changed()
 

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -69,15 +69,20 @@ from service.settings import Settings
 from service.storage.store import SnapshotInfo, SnapshotStore
 from service.storage.wal import LogEntry, WalGapError, WriteAheadLog, request_digest
 
-if TYPE_CHECKING:
-    from service.engine.passes import Passes
-
 log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
 throttled = Throttled(log)
 
 
 T = TypeVar("T")
+
+
+class Scheduler(Protocol):
+    """What serves a model's queue (:class:`service.engine.passes.Passes`): told when the
+    model has work, it takes batches with :meth:`ServedModel.take_batch`, serves them with
+    :meth:`ServedModel.serve_batch` and answers them with :meth:`ServedModel.deliver`."""
+
+    def ready(self, served: ServedModel) -> None: ...
 
 
 class StoredModel(NamedTuple):
@@ -180,7 +185,7 @@ class ServedModel:
         snapshot: SnapshotInfo | None = None,
         wal: WriteAheadLog | None = None,
         load_snapshot: Callable[[], StoredModel | None] | None = None,
-        passes: Passes,
+        passes: Scheduler,
     ) -> None:
         self.name = name
         self.model = model

@@ -12,7 +12,6 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Self
@@ -24,7 +23,7 @@ from redis.connection import ConnectionPool
 from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
-from service.storage.primary_watch import PrimaryWatch
+from service.storage.primary_watch import PrimaryWatch, SentinelTarget
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # The URL scheme of a Redis primary found through Redis Sentinel (redis_client).
@@ -184,20 +183,6 @@ class RedisClient(ClosingMixin):
             client.connection_pool.disconnect()
         if self._watch is not None:
             self._watch.close()
-
-
-@dataclass(frozen=True)
-class SentinelTarget:
-    """Where a ``redis+sentinel://`` URL points: the Sentinels to ask (and their password,
-    if they have one), the name they monitor the primary by, and how to talk to that primary
-    (database, user, password)."""
-
-    sentinels: tuple[tuple[str, int], ...]
-    service_name: str
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-    sentinel_password: str | None = None
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:

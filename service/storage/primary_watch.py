@@ -43,13 +43,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import redis
 from redis.sentinel import MasterNotFoundError
-
-if TYPE_CHECKING:
-    from service.storage.common import SentinelTarget
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +67,20 @@ _CHANNELS = (*_ATTEMPTS, "+odown", "+switch-master", "+reset-master", "-monitor"
 _UNSETTLED_FLAGS = frozenset({"o_down", "failover_in_progress"})
 
 Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """Where a ``redis+sentinel://`` URL points: the Sentinels to ask (and their password,
+    if they have one), the name they monitor the primary by, and how to talk to that primary
+    (database, user, password)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gln import GLN, GLNFamily
-from gln.family import family_moments_before_each_row
 from gln.kernels import cpu_family
+from gln.scaling import family_moments_before_each_row
 
 INVERSE_TIME = {"schedule": "inverse_time", "scale": 0.5, "cap": 0.2}  # 0.5 / t from t = 3
 CONFIGS = {  # small networks: a layer of neurons in blocks of four and one left over

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from gln import GLN
+from service.api.app import create_app
 from service.api.shutdown_answer import UNKNOWN, WITHDRAWN
 from service.storage.store import open_store
 
@@ -253,3 +254,35 @@ async def test_a_delete_a_shutdown_stops_waiting_for_lets_the_batch_under_way_fi
         answer = await asyncio.wait_for(first, 10)
     assert answer.status_code == 200 and answer.json()["examples"] == 3
     assert sent[0]["status"] == 503 and json.loads(sent[1]["body"])["detail"] == UNKNOWN
+
+
+async def test_a_shutdown_ends_while_the_label_expiry_waits_for_a_learn_under_way(
+    settings, create_model, make_data
+):
+    """The expiry loop, cancelled while a pass carries out its learn of expired rows, waits
+    for that learn (as a request's handler does) and must then stop, not go round again:
+    else the shutdown waits for it for ever."""
+    app = create_app(settings.model_copy(update={"label_ttl_s": 0.2, "label_default": 1}))
+    X, _ = make_data(2)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
+        await app.state.engine.registry.wait_restored()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            await create_model(client)
+            entry = await app.state.engine.registry.get("m")
+            gate, learn = threading.Event(), entry.model.learn
+            entry.model.learn = lambda *a, **k: (gate.wait(10), learn(*a, **k))[1]
+            await client.post("/v1/models/m/predict", json={"features": X, "ids": ["a", "b"]})
+            for _ in range(200):  # until the expiry's learn of the two rows is under way
+                await asyncio.sleep(0.02)
+                if not entry._queue and entry.pending_examples == 2:
+                    break
+            assert entry.pending_examples == 2
+    finally:
+        closing = asyncio.create_task(lifespan.__aexit__(None, None, None))
+        await asyncio.sleep(0.2)
+        gate.set()
+        await asyncio.wait_for(closing, 20)
+    assert entry.model.examples_seen == 2
