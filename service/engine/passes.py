@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
@@ -53,8 +52,8 @@ class Passes:
         self._lanes_wanted = lanes
         self._wal = wal
         self._models_per_pass = models_per_pass
-        self._line: deque[ServedModel] = deque()
-        self._work = asyncio.Event()
+        # The models lined up; a queue wakes one idle lane per model, not every lane.
+        self._line: asyncio.Queue[ServedModel] = asyncio.Queue()
         self._lanes: list[asyncio.Task[None]] = []
 
     def ready(self, served: ServedModel) -> None:
@@ -63,8 +62,7 @@ class Passes:
         if served.scheduled:
             return
         served.scheduled = True
-        self._line.append(served)
-        self._work.set()
+        self._line.put_nowait(served)
         if not self._lanes:
             self._lanes = [asyncio.create_task(self._lane(), name=f"gln-pass-{i}")
                            for i in range(self._lanes_wanted)]
@@ -78,20 +76,20 @@ class Passes:
 
     async def _lane(self) -> None:
         while True:
-            while not self._line:
-                self._work.clear()
-                await self._work.wait()
             # A pass of its own: nothing of it outlives it here (a deleted model is freed at
             # once, not when this lane next takes work).
-            await self._pass()
+            await self._pass(await self._line.get())
 
-    async def _pass(self) -> None:
-        """Take up to ``models_per_pass`` models off the line and serve their batches: those
-        that only read on the read threads, the others on the model threads, at once."""
+    async def _pass(self, first: ServedModel) -> None:
+        """Serve the batches of ``first`` and of the models lined up behind it, up to
+        ``models_per_pass``: those that only read on the read threads, the others on the
+        model threads, at once."""
         reads: list[tuple[ServedModel, list[Any]]] = []
         writes: list[tuple[ServedModel, list[Any]]] = []
-        for _ in range(min(self._models_per_pass, len(self._line))):
-            served = self._line.popleft()
+        taken = [first]
+        while len(taken) < self._models_per_pass and not self._line.empty():
+            taken.append(self._line.get_nowait())
+        for served in taken:
             if not served.has_queued_work:  # its requests were withdrawn while it waited
                 self._done_with(served)
                 continue
