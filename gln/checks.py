@@ -246,10 +246,11 @@ def _is_series(y: Any) -> bool:
     return pandas is not None and isinstance(y, pandas.Series)
 
 
-def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> np.ndarray:
+def checked_features(X: Any, num_features: int, unit_interval: str | None = None) -> np.ndarray:
     """Features as C-contiguous float32 (n, num_features), or ``ValueError`` naming the first
     bad value: a wrong shape, a ragged row, NaN, inf or a magnitude beyond float32, or, with
-    ``unit_interval``, a value outside [0, 1].
+    ``unit_interval`` (the input scaling that takes [0, 1] only, named in the error), a value
+    outside [0, 1].
 
     Valid batches cost two reductions (min and max propagate NaN and show inf or a value
     beyond float32), not a mask per check: a 4,096-row batch is checked in a fraction of
@@ -283,8 +284,9 @@ def checked_features(X: Any, num_features: int, unit_interval: bool = False) -> 
         if unit_interval and not (0.0 <= low and high <= 1.0):
             row, col = np.argwhere((values < 0) | (values > 1))[0]
             raise ValueError(
-                f"input_scaling='unit' takes features in [0, 1]: row {row}, column {col} is "
-                f"{values[row, col]} (scale them to [0, 1], or use input_scaling='standardize')")
+                f"input_scaling={unit_interval!r} takes features in [0, 1]: row {row}, column "
+                f"{col} is {values[row, col]} (scale them to [0, 1], or use "
+                "input_scaling='standardize')")
     return np.ascontiguousarray(values, dtype=np.float32)
 
 

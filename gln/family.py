@@ -240,7 +240,8 @@ class GLNFamily:
         config = self._config
         unit = strict and config.input_scaling in ("unit", "unit_fixed")
         X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
-                                      config.num_features, unit)
+                                      config.num_features,
+                                      config.input_scaling if unit else None)
         labels = None if y is None else checks.checked_labels(
             checks.labels_by_name(y, config.class_names), config.num_classes, len(X32))
         return X32, labels, self._checked_members(members, len(X32))

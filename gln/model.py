@@ -281,7 +281,8 @@ class GLN:
         config = self._config
         unit = strict and config.input_scaling in ("unit", "unit_fixed")
         X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
-                                      config.num_features, unit)
+                                      config.num_features,
+                                      config.input_scaling if unit else None)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])

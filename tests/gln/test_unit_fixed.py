@@ -111,3 +111,10 @@ def test_the_cuda_path_gives_the_cpu_models_results(cp):
     np.testing.assert_allclose(learned, cpu.learn(X, y), atol=1e-4)
     np.testing.assert_allclose(one_by_one, learned, atol=1e-5)
     np.testing.assert_allclose(rows.predict_proba(X[:5]), cpu.predict_proba(X[:5]), atol=1e-4)
+
+
+def test_a_value_outside_the_unit_interval_is_refused_naming_unit_fixed():
+    from gln import GLN
+
+    with pytest.raises(ValueError, match=r"^input_scaling='unit_fixed' takes features in \[0, 1\]"):
+        GLN(2, input_scaling="unit_fixed").check_input([[0.5, 1.5]], strict=True)
