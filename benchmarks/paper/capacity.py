@@ -30,6 +30,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.paper.common import (  # noqa: E402
+    add_mnist_arguments,
     append_runs,
     machine,
     mlp,
@@ -133,11 +134,7 @@ def draw(figures: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
-    parser.add_argument("--synthetic", action="store_true",
-                        help="generated 28 x 28 digits instead of MNIST (for tests)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a few minutes on two cores: {QUICK}")
+    add_mnist_arguments(parser, QUICK)
     parser.add_argument("--examples", type=int)
     parser.add_argument("--passes", type=int)
     parser.add_argument("--depths", default=",".join(map(str, DEPTHS)))

@@ -7,6 +7,7 @@ needs neither, so a script asked for the GLN alone runs without them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -135,3 +136,13 @@ def ci95(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     return float(1.96 * np.std(values, ddof=1) / np.sqrt(len(values)))
+
+
+def add_mnist_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
+    """The options of a script that learns MNIST: where the digits are, generated digits
+    instead (for tests), and the quick size (``quick`` says what it is)."""
+    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="generated 28 x 28 digits instead of MNIST (for tests)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a few minutes on two cores: {quick}")
