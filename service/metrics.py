@@ -313,10 +313,6 @@ class ModelSeries:
             if not counts.own_series:
                 setattr(self._others, field, getattr(self._others, field) + amount)
 
-    def has_own_series(self, name: str) -> bool:
-        counts = self._models.get(name)
-        return counts is not None and counts.own_series
-
     def collect(self) -> Iterator[Metric]:
         models = list(self._models.items())  # one copy, in C: safe beside the loop's changes
         own = [(name, counts) for name, counts in models if counts.own_series]

@@ -37,6 +37,7 @@ from benchmarks.paper.common import (  # noqa: E402
     mlp_accuracy,
     mnist_pixels,
     recorded_command,
+    save_figure,
     torch_or_none,
 )
 from gln import GLN  # noqa: E402
@@ -127,9 +128,7 @@ def draw(figures: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

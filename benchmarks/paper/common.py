@@ -146,3 +146,12 @@ def add_mnist_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
                         help="generated 28 x 28 digits instead of MNIST (for tests)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a few minutes on two cores: {quick}")
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Write a matplotlib figure to ``path`` (its folder made if missing), then close it."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - only the scripts that draw need it
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -37,6 +37,7 @@ from benchmarks.paper.common import (  # noqa: E402
     mlp_accuracy,
     mnist_pixels,
     recorded_command,
+    save_figure,
     torch_or_none,
 )
 from gln import GLN  # noqa: E402
@@ -184,9 +185,7 @@ def draw(figures: list[dict], path: Path) -> None:
     fig.suptitle(f"Permuted MNIST, one pass a task ({runs['train_per_task']:,} examples a "
                  f"task, {len({f['seed'] for f in figures})} seeds)", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

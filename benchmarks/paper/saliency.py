@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.mnist import data_dir, load_mnist  # noqa: E402
+from benchmarks.paper.common import save_figure  # noqa: E402
 from gln import GLN  # noqa: E402
 
 # --quick learns this many training images: about a sixth of the pass, a minute on two cores.
@@ -146,9 +147,7 @@ def plot(path: Path, digits: np.ndarray,
         ax.set_xticks([])
         ax.set_yticks([])
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(fig, path, dpi=80)
 
 
 def main(argv: list[str] | None = None) -> dict:

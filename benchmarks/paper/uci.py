@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.paper.common import save_figure  # noqa: E402
 from gln import GLN  # noqa: E402
 
 DATASETS = ("iris", "wine", "breast_cancer", "digits", "image_segments", "phishing", "bananas")
@@ -313,9 +314,7 @@ def draw(rows: list[dict[str, Any]], path: Path) -> None:
     axes.set_title(f"Single pass over 80%, mean and standard error over {splits} splits")
     axes.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
