@@ -147,6 +147,16 @@ def start_server(
     return ServerProcess(env, log_path, port).start(ready_timeout_s)
 
 
+def learn_on_a_new_model(server: ServerProcess, config: Mapping[str, Any], *, seed: int,
+                         threads: int = 4) -> DurableLearners:
+    """Create model "m" of ``config`` on the started ``server`` and start ``threads`` keyed
+    learners on it (:class:`DurableLearners`, stopped by the caller)."""
+    r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": dict(config)})
+    assert r.status_code == 201, r.text
+    return DurableLearners(server.url, "m", config["num_features"], config["num_classes"],
+                           threads=threads, seed=seed).start()
+
+
 # -- the client -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ack:

@@ -25,9 +25,9 @@ from gln import GLN
 from service.storage.store import open_store
 from service.storage.wal import open_wal
 from tests.service.durable_client import (
-    DurableLearners,
     ServerProcess,
     check_exactly_once,
+    learn_on_a_new_model,
     reference_bytes,
 )
 
@@ -72,13 +72,9 @@ def test_kill_9_mid_load_then_restart_is_exactly_once(
     server = ServerProcess(
         {**log_settings, "GLN_SNAPSHOT_INTERVAL_S": "0.3"}, tmp_path / "server.log"
     )
-    learners = DurableLearners(server.url, "m", small_config["num_features"],
-                               small_config["num_classes"], threads=4, seed=11)
     with server:
         server.start()
-        r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": small_config})
-        assert r.status_code == 201, r.text
-        learners.start()
+        learners = learn_on_a_new_model(server, small_config, seed=11)
         try:
             learners.wait_for_acks(ACKS_BEFORE_KILL, timeout_s=60)
             # Periodic snapshots (and trims) must happen under load; a fast machine can reach

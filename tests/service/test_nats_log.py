@@ -30,6 +30,7 @@ from tests.service.durable_client import (
     DurableLearners,
     ServerProcess,
     check_exactly_once,
+    learn_on_a_new_model,
     reference_bytes,
 )
 from tests.service.staged_crash import learned_bytes, model_bytes, skip_shutdown_snapshots
@@ -104,13 +105,9 @@ def _learn_through(
         "GLN_WAL_URL": cluster.url, "GLN_SNAPSHOT_DIR": str(tmp_path / "snapshots"),
         "GLN_SNAPSHOT_INTERVAL_S": "1",  # snapshots and trims under load, across the fault
     }, tmp_path / "server.log")
-    learners = DurableLearners(server.url, "m", small_config["num_features"],
-                               small_config["num_classes"], threads=4, seed=3)
     with server:
         server.start()
-        r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": small_config})
-        assert r.status_code == 201, r.text
-        learners.start()
+        learners = learn_on_a_new_model(server, small_config, seed=3)
         try:
             learners.wait_for_acks(100, timeout_s=60)
             leader = cluster.leader_of(STREAM)

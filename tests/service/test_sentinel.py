@@ -39,9 +39,9 @@ from tests.redis_process import (
     sentinels_url,
 )
 from tests.service.durable_client import (
-    DurableLearners,
     ServerProcess,
     check_exactly_once,
+    learn_on_a_new_model,
     reference_bytes,
 )
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
@@ -248,13 +248,9 @@ def test_a_failover_under_keyed_load_loses_and_repeats_nothing_acknowledged(
         "GLN_WAL_REPLICAS": "1", "GLN_SNAPSHOT_INTERVAL_S": "1",
         "GLN_SNAPSHOT_DIR": str(tmp_path / "unused"),
     }, tmp_path / "server.log")
-    learners = DurableLearners(server.url, "m", small_config["num_features"],
-                               small_config["num_classes"], threads=4, seed=5)
     with server:
         server.start()
-        r = httpx.post(f"{server.url}/v1/models", json={"name": "m", "config": small_config})
-        assert r.status_code == 201, r.text
-        learners.start()
+        learners = learn_on_a_new_model(server, small_config, seed=5)
         try:
             learners.wait_for_acks(200, timeout_s=60)
             if fault == "pause":
