@@ -67,6 +67,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -281,11 +282,20 @@ def run(
         "min_replicas_to_write": 1 if args.min_replicas else 0,
         "learning_outage_s": _longest_gap(fault_at, acked_at),
         "snapshot_interval_s": args.snapshot_interval_s,
+        "duplicate_answers_without_sequence": check.placed + check.unexplained,
+        **_load_outcome(learners, check, load_s, examples_seen, same),
+    }
+
+
+def _load_outcome(learners: DurableLearners, check: Any, load_s: float, examples_seen: int,
+                  same: bool) -> dict[str, Any]:
+    """What every fault's row says of the load: requests, errors, and whether each
+    acknowledged example was learned exactly once (``check``: ``check_exactly_once``'s)."""
+    return {
         "requests_acknowledged": len(learners.acks),
         "requests_per_s": round(len(learners.acks) / load_s, 1),
         "requests_retried": sum(ack.attempts > 1 for ack in learners.acks),
         "duplicate_answers": sum(ack.duplicate for ack in learners.acks),
-        "duplicate_answers_without_sequence": check.placed + check.unexplained,
         "errors_returned": dict(sorted(learners.errors.items())),
         "examples_acknowledged": check.examples,
         "examples_seen": examples_seen,
@@ -350,19 +360,7 @@ def run_nats(args: argparse.Namespace, server: ServerProcess, cluster: NatsClust
                   if args.nats == "pause" else "stream leader SIGKILL, then started again"),
         "log_outage_s": None if outage_s is None else round(outage_s, 2),
         "snapshot_interval_s": args.snapshot_interval_s,
-        "requests_acknowledged": len(learners.acks),
-        "requests_per_s": round(len(learners.acks) / load_s, 1),
-        "requests_retried": sum(ack.attempts > 1 for ack in learners.acks),
-        "duplicate_answers": sum(ack.duplicate for ack in learners.acks),
-        "errors_returned": dict(sorted(learners.errors.items())),
-        "examples_acknowledged": check.examples,
-        "examples_seen": examples_seen,
-        "examples_lost": check.lost,
-        "examples_duplicated": check.duplicated,
-        "unexplained": check.unexplained,
-        "requests_abandoned": len(learners.abandoned),
-        "model_equals_reference": same,
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cpus",
+        **_load_outcome(learners, check, load_s, examples_seen, same),
     }
 
 
