@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -91,9 +91,9 @@ def message(header: dict[str, Any], value_key: str, value: Any) -> list[Any]:
     header[value_key] = pack(value, buffers)
     sizes = [memoryview(buffer).nbytes for buffer in buffers]
     if sum(sizes) > INLINE_BYTES:
-        return [json.dumps(header).encode(), *buffers]
+        return [orjson.dumps(header), *buffers]
     header["$inline"] = sizes
-    head = json.dumps(header).encode()
+    head = orjson.dumps(header)
     parts: list[Any] = [len(head).to_bytes(4, "little"), head]
     at = 4 + len(head)
     for buffer, size in zip(buffers, sizes, strict=True):
@@ -106,10 +106,10 @@ def message(header: dict[str, Any], value_key: str, value: Any) -> list[Any]:
 def read_message(frames: Sequence[zmq.Frame]) -> tuple[dict[str, Any], list[Any]]:
     """A message's header and its arrays' buffers (views of the frames, no copy)."""
     if len(frames) > 1:
-        return json.loads(frames[0].bytes), [frame.buffer for frame in frames[1:]]
+        return orjson.loads(frames[0].buffer), [frame.buffer for frame in frames[1:]]
     whole = frames[0].buffer
     length = int.from_bytes(whole[:4], "little")
-    header = json.loads(bytes(whole[4:4 + length]))
+    header = orjson.loads(whole[4:4 + length])
     buffers = []
     at = 4 + length
     for size in header.pop("$inline"):

@@ -35,7 +35,6 @@ A lock of the store's own keeps those apart.
 
 from __future__ import annotations
 
-import json
 import struct
 import threading
 from collections import OrderedDict
@@ -43,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 __all__ = ["WaitingRows", "WaitingRow", "decode_rows", "encode_rows"]
 
@@ -202,11 +202,11 @@ def encode_rows(rows: Sequence[WaitingRow]) -> bytes:
     features = np.stack([row.features for row in rows]).astype("<f4", copy=False)
     predictions = np.stack([row.prediction for row in rows]).astype("<f8", copy=False)
     expires_at = np.array([row.expires_at for row in rows], dtype="<f8")
-    header = json.dumps({
+    header = orjson.dumps({
         "ids": [row.id for row in rows],
         "features": list(features.shape),
         "predictions": list(predictions.shape),
-    }).encode()
+    })
     return b"".join((
         _MAGIC, _HEADER_LENGTH.pack(len(header)), header,
         features.tobytes(), predictions.tobytes(), expires_at.tobytes(),
@@ -220,7 +220,7 @@ def decode_rows(blob: bytes | memoryview) -> list[WaitingRow]:
         raise ValueError("waiting rows: not a block of waiting rows")
     start = len(_MAGIC) + _HEADER_LENGTH.size
     (length,) = _HEADER_LENGTH.unpack_from(view, len(_MAGIC))
-    header = json.loads(bytes(view[start:start + length]))
+    header = orjson.loads(view[start:start + length])
     ids = [str(i) for i in header["ids"]]
     f_shape, p_shape = tuple(header["features"]), tuple(header["predictions"])
     n = len(ids)

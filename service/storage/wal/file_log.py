@@ -82,6 +82,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from service.storage.common import (
     LOG_FILE_NAME,
@@ -151,7 +152,7 @@ def _split_payload(payload: bytes | memoryview) -> tuple[dict[str, Any], memoryv
     end = _HEADER_LEN.size + hlen
     if end > len(view):
         raise ValueError(f"header length {hlen} runs past the record")
-    header = json.loads(bytes(view[_HEADER_LEN.size:end]))
+    header = orjson.loads(view[_HEADER_LEN.size:end])
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return header, view[end:]
@@ -242,14 +243,13 @@ def _payload(parts: list[bytes]) -> tuple[int, int]:
 
 
 def _entry_parts(header: dict[str, Any], x: bytes, y: bytes) -> list[bytes]:
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = orjson.dumps(header)
     return [_HEADER_LEN.pack(len(head)) + head, x, y]
 
 
 def _frame_write(items: Sequence[_Queued]) -> tuple[bytes, list[int]]:
     """The bytes of one write of ``items`` and each payload's offset from its start."""
-    head = json.dumps([[q.name, q.kind, q.id, q.length, q.crc] for q in items],
-                      separators=(",", ":")).encode()
+    head = orjson.dumps([[q.name, q.kind, q.id, q.length, q.crc] for q in items])
     fixed = _WRITE.pack(_MAGIC, len(head), sum(q.length for q in items), 0)[:-_CRC.size]
     offsets, at = [], _WRITE.size + len(head)
     for q in items:
@@ -275,7 +275,7 @@ def _read_write(data: bytes, offset: int) -> tuple[list[list[Any]], int, int] | 
         return None
     end = start + head_len + body_len
     try:
-        head = json.loads(data[start:start + head_len])
+        head = orjson.loads(data[start:start + head_len])
         total = sum(int(r[3]) for r in head)
     except (ValueError, TypeError, IndexError):
         return None
@@ -500,7 +500,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
                 self._set_origin(model, record)
             self._drop_through(model, record.id)
         elif kind == "s":
-            state = json.loads(bytes(payload))
+            state = orjson.loads(payload)
             self._set_origin(model, record)
             self._drop_through(model, int(state["trimmed"]))
             model.last_id = max(model.last_id, int(state["last"]))
@@ -621,7 +621,7 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
                 model.damage = model.damage or f"{exc} (delete the model to start it afresh)"
                 continue
             ticket = _Ticket()
-            state = json.dumps({"last": last_id, "trimmed": trimmed, "keys": keys}).encode()
+            state = orjson.dumps({"last": last_id, "trimmed": trimmed, "keys": keys})
             batch.append(_Queued(name, "s", 0, [state], *_payload([state]), None, ticket))
             for entry_id, payload, crc in entries:
                 batch.append(_Queued(name, "c", entry_id, [payload], len(payload), crc, None,
@@ -1106,8 +1106,8 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
 
     def _queue_state(self, name: str, model: _Model, ticket: _Ticket) -> None:
         """(lock) Queue a record restating the model's state; the model's origin from now."""
-        state = json.dumps({"last": model.last_id, "trimmed": model.trimmed_through,
-                            "keys": model.keys}, separators=(",", ":")).encode()
+        state = orjson.dumps({"last": model.last_id, "trimmed": model.trimmed_through,
+                              "keys": model.keys})
         origin = _Record(0, *_payload([state]))
         self._set_origin(model, origin)
         self._enqueue(name, "s", 0, [state], origin.length, origin.crc, origin, ticket)

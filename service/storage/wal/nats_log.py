@@ -32,6 +32,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import numpy as np
+import orjson
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from service.storage.common import check_name, parse_nats_url
@@ -106,7 +107,7 @@ def _parse_id(entry_id: str) -> int:
 
 def _frame(header: dict[str, Any], x: bytes = b"", y: bytes = b"") -> bytes:
     """An entry as one message: [u32 header length][JSON header][x bytes][y bytes]."""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = orjson.dumps(header)
     return b"".join([_HEADER_LEN.pack(len(head)), head, x, y])
 
 
@@ -114,7 +115,7 @@ def _unframe(seq: int, payload: bytes) -> tuple[dict[str, Any], memoryview]:
     view = memoryview(payload)
     try:
         (length,) = _HEADER_LEN.unpack_from(view)
-        header = json.loads(bytes(view[_HEADER_LEN.size:_HEADER_LEN.size + length]))
+        header = orjson.loads(view[_HEADER_LEN.size:_HEADER_LEN.size + length])
     except (struct.error, ValueError) as exc:
         raise WalCorruptError(f"message {seq}: unreadable entry header ({exc})") from exc
     if not isinstance(header, dict):
