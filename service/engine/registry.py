@@ -400,24 +400,34 @@ class ModelRegistry:
                         f"{invalid}: the model would hold {needed} bytes, more than "
                         f"GLN_MAX_MODEL_BYTES={self.settings.max_model_bytes}"
                     )
-                # What is wrong with the config comes before the server's room for it.
-                await self._run(GLN.check_config, {**config, "device": self._device})
-                self._check_room(needed)
-                model = await self._run(build)
+                model = await self._run(self._checked_build, config, needed, build)
             except (ValueError, TypeError) as exc:
                 raise InvalidRequest(f"{invalid}: {exc}") from exc
             served = self._served(name, model, None)
             try:
-                # A log left by a crash during an earlier delete, in the log this server
-                # writes or in the one it ignores (which a later start may use).
-                for opened in (self.wal, self.ignored_log):
-                    if opened is not None:
-                        await self._run(opened.delete, name)
-                await served.save_snapshot(self.store, force=True)
+                await self._run_store(self._first_snapshot, served)
             except Exception as exc:
                 raise self._snapshot_failed("first snapshot of %r failed", name, exc) from exc
             self._add(served)
             return served
+
+    def _checked_build(self, config: dict[str, Any], needed: int, build: Callable[[], GLN]
+                       ) -> GLN:
+        """(thread) ``build()``, once ``config`` is valid and the server has room: one hop for
+        the three (a create pays each hop on a busy server). What is wrong with the config
+        comes before the server's room for it."""
+        GLN.check_config({**config, "device": self._device})
+        self._check_room(needed)
+        return build()
+
+    def _first_snapshot(self, served: ServedModel) -> None:
+        """(thread) A new model's first snapshot, once the logs hold nothing of its name: a log
+        left by a crash during an earlier delete, in the log this server writes or in the one
+        it ignores (which a later start may use)."""
+        for opened in (self.wal, self.ignored_log):
+            if opened is not None:
+                opened.delete(served.name)
+        served.write_snapshot(self.store, force=True)
 
     def _without_paths(self, words: str) -> str:
         """``words`` with the server's data directories named by their settings: what a client

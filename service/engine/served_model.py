@@ -271,7 +271,11 @@ class ServedModel:
 
     async def save_snapshot(self, store: SnapshotStore, *, force: bool) -> SnapshotInfo | None:
         """Write a snapshot (always when ``force``, else only if changed); None if skipped."""
-        return await in_thread(self._store_executor, self.snapshots.save, self, store, force)
+        return await in_thread(self._store_executor, self.write_snapshot, store, force)
+
+    def write_snapshot(self, store: SnapshotStore, force: bool) -> SnapshotInfo | None:
+        """(store thread) :meth:`save_snapshot` in this thread."""
+        return self.snapshots.save(self, store, force)
 
     async def delete_snapshots(self, store: SnapshotStore) -> None:
         """Remove the model's snapshots and log; no snapshot of it can be written afterwards."""

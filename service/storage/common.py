@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Self
@@ -313,18 +313,34 @@ def replace_atomically(
     then fsync the directory so the rename itself survives a power cut. A failure leaves the
     old file and removes the temp file.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tmp_prefix, suffix=f"-{path.name}")
+    replace_all_atomically([(path, write)], tmp_prefix=tmp_prefix)
+
+
+def replace_all_atomically(
+    files: Sequence[tuple[Path, Callable[[BinaryIO], object]]], *, tmp_prefix: str = ".tmp-"
+) -> None:
+    """``replace_atomically`` for several files of one directory, with one fsync of it: each
+    file is written to a temp file and fsynced, then all are renamed, then the directory is
+    fsynced once. A crash may leave some of them replaced and not others; a failure removes
+    the temp files not yet renamed."""
+    temps: list[str] = []
     try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        for path, write in files:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tmp_prefix, suffix=f"-{path.name}")
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        while temps:
+            os.replace(temps[0], files[len(files) - len(temps)][0])
+            temps.pop(0)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(files[0][0].parent)
 
 
 # The URL schemes of a NATS server (the write-ahead log in JetStream: wal/nats_log.py).

@@ -480,6 +480,28 @@ def test_directory_layout_and_leftover_temp_files(tmp_path: Path) -> None:
     assert info.version == 1
 
 
+def test_a_save_that_fails_midway_leaves_the_last_version_and_no_temp_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DirectorySnapshotStore(tmp_path)
+    first = store.save("m", b"first")
+    real_fsync, calls = os.fsync, []
+
+    def fsync_failing_at_the_second_file(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:  # the version's own head, after its snapshot file was synced
+            raise OSError(5, "I/O error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_failing_at_the_second_file)
+    with pytest.raises(OSError, match="I/O error"):
+        store.save("m", b"second")
+    monkeypatch.undo()
+    files = sorted(p.name for p in (tmp_path / "m").iterdir() if p.name != ".lock")
+    assert files == ["HEAD", "v1.head", "v1.snap"]
+    assert store.load("m") == (b"first", first)
+
+
 def test_directory_truncated_file_is_corruption(tmp_path: Path) -> None:
     store = DirectorySnapshotStore(tmp_path)
     store.save("m", b"0123456789")

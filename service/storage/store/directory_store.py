@@ -23,6 +23,7 @@ from service.storage.common import (
     fsync_dir,
     is_model_name,
     model_dir_in,
+    replace_all_atomically,
     replace_atomically,
 )
 from service.storage.store.interface import (
@@ -191,11 +192,13 @@ class DirectorySnapshotStore(ClosingMixin):
                 sha256=sha256,
                 metadata=meta,
             )
-            _write_atomically(model_dir / f"v{version}.snap", view)
             head_json = json.dumps(info.head_fields(), sort_keys=True).encode()
             # Each version's own head beside it: what a load falls back on, should HEAD's
-            # version be damaged (the newest ``keep`` versions are kept).
-            _write_atomically(model_dir / f"v{version}.head", head_json)
+            # version be damaged (the newest ``keep`` versions are kept). Both are durable
+            # before HEAD names their version.
+            replace_all_atomically([(model_dir / f"v{version}.snap", lambda fh: fh.write(view)),
+                                    (model_dir / f"v{version}.head",
+                                     lambda fh: fh.write(head_json))])
             _write_atomically(model_dir / "HEAD", head_json)
             for entry in model_dir.iterdir():
                 match = self._VERSION_RE.fullmatch(entry.name)
