@@ -21,6 +21,7 @@ paper's Algorithm 1) by the kernels chosen for the device (``gln.pipeline``, ``g
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 from collections.abc import Iterator, Sequence
@@ -214,7 +215,7 @@ class GLN:
         """``config`` (keyword arguments of the constructor, the rest its defaults) checked as
         the constructor checks it; a key the constructor does not take is a ``TypeError``, as it
         is for the constructor."""
-        arguments = inspect.signature(cls).bind(**config, use_kernels=use_kernels)
+        arguments = _signature(cls).bind(**config, use_kernels=use_kernels)
         arguments.apply_defaults()
         return Config(**arguments.arguments)
 
@@ -542,6 +543,13 @@ class GLN:
         return (f"GLN(num_features={self.num_features}, num_classes={self.num_classes}, "
                 f"layer_sizes={self.layer_sizes}, context_dim={self.context_dim}, "
                 f"device={self._pipeline.device!r}, examples_seen={self.examples_seen})")
+
+
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    """The constructor's signature, read once: ``inspect.signature`` costs more than the rest
+    of ``from_bytes`` for a small model."""
+    return inspect.signature(cls)
 
 
 def class_probabilities(outputs: np.ndarray | None, n: int, classes: int) -> np.ndarray:
