@@ -76,7 +76,8 @@ class ServiceMetrics:
         )
         self.models_loaded = Gauge("gln_models_loaded", "Models held in memory.", registry=r)
         self.ready = Gauge(
-            "gln_ready", "1 once the stored models are restored (/readyz answers 200), else 0.",
+            "gln_ready", "1 once the stored models are listed, each then loaded on demand "
+            "(/readyz answers 200), else 0.",
             registry=r,
         )
         self.store_up = Gauge(

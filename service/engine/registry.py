@@ -112,9 +112,13 @@ class ModelRegistry:
     """The models of one app: create, find, delete, restore and snapshot them.
 
     Name-level changes (create, delete, start-up restore) are serialised by one asyncio lock,
-    so a name never has two lives at once. Until :meth:`restore_all` has finished, lookups of
-    names not loaded yet and creates wait for it (up to ``restore_wait_s``, then 503) rather
-    than answer a misleading 404 or create a second model of a stored name.
+    so a name never has two lives at once. :meth:`restore_all` first lists the stored names,
+    then loads them in the background; from the listing on, a request for a stored model not
+    loaded yet loads it at once (ahead of the others), so the server is ready within a second
+    whatever its model count. Until the listing, lookups wait for it; until every model is
+    loaded, creates, deletes and the list of models wait for that (each up to
+    ``restore_wait_s``, then 503) rather than answer a misleading 404 or list, or create a
+    second model of a stored name.
     """
 
     def __init__(
@@ -164,7 +168,12 @@ class ModelRegistry:
         self._warmed: set[str] = set()  # the configurations of CPU models warmed up
         self._stopping = False  # stop_periodic_work was called
         self._names_lock = asyncio.Lock()
-        self._restored = asyncio.Event()
+        self._restored = asyncio.Event()  # every stored model loaded, or failed
+        self._listed = asyncio.Event()  # the stored names known: each loads when asked for
+        self._unloaded: set[str] = set()  # stored names listed and not loaded (or failed) yet
+        self._loading: dict[str, asyncio.Future[None]] = {}  # the restores under way, by name
+        self._restores_retrying: dict[str, str] = {}  # name -> why its restore is retrying
+        self._retry_s = 1.0  # the first wait of a restore that retries (restore_all's)
         self._ping_in_flight: asyncio.Future[bool] | None = None
         self._last_ping: tuple[float, bool] | None = None  # (monotonic time, answer)
         metrics.ready.set(0)
@@ -234,12 +243,17 @@ class ModelRegistry:
         return _store_failed(what, name, exc)
 
     async def readiness_problems(self) -> list[str]:
-        """What this process cannot do now, for ``/readyz`` (none: ready); Unavailable while
-        the stored models are being restored."""
-        if not self.restored:
+        """What this process cannot do now, for ``/readyz`` (none: ready); Unavailable until
+        the stored models are listed (each then loads when asked for), and while a restore
+        retries (the store is unreachable, or the log's tail not yet as durable as an
+        acknowledged entry: no model may serve entries a failover could still lose)."""
+        if not self._listed.is_set() or self._restores_retrying:
             problem = "restoring models from snapshots"
             if not await self.store_reachable():
                 problem += " (the snapshot store is unreachable; retrying)"
+            elif self._restores_retrying:
+                name, why = next(iter(self._restores_retrying.items()))
+                problem += f" ({len(self._restores_retrying)} retrying, {name!r}: {why})"
             raise Unavailable(problem)
         problems = []
         if self._failed:
@@ -297,10 +311,14 @@ class ModelRegistry:
     # -- lookups --
     async def _wait_restored(self) -> None:
         """Wait (a bounded time) for start-up restore; 503 if it is still not done."""
-        if self.restored:
-            return
+        if not self.restored:
+            await self._wait_for(self._restored.wait())
+
+    async def _wait_for(self, restoring: Awaitable[Any]) -> None:
+        """Wait for ``restoring`` (a part of start-up restore) up to ``restore_wait_s``; 503 if
+        it is not done by then."""
         try:
-            await asyncio.wait_for(self._restored.wait(), self.settings.restore_wait_s)
+            await asyncio.wait_for(restoring, self.settings.restore_wait_s)
         except TimeoutError:
             why = "" if await self.store_reachable() else (
                 " (the snapshot store is unreachable; retrying: GET /readyz says more)")
@@ -311,8 +329,11 @@ class ModelRegistry:
     async def get(self, name: str) -> ServedModel:
         """The model called ``name``; 404 if unknown (after start-up restore has finished)."""
         served = self._models.get(name)
-        if served is None:
-            await self._wait_restored()  # it may be a stored model not loaded yet
+        if served is None and not self.restored:  # it may be a stored model not loaded yet
+            if not self._listed.is_set():
+                await self._wait_for(self._listed.wait())
+            if name in self._unloaded:
+                await self._wait_for(asyncio.shield(self._restore(name)))
             served = self._models.get(name)
         if served is None:
             raise ModelNotFound(name, self._failed.get(name))
@@ -822,7 +843,9 @@ class ModelRegistry:
 
     # -- start-up and shutdown --
     async def restore_all(self, retry_s: float = 1.0) -> None:
-        """Load every stored model (``GLN.from_bytes``, never pickle), then mark restored.
+        """List the stored models, then load each one (``GLN.from_bytes``, never pickle),
+        ``PARALLEL_MODELS`` at a time, then mark restored. Once the names are listed the
+        service is ready: a request for a model not loaded yet loads it first (``get``).
 
         While the store is unreachable, or the log's tail is not yet as durable as an
         acknowledged entry (a replica is behind), this retries (backing off to 30 s) and the
@@ -830,6 +853,7 @@ class ModelRegistry:
         A snapshot that loads but cannot be decoded is recorded in ``failed`` (readiness
         reports it) instead of blocking the other models.
         """
+        self._retry_s = retry_s
         async with self._names_lock:
             delay = retry_s
             while True:
@@ -840,13 +864,39 @@ class ModelRegistry:
                     log.warning("snapshot store unreachable (%s); retrying in %.0f s", exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(30.0, delay * 2)
-            await _for_each(names, functools.partial(self._restore_one, retry_s=retry_s))
-            self._restored.set()
+            self._unloaded.update(names)
+            self._listed.set()
             self.metrics.ready.set(1)
+            try:
+                await _for_each(names, lambda name: asyncio.shield(self._restore(name)))
+            finally:  # cancelled (the service stops): so are the restores a request began
+                for loading in list(self._loading.values()):
+                    loading.cancel()
+            self._restored.set()
         log.info("restored %d model(s); %d failed", len(self._models), len(self._failed))
 
-    async def _restore_one(self, name: str, retry_s: float) -> None:
-        delay = retry_s
+    def _restore(self, name: str) -> asyncio.Future[None]:
+        """The restore of the stored model ``name``: the one under way (the background's, or
+        an earlier request's), else one begun now; done at once if it is loaded (or failed)."""
+        loading = self._loading.get(name)
+        if loading is None:
+            if name not in self._unloaded:
+                loading = asyncio.get_running_loop().create_future()
+                loading.set_result(None)
+                return loading
+            loading = self._loading[name] = asyncio.ensure_future(self._restore_one(name))
+
+            def finished(_: asyncio.Future[None]) -> None:
+                self._unloaded.discard(name)
+                self._loading.pop(name, None)
+                if self._restores_retrying.pop(name, None) and not self._restores_retrying:
+                    self.metrics.ready.set(1)
+
+            loading.add_done_callback(finished)
+        return loading
+
+    async def _restore_one(self, name: str) -> None:
+        delay = self._retry_s
         while True:
             try:
                 stored = await self._run_store(self._stored, name)
@@ -865,6 +915,8 @@ class ModelRegistry:
                 if isinstance(exc, WalDurabilityError) or not await self.store_reachable():
                     why = exc if isinstance(exc, WalDurabilityError) else "store unreachable"
                     log.warning("restoring %r: %s; retrying in %.0f s", name, why, delay)
+                    self._restores_retrying[name] = self._without_paths(str(why))
+                    self.metrics.ready.set(0)
                     await asyncio.sleep(delay)
                     delay = min(30.0, delay * 2)
                     continue

@@ -213,32 +213,43 @@ async def test_delete_lets_queued_learning_finish(
 
 
 class _GatedStore:
-    """A real store whose ``load`` waits for a gate: start-up restore takes as long as we say."""
+    """A real store whose ``names`` waits for a gate, and whose ``load`` takes ``load_s``:
+    start-up restore takes as long as we say."""
 
-    def __init__(self, inner, gate: threading.Event) -> None:
+    def __init__(self, inner, gate: threading.Event, load_s: float = 0.0) -> None:
         self._inner = inner
         self._gate = gate
+        self._load_s = load_s
+
+    def names(self):
+        self._gate.wait(timeout=30)
+        return self._inner.names()
 
     def load(self, name: str):
-        self._gate.wait(timeout=30)
+        time.sleep(self._load_s)
         return self._inner.load(name)
 
     def __getattr__(self, attr: str):
         return getattr(self._inner, attr)
 
 
-async def test_readyz_is_503_until_every_model_is_restored(
+def _gate_the_store(monkeypatch: pytest.MonkeyPatch, gate: threading.Event,
+                    load_s: float = 0.0) -> None:
+    real_open_store = service.engine.local.open_store
+    monkeypatch.setattr(
+        service.engine.local, "open_store",
+        lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate, load_s)
+    )
+
+
+async def test_readyz_is_503_until_the_stored_models_are_listed(
     settings: Settings, serve, create_model, monkeypatch: pytest.MonkeyPatch
 ):
     async with serve(create_app(settings)) as client:
         await create_model(client, "stored")
 
     gate = threading.Event()
-    real_open_store = service.engine.local.open_store
-    monkeypatch.setattr(
-        service.engine.local, "open_store",
-        lambda *a, **k: _GatedStore(real_open_store(*a, **k), gate)
-    )
+    _gate_the_store(monkeypatch, gate)
     impatient = settings.model_copy(update={"restore_wait_s": 0.05})
     app = create_app(impatient)
     try:
@@ -256,6 +267,37 @@ async def test_readyz_is_503_until_every_model_is_restored(
             assert (await client.get("/v1/models/stored")).status_code == 200
     finally:
         gate.set()
+
+
+async def test_a_stored_model_asked_for_is_loaded_ahead_of_the_others(
+    settings: Settings, serve, create_model, small_config, make_data,
+    monkeypatch: pytest.MonkeyPatch
+):
+    """Ready once the names are listed, whatever the model count: a request for a model the
+    background restore has not reached loads it at once, with everything it learned."""
+    names = [f"m{i:02d}" for i in range(40)]
+    X, y = make_data(3)
+    async with serve(create_app(settings)) as client:
+        for name in names:
+            await create_model(client, name, small_config)
+        r = await client.post(f"/v1/models/{names[-1]}/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200
+
+    gate = threading.Event()
+    gate.set()
+    _gate_the_store(monkeypatch, gate, load_s=0.1)  # 40 loads on 2 store threads: >= 2 s
+    app = create_app(settings)
+    async with serve(app, wait_restored=False) as client:
+        registry = app.state.engine.registry
+        while (await client.get("/readyz")).status_code != 200:
+            await asyncio.sleep(0.01)
+        assert not registry.restored
+        last = await client.get(f"/v1/models/{names[-1]}")  # the background loads it last
+        assert last.status_code == 200 and last.json()["examples_seen"] == 3
+        assert not registry.restored
+        assert (await client.get("/v1/models/never-stored")).status_code == 404
+        await registry.wait_restored()
+        assert [m["name"] for m in (await client.get("/v1/models")).json()] == names
 
 
 async def test_an_unreadable_snapshot_is_a_degraded_readiness_until_deleted(
