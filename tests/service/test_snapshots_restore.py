@@ -53,7 +53,9 @@ async def test_restore_gives_the_same_model_on_a_new_app(
         assert [m["name"] for m in (await client.get("/v1/models")).json()] == ["fraud", "other"]
         info = (await client.get("/v1/models/fraud")).json()
         assert info["examples_seen"] == 60
-        assert info["nbytes"] == GLN.estimate_nbytes(info["config"])  # warmed up as restored
+        # Before its first call a CPU model lacks its 16-bit normals (one model a configuration
+        # is warmed up as restored), which the memory budget counts all along.
+        assert info["nbytes"] <= GLN.estimate_nbytes(info["config"])
         assert info["snapshot"]["version"] == 2
         assert info["snapshot"]["sha256"] == snap["sha256"]
         # The restored snapshot's age and size are exported at once (the stale-snapshot alert
@@ -69,6 +71,8 @@ async def test_restore_gives_the_same_model_on_a_new_app(
         assert samples[("gln_snapshot_bytes", "fraud")] == snap["nbytes"]
         after = (await client.post("/v1/models/fraud/predict", json={"features": probe})).json()
         assert after == before
+        info = (await client.get("/v1/models/fraud")).json()
+        assert info["nbytes"] == GLN.estimate_nbytes(info["config"])
         # The stream continues where it stopped.
         r = await client.post("/v1/models/fraud/learn", json={"features": X[:2], "labels": y[:2]})
         assert r.json()["sequence"] == 60
