@@ -20,13 +20,18 @@ _BODILESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 LARGE_BODY_BYTES = 1024 * 1024
 # A declared body up to this is awaited without a deadline for its first piece.
 SMALL_BODY_BYTES = 64 * 1024
+# A declared body over its limit, up to this, is read and dropped before its 413: a client
+# still sending when the server closed would read a reset connection, not the answer.
+DRAIN_BYTES = 8 * 1024 * 1024
 
 
 class BodyLimitMiddleware:
     """413 for a request body over its limit, before the app sees any of it; 408 for a body
     that stops arriving; and at most ``max_large_bodies`` large bodies in the app at once.
 
-    A declared Content-Length over the limit is refused without reading. Otherwise the body
+    A declared Content-Length over the limit is refused without passing any of it on (up to
+    ``DRAIN_BYTES`` it is read and dropped first, so that the client reads the 413). Otherwise
+    the body
     is read here, counting bytes as they stream in (a chunked upload or a lying
     Content-Length cannot get past), and handed to the app whole. Our handlers buffer the
     body anyway, so this costs no extra memory in practice.
@@ -70,6 +75,8 @@ class BodyLimitMiddleware:
         limit, setting = self._limit(scope)
         declared, chunked = _declared_body(scope)
         if declared > limit or (chunked and limit == 0):
+            if not chunked and declared <= DRAIN_BYTES:
+                await self._drain(receive)
             await _refuse_body(send, limit, setting)
             return
         held = 0  # what this request counts in ``buffered``, given back however it ends
@@ -128,6 +135,17 @@ class BodyLimitMiddleware:
                 await self.app(scope, _replay([message], receive), send)
         finally:
             self.buffered -= held
+
+    async def _drain(self, receive: Receive) -> None:
+        """Read a refused body to its end, dropping it; each piece within ``timeout_s``."""
+        while True:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         """The largest body this request may have, and the setting that says so."""

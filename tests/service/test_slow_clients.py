@@ -81,7 +81,7 @@ def capped_server(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("capped")
     process = ServerProcess({"GLN_SNAPSHOT_DIR": str(directory / "s"),
                              "GLN_HEADER_TIMEOUT_S": "60", "GLN_BODY_TIMEOUT_S": "60",
-                             "GLN_MAX_CONNECTIONS": "8"},
+                             "GLN_MAX_CONNECTIONS": "8", "GLN_MAX_BODY_BYTES": "1048576"},
                             Path(directory) / "server.log")
     with process:
         process.start()
@@ -110,3 +110,16 @@ def test_past_the_connection_cap_new_requests_get_503_and_the_rest_are_served(ca
         for sock in held:
             sock.close()
     assert _healthz_until(capped_server, 200) == 200
+
+
+def test_a_body_over_the_limit_sent_whole_gets_its_413_not_a_reset(capped_server):
+    """The server reads and drops a too-large body before it answers and closes: a client
+    that is still sending reads the 413, where a close with unread data would reset."""
+    body = b"0" * (1024 * 1024 + 200_000)  # past its GLN_MAX_BODY_BYTES, 1 MiB
+    head = (b"POST /v1/models/m/learn HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    for _ in range(5):
+        with _connect(capped_server) as sock:
+            sock.sendall(head + body)
+            answer = _answer(sock)
+        assert answer.startswith(b"HTTP/1.1 413") and b"GLN_MAX_BODY_BYTES" in answer
