@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Self
 
 import httpx
 
-from tests.redis_process import free_port
+from tests.support.child_server import ChildServer, free_port
 
 # Learn chunks of the MNIST model reach 31 MB; NATS' default limit on a message is 1 MB and 64 MB
 # its largest (docs/durability.md).
@@ -44,14 +42,16 @@ def find_nats_server() -> str:
     raise FileNotFoundError("no nats-server found on PATH (install the nats-server package)")
 
 
-class NatsProcess:
+class NatsProcess(ChildServer):
     """One ``nats-server`` on 127.0.0.1 with JetStream in ``directory``.
 
     ``name`` is its server name, ``routes`` the cluster ports of its peers (empty: a server of
     its own), ``max_payload`` the largest message it takes. The client, cluster and
     monitoring ports are picked once and kept by every restart, so clients holding
-    :attr:`url` reach the restarted server.
+    :attr:`url` reach the restarted server. Its log is ``directory/nats.log``.
     """
+
+    log_name = "nats.log"
 
     def __init__(
         self,
@@ -63,27 +63,23 @@ class NatsProcess:
         binary: str | None = None,
         max_payload: str = MAX_PAYLOAD,
     ) -> None:
-        self.directory = Path(directory)
+        super().__init__(Path(directory))
         self.directory.mkdir(parents=True, exist_ok=True)
         self.name = name
+        self.what = f"nats-server {name}"
         self.binary = binary or find_nats_server()
         self.port = free_port()
         self.monitor_port = free_port()
         self.cluster_port = cluster_port
         self.routes = tuple(routes)
         self.max_payload = max_payload
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.paused = False
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _config(self) -> str:
+    def _command(self) -> list[str]:
+        config = self.directory / "nats.conf"
         lines = [
             f"server_name: {self.name}",
             "host: 127.0.0.1",
@@ -100,80 +96,19 @@ class NatsProcess:
             routes = ", ".join(f"nats-route://127.0.0.1:{port}" for port in self.routes)
             lines += ["cluster {", "  name: gln", f"  listen: 127.0.0.1:{self.cluster_port}",
                       f"  routes: [{routes}]", "}"]
-        return "\n".join(lines) + "\n"
+        config.write_text("\n".join(lines) + "\n")
+        return [self.binary, "-c", str(config)]
 
     def _monitor(self, path: str) -> httpx.Response:
         return httpx.get(f"http://127.0.0.1:{self.monitor_port}{path}", timeout=1.0)
 
-    def answers(self) -> bool:
+    def _answers(self) -> bool:
         """True when the server says JetStream is up (``/healthz``, which in a cluster waits
         for the node to have caught up with its peers)."""
         try:
             return self._monitor("/healthz").status_code == 200
         except httpx.HTTPError:
             return False
-
-    def start(self, timeout_s: float = 30.0) -> Self:
-        """Start the server (log in ``directory/nats.log``), wait for ``/healthz``."""
-        if self.running:
-            raise RuntimeError(f"nats-server {self.name} is already running")
-        config = self.directory / "nats.conf"
-        config.write_text(self._config())
-        with open(self.directory / "nats.log", "ab") as log:
-            self.proc = subprocess.Popen([self.binary, "-c", str(config)], cwd=self.directory,
-                                         stdout=log, stderr=subprocess.STDOUT)
-        self.wait_until_healthy(timeout_s)
-        return self
-
-    def wait_until_healthy(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.answers():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server {self.name} exited with code "
-                                   f"{self.proc.returncode}; see {self.directory / 'nats.log'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nats-server {self.name} not healthy within {timeout_s} s")
-            time.sleep(0.05)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM (a clean stop), SIGKILL if stuck; harmless when not running."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.resume()
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL: the node's machine is lost (its disk stays for a :meth:`start`)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open, nothing is answered (a node that hangs)."""
-        assert self.proc is not None and self.running
-        self.proc.send_signal(signal.SIGSTOP)
-        self.paused = True
-        # The signal takes a moment: return once the process is stopped (Linux says so).
-        stat = Path(f"/proc/{self.proc.pid}/stat")
-        deadline = time.monotonic() + 5
-        while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "T":
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nats-server {self.name} did not stop on SIGSTOP")
-            time.sleep(0.005)
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause` (harmless when not paused)."""
-        if self.running:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGCONT)
-        self.paused = False
 
     def stream_leader(self, stream: str) -> str | None:
         """The server name this node reports as ``stream``'s leader, None if it knows none."""
@@ -183,13 +118,6 @@ class NatsProcess:
                 if detail.get("name") == stream:
                     return (detail.get("cluster") or {}).get("leader") or None
         return None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 class NatsCluster:
     """``size`` :class:`NatsProcess` nodes routed into one JetStream cluster."""
@@ -215,14 +143,9 @@ class NatsCluster:
         """Start every node at once (each waits for its peers), then wait until all are
         healthy: JetStream's meta group has a leader and every node has caught up."""
         for node in self.nodes:
-            node.directory.joinpath("nats.conf").write_text(node._config())
+            node.launch()
         for node in self.nodes:
-            with open(node.directory / "nats.log", "ab") as log:
-                node.proc = subprocess.Popen(
-                    [node.binary, "-c", str(node.directory / "nats.conf")], cwd=node.directory,
-                    stdout=log, stderr=subprocess.STDOUT)
-        for node in self.nodes:
-            node.wait_until_healthy(timeout_s)
+            node.wait_until_answering(timeout_s)
         return self
 
     def leader_of(self, stream: str, timeout_s: float = 30.0,

@@ -26,16 +26,15 @@ import contextlib
 import importlib.util
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import redis
+
+from tests.support.child_server import ChildServer, free_port
 
 
 def find_redis_server() -> str:
@@ -73,14 +72,7 @@ def find_waitaof_server() -> str:
     raise FileNotFoundError("no redis-server >= 7.2 and no valkey-server on PATH")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisProcess:
+class RedisProcess(ChildServer):
     """One ``redis-server`` on 127.0.0.1:``port`` with its data in ``directory``.
 
     ``appendonly`` / ``appendfsync`` set the AOF (on, ``everysec`` by default: what Redis
@@ -89,6 +81,8 @@ class RedisProcess:
     unless given) and kept by every restart, so clients holding :attr:`url` reconnect to the
     same server. Redis writes its log to ``directory/redis.log``.
     """
+
+    log_name = "redis.log"
 
     def __init__(
         self,
@@ -100,24 +94,20 @@ class RedisProcess:
         binary: str | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        self.directory = Path(directory)
+        super().__init__(Path(directory))
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self.what = f"redis-server on port {self.port}"
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.binary = binary or find_redis_server()
         self.extra_args = tuple(extra_args)
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _args(self) -> list[str]:
+    def _command(self) -> list[str]:
         return [
             self.binary,
             "--port", str(self.port),
@@ -140,83 +130,16 @@ class RedisProcess:
         finally:
             client.close()
 
-    def start(self, timeout_s: float = 30.0) -> Self:
-        """Start the server and wait until PING answers (after the AOF is loaded)."""
-        if self.running:
-            raise RuntimeError(f"redis-server on port {self.port} is already running")
-        self.proc = subprocess.Popen(
-            self._args(), cwd=self.directory,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + timeout_s
-        while not self._answers():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"redis-server exited with code {self.proc.returncode}; see "
-                    f"{self.directory / 'redis.log'}"
-                )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TimeoutError(f"redis-server did not answer PING within {timeout_s} s")
-            time.sleep(0.02)
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Clean stop: SHUTDOWN (which fsyncs the AOF first); SIGTERM, then SIGKILL, if stuck."""
-        if not self.running:
-            return
+    def _stop_cleanly(self) -> None:
+        """SHUTDOWN, which fsyncs the AOF first (NOSAVE: no RDB); SIGTERM if it is refused."""
         assert self.proc is not None
         client = redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=5)
         try:
-            client.shutdown(nosave=True)  # NOSAVE: no RDB; the AOF is still flushed
+            client.shutdown(nosave=True)
         except (redis.RedisError, OSError):
             self.proc.terminate()
         finally:
             client.close()
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL: a crash. With ``everysec``, the last second or so of writes may be lost."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def pause(self) -> None:
-        """SIGSTOP: the server stays connected but answers nothing (a replica that hangs)."""
-        assert self.proc is not None and self.running
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause` (harmless when not paused)."""
-        if self.running:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGCONT)
-
-    def restart(self, down_s: float = 0.0, *, kill: bool = False) -> None:
-        """Stop (cleanly, or SIGKILL with ``kill``), stay down ``down_s`` s, start again."""
-        if kill:
-            self.kill()
-        else:
-            self.stop()
-        if down_s > 0:
-            time.sleep(down_s)
-        self.start()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def wait_for_replica(primary: RedisProcess, timeout_s: float = 20.0, replicas: int = 1) -> None:
