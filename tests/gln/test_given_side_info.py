@@ -161,3 +161,19 @@ def test_bad_side_information_is_refused_before_anything_is_learned():
     assert model.to_bytes() == fresh
     with pytest.raises(ValueError, match="makes its own from the rows"):
         GLN(num_features=3).learn(X, y, side_info=Z)
+
+
+def test_a_cuda_model_takes_given_side_information_as_the_cpu_model_does(cp):
+    """On the GPU path (a GPU, or the emulated device): the CPU model's results, and a chunk
+    equal to its rows one call at a time (given side information is not replayed)."""
+    X, Z, y = stream(60, seed=5)
+    cpu, chunked, rows = (given_model(device=d) for d in ("cpu", "cuda", "cuda"))
+    assert isinstance(chunked.normals, cp.ndarray)
+    learned = chunked.learn(X, y, side_info=Z)
+    one_by_one = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1], side_info=Z[t:t + 1])
+                                 for t in range(len(X))])
+    np.testing.assert_array_equal(one_by_one, learned)
+    assert rows.to_bytes() == chunked.to_bytes()
+    np.testing.assert_allclose(learned, cpu.learn(X, y, side_info=Z), atol=1e-4)
+    np.testing.assert_allclose(chunked.predict_proba(X, side_info=Z),
+                               cpu.predict_proba(X, side_info=Z), atol=1e-4)
