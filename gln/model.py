@@ -348,9 +348,9 @@ class GLN:
         names = self._config.class_names
         return best if names is None else np.asarray(names)[best]
 
-    def predict_names(self, X: Any) -> np.ndarray:
+    def predict_names(self, X: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row, by name where the model has ``class_names``."""
-        return self.class_of(self.predict_proba(X))
+        return self.class_of(self.predict_proba(X, side_info=side_info))
 
     def saliency(self, X: Any, *, side_info: Any = None) -> np.ndarray:
         """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
@@ -409,7 +409,9 @@ class GLN:
         would otherwise charge to its first request. One prediction of a row of zeros does
         both; a prediction learns nothing, so the model's bytes stay the same.
         """
-        self.predict_proba(np.zeros((1, self.num_features), dtype=np.float32))
+        size = self._config.side_info_size
+        self.predict_proba(np.zeros((1, self.num_features), dtype=np.float32),
+                           side_info=np.zeros((1, size), dtype=np.float32) if size else None)
 
     def learn(
         self, X: Any, y: Any, *, progress: bool = False, checked: bool = False,

@@ -97,6 +97,10 @@ def test_chunked_learning_and_snapshots_stay_byte_identical():
     assert again.predict_proba(X, side_info=Z).tobytes() == whole.predict_proba(
         X, side_info=Z).tobytes()
     assert GLN(**whole.config).config == whole.config
+    again.warm_up()  # a row of zeros with side information of zeros: learns nothing
+    assert again.to_bytes() == whole.to_bytes()
+    assert again.predict_names(X[:3], side_info=Z[:3]).tolist() == again.predict(
+        X[:3], side_info=Z[:3]).tolist()
 
 
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "array-code"])
