@@ -60,7 +60,7 @@ its own (``GLN.learn(X, y, side_info=Z)``), used by the gating as it is, while t
 only the base predictions. This is the paper's general form, in which the inputs p0 that
 layer 1 mixes and the side information z that picks the weights may be different things (a
 pixel's model in a density model mixes a few neighbouring pixels and is gated by everything
-above them, ``gln.density``).
+before its own, ``gln.density``).
 """
 
 from __future__ import annotations
