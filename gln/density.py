@@ -20,7 +20,7 @@ What each row holds (``pixel_rows``):
   an on one 1 - eps). The immediate neighbours are most of what predicts a pixel, and keeping
   p0 to a handful keeps each of the hundreds of models' weights small (K 2^m (6 + 1) floats
   in layer 1), where the masked image as p0 would make each layer-1 neuron 785 weights wide in
-  every context and the 784 models gigabytes.
+  every context (630 MB for 784 models of 16 neurons of context dimension 4, against 6 MB).
 
 ``GLNDensity.learn(images)`` returns each image's code length in nats predicted before its own
 update (prequential, the online figure); ``GLNDensity.nats(images)`` the code length without
