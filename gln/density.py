@@ -85,7 +85,8 @@ def pixel_rows(
 class GLNDensity:
     """An autoregressive density model of binary images of ``image_shape``: one binary GLN per
     pixel (``GLNFamily`` members, ``side_info="given"``), configured by the ``GLN`` keyword
-    arguments in ``config`` (the network, rate, seed; the inputs and gating are the module's).
+    arguments in ``config`` (the network, rate, seed, ``gating_window``; the inputs and the
+    side information are the module's, the side information an image of ``image_shape``).
     """
 
     def __init__(self, image_shape: Sequence[int] = (28, 28), **config: Any) -> None:
@@ -94,7 +95,7 @@ class GLNDensity:
         self.family = GLNFamily(
             height * width, num_features=len(NEIGHBOURS), num_classes=2,
             input_scaling="unit_fixed", side_info="given", side_info_size=height * width,
-            **config)
+            image_shape=(height, width), **config)
 
     @classmethod
     def of_family(cls, family: GLNFamily, image_shape: Sequence[int]) -> GLNDensity:

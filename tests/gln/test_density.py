@@ -88,3 +88,10 @@ def test_the_model_learns_the_images_structure():
 def test_images_must_be_binary():
     with pytest.raises(ValueError, match="binary"):
         GLNDensity(SHAPE, **CONFIG).learn(np.full((1, *SHAPE), 2))
+
+
+def test_a_gating_window_keeps_each_hyperplane_on_a_square_of_the_image():
+    density = GLNDensity(SHAPE, gating_window=2, **CONFIG)
+    normals = density.family.member(0).normals
+    assert normals.shape[1] == D and ((normals != 0).sum(axis=1) == 4).all()
+    assert density.learn(images(3)).shape == (3,)
