@@ -290,6 +290,29 @@ def checked_features(X: Any, num_features: int, unit_interval: str | None = None
     return np.ascontiguousarray(values, dtype=np.float32)
 
 
+def checked_side_info(side_info: Any, side_info_size: int, num_rows: int) -> np.ndarray | None:
+    """Side information given with ``num_rows`` rows as C-contiguous float32
+    (num_rows, side_info_size), where a model takes it (``side_info_size`` > 0), else None;
+    ``ValueError`` where it is missing, not wanted, or has a bad value (as ``checked_features``
+    says, prefixed ``side_info:``)."""
+    if not side_info_size:
+        if side_info is not None:
+            raise ValueError("side_info is given, but the model makes its own from the rows "
+                             "(configure side_info='given' and side_info_size to give it)")
+        return None
+    if side_info is None:
+        raise ValueError(f"the model's gating needs side_info, {side_info_size} values per row "
+                         "(side_info='given')")
+    try:
+        values = checked_features(side_info, side_info_size)
+    except ValueError as error:
+        raise ValueError(f"side_info: {error}") from None
+    if len(values) != num_rows:
+        raise ValueError(f"side_info must have one row per row of X ({num_rows}), "
+                         f"got {len(values)}")
+    return values
+
+
 def checked_labels(y: Any, num_classes: int, num_rows: int | None = None) -> np.ndarray:
     """Labels as int64 (n,), each a class index in [0, num_classes); ``num_rows``: how many
     there must be. ``ValueError`` names the first label (by its index) that is not one."""

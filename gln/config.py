@@ -46,6 +46,7 @@ class Config:
         input_scaling: str,
         min_std: float,
         side_info: str,
+        side_info_size: int,
         side_info_blur: float,
         image_shape: Sequence[int] | None,
         gating_window: int,
@@ -91,9 +92,16 @@ class Config:
         if side_info not in SIDE_INFOS:
             raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
         self.side_info = side_info
+        self.side_info_size = checks.integer("side_info_size", side_info_size)
+        if (side_info == "given") != (self.side_info_size > 0) or self.side_info_size < 0:
+            raise ValueError(
+                f"side_info_size must be >= 1 with side_info='given' (the width of the side "
+                f"information given with each row) and 0 otherwise, got {side_info_size} with "
+                f"side_info={side_info!r}"
+            )
         self.side_info_blur = checks.number_in("side_info_blur", side_info_blur, 0.0, 100.0,
                                                closed=True)
-        self.image_shape = checks.image_shape(image_shape, self.num_features)
+        self.image_shape = checks.image_shape(image_shape, self.gating_features)
         if self.side_info_blur > 0 and (side_info != "per_row" or self.image_shape is None):
             raise ValueError("side_info_blur needs side_info='per_row' and an image_shape")
         self.gating_window = checks.integer("gating_window", gating_window)
@@ -114,6 +122,12 @@ class Config:
         self.class_names = checks.names("class_names", class_names, self.num_classes)
         self.device = device
         self.use_kernels = bool(use_kernels)
+
+    @property
+    def gating_features(self) -> int:
+        """The width of what the halfspace gating sees: the side information given with each
+        row, else the rows themselves."""
+        return self.side_info_size or self.num_features
 
     @property
     def num_glns(self) -> int:
@@ -140,6 +154,7 @@ class Config:
             "input_scaling": self.input_scaling,
             "min_std": self.min_std,
             "side_info": self.side_info,
+            **({"side_info_size": self.side_info_size} if self.side_info_size else {}),
             "side_info_blur": self.side_info_blur,
             "image_shape": None if self.image_shape is None else list(self.image_shape),
             "gating_window": self.gating_window,
@@ -156,4 +171,5 @@ class Config:
                 "device": device,
                 "layer_sizes": self.layer_sizes, "context_dim": self.context_dim,
                 "side_info_blur": self.side_info_blur,
-                "image_shape": None if self.image_shape is None else list(self.image_shape)}
+                "image_shape": None if self.image_shape is None else list(self.image_shape),
+                **({"side_info_size": self.side_info_size} if self.side_info_size else {})}

@@ -33,6 +33,12 @@ row of a chunk. They are random directions, drawn before any data and never lear
 tenants lose nothing by sharing them; a family of seeds would need a product, and a 16-bit
 copy of the normals, per member: the costs a family exists to share.
 
+Members of ``side_info="given"`` take each row's side information with it
+(``learn(X, y, members, side_info=Z)``): one chunk's rows may each be gated by side
+information of their own, in their own member. That makes many independent binary models
+one model: ``gln.density`` learns the 784 pixel models of an image, each gated by the pixels
+before its own, in one call.
+
 The family runs on the CPU (a GPU member is refused); ``use_kernels=False`` runs the array
 code that the kernels are tested against, as for a ``GLN``.
 
@@ -265,35 +271,40 @@ class GLNFamily:
         return np.ascontiguousarray(index, dtype=np.int64)
 
     # ------------------------------------------------------------------ verbs
-    def learn(self, X: Any, y: Any, members: Any) -> np.ndarray:
+    def learn(self, X: Any, y: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
         """Learn every row, row t as member ``members[t]``'s next example: one OGD step each,
         rows of one member in their order. Returns each row's class probabilities predicted
         before its own update (n, num_classes), as ``GLN.learn``. Each member ends where a
         model of its own that learned its rows in order would, byte for byte. Invalid input
-        (a row, a label, a member index) raises ``ValueError`` before anything is learned."""
+        (a row, a label, a member index, the side information) raises ``ValueError`` before
+        anything is learned. ``side_info``: each row's own (n, side_info_size), for members of
+        ``side_info="given"``: row t is gated by it in member ``members[t]``."""
         if y is None:
             raise ValueError("learn needs labels y, one class index per row (predict_proba "
                              "predicts without learning)")
         X32, labels, members = self.check_input(X, y, members)
-        return class_probabilities(self._outputs(X32, labels, members), len(X32),
+        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X32))
+        return class_probabilities(self._outputs(X32, labels, members, given), len(X32),
                                    self._config.num_classes)
 
-    def predict_proba(self, X: Any, members: Any) -> np.ndarray:
+    def predict_proba(self, X: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
         """Class probabilities (n, num_classes) of each row by its member ``members[t]``, as
-        that member's ``predict_proba``. Learns nothing."""
+        that member's ``predict_proba`` (with the row's ``side_info``, where given). Learns
+        nothing."""
         X32, _, members = self.check_input(X, None, members)
-        return class_probabilities(self._outputs(X32, None, members), len(X32),
+        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X32))
+        return class_probabilities(self._outputs(X32, None, members, given), len(X32),
                                    self._config.num_classes)
 
-    def predict(self, X: Any, members: Any) -> np.ndarray:
+    def predict(self, X: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row by its member (n,)."""
-        return np.argmax(self.predict_proba(X, members), axis=1)
+        return np.argmax(self.predict_proba(X, members, side_info=side_info), axis=1)
 
     # ------------------------------------------------------------------ internals
-    def _outputs(self, X32: np.ndarray, labels: np.ndarray | None,
-                 members: np.ndarray) -> np.ndarray | None:
-        """The networks' outputs (n, G) for checked rows, chunk by chunk; learns when labels
-        are given."""
+    def _outputs(self, X32: np.ndarray, labels: np.ndarray | None, members: np.ndarray,
+                 given: np.ndarray | None = None) -> np.ndarray | None:
+        """The networks' outputs (n, G) for checked rows (and their checked side information
+        ``given``, where the members take it), chunk by chunk; learns when labels are given."""
         n = len(X32)
         if not n:
             return None
@@ -303,7 +314,7 @@ class GLNFamily:
         for start, stop in chunk_bounds(n, CHUNK_ROWS):
             outputs[start:stop] = self._chunk_outputs(
                 X32[start:stop], None if labels is None else labels[start:stop],
-                members[start:stop])
+                members[start:stop], None if given is None else given[start:stop])
         return outputs
 
     def _anchor_shifts(self, X32: np.ndarray, members: np.ndarray) -> None:
@@ -328,7 +339,7 @@ class GLNFamily:
         return steps
 
     def _chunk_outputs(self, X32: np.ndarray, labels: np.ndarray | None,
-                       members: np.ndarray) -> np.ndarray:
+                       members: np.ndarray, given: np.ndarray | None = None) -> np.ndarray:
         """One chunk through every member's network (``gln.pipeline.Pipeline.outputs`` with a
         member per row): outputs (n, G); learns when labels are given."""
         config, pipeline = self._config, self._pipeline
@@ -351,7 +362,7 @@ class GLNFamily:
         z, base_logits = scale_inputs(
             np, x64, counts, sums, sums_sq, mode=config.input_scaling,
             pred_clip=config.pred_clip, min_std=config.min_std, side_info=config.side_info,
-            blur=pipeline.blur, fused=self._fused, shift=shifts)
+            blur=pipeline.blur, fused=self._fused, shift=shifts, given=given)
         contexts = pipeline.layer_contexts(z, self._normals, self._offsets, config.context_dim,
                                            glns, config.layer_sizes)
         layer_pass = self._layer_pass

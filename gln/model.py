@@ -118,12 +118,18 @@ class GLN:
         practical scale (1e-3, the default before, made a feature of spread 1e-4 invisible:
         online log loss 0.685 against 0.304 with 1e-9, which changed scikit-learn's datasets
         by at most 0.001).
-    side_info: what the halfspace gating sees: ``"scaled"`` (the scaled inputs, default) or
-        ``"per_row"`` (each row centred on its own mean and normalised; see ``gln.scaling``).
+    side_info: what the halfspace gating sees: ``"scaled"`` (the scaled inputs, default),
+        ``"per_row"`` (each row centred on its own mean and normalised; see ``gln.scaling``)
+        or ``"given"``: side information of ``side_info_size`` features that comes with each
+        row (``learn(X, y, side_info=Z)``) and is used as it is, the rows then being only the
+        base predictions (the paper's general form: what layer 1 mixes and what picks the
+        weights may differ).
+    side_info_size: the width of the given side information; 0 unless ``side_info="given"``.
     side_info_blur: for ``"per_row"`` with ``image_shape``, the std in pixels of a Gaussian
         blur of the side information (0: none).
-    image_shape: (height, width) of rows that are images, height * width = num_features;
-        needed only for ``side_info_blur`` and ``gating_window``.
+    image_shape: (height, width) of rows that are images, height * width = num_features
+        (= side_info_size for given side information); needed only for ``side_info_blur``
+        and ``gating_window``.
     gating_window: for image rows, the side in pixels of a random square window that each
         hyperplane's normal is kept on (``gln.gating.restrict_to_windows``); 0 (default): the
         whole input, as in the paper.
@@ -156,6 +162,7 @@ class GLN:
     input_scaling = _Delegated("_config")
     min_std = _Delegated("_config")
     side_info = _Delegated("_config")
+    side_info_size = _Delegated("_config")
     side_info_blur = _Delegated("_config")
     image_shape = _Delegated("_config")
     gating_window = _Delegated("_config")
@@ -188,6 +195,7 @@ class GLN:
         input_scaling: str = "standardize",
         min_std: float = 1e-9,
         side_info: str = "scaled",
+        side_info_size: int = 0,
         side_info_blur: float = 0.0,
         image_shape: Sequence[int] | None = None,
         gating_window: int = 0,
@@ -288,6 +296,12 @@ class GLN:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])
 
+    def check_side_info(self, side_info: Any, num_rows: int) -> np.ndarray | None:
+        """Check the side information of ``num_rows`` rows: C-contiguous float32
+        (num_rows, side_info_size) for a model of ``side_info="given"``, which needs it, and
+        None for any other, which refuses it. ``ValueError`` names what is wrong."""
+        return checks.checked_side_info(side_info, self._config.side_info_size, num_rows)
+
     def check_labels(self, y: Any, num_rows: int | None = None) -> np.ndarray:
         """Check labels on their own (int64 (n,)); ``num_rows``: how many there must be.
 
@@ -299,12 +313,19 @@ class GLN:
                                      config.num_classes, num_rows)
 
     # ------------------------------------------------------------------ public verbs
-    def predict_proba(self, X: Any, *, checked: bool = False) -> np.ndarray:
+    def predict_proba(
+        self, X: Any, *, checked: bool = False, side_info: Any = None
+    ) -> np.ndarray:
         """Class probabilities (n, num_classes), rows summing to 1. Does not learn.
 
         ``checked=True``: ``X`` is what ``check_input`` returned (C-contiguous float32
-        (n, num_features), every value finite) and is not checked again.
+        (n, num_features), every value finite) and is not checked again. ``side_info``: each
+        row's (n, side_info_size), for a model of ``side_info="given"`` (always checked).
         """
+        if self._config.side_info == "given" or side_info is not None:
+            X32 = X if checked else self.check_input(X)[0]
+            given = self.check_side_info(side_info, len(X32))
+            return self._class_probabilities(self._outputs(X32, None, given), len(X32))
         gpu = self._pipeline.device == "cuda"
         if not checked:
             # A long plain array goes to the GPU as it is, each chunk checked as it is sent; a
@@ -317,9 +338,9 @@ class GLN:
             return self._class_probabilities(self._staging.predicted_by_chunk(X), len(X))
         return self._class_probabilities(self._outputs(X, None), len(X))
 
-    def predict(self, X: Any) -> np.ndarray:
+    def predict(self, X: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row (n,)."""
-        return np.argmax(self.predict_proba(X), axis=1)
+        return np.argmax(self.predict_proba(X, side_info=side_info), axis=1)
 
     def class_of(self, probabilities: np.ndarray) -> np.ndarray:
         """The most probable class of each row of ``probabilities`` (n, num_classes): its name
@@ -328,11 +349,11 @@ class GLN:
         names = self._config.class_names
         return best if names is None else np.asarray(names)[best]
 
-    def predict_names(self, X: Any) -> np.ndarray:
+    def predict_names(self, X: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row, by name where the model has ``class_names``."""
-        return self.class_of(self.predict_proba(X))
+        return self.class_of(self.predict_proba(X, side_info=side_info))
 
-    def saliency(self, X: Any) -> np.ndarray:
+    def saliency(self, X: Any, *, side_info: Any = None) -> np.ndarray:
         """The collapsed weight product W_L(z) ... W_1(z) for each row and class.
 
         Shape (n, num_classes, num_features): entry [t, c, j] is how much the logit of base
@@ -345,13 +366,16 @@ class GLN:
         logit, before ``predict_proba`` divides the networks' outputs by their sum: it is not
         the slope of ``predict_proba``'s log-odds.
         """
-        maps, _ = self.saliency_terms(X)
+        maps, _ = self.saliency_terms(X, side_info=side_info)
         return maps
 
-    def saliency_terms(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+    def saliency_terms(
+        self, X: Any, *, side_info: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Saliency maps (n, C, d) and the bias terms (n, C) that complete the output logit."""
         X32, _ = self.check_input(X)
-        return saliency_terms(self._pipeline, self._state, X32, self._chunk_rows)
+        given = self.check_side_info(side_info, len(X32))
+        return saliency_terms(self._pipeline, self._state, X32, self._chunk_rows, given)
 
     @contextlib.contextmanager
     def page_locked(self, X: np.ndarray) -> Iterator[np.ndarray]:
@@ -386,10 +410,13 @@ class GLN:
         would otherwise charge to its first request. One prediction of a row of zeros does
         both; a prediction learns nothing, so the model's bytes stay the same.
         """
-        self.predict_proba(np.zeros((1, self.num_features), dtype=np.float32))
+        size = self._config.side_info_size
+        self.predict_proba(np.zeros((1, self.num_features), dtype=np.float32),
+                           side_info=np.zeros((1, size), dtype=np.float32) if size else None)
 
     def learn(
-        self, X: Any, y: Any, *, progress: bool = False, checked: bool = False
+        self, X: Any, y: Any, *, progress: bool = False, checked: bool = False,
+        side_info: Any = None,
     ) -> np.ndarray:
         """Learn every row in order, one OGD step per example.
 
@@ -402,30 +429,38 @@ class GLN:
         ``checked=True``: ``X`` and ``y`` are what ``check_input`` / ``check_labels`` returned
         (C-contiguous float32 (n, num_features), every value finite; int64 class indices (n,))
         and are not checked again; rows not so checked may fail halfway or learn garbage.
+        ``side_info``: each row's (n, side_info_size), for a model of ``side_info="given"``
+        (always checked).
         """
         if not checked:
             if y is None:  # check_input's "no labels": predicting, which learn must not pass for
                 raise ValueError("learn needs labels y, one class index per row (predict_proba "
                                  "predicts without learning)")
             X, y = self.check_input(X, y)
+        given = None
+        if self._config.side_info == "given" or side_info is not None:
+            given = self.check_side_info(side_info, len(X))
         if isinstance(self._config.schedule, PerExample):
             with self._user_rates_checked(len(X)):
-                return self._learned(X, y, progress)
-        return self._learned(X, y, progress)
+                return self._learned(X, y, progress, given)
+        return self._learned(X, y, progress, given)
 
-    def _learned(self, X32: np.ndarray, labels: np.ndarray, progress: bool) -> np.ndarray:
+    def _learned(self, X32: np.ndarray, labels: np.ndarray, progress: bool,
+                 given: np.ndarray | None) -> np.ndarray:
         """``learn``'s result for checked rows, with the model's rates ready to read."""
         if progress:
-            return self._learned_with_progress(X32, labels)
-        return self._class_probabilities(self._outputs(X32, labels), len(X32))
+            return self._learned_with_progress(X32, labels, given)
+        return self._class_probabilities(self._outputs(X32, labels, given), len(X32))
 
-    def _learned_with_progress(self, X32: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    def _learned_with_progress(self, X32: np.ndarray, labels: np.ndarray,
+                               given: np.ndarray | None) -> np.ndarray:
         """``learn``'s result for checked rows, in pieces of a few chunks under a progress
         bar."""
         outputs = []  # on the host: each piece's call waits for its results, so the bar is true
         with tqdm(total=len(X32), unit="example", desc="learn") as bar:
             for start, stop in chunk_bounds(len(X32), PROGRESS_CHUNKS * self._chunk_rows):
-                outputs.append(self._outputs(X32[start:stop], labels[start:stop]))
+                outputs.append(self._outputs(X32[start:stop], labels[start:stop],
+                                             None if given is None else given[start:stop]))
                 bar.update(stop - start)
         return self._class_probabilities(np.concatenate(outputs) if outputs else None, len(X32))
 
@@ -458,10 +493,12 @@ class GLN:
             xp = self._pipeline.xp
             self._state.moments_shift[...] = xp.asarray(first_row, dtype=xp.float64)
 
-    def _outputs(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
-        """The network's outputs (n, G) for a checked batch, on the host; learns when labels
-        are given. A short call on the GPU is replayed from its captured graph when it can be;
-        a longer one goes in chunks of the device's chunk length."""
+    def _outputs(self, X32: np.ndarray, labels: np.ndarray | None,
+                 given: np.ndarray | None = None) -> np.ndarray | None:
+        """The network's outputs (n, G) for a checked batch (and its checked side information
+        ``given``, for ``side_info="given"``), on the host; learns when labels are given. A
+        short call on the GPU is replayed from its captured graph when it can be; a longer one
+        goes in chunks of the device's chunk length."""
         n = len(X32)
         if labels is not None and n and self._state.moments.count == 0:
             self._anchor_moments(X32[0])
@@ -470,14 +507,15 @@ class GLN:
             if replayed is not None:
                 return replayed
         if n <= self._chunk_rows:  # one chunk (or none): no uploads to share, no list to join
-            return to_numpy(self._staging.run_chunk(X32, labels)) if n else None
+            return to_numpy(self._staging.run_chunk(X32, labels, None, given)) if n else None
         chunks = chunk_bounds(n, self._chunk_rows)
         several = self._pipeline.device == "cuda" and len(chunks) > 1
         with (ChunkUploads(max(b - a for a, b in chunks), self._config.num_features) if several
               else contextlib.nullcontext()) as uploads:
             outputs = [
                 self._staging.run_chunk(X32[start:stop],
-                                        None if labels is None else labels[start:stop], uploads)
+                                        None if labels is None else labels[start:stop], uploads,
+                                        None if given is None else given[start:stop])
                 for start, stop in chunks
             ]
         return self._staging.fetched(outputs)

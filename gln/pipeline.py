@@ -51,16 +51,19 @@ class Pipeline:
         return int(blur) + getattr(self.layer_contexts, "nbytes", 0)
 
     def outputs(
-        self, state: State, rows: Any, count: Any, rates: Any, targets: Any, learning: bool
+        self, state: State, rows: Any, count: Any, rates: Any, targets: Any, learning: bool,
+        side_info: Any = None,
     ) -> tuple[Any, RunningMoments]:
         """A chunk through the network: outputs (n, G) and the moments after the chunk.
 
         ``rows`` (n, d) as ``scale`` takes them, ``count`` as ``scale`` takes it, ``rates``
         (n,) and one-vs-all ``targets`` (n, G) float32, read only when ``learning``, which
-        updates the weights (and, on the GPU, the moments' totals) in place.
+        updates the weights (and, on the GPU, the moments' totals) in place. ``side_info``
+        (n, s) float32 on the device: the gating's input where the configuration's side
+        information is ``"given"``.
         """
         config = self.config
-        z, base_logits, after = self.scale(state, rows, count, learning)
+        z, base_logits, after = self.scale(state, rows, count, learning, side_info)
         contexts = self.contexts(state, z)
         outputs = self.network_pass(
             state.weights, contexts, base_logits, targets, rates, bias_logit=config.bias_logit,
@@ -69,11 +72,11 @@ class Pipeline:
         return outputs, after
 
     def scale(
-        self, state: State, rows: Any, count: Any, learning: bool
+        self, state: State, rows: Any, count: Any, learning: bool, side_info: Any = None
     ) -> tuple[Any, Any, RunningMoments]:
-        """Side information z, base logits, and the moments after the chunk (``rows``: float64,
-        or float32 where the kernels read them so; ``count``: ``state.moments.count`` as a
-        (1, 1) float64 array on the device)."""
+        """Side information z (``side_info`` where given), base logits, and the moments after
+        the chunk (``rows``: float64, or float32 where the kernels read them so; ``count``:
+        ``state.moments.count`` as a (1, 1) float64 array on the device)."""
         config, m, shift = self.config, state.moments, state.moments_shift
         if learning:
             counts, sums, sums_sq, after = self.moments_fold(m, rows, count, shift)
@@ -83,6 +86,7 @@ class Pipeline:
             self.xp, rows, counts, sums, sums_sq,
             mode=config.input_scaling, pred_clip=config.pred_clip, min_std=config.min_std,
             side_info=config.side_info, blur=self.blur, fused=self.fused_scaling, shift=shift,
+            given=side_info,
         )
         return z, base_logits, after
 

@@ -29,18 +29,21 @@ from gln.state import State
 
 
 def saliency_terms(
-    pipeline: Pipeline, state: State, X32: np.ndarray, chunk_rows: int
+    pipeline: Pipeline, state: State, X32: np.ndarray, chunk_rows: int,
+    given: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Saliency maps (n, C, d) and the bias terms (n, C) that complete the output logit, of
-    checked rows ``X32`` (``GLN.saliency`` says what they are), ``chunk_rows`` rows at a time
-    through the model's scaling and contexts; learns nothing."""
+    checked rows ``X32`` (``GLN.saliency`` says what they are; ``given``: their checked side
+    information, for ``side_info="given"``), ``chunk_rows`` rows at a time through the
+    model's scaling and contexts; learns nothing."""
     xp, config = pipeline.xp, pipeline.config
     maps, biases = [], []
     for start, stop in chunk_bounds(len(X32), chunk_rows):
         chunk = X32[start:stop]
         x64 = xp.asarray(chunk, dtype=xp.float64)
         count = xp.full((1, 1), float(state.moments.count))
-        z, _, _ = pipeline.scale(state, x64, count, learning=False)
+        side = None if given is None else xp.asarray(given[start:stop])
+        z, _, _ = pipeline.scale(state, x64, count, learning=False, side_info=side)
         contexts = pipeline.contexts(state, z)
         for t in range(len(chunk)):
             chunk_map, chunk_bias = _collapse(xp, state.weights, contexts, t,

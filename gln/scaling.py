@@ -54,6 +54,13 @@ rescaled to norm sqrt(d) (so that z . v of a unit normal is of order 1, like the
 halfspace test then depends only on the shape of the input, not on its overall brightness or on
 running statistics; base predictions are unchanged. On deskewed MNIST this gating (blur 1.5)
 raised one-pass test accuracy from 97.45% to 97.9% (benchmarks/mnist_online.py).
+
+With ``"given"`` the side information is not made from the rows at all: each row comes with
+its own (``GLN.learn(X, y, side_info=Z)``), used by the gating as it is, while the rows are
+only the base predictions. This is the paper's general form, in which the inputs p0 that
+layer 1 mixes and the side information z that picks the weights may be different things (a
+pixel's model in a density model mixes a few neighbouring pixels and is gated by everything
+before its own, ``gln.density``).
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ INPUT_SCALINGS = ("standardize", "unit", "unit_fixed")
 # and its halfspace margins NaN. Far inside float32, so a unit normal's dot product with a
 # whole row of bounded values stays finite; no value the data can reasonably reach is changed.
 Z_LIMIT = 1e30
-SIDE_INFOS = ("scaled", "per_row")
+SIDE_INFOS = ("scaled", "per_row", "given")
 
 
 class FusedScaling(NamedTuple):
@@ -132,8 +139,10 @@ def scale_inputs(
     blur: tuple[Any, Any] | None = None,
     fused: FusedScaling | None = None,
     shift: Any = None,
+    given: Any = None,
 ) -> tuple[Any, Any]:
-    """Side information z (n, d) float32 and base-prediction logits (n, d) float32.
+    """Side information z (n, d) float32, or ``given`` (n, s) as it is for ``side_info=
+    "given"``, and base-prediction logits (n, d) float32.
 
     ``shift``: what the running sums were taken less of (``moments_before_each_row``), for
     ``"standardize"``. ``fused`` replaces steps by single kernels (the GPU's) that compute what
@@ -145,15 +154,19 @@ def scale_inputs(
         z, base_logits = compute(x64, counts, sums, sums_sq, min_std, logit_cap, shift)
     elif mode == "unit":
         compute = fused.unit if fused else functools.partial(unit_scaled, xp)
-        # Per-row side information replaces z: no need to compute it.
+        # Per-row or given side information replaces z: no need to compute it.
         z, base_logits = compute(x64, counts, sums, sums_sq, min_std, pred_clip,
-                                 side_info != "per_row")
+                                 side_info == "scaled")
     elif mode == "unit_fixed":
-        z, base_logits = unit_fixed_scaled(xp, x64, pred_clip, side_info != "per_row")
+        z, base_logits = unit_fixed_scaled(xp, x64, pred_clip, side_info == "scaled")
     else:
         raise ValueError(f"input_scaling must be one of {INPUT_SCALINGS}, got {mode!r}")
     if side_info == "per_row":
         z = fused.per_row_side_info(x64, blur) if fused else per_row_side_info(xp, x64, blur)
+    elif side_info == "given":
+        if given is None:
+            raise ValueError("side_info='given' needs the side information of each row")
+        z = given
     elif side_info != "scaled":
         raise ValueError(f"side_info must be one of {SIDE_INFOS}, got {side_info!r}")
     return z.astype(xp.float32, copy=False), base_logits.astype(xp.float32, copy=False)

@@ -38,8 +38,10 @@ from gln.state import DEFAULT_CONTEXT_DIM, DEFAULT_LAYER_SIZES
 class GLNClassifier(ClassifierMixin, BaseEstimator):
     """A Gated Linear Network as a scikit-learn classifier.
 
-    Parameters: those of ``gln.GLN`` (see there) but ``num_features`` and ``num_classes``,
-    with its defaults, and
+    Parameters: those of ``gln.GLN`` (see there) but ``num_features`` and ``num_classes``
+    (the data's) and ``side_info_size`` (side information given with each row, which
+    ``fit(X, y)`` has no place for: ``side_info`` is ``"scaled"`` or ``"per_row"`` here), with
+    its defaults, and
 
     epochs: passes over the rows that ``fit`` makes, each in the rows' order (default 1: one
         online pass, the GLN's own setting). More passes help where a dataset is small for the

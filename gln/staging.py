@@ -46,8 +46,10 @@ class Staging:
         # Short calls on the GPU: captured once, then replayed (gln.kernels.replay). The
         # "unit_fixed" scaling is array code (no kernel of its own), which a graph cannot
         # capture: its short calls run as they are.
+        # Nor are those of given side information, which travels beside the staged buffer.
         self.replays = (CallReplays() if pipeline.device == "cuda" and config.use_kernels
-                        and config.input_scaling != "unit_fixed" else None)
+                        and config.input_scaling != "unit_fixed"
+                        and config.side_info != "given" else None)
 
     def staged(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """What a chunk sends to the device, as one host buffer: its rows widened to float64
@@ -107,13 +109,17 @@ class Staging:
         return xp.asarray(self.staged(X32, labels)), rows32
 
     def run_chunk(
-        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None
+        self, X32: np.ndarray, labels: np.ndarray | None, uploads: ChunkUploads | None = None,
+        side_info: np.ndarray | None = None,
     ) -> Any:
         """One chunk through the network; learns when labels are given. Returns (n, G) on the
-        model's device. A call of several chunks sends their rows by ``uploads``."""
+        model's device. A call of several chunks sends their rows by ``uploads``; the chunk's
+        given side information (n, s) float32, if any, goes in a copy of its own."""
         n, state = len(X32), self.state
         packed, rows32 = self.sent(X32, labels, uploads)
-        outputs, state.moments = self.chunk_on_device(packed, rows32, n, labels is not None)
+        given = None if side_info is None else self.pipeline.xp.asarray(side_info)
+        outputs, state.moments = self.chunk_on_device(packed, rows32, n, labels is not None,
+                                                      given)
         if uploads is not None:
             uploads.consumed()
         if labels is not None:
@@ -121,7 +127,7 @@ class Staging:
         return outputs
 
     def chunk_on_device(
-        self, packed: Any, rows32: Any, n: int, learning: bool
+        self, packed: Any, rows32: Any, n: int, learning: bool, side_info: Any = None
     ) -> tuple[Any, RunningMoments]:
         """The device's work for a chunk staged by ``staged`` (its float32 rows ``rows32``
         when they were not staged): outputs (n, G) and the moments after the chunk.
@@ -130,7 +136,8 @@ class Staging:
         in place) and changes nothing on the host, so a call's launches can be captured.
         """
         rows, count, rates, targets = self.unpacked(packed, rows32, n)
-        return self.pipeline.outputs(self.state, rows, count, rates, targets, learning)
+        return self.pipeline.outputs(self.state, rows, count, rates, targets, learning,
+                                     side_info)
 
     def replayed(self, X32: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
         """``run_chunk``'s outputs, on the host, from the call's captured graph, or None if it

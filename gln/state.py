@@ -36,16 +36,18 @@ Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
 def state_layout(
-    num_features: int, num_glns: int, layer_sizes: Sequence[int], context_dim: int
+    num_features: int, num_glns: int, layer_sizes: Sequence[int], context_dim: int,
+    gating_features: int | None = None,
 ) -> Layout:
     """Shape and dtype of every array of a model's state, by name, in snapshot order: the
-    hyperplanes (``context_dim`` per neuron, GLN by GLN, layer by layer), the running input
-    statistics, and each layer's weights (G, K, 2^m, inputs with the bias)."""
+    hyperplanes (``context_dim`` per neuron, GLN by GLN, layer by layer, in the space of
+    ``gating_features``: the side information given with each row, default the rows), the
+    running input statistics, and each layer's weights (G, K, 2^m, inputs with the bias)."""
     planes = num_glns * sum(layer_sizes) * context_dim
     inputs = [1 + k for k in (num_features, *layer_sizes[:-1])]
     float32, float64 = np.dtype(np.float32), np.dtype(np.float64)
     return {
-        "normals": ((planes, num_features), float32),
+        "normals": ((planes, gating_features or num_features), float32),
         "offsets": ((planes,), float32),
         "moments_total": ((num_features,), float64),
         "moments_total_sq": ((num_features,), float64),
@@ -66,7 +68,7 @@ def _blur_matrices_nbytes(image_shape: tuple[int, int] | None, side_info_blur: f
 def layout_of(config: Config) -> Layout:
     """``state_layout`` of a model of ``config``."""
     return state_layout(config.num_features, config.num_glns, config.layer_sizes,
-                        config.context_dim)
+                        config.context_dim, config.gating_features)
 
 
 def initial_state(config: Config, xp: Any) -> State:
@@ -75,7 +77,8 @@ def initial_state(config: Config, xp: Any) -> State:
     layout = layout_of(config)
     rng = np.random.default_rng(config.seed)
     planes = layout["normals"][0][0]
-    normals, offsets = sample_halfspaces(rng, planes, config.num_features, config.offset_scale)
+    normals, offsets = sample_halfspaces(rng, planes, config.gating_features,
+                                         config.offset_scale)
     if config.gating_window:
         normals = restrict_to_windows(rng, normals, config.image_shape, config.gating_window)
     arrays = {"normals": xp.asarray(normals), "offsets": xp.asarray(offsets)}
@@ -133,19 +136,21 @@ def estimate_nbytes(config: dict[str, Any]) -> int:
     classes = checks.num_classes(config.get("num_classes", 2))
     sizes = checks.layer_sizes(config.get("layer_sizes", DEFAULT_LAYER_SIZES))
     context_dim = checks.context_dim(config.get("context_dim", DEFAULT_CONTEXT_DIM))
-    layout = state_layout(features, 1 if classes == 2 else classes, sizes, context_dim)
+    side_info_size = checks.integer("side_info_size", config.get("side_info_size", 0))
+    gating = side_info_size if side_info_size > 0 else features
+    layout = state_layout(features, 1 if classes == 2 else classes, sizes, context_dim, gating)
     state = sum(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
     planes, dim = layout["normals"][0]
     # gln.kernels.cpu_int16_gating.Int16Normals: int16 values; per plane a float32 scale
     # and two float64 norms (the module is not imported here: it loads Numba).
-    int16_copy = 2 * planes * features + (4 + 8 + 8) * planes
+    int16_copy = 2 * planes * dim + (4 + 8 + 8) * planes
     # gln.kernels.int8_gating.Int8Planes: three int8 slices of a row padded to 16 columns;
     # per plane a float64 scale, three slices' norms, an L1 norm and a length; 64 warps'
     # six partial maxima (the module is not imported here: it is the GPU's).
     int8_cut = planes * (3 * -(-dim // 16) * 16 + 8 * 6) + 64 * 6 * 8
     blur = checks.number_in("side_info_blur", config.get("side_info_blur", 0.0), 0.0,
                             100.0, closed=True)
-    image_shape = checks.image_shape(config.get("image_shape"), features)
+    image_shape = checks.image_shape(config.get("image_shape"), gating)
     copy = {"cpu": int16_copy, "cuda": int8_cut}.get(config.get("device", "cpu"),
                                                       max(int16_copy, int8_cut))
     return state + copy + _blur_matrices_nbytes(image_shape, blur)

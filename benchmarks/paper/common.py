@@ -138,10 +138,13 @@ def ci95(values: list[float]) -> float:
     return float(1.96 * np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
-def add_mnist_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
-    """The options of a script that learns MNIST: where the digits are, generated digits
-    instead (for tests), and the quick size (``quick`` says what it is)."""
-    parser.add_argument("--data-dir", help="directory of the MNIST IDX files (or GLN_DATA_DIR)")
+def add_mnist_arguments(parser: argparse.ArgumentParser, quick: Any,
+                        data: str = "directory of the MNIST IDX files (or GLN_DATA_DIR)"
+                        ) -> None:
+    """The options of a script that learns MNIST: where the digits are (``data`` says what
+    the directory holds), generated digits instead (for tests), and the quick size (``quick``
+    says what it is)."""
+    parser.add_argument("--data-dir", help=data)
     parser.add_argument("--synthetic", action="store_true",
                         help="generated 28 x 28 digits instead of MNIST (for tests)")
     parser.add_argument("--quick", action="store_true",

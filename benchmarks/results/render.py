@@ -130,6 +130,13 @@ TABLES = {
         ("dataset", "dataset"), ("model", "model"), ("weights", "weights"),
         ("examples", "examples"), ("passes", "passes"),
         ("final_train_accuracy", "training accuracy after the last pass"))),
+    "paper_density": Table("paper_density.json", (
+        ("train", "train images"), ("valid", "valid images"), ("test", "test images"),
+        ("layer_sizes", "neurons"), ("context_dim", "context dimension"),
+        ("test_nats_online", "test nats an image, online"),
+        ("test_nats_frozen", "test nats an image, frozen"),
+        ("train_nats_online", "train nats an image, online"),
+        ("images_per_second", "images/s"))),
 }
 BLOCK = re.compile(r"(<!-- results: (\w+) -->\n).*?(<!-- /results -->)", re.DOTALL)
 

@@ -52,7 +52,9 @@ def plain_gln(X: np.ndarray, indices: np.ndarray, num_classes: int, passes: int 
 def test_the_constructor_takes_the_glns_configuration_with_its_defaults():
     # What the data decides is not a parameter: the width and the classes, and their names
     # (scikit-learn's feature_names_in_ and classes_).
-    from_data = ("num_features", "num_classes", "feature_names", "class_names")
+    # Nor side information given beside the rows, which fit(X, y) has no place for.
+    from_data = ("num_features", "num_classes", "feature_names", "class_names",
+                 "side_info_size")
     gln_arguments = {name: p.default for name, p in inspect.signature(GLN).parameters.items()
                      if name not in from_data}
     assert GLNClassifier().get_params() == {**gln_arguments, "epochs": 1}
