@@ -414,6 +414,11 @@ class ModelRegistry:
                 raise ModelExists(
                     f"model {other!r} exists, and names that differ only in case are refused "
                     f"(on a case-insensitive file system they would share their files)")
+            if config.get("side_info") == "given":
+                raise InvalidRequest(
+                    f"{invalid}: side_info 'given' takes side information with each row "
+                    "(gln.density), which the service's requests do not carry; use 'scaled' "
+                    "or 'per_row'")
             try:
                 # Sized before it is built: an oversized config must never be allocated.
                 needed = GLN.estimate_nbytes({**config, "device": self._device})

@@ -120,6 +120,9 @@ async def test_create_accepts_the_whole_name_alphabet(
         ({"num_features": 3, "context_dim": 17}, "context_dim must be <= 16"),
         ({"num_features": 3, "seed": -1}, "seed must be >= 0"),
         ({"num_features": 3, "device": "cuda"}, "device"),
+        # Requests carry no side information apart from the rows: refused, not a model that
+        # would refuse every request.
+        ({"num_features": 3, "side_info": "given", "side_info_size": 4}, "side_info 'given'"),
         # Its blur matrices would take 29 GB: sized (and refused) before anything is built.
         ({"num_features": 60_000, "layer_sizes": [1], "context_dim": 1, "side_info": "per_row",
           "image_shape": [1, 60_000], "side_info_blur": 1.0}, "GLN_MAX_MODEL_BYTES"),
