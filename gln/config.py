@@ -164,6 +164,23 @@ class Config:
             "device": self.device,
         }
 
+    def checked_rows(self, X: Any, *, strict: bool = False) -> np.ndarray:
+        """``X`` as float32 (n, num_features), rows by name where the model has names;
+        ``ValueError`` naming what is wrong (``GLN.check_input`` says what ``strict`` adds)."""
+        unit = strict and self.input_scaling in ("unit", "unit_fixed")
+        return checks.checked_features(checks.rows_by_name(X, self.feature_names),
+                                       self.num_features, self.input_scaling if unit else None)
+
+    def checked_labels(self, y: Any, num_rows: int | None = None) -> np.ndarray:
+        """``y`` as class indices int64 (n,), by name where the model has class names."""
+        return checks.checked_labels(checks.labels_by_name(y, self.class_names),
+                                     self.num_classes, num_rows)
+
+    def class_of(self, probabilities: np.ndarray) -> np.ndarray:
+        """The most probable class of each row: its name where the model has class names."""
+        best = np.argmax(probabilities, axis=1)
+        return best if self.class_names is None else np.asarray(self.class_names)[best]
+
     def for_estimate(self, device: str) -> dict[str, Any]:
         """The size-determining arguments, as ``gln.state.estimate_nbytes`` takes them, for a
         model on ``device`` (the one resolved)."""

@@ -55,8 +55,9 @@ True
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,6 +72,9 @@ from gln.scaling import FusedScaling, scale_inputs
 from gln.serialize import snapshot_bytes
 from gln.staging import chunk_bounds
 from gln.state import State, estimate_nbytes
+
+if TYPE_CHECKING:
+    from gln.family_member import FamilyMember
 
 
 class GLNFamily:
@@ -88,6 +92,18 @@ class GLNFamily:
         first = GLN(**config)
         self._take(first._config, first._state, size)
         self._fill(slice(None), first._state)
+
+    @classmethod
+    def with_capacity(cls, capacity: int, **config: Any) -> GLNFamily:
+        """A family with room for ``capacity`` members and none set yet: each member's state
+        is written where ``set_member`` puts a model there, and until then holds no memory
+        of the machine (the arrays are allocated, not touched), so a host may make room for
+        every model it could come to hold at the cost of address space alone."""
+        capacity = checks.positive_int("capacity", capacity)
+        first = GLN(**config)
+        family = cls.__new__(cls)
+        family._take(first._config, first._state, capacity)
+        return family
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -133,6 +149,11 @@ class GLNFamily:
             one = estimate_nbytes(config.for_estimate("cpu"))
             raise ValueError(f"a family of {size} models needs about {size * one} bytes, "
                              "more memory than is available") from None
+        # One call at a time: members share the arrays (and the kernels' scratch).
+        self.lock = threading.RLock()
+        # The single model's code paths, which a call of one member's rows runs on views of
+        # its arrays (gln.family_member); made at the first such call.
+        self._single_pipeline: Pipeline | None = None
         self._counts = np.zeros(size, np.int64)  # each member's moments.count
         self._seen = np.zeros(size, np.int64)  # each member's examples_seen
         self._layer_pass = family_layer_pass_for(np, config.use_kernels)
@@ -201,6 +222,14 @@ class GLNFamily:
         model._own(self._config, Pipeline(self._config), state)
         return model
 
+    def member_model(self, index: int) -> FamilyMember:
+        """Member ``index`` as a model that learns and predicts in place, in the family's
+        arrays (``gln.family_member``): what a host that keeps many tenants in one family
+        serves each tenant through."""
+        from gln.family_member import FamilyMember
+
+        return FamilyMember(self, self._index(index))
+
     def member_bytes(self, index: int) -> bytes:
         """``member(index).to_bytes()``, without the copy of the member in between."""
         return snapshot_bytes(self.config, self._member_state(self._index(index), copy=False))
@@ -212,7 +241,8 @@ class GLNFamily:
         if isinstance(model, bytes | bytearray | memoryview):
             model = GLN.from_bytes(model)
         self._check_fits(model, "model")
-        self._fill(index, model._state)
+        with self.lock:
+            self._fill(index, model._state)
 
     def _index(self, index: Any) -> int:
         """``index`` as a member's index; ``ValueError`` naming it where it is not one."""
@@ -243,13 +273,8 @@ class GLNFamily:
         outside [0, 1] refused where ``input_scaling="unit"``), and ``members``: one member's
         index per row. Returns X float32 (n, d), y int64 (n,) or None, members int64 (n,);
         ``ValueError`` names what is wrong."""
-        config = self._config
-        unit = strict and config.input_scaling in ("unit", "unit_fixed")
-        X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
-                                      config.num_features,
-                                      config.input_scaling if unit else None)
-        labels = None if y is None else checks.checked_labels(
-            checks.labels_by_name(y, config.class_names), config.num_classes, len(X32))
+        X32 = self._config.checked_rows(X, strict=strict)
+        labels = None if y is None else self._config.checked_labels(y, len(X32))
         return X32, labels, self._checked_members(members, len(X32))
 
     def _checked_members(self, members: Any, n: int) -> np.ndarray:
@@ -271,30 +296,43 @@ class GLNFamily:
         return np.ascontiguousarray(index, dtype=np.int64)
 
     # ------------------------------------------------------------------ verbs
-    def learn(self, X: Any, y: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
+    def learn(self, X: Any, y: Any, members: Any, *, side_info: Any = None,
+              checked: bool = False) -> np.ndarray:
         """Learn every row, row t as member ``members[t]``'s next example: one OGD step each,
         rows of one member in their order. Returns each row's class probabilities predicted
         before its own update (n, num_classes), as ``GLN.learn``. Each member ends where a
         model of its own that learned its rows in order would, byte for byte. Invalid input
         (a row, a label, a member index, the side information) raises ``ValueError`` before
         anything is learned. ``side_info``: each row's own (n, side_info_size), for members of
-        ``side_info="given"``: row t is gated by it in member ``members[t]``."""
+        ``side_info="given"``: row t is gated by it in member ``members[t]``.
+
+        ``checked=True``: ``X`` and ``y`` are what ``check_input`` returned, and ``members``
+        valid indices (int64 (n,)); none of them is checked again."""
         if y is None:
             raise ValueError("learn needs labels y, one class index per row (predict_proba "
                              "predicts without learning)")
-        X32, labels, members = self.check_input(X, y, members)
-        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X32))
-        return class_probabilities(self._outputs(X32, labels, members, given), len(X32),
-                                   self._config.num_classes)
+        if checked:
+            members = np.ascontiguousarray(members, dtype=np.int64)
+        else:
+            X, y, members = self.check_input(X, y, members)
+        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X))
+        with self.lock:
+            return class_probabilities(self._outputs(X, y, members, given), len(X),
+                                       self._config.num_classes)
 
-    def predict_proba(self, X: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
+    def predict_proba(self, X: Any, members: Any, *, side_info: Any = None,
+                      checked: bool = False) -> np.ndarray:
         """Class probabilities (n, num_classes) of each row by its member ``members[t]``, as
         that member's ``predict_proba`` (with the row's ``side_info``, where given). Learns
-        nothing."""
-        X32, _, members = self.check_input(X, None, members)
-        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X32))
-        return class_probabilities(self._outputs(X32, None, members, given), len(X32),
-                                   self._config.num_classes)
+        nothing. ``checked`` as for ``learn``."""
+        if checked:
+            members = np.ascontiguousarray(members, dtype=np.int64)
+        else:
+            X, _, members = self.check_input(X, None, members)
+        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X))
+        with self.lock:
+            return class_probabilities(self._outputs(X, None, members, given), len(X),
+                                       self._config.num_classes)
 
     def predict(self, X: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row by its member (n,)."""

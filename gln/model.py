@@ -287,11 +287,7 @@ class GLN:
         clips those to [eps, 1 - eps]: a pixel sent as 0-255 would count as 1). The service
         checks its clients' rows strictly.
         """
-        config = self._config
-        unit = strict and config.input_scaling in ("unit", "unit_fixed")
-        X32 = checks.checked_features(checks.rows_by_name(X, config.feature_names),
-                                      config.num_features,
-                                      config.input_scaling if unit else None)
+        X32 = self._config.checked_rows(X, strict=strict)
         if y is None:
             return X32, None
         return X32, self.check_labels(y, X32.shape[0])
@@ -308,9 +304,7 @@ class GLN:
         Raises ``ValueError`` naming the first label (by its index in ``y``) that is not a
         class index of this model, or (with ``class_names``) one of its class names.
         """
-        config = self._config
-        return checks.checked_labels(checks.labels_by_name(y, config.class_names),
-                                     config.num_classes, num_rows)
+        return self._config.checked_labels(y, num_rows)
 
     # ------------------------------------------------------------------ public verbs
     def predict_proba(
@@ -345,9 +339,7 @@ class GLN:
     def class_of(self, probabilities: np.ndarray) -> np.ndarray:
         """The most probable class of each row of ``probabilities`` (n, num_classes): its name
         where the model has ``class_names`` (a str array), else its index."""
-        best = np.argmax(probabilities, axis=1)
-        names = self._config.class_names
-        return best if names is None else np.asarray(names)[best]
+        return self._config.class_of(probabilities)
 
     def predict_names(self, X: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row, by name where the model has ``class_names``."""

@@ -41,12 +41,18 @@ def _section(path: Path, heading: str) -> str:
 
 def test_the_library_family_example_runs_and_its_members_are_models_alone() -> None:
     section = _section(LIBRARY, "## Many small models")
-    code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    stacked, served = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     namespace: dict[str, Any] = {}
-    exec(compile(code, str(LIBRARY), "exec"), namespace)  # noqa: S102
+    exec(compile(stacked, str(LIBRARY), "exec"), namespace)  # noqa: S102
     family, alone = namespace["family"], namespace["alone"]
     assert family.size == 3 and family.member_bytes(2) == alone.to_bytes()
     assert namespace["probs"].shape == (6, 2)
+    exec(compile(served, str(LIBRARY), "exec"), namespace)  # noqa: S102
+    X, y, GLN = namespace["X"], namespace["y"], namespace["GLN"]
+    one_of_its_own = GLN(num_features=20, layer_sizes=(32, 32, 1), seed=0)
+    one_of_its_own.learn(X, y)  # the member learned all six rows: two alone, four together
+    assert namespace["tenant"].to_bytes() == one_of_its_own.to_bytes()
+    assert namespace["family"].size == 10_000
 
 
 def test_the_readme_sketch_runs_and_learns() -> None:

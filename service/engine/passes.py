@@ -14,9 +14,10 @@ A model is in at most one pass at a time (``scheduled`` from the moment it has w
 batch is answered), so its batches never overlap and its order holds; a model with more work
 after its batch goes to the back of the line, so a busy model does not starve the others.
 ``lanes`` passes run at once (the model threads), and a pass takes at most
-``models_per_pass`` models. Batches of reads alone (predictions without ids, explanations)
-run on the read threads, apart from those that write to the log, as before: a log that hangs
-never holds every thread the predictions need.
+``models_per_pass`` models; the learn batches of members of one family (``families``) are
+learned in one library call (``served_model.serve_batches``). Batches of reads alone
+(predictions without ids, explanations) run on the read threads, apart from those that write
+to the log, as before: a log that hangs never holds every thread the predictions need.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
+from service.engine.served_model import serve_batches
 from service.engine.threads import in_thread
 from service.errors import Unavailable
 
@@ -121,7 +123,7 @@ class Passes:
     def _serve_all(self, batches: list[tuple[ServedModel, list[Any]]]) -> list[Any]:
         """(thread) Each model's batch in turn; one sync of the log for all, before any answer."""
         with self._synced_once(batches):
-            return [served.serve_batch(batch) for served, batch in batches]
+            return serve_batches(batches)
 
     @contextlib.contextmanager
     def _synced_once(self, batches: list[tuple[ServedModel, list[Any]]]) -> Iterator[None]:

@@ -23,10 +23,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from gln import GLN
+from gln import GLN, FamilyMember
 from gln.backend import resolve_device
 from service.engine import memory
 from service.engine.client import Labels, Rows
+from service.engine.families import Families
 from service.engine.learn_answers import LearnResult
 from service.engine.passes import Passes
 from service.engine.served_model import ServedModel, StoredModel
@@ -50,6 +51,7 @@ __all__ = ["ModelRegistry"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Model = GLN | FamilyMember  # a served model: a GLN of its own, or a member of its family
 # Store failures repeat with every request while the store is down (a snapshot's POST, say).
 throttled = Throttled(log)
 # How long a ping's answer stands for every caller (probes, restore's retries).
@@ -166,6 +168,7 @@ class ModelRegistry:
         self._by_folded_name: dict[str, str] = {}
         self._held_nbytes = 0
         self._warmed: set[str] = set()  # the configurations of CPU models warmed up
+        self.families = Families(self._family_capacity)
         self._stopping = False  # stop_periodic_work was called
         self._names_lock = asyncio.Lock()
         self._restored = asyncio.Event()  # every stored model loaded, or failed
@@ -208,7 +211,9 @@ class ModelRegistry:
                         name, self._without_paths(info.damage), info.version)
             self.metrics.snapshot_fallbacks.inc()
         model_blob, waiting = split_snapshot(blob, info.metadata)
-        return StoredModel(self._load(model_blob), info, waiting)
+        # A rebuild's model goes into the served model's own room
+        # (ServedModel.start_again_from_snapshot), a restore's into a room of its own.
+        return StoredModel(self._load(model_blob, place=not afresh), info, waiting)
 
     def _add(self, served: ServedModel) -> None:
         self._models[served.name] = served
@@ -434,6 +439,7 @@ class ModelRegistry:
             try:
                 await self._run_store(self._first_snapshot, served)
             except Exception as exc:
+                self.families.release(model)
                 raise self._snapshot_failed("first snapshot of %r failed", name, exc) from exc
             self._add(served)
             return served
@@ -525,6 +531,10 @@ class ModelRegistry:
                 f"{'GPU' if self._device == 'cuda' else 'machine'} free now){advice}"
             )
 
+    def _family_capacity(self, model_nbytes: int) -> int:
+        """How many models of ``model_nbytes`` this server could hold: a family's room."""
+        return min(self.settings.max_models, self._budget()[0] // max(model_nbytes, 1))
+
     def _budget(self) -> tuple[int, str]:
         """The bytes all models may hold, and (when derived) where that comes from."""
         if self.settings.max_total_model_bytes is not None:
@@ -553,34 +563,39 @@ class ModelRegistry:
             served.waiting_room_reserved = True
             self._held_nbytes += needed
 
-    def _build(self, config: dict[str, Any]) -> GLN:
-        model = GLN(**config, device=self._device)
+    def _build(self, config: dict[str, Any]) -> Model:
+        model = self.families.place(GLN(**config, device=self._device))
         model.warm_up()  # so that the first request does not pay for it
         return model
 
-    def _load(self, blob: bytes) -> GLN:
-        model = GLN.from_bytes(blob, self._device)
+    def _load(self, blob: bytes, place: bool = True) -> Model:
+        """The model of a snapshot; in its family, with ``place`` (see ``families``)."""
+        model: Model = GLN.from_bytes(blob, self._device)
+        if place:
+            model = self.families.place(model)
         self._warm_up_once(model)
         return model
 
-    def _warm_up_once(self, model: GLN) -> None:
+    def _warm_up_once(self, model: Model) -> None:
         """Warm up ``model`` unless a CPU model of its configuration was: what a warm-up spares
         the first request is the kernels' loading, once a process, where a CPU model's own
         first call adds only its 16-bit normals (~50 us); at 10,000 restored models that is
         a third of the restore."""
-        key = repr(sorted(model.config.items()))
+        key = f"{type(model).__name__} {sorted(model.config.items())!r}"  # a family warms apart
         if self._device != "cpu" or key not in self._warmed:
             model.warm_up()
             self._warmed.add(key)
 
-    def _import(self, blob: bytes) -> GLN:
+    def _import(self, blob: bytes) -> Model:
         """An import's model, its counters leaving room to learn (``IMPORT_MAX_COUNT``)."""
-        model = self._load(blob)
+        model = self._load(blob, place=False)
         counted = max(int(model.examples_seen), int(model.moments.count))
         if counted >= IMPORT_MAX_COUNT:
             raise ValueError(f"the model has counted {counted} examples, which leaves no room "
                              f"to learn: an import must have counted fewer than 2**61")
-        return model
+        placed = self.families.place(model)
+        self._warm_up_once(placed)
+        return placed
 
     async def delete(self, name: str) -> None:
         """Finish the model's queued learning, forget it, and remove its snapshots.
@@ -621,6 +636,7 @@ class ModelRegistry:
             self.metrics.models_loaded.set(len(self._models))
             del self._by_folded_name[name.casefold()]
             self._held_nbytes -= served.reserved_nbytes
+            self.families.release(served.model)
         log.info("deleted model %r, its snapshots and its log", name)
 
     # -- data --
@@ -903,6 +919,7 @@ class ModelRegistry:
     async def _restore_one(self, name: str) -> None:
         delay = self._retry_s
         while True:
+            stored = None
             try:
                 stored = await self._run_store(self._stored, name)
                 if stored is None:
@@ -917,6 +934,8 @@ class ModelRegistry:
                 # Restored rows are counted, never refused (the budget may be overrun).
                 served.waiting_room_reserved = len(served.waiting_rows) > 0
             except Exception as exc:
+                if stored is not None:
+                    self.families.release(stored.model)
                 if isinstance(exc, WalDurabilityError) or not await self.store_reachable():
                     why = exc if isinstance(exc, WalDurabilityError) else "store unreachable"
                     log.warning("restoring %r: %s; retrying in %.0f s", name, why, delay)

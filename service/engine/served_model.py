@@ -35,6 +35,7 @@ A served model owns two parts: its view of the log (appends, doubt, catch-up, re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -44,12 +45,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from gln import GLN, SnapshotBuffer
+from gln import GLN, FamilyMember, SnapshotBuffer
 from service.engine.learn_answers import AnswerCache, LearnResult, scored_rows
 from service.engine.model_log import ModelLog
 from service.engine.model_snapshots import ModelSnapshots
@@ -89,7 +90,7 @@ class StoredModel(NamedTuple):
     """A model as its latest snapshot holds it: what a restore, or a rebuild after the log
     lost entries, starts from (then the log is replayed on it)."""
 
-    model: GLN
+    model: GLN | FamilyMember
     info: SnapshotInfo
     waiting: list[WaitingRow]
 
@@ -104,6 +105,22 @@ def _scored_predictions(jobs: list[_Job], probs: np.ndarray) -> np.ndarray:
             scored[offset:offset + n] = job.scored
         offset += n
     return scored
+
+
+@dataclass(eq=False)
+class _LearnPlan:
+    """(thread) A run of learn requests between ``plan_learn`` and ``finish_learn``."""
+
+    group: _GroupResult
+    learned: list[LearnResult | RegistryError | None]  # one per job, as it is answered
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (job, earlier same key)
+    stale: dict[int, tuple[str, ...]] = field(default_factory=dict)  # job -> ids left out
+    fresh: list[int] = field(default_factory=list)  # the jobs whose rows are learned
+    run: list[_Job] = field(default_factory=list)  # those jobs
+    X: np.ndarray | None = None  # their rows, None if there are none
+    y: np.ndarray | None = None
+    waiting_rows: list[WaitingRow] = field(default_factory=list)
+    entry_id: str | None = None  # the log entry that holds them
 
 
 class _Verb(enum.Enum):
@@ -176,7 +193,7 @@ class ServedModel:
     def __init__(
         self,
         name: str,
-        model: GLN,
+        model: GLN | FamilyMember,
         *,
         executor: Executor,
         store_executor: Executor | None = None,
@@ -337,7 +354,10 @@ class ServedModel:
         stored = None if self._load_snapshot is None else self._load_snapshot()
         if stored is None:
             return None
-        self.model = stored.model
+        if isinstance(self.model, FamilyMember):
+            self.model.set(stored.model)  # into its own room of its family
+        else:
+            self.model = stored.model
         self.snapshots.latest = stored.info
         self.applied_id = stored.info.metadata.get(WAL_ID)
         self.waiting_rows.clear()
@@ -501,15 +521,25 @@ class ServedModel:
             for group in groups:
                 try:
                     self._serve_group(group)
-                except RegistryError as exc:  # e.g. the log is down: said, not a bug
-                    verb = group.jobs[0].verb.value
-                    throttled.warning(f"{verb} {self.name}", "%s failed for model %r: %s",
-                                      verb, self.name, exc)
-                    group.error = exc
-                except Exception as exc:  # answer the group's requests; keep serving others
-                    log.exception("%s failed for model %r", group.jobs[0].verb.value, self.name)
-                    group.error = exc
+                except Exception as exc:
+                    self._group_failed(group, exc)
         return groups
+
+    def _group_failed(self, group: _GroupResult, exc: Exception) -> None:
+        """(thread) Answer the group's requests with ``exc``; the model serves on."""
+        verb = group.jobs[0].verb.value
+        if isinstance(exc, RegistryError):  # e.g. the log is down: said, not a bug
+            throttled.warning(f"{verb} {self.name}", "%s failed for model %r: %s",
+                              verb, self.name, exc)
+        else:
+            log.error("%s failed for model %r", verb, self.name, exc_info=exc)
+        group.error = exc
+
+    def learns_in_family(self, jobs: list[_Job]) -> bool:
+        """Whether ``jobs`` are learn requests only, of a model that is a family's member: a
+        pass may learn them with other members' (``serve_batches``)."""
+        return isinstance(self.model, FamilyMember) and all(
+            job.verb is _Verb.LEARN for job in jobs)
 
     def _serve_group(self, group: _GroupResult) -> None:
         jobs = group.jobs
@@ -584,60 +614,81 @@ class ServedModel:
 
     def _learn_group(self, group: _GroupResult) -> None:
         """(thread, model lock) Log, then learn, a run of learn requests; answer each."""
+        plan = self.plan_learn(group)
+        if plan.X is not None:
+            start = int(self.model.examples_seen)
+            self.finish_learn(plan, start, self.model.learn(plan.X, plan.y, checked=True))
+        else:
+            self.finish_learn(plan)
+
+    def plan_learn(self, group: _GroupResult) -> _LearnPlan:
+        """(thread, model lock) What a run of learn requests learns, once logged: the log
+        caught up with, waiting rows no longer waiting and retried requests sorted out, the
+        rest appended to the log as one entry. ``finish_learn`` answers them, once the rows
+        are learned (by this model, or in one call with other members of its family)."""
         jobs = group.jobs
-        learned: list[LearnResult | RegistryError | None] = [None] * len(jobs)
-        copies: list[tuple[int, int]] = []  # (job, earlier job with the same key in the run)
+        plan = _LearnPlan(group, [None] * len(jobs))
         if self.log is not None:
             self.log.catch_up_if_in_doubt(self)
-        stale = self._drop_stale_label_rows(jobs, learned)
-        fresh = self._sort_out_duplicates(jobs, learned, copies)
-        if fresh:
-            run = [jobs[i] for i in fresh]
-            X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
-            y = run[0].y if len(run) == 1 else np.concatenate([job.y for job in run])
-            assert y is not None
-            waiting_rows = [row for job in run for row in job.waiting_rows or ()]
-            entry_id = None if self.wal is None else self._append(run, X, y, waiting_rows)
-            start, probs, losses, correct = self._apply(X, y, entry_id, checked=True)
-            self.waiting_rows.remove_rows(waiting_rows)
-            if any(job.scored is not None for job in run):
-                losses, correct = scored_rows(_scored_predictions(run, probs), y)
+        plan.stale = self._drop_stale_label_rows(jobs, plan.learned)
+        plan.fresh = self._sort_out_duplicates(jobs, plan.learned, plan.copies)
+        if plan.fresh:
+            run = plan.run = [jobs[i] for i in plan.fresh]
+            plan.X = run[0].X if len(run) == 1 else np.concatenate([job.X for job in run])
+            plan.y = run[0].y if len(run) == 1 else np.concatenate([job.y for job in run])
+            assert plan.y is not None
+            plan.waiting_rows = [row for job in run for row in job.waiting_rows or ()]
+            if self.wal is not None:
+                plan.entry_id = self._append(run, plan.X, plan.y, plan.waiting_rows)
+        return plan
+
+    def finish_learn(self, plan: _LearnPlan, start: int = 0, learned: Any = None) -> None:
+        """(thread, model lock) Answer each request of ``plan``, whose rows (if any) were
+        learned from example ``start`` on with the prequential probabilities ``learned``."""
+        group, jobs = plan.group, plan.group.jobs
+        if plan.X is not None:
+            assert plan.y is not None
+            probs, losses, correct = self._applied(learned, plan.y, plan.entry_id)
+            self.waiting_rows.remove_rows(plan.waiting_rows)
+            if any(job.scored is not None for job in plan.run):
+                losses, correct = scored_rows(_scored_predictions(plan.run, probs), plan.y)
             offset = 0
-            for i, job in zip(fresh, run, strict=True):
+            for i, job in zip(plan.fresh, plan.run, strict=True):
                 n = len(job.X)
                 result = LearnResult(
                     start + offset, probs[offset:offset + n], losses[offset:offset + n], n,
-                    log_id=entry_id, stale_ids=stale.get(i, ()),
+                    log_id=plan.entry_id, stale_ids=plan.stale.get(i, ()),
                 )
-                learned[i] = result
+                plan.learned[i] = result
                 if job.key is not None:
                     self._answers.put(job.key, result, job.digest)
                 offset += n
             group.losses, group.correct = losses, correct
-        for i, first in copies:
-            original = learned[first]
+        for i, first in plan.copies:
+            original = plan.learned[first]
             assert isinstance(original, LearnResult)
-            learned[i] = dataclasses.replace(original, duplicate=True)
-        group.learned = [result for result in learned if result is not None]
+            plan.learned[i] = dataclasses.replace(original, duplicate=True)
+        group.learned = [result for result in plan.learned if result is not None]
         assert len(group.learned) == len(jobs)
 
     def _apply(
-        self, X: np.ndarray, y: np.ndarray, entry_id: str | None, *, checked: bool = False
+        self, X: np.ndarray, y: np.ndarray, entry_id: str | None
     ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        """(model lock) Learn rows; their first sequence, probabilities, losses, hits.
-
-        ``checked``: the rows and labels are ``check_input``'s (a request's, checked by the
-        registry before they queued), which the model then does not check again. Rows read
-        back from the log are checked as any others.
-        """
+        """(model lock) Learn rows read back from the log (checked as any others); their
+        first sequence, probabilities, losses, hits."""
         start = int(self.model.examples_seen)
-        model = self.model
-        learned = model.learn(X, y, checked=checked)
+        return start, *self._applied(self.model.learn(X, y), y, entry_id)
+
+    def _applied(
+        self, learned: Any, y: np.ndarray, entry_id: str | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(model lock) Count rows learned with the probabilities ``learned``, up to the log
+        entry ``entry_id``: their probabilities, losses and hits."""
         probs = np.asarray(learned, dtype=np.float64)
         self.updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
-        return start, probs, *scored_rows(probs, y)
+        return probs, *scored_rows(probs, y)
 
     def _drop_stale_label_rows(
         self, jobs: list[_Job], learned: list[LearnResult | RegistryError | None]
@@ -806,3 +857,66 @@ class ServedModel:
                 "sha256": snap.sha256,
             },
         }
+
+
+def serve_batches(batches: list[tuple[ServedModel, list[_Job]]]) -> list[list[_GroupResult]]:
+    """(thread) Serve the batches of a pass (``passes``), each model's as ``serve_batch``
+    does, except that learn batches of two or more members of one family are learned in one
+    ``GLNFamily.learn``: each member learns its rows in their order, exactly as on its own,
+    and the family's fixed cost of a call is paid once for all of them."""
+    outcomes: list[list[_GroupResult] | None] = [None] * len(batches)
+    families: dict[int, list[int]] = {}
+    for i, (served, jobs) in enumerate(batches):
+        if served.learns_in_family(jobs):
+            member = served.model
+            assert isinstance(member, FamilyMember)
+            families.setdefault(id(member.family), []).append(i)
+    for indices in families.values():
+        if len(indices) > 1:
+            together = _learn_in_family([batches[i] for i in indices])
+            for i, groups in zip(indices, together, strict=True):
+                outcomes[i] = groups
+    return [outcome if outcome is not None else served.serve_batch(jobs)
+            for outcome, (served, jobs) in zip(outcomes, batches, strict=True)]
+
+
+def _learn_in_family(batches: list[tuple[ServedModel, list[_Job]]]) -> list[list[_GroupResult]]:
+    """(thread) Learn batches of members of one family (each a run of learn requests) in one
+    family call, under every member's lock (a pass holds models no other pass holds, so no
+    two threads ever wait for each other's)."""
+    first = batches[0][0].model
+    assert isinstance(first, FamilyMember)
+    groups = [_GroupResult(list(jobs)) for _, jobs in batches]
+    with contextlib.ExitStack() as locks:
+        for served, _ in batches:
+            locks.enter_context(served.lock)
+        planned: list[tuple[ServedModel, _LearnPlan]] = []
+        for (served, _), group in zip(batches, groups, strict=True):
+            try:
+                planned.append((served, served.plan_learn(group)))
+            except Exception as exc:
+                served._group_failed(group, exc)
+        learning = [(served, plan) for served, plan in planned if plan.X is not None]
+        if learning:
+            X = np.concatenate([plan.X for _, plan in learning])
+            y = np.concatenate([plan.y for _, plan in learning])
+            members = np.concatenate([
+                np.full(len(plan.X), served.model.index, dtype=np.int64)
+                for served, plan in learning])
+            starts = [int(served.model.examples_seen) for served, _ in learning]
+            try:
+                probs = first.family.learn(X, y, members, checked=True)
+            except Exception as exc:  # logged, not learned: each catches up with its log
+                for served, plan in learning:
+                    served.put_in_doubt()
+                    served._group_failed(plan.group, exc)
+                learning = []
+            offset = 0
+            for (served, plan), start in zip(learning, starts, strict=True):
+                n = len(plan.X)
+                served.finish_learn(plan, start, probs[offset:offset + n])
+                offset += n
+        for served, plan in planned:
+            if plan.X is None:
+                served.finish_learn(plan)
+    return [[group] for group in groups]

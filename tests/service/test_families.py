@@ -1,0 +1,74 @@
+"""Small models of one configuration are served as members of one family (service.engine.
+families): a pass learns the waiting rows of many of them in one library call, and each one
+ends byte for byte where a model learning alone would, its answers too."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gln import GLN, GLNFamily
+from service.api.app import create_app
+from service.settings import Settings
+from tests.service.conftest import make_data, serve
+
+MODELS = 12
+
+
+@pytest.fixture
+def family_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many distinct members each GLNFamily.learn call of the test learned."""
+    calls: list[int] = []
+    learn = GLNFamily.learn
+
+    def counted(self, X, y, members, **kwargs):
+        calls.append(len(set(np.asarray(members).tolist())))
+        return learn(self, X, y, members, **kwargs)
+
+    monkeypatch.setattr(GLNFamily, "learn", counted)
+    return calls
+
+
+async def test_spread_learns_are_learned_together_and_each_model_as_if_alone(
+    settings: Settings, small_config, family_calls
+):
+    streams = {f"t{i}": make_data(8, seed=i) for i in range(MODELS)}
+    async with serve(create_app(settings)) as client:
+        for name in streams:
+            r = await client.post("/v1/models", json={"name": name, "config": small_config})
+            assert r.status_code == 201, r.text
+
+        async def learn_one_at_a_time(name):
+            X, y = streams[name]
+            return [(await client.post(f"/v1/models/{name}/learn", json={
+                "features": [X[t]], "labels": [y[t]]})).json() for t in range(len(X))]
+
+        answers = dict(zip(streams, await asyncio.gather(
+            *(learn_one_at_a_time(name) for name in streams)), strict=True))
+        exported = {name: (await client.get(f"/v1/models/{name}/export")).content
+                    for name in streams}
+    assert max(family_calls) > 1  # rows of several models were learned in one call
+    for name, (X, y) in streams.items():
+        alone = GLN(**small_config)
+        for t, answer in enumerate(answers[name]):
+            expected = alone.learn(np.asarray([X[t]], np.float32), [y[t]])
+            assert answer["sequence"] == t
+            assert answer["probabilities"] == expected.astype(np.float64).tolist()
+        assert exported[name] == alone.to_bytes()
+
+
+async def test_a_deleted_models_room_is_a_new_model_of_its_own(settings: Settings, small_config):
+    X, y = make_data(5)
+    async with serve(create_app(settings)) as client:
+        for name in ("a", "b"):
+            await client.post("/v1/models", json={"name": name, "config": small_config})
+            await client.post(f"/v1/models/{name}/learn", json={"features": X, "labels": y})
+        assert (await client.delete("/v1/models/a")).status_code == 204
+        await client.post("/v1/models", json={"name": "c", "config": small_config})
+        info = (await client.get("/v1/models/c")).json()
+        exported = (await client.get("/v1/models/c/export")).content
+        b = (await client.get("/v1/models/b")).json()
+    assert info["examples_seen"] == 0 and b["examples_seen"] == 5
+    assert exported == GLN(**small_config).to_bytes()
