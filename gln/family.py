@@ -311,34 +311,38 @@ class GLNFamily:
         if y is None:
             raise ValueError("learn needs labels y, one class index per row (predict_proba "
                              "predicts without learning)")
-        if checked:
-            members = np.ascontiguousarray(members, dtype=np.int64)
-        else:
-            X, y, members = self.check_input(X, y, members)
-        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X))
-        with self.lock:
-            return class_probabilities(self._outputs(X, y, members, given), len(X),
-                                       self._config.num_classes)
+        return self._probabilities(*self._call(X, y, members, side_info, checked))
 
     def predict_proba(self, X: Any, members: Any, *, side_info: Any = None,
                       checked: bool = False) -> np.ndarray:
         """Class probabilities (n, num_classes) of each row by its member ``members[t]``, as
         that member's ``predict_proba`` (with the row's ``side_info``, where given). Learns
         nothing. ``checked`` as for ``learn``."""
-        if checked:
-            members = np.ascontiguousarray(members, dtype=np.int64)
-        else:
-            X, _, members = self.check_input(X, None, members)
-        given = checks.checked_side_info(side_info, self._config.side_info_size, len(X))
-        with self.lock:
-            return class_probabilities(self._outputs(X, None, members, given), len(X),
-                                       self._config.num_classes)
+        return self._probabilities(*self._call(X, None, members, side_info, checked))
 
     def predict(self, X: Any, members: Any, *, side_info: Any = None) -> np.ndarray:
         """The most probable class of each row by its member (n,)."""
         return np.argmax(self.predict_proba(X, members, side_info=side_info), axis=1)
 
     # ------------------------------------------------------------------ internals
+    def _call(self, X: Any, y: Any, members: Any, side_info: Any, checked: bool
+              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """A call's rows, labels, members and side information, checked unless ``checked``
+        says they are (then only the members are made int64)."""
+        if checked:
+            members = np.ascontiguousarray(members, dtype=np.int64)
+        else:
+            X, y, members = self.check_input(X, y, members)
+        return X, y, members, checks.checked_side_info(side_info, self._config.side_info_size,
+                                                       len(X))
+
+    def _probabilities(self, X32: np.ndarray, labels: np.ndarray | None, members: np.ndarray,
+                       given: np.ndarray | None) -> np.ndarray:
+        """Class probabilities of checked rows, one call at a time; learns given labels."""
+        with self.lock:
+            return class_probabilities(self._outputs(X32, labels, members, given), len(X32),
+                                       self._config.num_classes)
+
     def _outputs(self, X32: np.ndarray, labels: np.ndarray | None, members: np.ndarray,
                  given: np.ndarray | None = None) -> np.ndarray | None:
         """The networks' outputs (n, G) for checked rows (and their checked side information

@@ -4,6 +4,7 @@ a connection (and its memory) for good without its limit."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -16,17 +17,24 @@ from tests.service.durable_client import ServerProcess
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+@contextlib.contextmanager
+def _server_with(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]):
+    """A server process with ``env`` and a model "m" of 2 features."""
     directory = tmp_path_factory.mktemp("slow")
-    process = ServerProcess({"GLN_SNAPSHOT_DIR": str(directory / "s"),
-                             "GLN_HEADER_TIMEOUT_S": "0.5", "GLN_BODY_TIMEOUT_S": "0.5",
-                             "GLN_MIN_BODY_BYTES_PER_S": "1000", "GLN_MAX_CONNECTIONS": "8"},
+    process = ServerProcess({"GLN_SNAPSHOT_DIR": str(directory / "s"), **env},
                             Path(directory) / "server.log")
     with process:
         process.start()
         httpx.post(f"{process.url}/v1/models",
                    json={"name": "m", "config": {"num_features": 2}}).raise_for_status()
+        yield process
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    with _server_with(tmp_path_factory, {
+            "GLN_HEADER_TIMEOUT_S": "0.5", "GLN_BODY_TIMEOUT_S": "0.5",
+            "GLN_MIN_BODY_BYTES_PER_S": "1000", "GLN_MAX_CONNECTIONS": "8"}) as process:
         yield process
 
 
@@ -78,13 +86,9 @@ def test_a_trickled_body_gets_408_though_every_piece_comes_in_time(server):
 def capped_server(tmp_path_factory: pytest.TempPathFactory):
     """A server whose deadlines outlast the test, so held connections stay held however slow
     the machine is."""
-    directory = tmp_path_factory.mktemp("capped")
-    process = ServerProcess({"GLN_SNAPSHOT_DIR": str(directory / "s"),
-                             "GLN_HEADER_TIMEOUT_S": "60", "GLN_BODY_TIMEOUT_S": "60",
-                             "GLN_MAX_CONNECTIONS": "8", "GLN_MAX_BODY_BYTES": "1048576"},
-                            Path(directory) / "server.log")
-    with process:
-        process.start()
+    with _server_with(tmp_path_factory, {
+            "GLN_HEADER_TIMEOUT_S": "60", "GLN_BODY_TIMEOUT_S": "60",
+            "GLN_MAX_CONNECTIONS": "8", "GLN_MAX_BODY_BYTES": "1048576"}) as process:
         yield process
 
 
