@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -72,9 +72,6 @@ from gln.scaling import FusedScaling, scale_inputs
 from gln.serialize import snapshot_bytes
 from gln.staging import chunk_bounds
 from gln.state import State, estimate_nbytes
-
-if TYPE_CHECKING:
-    from gln.family_member import FamilyMember
 
 
 class GLNFamily:
@@ -221,14 +218,6 @@ class GLNFamily:
         model = GLN.__new__(GLN)
         model._own(self._config, Pipeline(self._config), state)
         return model
-
-    def member_model(self, index: int) -> FamilyMember:
-        """Member ``index`` as a model that learns and predicts in place, in the family's
-        arrays (``gln.family_member``): what a host that keeps many tenants in one family
-        serves each tenant through."""
-        from gln.family_member import FamilyMember
-
-        return FamilyMember(self, self._index(index))
 
     def member_bytes(self, index: int) -> bytes:
         """``member(index).to_bytes()``, without the copy of the member in between."""

@@ -30,12 +30,12 @@ if TYPE_CHECKING:
 
 
 class FamilyMember:
-    """Member ``index`` of ``family`` (``GLNFamily.member_model`` makes one). Like a ``GLN``,
+    """Member ``index`` of ``family`` (``ValueError`` if it has no such member). Like a ``GLN``,
     not safe to call from two threads at once for one member; members of one family may be
     called from different threads (the family takes one call at a time)."""
 
     def __init__(self, family: GLNFamily, index: int) -> None:
-        self.family, self.index = family, index
+        self.family, self.index = family, family._index(index)
         self._config = family._config
         self._shell_model: GLN | None = None
         self._state_nbytes = self._state.nbytes  # fixed by the configuration

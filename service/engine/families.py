@@ -65,7 +65,7 @@ class Families:
                 return model
             index = free.pop()
         family.set_member(index, model)
-        return family.member_model(index)
+        return FamilyMember(family, index)
 
     def release(self, model: GLN | FamilyMember) -> None:
         """Free the room of a member whose model is gone (a GLN of its own has none)."""

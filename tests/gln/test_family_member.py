@@ -1,11 +1,11 @@
-"""A member of a family served as a model of its own (``GLNFamily.member_model``): it learns,
+"""A member of a family served as a model of its own (``FamilyMember``): it learns,
 predicts, explains and snapshots exactly as a ``GLN`` of its own would, in the family's arrays,
 whether its rows come through it or through a family call with other members' rows."""
 
 import numpy as np
 import pytest
 
-from gln import GLN, GLNFamily, SnapshotBuffer
+from gln import GLN, FamilyMember, GLNFamily, SnapshotBuffer
 
 CONFIG = dict(num_features=5, num_classes=3, layer_sizes=(6, 5, 1), context_dim=3, seed=7,
               learning_rate={"schedule": "inverse_time", "scale": 0.5, "cap": 0.2})
@@ -22,7 +22,7 @@ def test_a_member_learns_and_predicts_as_a_model_of_its_own(use_kernels):
     alone = {i: GLN(**CONFIG, use_kernels=use_kernels) for i in (3, 9_999)}
     for i in alone:
         family.set_member(i, GLN(**CONFIG))
-    members = {i: family.member_model(i) for i in alone}
+    members = {i: FamilyMember(family, i) for i in alone}
     X, y = stream(0, 60)
     for start in range(0, 60, 6):  # members' own calls and family calls, interleaved
         a, b = X[start:start + 6], y[start:start + 6]
@@ -47,7 +47,7 @@ def test_a_member_learns_and_predicts_as_a_model_of_its_own(use_kernels):
 
 def test_a_members_snapshot_buffer_and_set_give_the_bytes_of_a_model():
     family = GLNFamily.with_capacity(4, **CONFIG)
-    member = family.member_model(1)
+    member = FamilyMember(family, 1)
     restored = GLN(**CONFIG)
     restored.learn(*stream(2, 20))
     member.set(restored.to_bytes())  # a restore: the member is the stored model
@@ -63,7 +63,7 @@ def test_a_members_snapshot_buffer_and_set_give_the_bytes_of_a_model():
 
 
 def test_a_member_checks_rows_and_labels_as_a_model_does():
-    member = GLNFamily.with_capacity(2, **CONFIG).member_model(0)
+    member = FamilyMember(GLNFamily.with_capacity(2, **CONFIG), 0)
     member.set(GLN(**CONFIG))
     with pytest.raises(ValueError, match="features|shape"):
         member.learn(np.zeros((2, 4)), [0, 1])
