@@ -58,7 +58,12 @@ class Families:
                 capacity = self._capacity_for(nbytes)
                 if capacity < 2:
                     return model
-                family = GLNFamily.with_capacity(capacity, **config)
+                try:
+                    family = GLNFamily.with_capacity(capacity, **config)
+                except ValueError as exc:  # the address space refused (a strict overcommit)
+                    log.warning("no family for models of %r (%s): they are served apart",
+                                config, exc)
+                    return model
                 held = self._families[key] = (family, list(range(capacity - 1, -1, -1)))
             family, free = held
             if not free:

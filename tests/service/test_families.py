@@ -72,3 +72,22 @@ async def test_a_deleted_models_room_is_a_new_model_of_its_own(settings: Setting
         b = (await client.get("/v1/models/b")).json()
     assert info["examples_seen"] == 0 and b["examples_seen"] == 5
     assert exported == GLN(**small_config).to_bytes()
+
+
+async def test_a_family_the_machine_cannot_make_room_for_leaves_its_models_apart(
+    settings: Settings, small_config, make_data, monkeypatch: pytest.MonkeyPatch
+):
+    def refused(capacity, **config):
+        raise ValueError(f"a family of {capacity} models needs more memory than is available")
+
+    monkeypatch.setattr(GLNFamily, "with_capacity", refused)
+    X, y = make_data(4)
+    async with serve(create_app(settings)) as client:
+        r = await client.post("/v1/models", json={"name": "m", "config": small_config})
+        assert r.status_code == 201, r.text
+        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+        assert r.status_code == 200
+        exported = (await client.get("/v1/models/m/export")).content
+    alone = GLN(**small_config)
+    alone.learn(np.asarray(X, np.float32), y)
+    assert exported == alone.to_bytes()
