@@ -148,9 +148,6 @@ class GLNFamily:
                              "more memory than is available") from None
         # One call at a time: members share the arrays (and the kernels' scratch).
         self.lock = threading.RLock()
-        # The single model's code paths, which a call of one member's rows runs on views of
-        # its arrays (gln.family_member); made at the first such call.
-        self._single_pipeline: Pipeline | None = None
         self._counts = np.zeros(size, np.int64)  # each member's moments.count
         self._seen = np.zeros(size, np.int64)  # each member's examples_seen
         self._layer_pass = family_layer_pass_for(np, config.use_kernels)

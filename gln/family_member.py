@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gln.model import GLN
-from gln.pipeline import Pipeline
 from gln.scaling import RunningMoments
 
 if TYPE_CHECKING:
@@ -45,12 +44,9 @@ class FamilyMember:
         copied in from the family's (``_counters_out`` copies them back)."""
         family, i = self.family, self.index
         shell = self._shell_model
-        if shell is None:
-            if family._single_pipeline is None:  # one for all members: one copy of the normals
-                family._single_pipeline = Pipeline(self._config)
+        if shell is None:  # the family's code paths: one copy of the normals for all
             shell = self._shell_model = GLN.__new__(GLN)
-            shell._own(self._config, family._single_pipeline,
-                       family._member_state(i, copy=False))
+            shell._own(self._config, family._pipeline, family._member_state(i, copy=False))
         state = shell._state
         state.examples_seen = int(family._seen[i])
         state.moments = RunningMoments(int(family._counts[i]), family._totals[i],
@@ -103,9 +99,7 @@ class FamilyMember:
     def nbytes(self) -> int:
         """What a ``GLN`` of its own would hold (the hyperplanes and the copy of the normals
         are the family's, shared by every member)."""
-        single = self.family._single_pipeline
-        return self._state_nbytes + max(self.family._pipeline.nbytes,
-                                        0 if single is None else single.nbytes)
+        return self._state_nbytes + self.family._pipeline.nbytes
 
     def config_for_estimate(self) -> dict[str, Any]:
         """As ``GLN.config_for_estimate``."""

@@ -324,6 +324,7 @@ def replace_all_atomically(
     fsynced once. A crash may leave some of them replaced and not others; a failure removes
     the temp files not yet renamed."""
     temps: list[str] = []
+    renamed = 0
     try:
         for path, write in files:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=tmp_prefix, suffix=f"-{path.name}")
@@ -332,11 +333,11 @@ def replace_all_atomically(
                 write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-        while temps:
-            os.replace(temps[0], files[len(files) - len(temps)][0])
-            temps.pop(0)
+        for (path, _), tmp in zip(files, temps, strict=True):
+            os.replace(tmp, path)
+            renamed += 1
     except BaseException:
-        for tmp in temps:
+        for tmp in temps[renamed:]:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
