@@ -45,8 +45,9 @@ class ModelSnapshots:
         self._saved_updates = 0  # the source's updates that the latest snapshot holds
 
     def changed(self, updates: int) -> bool:
-        """Whether a source at ``updates`` holds learning the latest snapshot lacks."""
-        return updates != self._saved_updates
+        """Whether a source at ``updates`` holds learning the latest snapshot lacks (or there
+        is no snapshot yet: a model born in the log)."""
+        return updates != self._saved_updates or self.latest is None
 
     def save(self, source: SnapshotSource, store: SnapshotStore,
              force: bool) -> SnapshotInfo | None:

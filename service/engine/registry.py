@@ -44,7 +44,7 @@ from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.storage.store import SnapshotInfo, SnapshotStore
-from service.storage.wal import WalDurabilityError, WriteAheadLog
+from service.storage.wal import ModelListing, WalDurabilityError, WriteAheadLog
 
 __all__ = ["ModelRegistry"]
 
@@ -144,6 +144,14 @@ class ModelRegistry:
         self.settings = settings
         self.metrics = metrics
         self.executor = executor
+        # A log that lists its models makes a new model durable by logging its birth (one
+        # group-committed append, not a snapshot's files); its first snapshot is the first
+        # periodic (or shutdown) one, and a restore finds a model of none yet by the log.
+        self._births = isinstance(wal, ModelListing)
+        # The log listed at restore for models born in it: this server's, or the one it ignores
+        # (whose births it refuses to serve without, as it refuses their learning).
+        listed = wal if wal is not None else ignored_log
+        self._birth_log = listed if isinstance(listed, ModelListing) else None
         # The snapshot store's calls run on threads of their own: a store that hangs holds
         # none of the threads the models learn and predict on.
         self.store_executor = store_executor or executor
@@ -203,7 +211,7 @@ class ModelRegistry:
             self.store.reconnect()
         loaded = self.store.load(name)
         if loaded is None:
-            return None
+            return self._born(name, place=not afresh)
         blob, info = loaded
         if info.damage:  # loud, though not smaller: the log replays from its entry
             log.warning("the newest snapshot of %r is damaged (%s); restoring it from version %d, "
@@ -214,6 +222,23 @@ class ModelRegistry:
         # A rebuild's model goes into the served model's own room
         # (ServedModel.start_again_from_snapshot), a restore's into a room of its own.
         return StoredModel(self._load(model_blob, place=not afresh), info, waiting)
+
+    def _born(self, name: str, place: bool) -> StoredModel | None:
+        """(thread) A model of no snapshot as its birth in the log made it (the log replays
+        what follows); None if the log holds no birth of it (the log a crash left in the
+        middle of a delete, which the next create of the name clears)."""
+        if self._birth_log is None:
+            return None
+        first = next(iter(self._birth_log.read_after(name, None)), None)  # type: ignore[attr-defined]
+        if first is None or first.config is None:
+            return None
+        if self.wal is None:
+            raise RuntimeError(
+                f"the write-ahead log holds the birth of {name!r} (and any learning since), "
+                "which has no snapshot yet, and GLN_WAL_ENABLED=false ignores the log: start "
+                f"once with the log enabled, or DELETE /v1/models/{name} to drop the model and "
+                "its log")
+        return StoredModel(self._build(first.config, place), None, [])
 
     def _add(self, served: ServedModel) -> None:
         self._models[served.name] = served
@@ -357,13 +382,15 @@ class ModelRegistry:
     # -- create / import / export / delete --
     async def create(self, name: str, config: dict[str, Any],
                      replace_unrestored: bool = False) -> ServedModel:
-        """Build a model from ``config``, store its first snapshot, and start serving it.
+        """Build a model from ``config``, make it durable, and start serving it.
 
-        The first snapshot makes a model durable from birth: a restart brings it back even if
-        it never learned. 409 if the name exists, or is a stored model that could not be
-        restored (unless ``replace_unrestored``: its remains are deleted first), 422 for a
-        config GLN rejects, 503 if the store cannot take the snapshot (then nothing is
-        created).
+        A model is durable from birth: a restart brings it back even if it never learned.
+        Where the log lists its models (the file log), its birth is logged (its
+        configuration), and its first snapshot is the next periodic (or shutdown) one; else
+        the first snapshot is stored before the answer. 409 if the name exists, or is a stored
+        model that could not be restored (unless ``replace_unrestored``: its remains are
+        deleted first), 422 for a config GLN rejects, 503 if the log (or the store) cannot
+        take it (then nothing is created).
         """
         await self._wait_restored()
         if replace_unrestored and name in self._failed:
@@ -378,7 +405,7 @@ class ModelRegistry:
                 f"{', '.join(sorted(CONFIG_KEYS))}"
             )
         served = await self._admit(name, config, functools.partial(self._build, config),
-                                  "invalid config")
+                                  "invalid config", born=self._births)
         log.info("created model %r: %s", name, _shape_of(served.model))
         return served
 
@@ -402,10 +429,12 @@ class ModelRegistry:
         return served
 
     async def _admit(
-        self, name: str, config: dict[str, Any], build: Callable[[], GLN], invalid: str
+        self, name: str, config: dict[str, Any], build: Callable[[], GLN], invalid: str,
+        born: bool = False,
     ) -> ServedModel:
-        """Check ``name`` and the room for a model of ``config``, ``build`` it, store its
-        first snapshot and start serving it; ``invalid`` prefixes the 422 of a refused one."""
+        """Check ``name`` and the room for a model of ``config``, ``build`` it, make it
+        durable and start serving it; ``invalid`` prefixes the 422 of a refused one.
+        Durable: by its birth in the log (``born``), else by its first snapshot."""
         async with self._names_lock:
             if name in self._failed:
                 raise ModelExists(
@@ -432,10 +461,20 @@ class ModelRegistry:
                         f"{invalid}: the model would hold {needed} bytes, more than "
                         f"GLN_MAX_MODEL_BYTES={self.settings.max_model_bytes}"
                     )
-                model = await self._run(self._checked_build, config, needed, build)
+                built = await self._run(self._checked_build, config, needed, build,
+                                        name if born else None)
             except (ValueError, TypeError) as exc:
                 raise InvalidRequest(f"{invalid}: {exc}") from exc
+            if isinstance(built, Exception):  # the birth could not be logged
+                raise Unavailable(f"the write-ahead log did not take the model's birth "
+                                  f"({type(built).__name__}; see the service log): nothing "
+                                  "was created") from built
+            model, birth = built
             served = self._served(name, model, None)
+            if birth is not None:
+                served.born(birth)
+                self._add(served)
+                return served
             try:
                 await self._run_store(self._first_snapshot, served)
             except Exception as exc:
@@ -444,22 +483,38 @@ class ModelRegistry:
             self._add(served)
             return served
 
-    def _checked_build(self, config: dict[str, Any], needed: int, build: Callable[[], GLN]
-                       ) -> GLN:
-        """(thread) ``build()``, once ``config`` is valid and the server has room: one hop for
-        the three (a create pays each hop on a busy server). What is wrong with the config
-        comes before the server's room for it."""
+    def _checked_build(self, config: dict[str, Any], needed: int, build: Callable[[], Model],
+                       born: str | None = None) -> tuple[Model, str | None] | Exception:
+        """(thread) ``build()``, once ``config`` is valid and the server has room, and with
+        ``born`` (the model's name) its birth logged: one hop for all (a create pays each hop
+        on a busy server). The model and its birth's log entry (None without). What is wrong
+        with the config comes before the server's room for it. A birth the log refuses is
+        returned (the model released), not raised: it is no fault of the config."""
         GLN.check_config({**config, "device": self._device})
         self._check_room(needed)
-        return build()
+        model = build()
+        if born is None:
+            return model, None
+        try:
+            self._clear_logs(born)
+            return model, self.wal.append_birth(born, {  # type: ignore[union-attr]
+                key: value for key, value in model.config.items() if key != "device"})
+        except Exception as exc:
+            log.warning("logging the birth of model %r failed: %s", born, exc)
+            self.families.release(model)
+            return exc
 
-    def _first_snapshot(self, served: ServedModel) -> None:
-        """(thread) A new model's first snapshot, once the logs hold nothing of its name: a log
+    def _clear_logs(self, name: str) -> None:
+        """(thread) Nothing of ``name`` left in the logs before a new model of the name: a log
         left by a crash during an earlier delete, in the log this server writes or in the one
         it ignores (which a later start may use)."""
         for opened in (self.wal, self.ignored_log):
             if opened is not None:
-                opened.delete(served.name)
+                opened.delete(name)
+
+    def _first_snapshot(self, served: ServedModel) -> None:
+        """(thread) A new model's first snapshot, once the logs hold nothing of its name."""
+        self._clear_logs(served.name)
         served.write_snapshot(self.store, force=True)
 
     def _without_paths(self, words: str) -> str:
@@ -563,9 +618,12 @@ class ModelRegistry:
             served.waiting_room_reserved = True
             self._held_nbytes += needed
 
-    def _build(self, config: dict[str, Any]) -> Model:
-        model = self.families.place(GLN(**config, device=self._device))
-        model.warm_up()  # so that the first request does not pay for it
+    def _build(self, config: dict[str, Any], place: bool = True) -> Model:
+        """A new model of ``config``; in its family, with ``place`` (see ``families``)."""
+        model: Model = GLN(**config, device=self._device)
+        if place:
+            model = self.families.place(model)
+        self._warm_up_once(model)  # so that the first request does not pay for it
         return model
 
     def _load(self, blob: bytes, place: bool = True) -> Model:
@@ -879,7 +937,7 @@ class ModelRegistry:
             delay = retry_s
             while True:
                 try:
-                    names = await self._run_store(self.store.names)
+                    names = await self._run_store(self._stored_names)
                     break
                 except Exception as exc:
                     log.warning("snapshot store unreachable (%s); retrying in %.0f s", exc, delay)
@@ -895,6 +953,14 @@ class ModelRegistry:
                     loading.cancel()
             self._restored.set()
         log.info("restored %d model(s); %d failed", len(self._models), len(self._failed))
+
+    def _stored_names(self) -> list[str]:
+        """(thread) The names of the store's models, and of those the log holds the birth of
+        and the store no snapshot yet."""
+        names = set(self.store.names())
+        if self._birth_log is not None:
+            names.update(self._birth_log.names())
+        return sorted(names)
 
     def _restore(self, name: str) -> asyncio.Future[None]:
         """The restore of the stored model ``name``: the one under way (the background's, or
@@ -925,7 +991,7 @@ class ModelRegistry:
                 if stored is None:
                     return  # deleted by someone else since names()
                 info = stored.info
-                if self.ignored_log is not None:
+                if self.ignored_log is not None and info is not None:
                     await self._run(self._refuse_an_unapplied_log, name, info)
                 served = self._served(name, stored.model, info)
                 served.waiting_rows.put_rows(stored.waiting)
@@ -949,8 +1015,9 @@ class ModelRegistry:
                 self._by_folded_name[name.casefold()] = name
                 return
             log.info(
-                "restored %r: snapshot version %d, then %d log entries in %.3f s",
-                name, info.version, replayed, time.perf_counter() - t0,
+                "restored %r: %s, then %d log entries in %.3f s", name,
+                "its birth" if info is None else f"snapshot version {info.version}",
+                replayed, time.perf_counter() - t0,
             )
             self._add(served)
             self.metrics.show_labels_pending(name, len(served.waiting_rows))

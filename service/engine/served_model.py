@@ -91,7 +91,7 @@ class StoredModel(NamedTuple):
     lost entries, starts from (then the log is replayed on it)."""
 
     model: GLN | FamilyMember
-    info: SnapshotInfo
+    info: SnapshotInfo | None  # None: a model of no snapshot yet, as its birth in the log made it
     waiting: list[WaitingRow]
 
 
@@ -315,12 +315,22 @@ class ServedModel:
         with self.lock:
             return self.log.catch_up(self)
 
+    def born(self, entry_id: str | None) -> None:
+        """A new model whose birth is the log's entry ``entry_id`` (and the log's end)."""
+        self.applied_id = entry_id
+        if self.log is not None:
+            self.log.end = entry_id
+
     def apply_entry(self, entry: LogEntry) -> None:
         """(model lock) Learn one log entry, and remember its keyed requests' answers.
 
         A wait entry puts its rows to wait for labels instead; a learn entry's waiting rows
-        stop waiting, as they did when it was logged.
+        stop waiting, as they did when it was logged; a birth (the model as it was created,
+        which a restore built it from) holds nothing to learn.
         """
+        if entry.birth:
+            self.applied_id = entry.id
+            return
         if entry.waiting:
             assert entry.predictions is not None
             self._wait(entry.label_ids, entry.features, entry.predictions, entry.expires_at,
@@ -349,8 +359,8 @@ class ServedModel:
 
     def start_again_from_snapshot(self) -> int | None:
         """(model lock) The weights, waiting rows and applied entry of the latest snapshot, in
-        place of this model's (the log lost entries it had learned); the snapshot's version,
-        or None if there is none."""
+        place of this model's (the log lost entries it had learned); the snapshot's version
+        (0: the model as its birth in the log made it), or None if there is neither."""
         stored = None if self._load_snapshot is None else self._load_snapshot()
         if stored is None:
             return None
@@ -359,11 +369,11 @@ class ServedModel:
         else:
             self.model = stored.model
         self.snapshots.latest = stored.info
-        self.applied_id = stored.info.metadata.get(WAL_ID)
+        self.applied_id = None if stored.info is None else stored.info.metadata.get(WAL_ID)
         self.waiting_rows.clear()
         self.waiting_rows.put_rows(stored.waiting)
         self._answers = AnswerCache(self._answers.max_rows)
-        return stored.info.version
+        return 0 if stored.info is None else stored.info.version
 
     @property
     def waiting_capacity_nbytes(self) -> int:

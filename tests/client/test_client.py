@@ -73,7 +73,7 @@ def test_every_verb_round_trip(connect: Any, name: str) -> None:
     result = client.labels(name, ["p-2", "p-9"], [1, 0])
     assert (result.learned, result.sequence, result.not_waiting) == (1, 40, ["p-9"])
 
-    assert client.snapshot(name)["version"] >= 2
+    assert client.snapshot(name)["version"] >= 1
     copy = f"{name}-copy"
     client.import_model(copy, client.export_model(name))
     np.testing.assert_array_equal(client.predict(copy, X[:5]), client.predict(name, X[:5]))

@@ -19,7 +19,7 @@ from gln import GLN
 def skip_shutdown_snapshots(app: FastAPI) -> None:
     """Make the coming shutdown behave like a crash: no model looks changed, none is saved."""
     for entry in app.state.engine.registry.models():
-        entry.snapshots._saved_updates = entry.updates
+        entry.snapshots.changed = lambda updates: False
 
 
 async def model_bytes(app: FastAPI, name: str) -> bytes:

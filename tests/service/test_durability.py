@@ -97,9 +97,12 @@ async def test_a_snapshot_records_its_log_entry_and_trims_the_log(
         with _store(store_settings) as store, _wal(store_settings) as wal:
             assert store.load("m")[1].metadata == {WAL_ID: first["log_id"]}
             logged = [e.id for e in wal.read_after("m", None)]
-    # keep=1: trimmed through the snapshot's entry; keep=3: the first snapshot (no entry) is
-    # kept too, so nothing is trimmed yet.
-    assert logged == ([later["log_id"]] if keep == 1 else [first["log_id"], later["log_id"]])
+    # keep=1: trimmed through the snapshot's entry. keep=3 with the Redis log: the first
+    # snapshot, taken at create (no entry), is kept too, so nothing is trimmed yet. The file
+    # log holds the model's birth instead, and the snapshot after the first learn is its first.
+    births = store_settings.redis_url is None
+    assert logged == ([later["log_id"]] if keep == 1 or births
+                      else [first["log_id"], later["log_id"]])
 
 
 async def test_a_retried_idempotency_key_is_learned_once(
@@ -385,6 +388,34 @@ async def test_with_the_log_disabled_a_model_with_unapplied_entries_is_not_serve
     assert restored == 0
 
 
+async def test_a_model_born_in_the_log_comes_back_after_a_crash_and_a_deleted_one_does_not(
+    tmp_path, serve, small_config, create_model, make_data
+):
+    """A create writes no snapshot with the file log, only the model's birth: a crash before
+    any snapshot brings the model back from its birth and the learning logged after it, byte
+    for byte; a model deleted before the crash stays deleted."""
+    settings = Settings(snapshot_dir=str(tmp_path), snapshot_interval_s=3600)
+    X, y = make_data(6)
+    app = create_app(settings)
+    async with serve(app) as client:
+        for name in ("kept", "gone", "idle"):
+            assert (await create_model(client, name, small_config))["snapshot"] is None
+        for name in ("kept", "gone"):
+            assert (await client.post(f"/v1/models/{name}/learn",
+                                      json={"features": X, "labels": y})).status_code == 200
+        assert (await client.delete("/v1/models/gone")).status_code == 204
+        before = await model_bytes(app, "kept")
+        skip_shutdown_snapshots(app)  # a crash: no snapshot was ever written
+    assert not [p for p in tmp_path.iterdir() if p.name not in ("wal~", ".gln-service.lock")]
+    restarted = create_app(settings)
+    async with serve(restarted) as client:
+        listed = [(m["name"], m["examples_seen"], m["snapshot"])
+                  for m in (await client.get("/v1/models")).json()]
+        after = await model_bytes(restarted, "kept")
+    assert listed == [("idle", 0, None), ("kept", 6, None)]
+    assert after == before
+
+
 async def test_a_create_with_the_log_disabled_clears_a_log_left_by_an_earlier_life(
     tmp_path, serve, small_config, create_model, make_data
 ):
@@ -399,8 +430,11 @@ async def test_a_create_with_the_log_disabled_clears_a_log_left_by_an_earlier_li
     async with serve(app) as client:
         await create_model(client, "m", small_config)
         X, y = make_data(5)
-        r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
-        assert r.status_code == 200
+        # A snapshot trims the model's birth from the log; the learning after it stays there.
+        for _ in range(2):
+            r = await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
+            assert r.status_code == 200
+            await client.post("/v1/models/m/snapshot")
         skip_shutdown_snapshots(app)
     shutil.rmtree(tmp_path / "snaps" / "m")  # the delete's first half, then the crash
 

@@ -1,7 +1,8 @@
 """A power cut, simulated: what survives is what was fsynced, and nothing acknowledged is lost.
 
 :class:`DurableDisk` wraps ``os.fsync``/``os.fdatasync`` for the test: a file's fsync records
-its bytes as of then, a directory's fsync records which names it holds (by inode). At the cut
+its bytes as of then, a directory's fsync records which names it holds (both by inode, as a
+file system keeps them: a directory filled under one name and renamed keeps its entries). At the cut
 the data directory is rebuilt from those records alone, as a disk that lost power would hold
 it: a name the directory was never fsynced with is gone, a file's bytes past its last fsync are
 gone. A server restarted on that directory (directory store, file log) must hold every example
@@ -25,12 +26,12 @@ from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
 class DurableDisk:
-    """What fsync made durable under ``root``: file bytes by inode, directory names by path."""
+    """What fsync made durable under ``root``: file bytes and directory names, by inode."""
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.root = root.resolve()
         self.contents: dict[int, bytes] = {}
-        self.listings: dict[Path, dict[str, int]] = {}
+        self.listings: dict[int, dict[str, int]] = {}
         self._fsync, self._fdatasync = os.fsync, os.fdatasync
         monkeypatch.setattr(os, "fsync", self._recorded(self._fsync))
         monkeypatch.setattr(os, "fdatasync", self._recorded(self._fdatasync))
@@ -41,7 +42,7 @@ class DurableDisk:
             info = os.fstat(fd)
             if stat.S_ISDIR(info.st_mode):
                 path = Path(os.readlink(f"/proc/self/fd/{fd}"))
-                self.listings[path] = {entry.name: entry.inode() for entry in os.scandir(path)}
+                self.listings[info.st_ino] = {e.name: e.inode() for e in os.scandir(path)}
             elif stat.S_ISREG(info.st_mode):  # read anew: the fd may be open for appends only
                 with open(f"/proc/self/fd/{fd}", "rb") as synced:
                     self.contents[info.st_ino] = synced.read()
@@ -53,7 +54,7 @@ class DurableDisk:
 
     def _rebuild(self, directory: Path, into: Path) -> None:
         into.mkdir(parents=True)
-        for name, inode in self.listings.get(directory, {}).items():
+        for name, inode in self.listings.get(directory.stat().st_ino, {}).items():
             path = directory / name
             if path.is_dir() and path.stat().st_ino == inode:
                 self._rebuild(path, into / name)
@@ -88,7 +89,13 @@ async def test_a_power_cut_loses_nothing_acknowledged(
             acknowledged += 5
             if seed == 2:  # a snapshot (and a trim of the log) between the learns
                 assert (await client.post("/v1/models/m/snapshot")).status_code == 200
+        # A model with no snapshot at all: its birth in the log, then its learning.
+        await create_model(client, "born", small_config)
+        X, y = make_data(5, seed=9)
+        assert (await client.post("/v1/models/born/learn",
+                                  json={"features": X, "labels": y})).status_code == 200
         live = await model_bytes(app, "m")
+        born_live = await model_bytes(app, "born")
         disk.cut(tmp_path / "after-cut")  # the power goes now
         skip_shutdown_snapshots(app)
     shutil.rmtree(disk.root)
@@ -97,8 +104,11 @@ async def test_a_power_cut_loses_nothing_acknowledged(
     async with serve(restarted) as client:
         restored = (await client.get("/v1/models/m")).json()["examples_seen"]
         restored_bytes = await model_bytes(restarted, "m")
+        born = await client.get("/v1/models/born")
+        born_bytes = await model_bytes(restarted, "born") if born.status_code == 200 else b""
     if fsync:
         assert restored == acknowledged and restored_bytes == live
+        assert born.json()["snapshot"] is None and born_bytes == born_live
         assert GLN.from_bytes(restored_bytes).examples_seen == acknowledged
     else:  # without fsync the log's tail was never durable: the cut loses it
         assert restored < acknowledged

@@ -25,6 +25,7 @@ from service.engine.registry import PING_REUSE_S
 from service.settings import Settings
 from service.storage.store import open_store
 from tests.redis_process import RedisProcess
+from tests.service.conftest import snapshots_at_create
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
@@ -45,7 +46,7 @@ async def test_restore_gives_the_same_model_on_a_new_app(
         r = await client.post("/v1/models/fraud/learn", json={"features": X, "labels": y})
         assert r.status_code == 200
         snap = (await client.post("/v1/models/fraud/snapshot")).json()
-        assert snap["version"] == 2
+        assert snap["version"] == 1 + snapshots_at_create(store_settings)
         before = (await client.post("/v1/models/fraud/predict", json={"features": probe})).json()
 
     async with serve(create_app(store_settings)) as client:
@@ -56,7 +57,7 @@ async def test_restore_gives_the_same_model_on_a_new_app(
         # Before its first call a CPU model lacks its 16-bit normals (one model a configuration
         # is warmed up as restored), which the memory budget counts all along.
         assert info["nbytes"] <= GLN.estimate_nbytes(info["config"])
-        assert info["snapshot"]["version"] == 2
+        assert info["snapshot"]["version"] == snap["version"]
         assert info["snapshot"]["sha256"] == snap["sha256"]
         # The restored snapshot's age and size are exported at once (the stale-snapshot alert
         # and the dashboard need them before the model's next snapshot).
@@ -92,8 +93,9 @@ async def test_shutdown_snapshots_changed_models_only(
     store = _store(store_settings)
     try:
         blob, info = store.load("learned")
-        assert info.version == 2  # creation, then shutdown
-        assert store.load("idle")[1].version == 1  # unchanged: not written again
+        assert info.version == 1 + snapshots_at_create(store_settings)  # (creation,) shutdown
+        # Its first, at creation or (born in the log) at shutdown; not written again.
+        assert store.load("idle")[1].version == 1
     finally:
         store.close()
     reference = GLN(**small_config)
@@ -112,13 +114,19 @@ async def test_periodic_snapshots_write_only_changed_models(
         X, y = make_data(5)
         await client.post("/v1/models/a/learn", json={"features": X, "labels": y})
         deadline = time.monotonic() + 10
-        while (await client.get("/v1/models/a")).json()["snapshot"]["version"] < 2:
+        # Born in the log, both get their first snapshot from a periodic pass.
+        for name in "ab":
+            while (await client.get(f"/v1/models/{name}")).json()["snapshot"] is None:
+                assert time.monotonic() < deadline, "no periodic snapshot within 10 s"
+                await asyncio.sleep(0.02)
+        await client.post("/v1/models/b/learn", json={"features": X, "labels": y})
+        while (await client.get("/v1/models/b")).json()["snapshot"]["version"] < 2:
             assert time.monotonic() < deadline, "no periodic snapshot within 10 s"
             await asyncio.sleep(0.02)
         # A pass with nothing changed writes nothing.
         assert await app.state.engine.registry.snapshot_changed() is True
-        assert (await client.get("/v1/models/a")).json()["snapshot"]["version"] == 2
-        assert (await client.get("/v1/models/b")).json()["snapshot"]["version"] == 1
+        assert (await client.get("/v1/models/a")).json()["snapshot"]["version"] == 1
+        assert (await client.get("/v1/models/b")).json()["snapshot"]["version"] == 2
 
 
 async def test_learning_goes_on_while_a_snapshot_is_checksummed_and_stored(
@@ -150,7 +158,7 @@ async def test_learning_goes_on_while_a_snapshot_is_checksummed_and_stored(
         monkeypatch.setattr(SnapshotBuffer, "seal", seal)
     reference = GLN(**small_config)
     reference.learn(np.array(X[:10]), np.array(y[:10]))
-    assert snap["version"] == 2
+    assert snap["version"] == 1 + snapshots_at_create(store_settings)
     assert snap["sha256"] == hashlib.sha256(reference.to_bytes()).hexdigest()
 
 
@@ -158,7 +166,8 @@ async def test_delete_removes_snapshots(store_settings: Settings, serve, create_
     async with serve(create_app(store_settings)) as client:
         await create_model(client, "gone")
         await create_model(client, "kept")
-        await client.post("/v1/models/gone/snapshot")
+        for name in ("gone", "kept"):
+            await client.post(f"/v1/models/{name}/snapshot")
         assert (await client.delete("/v1/models/gone")).status_code == 204
         store = _store(store_settings)
         try:
@@ -177,6 +186,7 @@ async def test_a_delete_the_snapshot_directory_refuses_is_a_503_and_keeps_the_mo
     model keeps serving and learning, and a restart still has it."""
     async with serve(create_app(settings)) as client:
         await create_model(client, "kept")
+        await client.post("/v1/models/kept/snapshot")  # the store holds its directory
         X, y = make_data(3)
         with monkeypatch.context() as patched:
             def refused(self: Path, target: Path) -> None:
@@ -394,8 +404,9 @@ async def test_unreachable_redis_keeps_readyz_503(serve, tmp_path):
 async def test_store_failure_after_start(
     settings: Settings, client: httpx.AsyncClient, create_model, small_config, make_data
 ):
-    """The snapshot directory disappears (replaced by a file): degraded, creates refused,
-    snapshots of changed models refused, gln_store_up 0; predictions go on."""
+    """The snapshot directory disappears (replaced by a file): degraded, snapshots of changed
+    models refused, gln_store_up 0; predictions go on, and so do creates (a model is born in
+    the log, its first snapshot comes later)."""
     await create_model(client, "m")
     X, y = make_data(3)
     assert (await client.post("/v1/models/m/learn",
@@ -415,11 +426,11 @@ async def test_store_failure_after_start(
                               json={"features": [[0.0] * small_config["num_features"]]})
             ).status_code == 200
     r = await client.post("/v1/models", json={"name": "new", "config": small_config})
+    assert r.status_code == 201 and r.json()["snapshot"] is None
+    assert (await client.get("/v1/models/new")).status_code == 200
+    r = await client.post("/v1/models/m/snapshot")
     assert r.status_code == 503 and "snapshot store" in r.json()["detail"]
-    assert (await client.get("/v1/models/new")).status_code == 404
-    assert (await client.post("/v1/models/m/snapshot")).status_code == 503
-    # The create's first snapshot and the one asked for: both counted.
-    assert "gln_snapshot_failures_total 2.0" in (await client.get("/metrics")).text
+    assert "gln_snapshot_failures_total 1.0" in (await client.get("/metrics")).text
     snapshot_dir.unlink()  # let the shutdown snapshot pass (the dir store recreates paths)
 
 
@@ -487,6 +498,7 @@ async def test_a_directory_that_lost_its_head_is_damage_not_a_model_that_never_w
     app = create_app(settings)
     async with serve(app) as client:
         await create_model(client, "m")
+        await client.post("/v1/models/m/snapshot")  # its first: the birth leaves the log
         X, y = make_data(5)
         assert (await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
                 ).status_code == 200
@@ -580,19 +592,21 @@ async def test_a_damaged_newest_snapshot_restores_from_an_older_kept_one_and_the
     store = open_store(store_settings.redis_url, store_settings.snapshot_dir,
                        key_prefix=store_settings.redis_key_prefix, keep=3)
     with store:
-        assert [info.version for info in store.kept("m")] == [2, 3, 4]
+        first = 1 + snapshots_at_create(store_settings)
+        assert [info.version for info in store.kept("m")] == [first, first + 1, first + 2]
         blob, info = store.load("m")
         damaged = bytearray(blob)
-        damaged[-1] ^= 0xFF  # a flipped byte of version 4, written behind the store's back
+        damaged[-1] ^= 0xFF  # a flipped byte of the newest, written behind the store's back
         if store_settings.redis_url:
-            key = f"{store_settings.redis_key_prefix}:model:m:v4:chunk:0"
+            key = f"{store_settings.redis_key_prefix}:model:m:v{first + 2}:chunk:0"
             client = redis.Redis.from_url(store_settings.redis_url)
             chunk = bytearray(client.get(key))
             chunk[0] ^= 0xFF
             client.set(key, bytes(chunk))
             client.close()
         else:
-            (Path(store_settings.snapshot_dir) / "m" / "v4.snap").write_bytes(bytes(damaged))
+            (Path(store_settings.snapshot_dir) / "m" / f"v{first + 2}.snap").write_bytes(
+                bytes(damaged))
     restarted = create_app(store_settings)
     async with serve(restarted) as client:
         info_after = (await client.get("/v1/models/m")).json()

@@ -580,11 +580,35 @@ def test_a_directory_store_makes_new_and_deleted_models_durable_in_its_root(
     monkeypatch.setattr(directory_store, "fsync_dir", lambda path: (
         synced.append((Path(path), (tmp_path / "m").is_dir())), real(path))[-1])
     store.save("m", b"first")
-    assert synced == [(tmp_path, True)]  # the new directory's entry, once
+    (staged, root) = synced  # the files' entries in the staging directory, then the new entry
+    assert staged[0].name.startswith("new~") and root == (tmp_path, True)
     store.save("m", b"second")
-    assert synced == [(tmp_path, True)]  # an existing directory: its files sync themselves
+    assert synced[2:] == []  # an existing directory: its files sync themselves
     store.delete("m")
-    assert synced[1:] == [(tmp_path, False)]  # after the rename
+    assert synced[2:] == [(tmp_path, False)]  # after the rename
+
+
+def test_a_first_save_cut_short_leaves_nothing_of_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's first version appears whole or not at all: a save that fails before its
+    directory is in place leaves no directory of the name (which a restore would take for a
+    model whose HEAD was lost), and what a crash left of one is removed at the next opening."""
+    store = DirectorySnapshotStore(tmp_path)
+
+    def power_cut(self: Path, target: Path) -> None:
+        raise OSError("cut")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "rename", power_cut)
+        with pytest.raises(OSError, match="cut"):
+            store.save("m", b"first")
+    assert list(tmp_path.iterdir()) == [] and store.names() == []
+    crashed = tmp_path / "new~m"  # as a crash before the rename leaves it
+    crashed.mkdir()
+    (crashed / "v1.snap").write_bytes(b"first")
+    assert DirectorySnapshotStore(tmp_path).names() == [] and list(tmp_path.iterdir()) == []
+    assert store.save("m", b"again").version == 1 and store.load("m")[0] == b"again"
 
 
 def test_redis_health_is_false_while_redis_refuses_writes(tmp_path: Path) -> None:

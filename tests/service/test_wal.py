@@ -28,6 +28,7 @@ from service.storage.wal import (
     LogAppend,
     LogEntry,
     LoggedRequest,
+    ModelListing,
     RedisWriteAheadLog,
     WalCorruptError,
     WalDivergedError,
@@ -292,6 +293,52 @@ def test_plain_learn_entries_keep_the_first_format(
         monkeypatch.setattr(log_module, "decode_entry", spy)
     assert len(list(wal.read_after("m", None))) == 3
     assert versions == [1, 2, 2]
+
+
+def test_a_birth_is_logged_first_read_back_with_its_config_and_refused_by_older_servers(
+    wal: WriteAheadLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's birth (its configuration, no rows) is an entry like the others: it must come
+    first (``follows=None``), the learning after it follows its id, a trim drops it, and its
+    format is one a server that predates births refuses."""
+    from service.storage.wal import entries
+
+    config = {"num_features": 2, "layer_sizes": [4, 1], "learning_rate": {"scale": 0.5}}
+    born = wal.append_birth("m", config)
+    with pytest.raises(WalDivergedError):
+        wal.append_birth("m", config)  # a second birth does not follow the first
+    X, y = chunk(2)
+    learned = wal.append("m", X, y, follows=born)
+    first, second = wal.read_after("m", None)
+    assert (first.id, first.birth, first.config, first.features.shape) == (born, True, config,
+                                                                           (0, 0))
+    assert (second.id, second.birth, second.config) == (learned, False, None)
+    assert [e.id for e in wal.read_after("m", born)] == [learned]
+    header, x, y_raw = entries.encode_append(LogAppend("m", X[:0], config=config))[1:4]
+    assert header["v"] == entries.FORMAT_BIRTH
+    with pytest.raises(WalCorruptError, match="no rows"):  # a birth with rows is damage
+        entries.decode_entry("1", {**header, "x": {"dtype": "<f4", "shape": list(X[:1].shape)},
+                                   "y": {"dtype": "<i8", "shape": [1]}},
+                             X[:1].astype("<f4").tobytes(), y[:1].astype("<i8").tobytes())
+    with pytest.raises(TypeError):
+        wal.append_birth("other", {"seed": object()})  # nothing no log could write
+    wal.trim_through("m", born)
+    assert [e.id for e in wal.read_after("m", None)] == [learned]
+
+
+def test_the_file_log_lists_the_models_it_holds_entries_of(tmp_path: Path) -> None:
+    """What a restore finds the models of no snapshot by (their births): every model with a
+    live entry, after a reopening too; not one trimmed to nothing, nor one deleted."""
+    wal = FileWriteAheadLog(tmp_path)
+    for name in ("b", "a", "gone", "trimmed"):
+        wal.append_birth(name, {"num_features": 2})
+    wal.trim_through("trimmed", "1")
+    wal.delete("gone")
+    assert isinstance(wal, ModelListing) and wal.names() == ["a", "b"]
+    wal.close()
+    with FileWriteAheadLog(tmp_path) as reopened:
+        assert reopened.names() == ["a", "b"]
+    assert not isinstance(RedisWriteAheadLog.__new__(RedisWriteAheadLog), ModelListing)
 
 
 def test_other_dtypes_and_byte_orders_are_kept(wal: WriteAheadLog) -> None:

@@ -37,8 +37,10 @@ from service.storage.wal.file_log import logs_model
 
 log = logging.getLogger(__name__)
 
-# Deleted model directories on their way out: '~' is in no model name (is_model_name).
+# Deleted model directories on their way out, and new ones on their way in: '~' is in no
+# model name (is_model_name).
 _DELETED_PREFIX = "deleted~"
+_NEW_PREFIX = "new~"
 
 try:  # POSIX advisory locks keep two processes from saving the same model at once.
     import fcntl
@@ -49,6 +51,14 @@ except ImportError:  # pragma: no cover - Windows: the in-process lock still app
 def _write_atomically(path: Path, data: bytes | memoryview) -> None:
     """Replace ``path`` with ``data`` atomically (see ``replace_atomically``)."""
     replace_atomically(path, lambda fh: fh.write(data))
+
+
+def _write_synced(path: Path, data: bytes | memoryview) -> None:
+    """A new file ``path`` holding ``data``, fsynced."""
+    with open(path, "xb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _remove_deleted(path: Path) -> None:
@@ -94,8 +104,9 @@ class DirectorySnapshotStore(ClosingMixin):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        for leftover in self.path.glob(f"{_DELETED_PREFIX}*"):
-            _remove_deleted(leftover)
+        for prefix in (_DELETED_PREFIX, _NEW_PREFIX):
+            for leftover in self.path.glob(f"{prefix}*"):
+                _remove_deleted(leftover)
 
     def __repr__(self) -> str:
         return f"DirectorySnapshotStore({str(self.path)!r})"
@@ -177,8 +188,9 @@ class DirectorySnapshotStore(ClosingMixin):
         view = as_bytes_view(blob)
         sha256 = hashlib.sha256(view).hexdigest()
         if not model_dir.is_dir():
-            model_dir.mkdir(exist_ok=True)
-            fsync_dir(self.path)  # the new model's directory survives a power cut too
+            first = self._save_first(model_dir, view, sha256, meta)
+            if first is not None:
+                return first
         with self._locked(model_dir):
             head = self._read_head(model_dir)
             previous = [*self._versions_on_disk(model_dir)]
@@ -206,6 +218,34 @@ class DirectorySnapshotStore(ClosingMixin):
                 if stale or entry.name.startswith(".tmp-"):
                     with contextlib.suppress(FileNotFoundError):
                         entry.unlink()
+        return info
+
+    def _save_first(self, model_dir: Path, view: memoryview, sha256: str,
+                    metadata: dict[str, str]) -> SnapshotInfo | None:
+        """Version 1 of a model that has no directory: the directory is filled under a name no
+        model has (the version file, its head, ``HEAD``) and renamed into place, so that a
+        crash leaves the whole model or nothing of it, never a version without its ``HEAD``
+        (which a restore would take for damage). None if the directory appeared meanwhile
+        (another save of the name came first; the caller saves the next version)."""
+        info = SnapshotInfo(version=1, created_at=time.time(), nbytes=view.nbytes,
+                            sha256=sha256, metadata=metadata)
+        head_json = json.dumps(info.head_fields(), sort_keys=True).encode()
+        staging = Path(tempfile.mkdtemp(dir=self.path, prefix=_NEW_PREFIX))
+        try:
+            _write_synced(staging / "v1.snap", view)
+            _write_synced(staging / "v1.head", head_json)
+            _write_synced(staging / "HEAD", head_json)
+            fsync_dir(staging)
+            try:
+                staging.rename(model_dir)
+            except OSError:
+                if not model_dir.is_dir():
+                    raise
+                return None
+        finally:
+            if staging.exists():
+                _remove_deleted(staging)
+        fsync_dir(self.path)  # the new model's directory survives a power cut too
         return info
 
     def load(self, name: str) -> tuple[bytes, SnapshotInfo] | None:

@@ -24,6 +24,11 @@ Several appends, of many models, can be logged together (:meth:`WriteAheadLog.ap
 one :class:`LogAppend` each): the file log writes them with one write and one fdatasync, the
 Redis and NATS logs one after another (:class:`AppendEach`).
 
+A model's birth can be logged too (:meth:`WriteAheadLog.append_birth`: its configuration, no
+rows), in place of the first snapshot a create would otherwise wait for, where the log can
+list its models (:class:`ModelListing`: the file log): a restore finds the birth of a model
+that has no snapshot yet, builds it, and replays what follows.
+
 Entries (``entries.py``) carry raw array bytes plus their dtype and shape, never pickles. An
 append may carry idempotency keys (one per request of the chunk, or None for a request without
 one) and each keyed request's :func:`request_digest`; the log remembers for
@@ -60,6 +65,7 @@ from service.storage.wal.interface import (
     LogAppend,
     LogEntry,
     LoggedRequest,
+    ModelListing,
     WalCorruptError,
     WalDivergedError,
     WalDurabilityError,
@@ -77,6 +83,7 @@ __all__ = [
     "LogAppend",
     "LogEntry",
     "LoggedRequest",
+    "ModelListing",
     "RedisWriteAheadLog",
     "WalCorruptError",
     "WalDivergedError",

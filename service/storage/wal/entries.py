@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,6 +33,11 @@ FORMAT_DELAYED_LABELS = 2
 """Entries about delayed labels (wait entries, learn entries naming ids) are written with this
 version, so a server that predates them refuses them instead of learning a wait entry's
 predictions as labels; plain learn entries keep version 1."""
+
+FORMAT_BIRTH = 3
+"""A model's birth (its configuration, logged at create in place of a first snapshot) is written
+with this version, so that a server that predates births refuses it instead of taking the
+model for one it never had."""
 
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,200}")
 _DIGEST_RE = re.compile(r"[0-9a-f]{1,128}")
@@ -183,6 +188,18 @@ def _encode_waiting(
     return header, x, p.tobytes()
 
 
+def _encode_birth(config: Mapping[str, Any], created_at: float
+                  ) -> tuple[dict[str, Any], bytes, bytes]:
+    """A birth entry: no rows, the model's configuration (JSON: what ``GLN.config`` gives)."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"a birth's configuration must be a mapping, got {type(config).__name__}")
+    header, x, y = _encode_entry(np.zeros((0, 0), np.float32), np.zeros(0, np.int64), [],
+                                 created_at)
+    header.update({"v": FORMAT_BIRTH, "born": dict(config)})
+    json.dumps(header["born"])  # TypeError now, for what no log could write
+    return header, x, y
+
+
 def _decode_array(spec: object, raw: bytes | memoryview, what: str) -> np.ndarray:
     if not isinstance(spec, dict):
         raise WalCorruptError(f"{what}: no dtype/shape")
@@ -201,7 +218,7 @@ def decode_entry(
 ) -> LogEntry:
     """Rebuild a LogEntry; WalCorruptError if the header and the bytes do not fit together."""
     try:
-        if header.get("v") not in (FORMAT, FORMAT_DELAYED_LABELS):
+        if header.get("v") not in (FORMAT, FORMAT_DELAYED_LABELS, FORMAT_BIRTH):
             raise WalCorruptError(f"entry {entry_id}: unknown format {header.get('v')!r}")
         features = _decode_array(header.get("x"), x_raw, f"entry {entry_id} features")
         second = _decode_array(header.get("y"), y_raw, f"entry {entry_id} labels")
@@ -212,6 +229,9 @@ def decode_entry(
         wait = header.get("wait")
         if wait is not None:
             return _waiting_entry(entry_id, features, second, wait, created_at)
+        config = header.get("born")
+        if config is not None and not isinstance(config, dict):
+            raise WalCorruptError(f"entry {entry_id}: a birth's configuration is not an object")
         label_ids = tuple(str(i) for i in header.get("label_ids") or ())
         start = header.get("start")
         start = None if start is None else int(start)
@@ -226,8 +246,10 @@ def decode_entry(
         raise WalCorruptError(f"entry {entry_id}: request rows {rows} for {len(labels)} labels")
     if digests and len(digests) != len(keys):
         raise WalCorruptError(f"entry {entry_id}: {len(digests)} digests for {len(keys)} keys")
+    if config is not None and len(labels):
+        raise WalCorruptError(f"entry {entry_id}: a birth holds no rows, this one {len(labels)}")
     return LogEntry(entry_id, features, labels, keys, created_at, rows, digests, label_ids,
-                    start=start)
+                    start=start, config=config)
 
 
 def _waiting_entry(
@@ -273,6 +295,9 @@ def encode_append(item: LogAppend) -> EncodedAppend:
     """``item`` checked (ValueError or TypeError saying what is wrong) and encoded, stamped
     with the time now."""
     now = time.time()
+    if item.config is not None:
+        header, x, y = _encode_birth(item.config, now)
+        return EncodedAppend(item.name, header, x, y, [], [], now, item.follows)
     if item.waiting:
         assert item.predictions is not None
         header, x, y = _encode_waiting(item.label_ids, item.features, item.predictions,
@@ -324,6 +349,12 @@ class EntryWriting:
         return self._write(*encode_append(LogAppend(
             name, features, label_ids=ids, follows=follows, predictions=predictions,
             expires_at=expires_at, expired_ids=expired_ids)))
+
+    def append_birth(self, name: str, config: Mapping[str, Any], *,
+                     follows: str | None = None) -> str:
+        """Log a model's birth durably; its id (see :meth:`WriteAheadLog.append_birth`)."""
+        return self._write(*encode_append(LogAppend(
+            name, np.zeros((0, 0), np.float32), follows=follows, config=config)))
 
 
 class KeyLookups:

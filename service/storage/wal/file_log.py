@@ -928,6 +928,13 @@ class FileWriteAheadLog(EntryWriting, KeyLookups, ClosingMixin):
                 segment.readers += 1
         return _Reader(self, name, wanted, segments)
 
+    def names(self) -> list[str]:
+        """The models with entries in the log (not trimmed, not deleted), sorted: from the
+        index (:class:`service.storage.wal.interface.ModelListing`)."""
+        with self._cond:
+            self._ready()
+            return sorted(name for name, model in self._states.items() if model.records)
+
     def trim_through(self, name: str, entry_id: str) -> None:
         """Drop the entries up to ``entry_id`` (a small trim record); segments that no model
         needs any more are deleted."""

@@ -5,9 +5,9 @@ describes the log as a whole."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -88,6 +88,13 @@ class LogEntry:
     # Learn entry: how many examples the model had learned before it (None: logged before
     # entries said so). A replay that finds another count has lost entries: never smaller.
     start: int | None = None
+    # Birth entry: the configuration the model was created with (GLN.config), no rows.
+    config: dict[str, Any] | None = None
+
+    @property
+    def birth(self) -> bool:
+        """True for a birth entry: the model's configuration, logged when it was created."""
+        return self.config is not None
 
     @property
     def waiting(self) -> bool:
@@ -98,9 +105,9 @@ class LogEntry:
 @dataclass(frozen=True, eq=False)
 class LogAppend:
     """One append of :meth:`WriteAheadLog.append_many`: the arguments of
-    :meth:`WriteAheadLog.append` (a learn entry: ``labels`` given) or, with ``predictions``,
+    :meth:`WriteAheadLog.append` (a learn entry: ``labels`` given), with ``predictions`` those
     of :meth:`WriteAheadLog.append_waiting` (a wait entry: ``label_ids`` are its rows' ids,
-    as in :class:`LogEntry`).
+    as in :class:`LogEntry`), or with ``config`` those of :meth:`WriteAheadLog.append_birth`.
     """
 
     name: str
@@ -115,6 +122,7 @@ class LogAppend:
     predictions: np.ndarray | None = None  # wait entry: (n, num_classes)
     expires_at: float = 0.0  # wait entry
     expired_ids: Sequence[str] = ()  # wait entry
+    config: Mapping[str, Any] | None = None  # birth entry
 
     @property
     def waiting(self) -> bool:
@@ -180,6 +188,15 @@ class WriteAheadLog(Protocol):
         or too many wait); an entry of no rows logs a drop alone. ``follows`` as for
         :meth:`append`.
         """
+        ...
+
+    def append_birth(self, name: str, config: Mapping[str, Any], *,
+                     follows: str | None = None) -> str:
+        """Log a model's birth durably (its configuration, JSON, no rows); its id. What makes a
+        new model durable where the log can list its models (:class:`ModelListing`): its first
+        snapshot is then written after the create is answered, and a restore that finds the
+        birth and no snapshot builds the model from it and replays what follows. ``follows``
+        as for :meth:`append` (None: the log holds nothing of ``name``)."""
         ...
 
     def append_many(self, appends: Sequence[LogAppend]) -> list[str | Exception]:
@@ -258,8 +275,20 @@ class WriteAheadLog(Protocol):
         ...
 
 
+@runtime_checkable
+class ModelListing(Protocol):
+    """A log that can name the models it holds entries of (the file log, from its index)."""
+
+    def names(self) -> list[str]:
+        """The models with entries in the log, sorted."""
+        ...
+
+
 def append_one(wal: WriteAheadLog, item: LogAppend) -> str:
-    """``item`` logged by ``wal.append`` or ``wal.append_waiting``; its id."""
+    """``item`` logged by ``wal.append``, ``wal.append_waiting`` or ``wal.append_birth``; its
+    id."""
+    if item.config is not None:
+        return wal.append_birth(item.name, item.config, follows=item.follows)
     if item.waiting:
         assert item.predictions is not None
         return wal.append_waiting(item.name, item.label_ids, item.features, item.predictions,
@@ -272,6 +301,15 @@ def append_one(wal: WriteAheadLog, item: LogAppend) -> str:
 class AppendEach:
     """``append_many`` as one append after another, for a log with no cheaper way to log
     many at once (each append is then as durable, and as slow, as alone)."""
+
+    def append_birth(self, name: str, config: Mapping[str, Any], *,
+                     follows: str | None = None) -> str:
+        """Log a model's birth durably (its configuration, JSON, no rows); its id. What makes a
+        new model durable where the log can list its models (:class:`ModelListing`): its first
+        snapshot is then written after the create is answered, and a restore that finds the
+        birth and no snapshot builds the model from it and replays what follows. ``follows``
+        as for :meth:`append` (None: the log holds nothing of ``name``)."""
+        ...
 
     def append_many(self, appends: Sequence[LogAppend]) -> list[str | Exception]:
         """Each item by :func:`append_one`, in order; an item's exception is its result."""
