@@ -208,6 +208,21 @@ class GLNFamily:
         """Each member's examples learned (M,), a copy."""
         return self._seen.copy()
 
+    def warm_up(self) -> None:
+        """Make the first call of many members as fast as the ones after it; changes nothing
+        the family holds. A process's first family call loads the family's kernels (compiles
+        them where Numba's cache is empty: seconds), and checks them once
+        (``gln.kernels.cpu_family.family_pass_agrees``); a server would otherwise charge that
+        to the first pass that learns rows of two members. A family of two members of this
+        configuration learns and predicts two rows: the same kernels, on scratch."""
+        scratch = GLNFamily(2, **self.config)
+        size = self._config.side_info_size
+        X = np.zeros((2, self._config.num_features), np.float32)
+        side = np.zeros((2, size), np.float32) if size else None
+        members = np.arange(2)
+        scratch.learn(X, np.zeros(2, np.int64), members, side_info=side)
+        scratch.predict_proba(X, members, side_info=side)
+
     def member(self, index: int) -> GLN:
         """Member ``index`` as a ``GLN`` of its own: a copy, which learns without touching the
         family (``set_member`` puts it back). Its ``to_bytes()`` is a model's snapshot."""

@@ -25,10 +25,11 @@ import time
 
 import numpy as np
 
-from gln.kernels import cpu, cpu_gating, cpu_int16_gating, cpu_scaling
+from gln.family import GLNFamily
+from gln.kernels import cpu, cpu_family, cpu_gating, cpu_int16_gating, cpu_scaling
 from gln.model import GLN
 
-KERNEL_MODULES = (cpu, cpu_gating, cpu_int16_gating, cpu_scaling)
+KERNEL_MODULES = (cpu, cpu_family, cpu_gating, cpu_int16_gating, cpu_scaling)
 
 
 def compiled_kernels() -> dict[str, int]:
@@ -73,6 +74,10 @@ def compile_cpu_kernels() -> dict[str, int]:
     model.learn(X, y)  # a long call: the float32 product, decided in one pass
     model.predict_proba(X[:1])
     model.predict_proba(X)
+    family = GLNFamily(2, **model.config)  # the family's kernels (a server's many tenants)
+    members = np.arange(len(X)) % 2
+    family.learn(X, y, members)
+    family.predict_proba(X[:2], members[:2])
     # The re-checks of close margins of a short call whose rows are too large for the 16-bit
     # products (which data meets rarely), with the index arrays np.nonzero gives them:
     # contiguous for one margin, strided views for several.

@@ -64,6 +64,7 @@ class Families:
                     log.warning("no family for models of %r (%s): they are served apart",
                                 config, exc)
                     return model
+                family.warm_up()  # not in the first pass of many members: seconds, uncached
                 held = self._families[key] = (family, list(range(capacity - 1, -1, -1)))
             family, free = held
             if not free:

@@ -234,3 +234,17 @@ def test_features_by_name_and_empty_calls():
     assert family.member_bytes(1) == model.to_bytes()
     assert family.learn(np.zeros((0, 2)), [], []).shape == (0, 2)
     assert family.predict(np.zeros((2, 2)), [0, 1]).shape == (2,)
+
+
+def test_a_warm_up_loads_the_family_kernels_and_changes_nothing():
+    """What a server does as it makes a family, so that its first pass of many members does
+    not compile: the family's kernels are loaded for its arrays' types and checked once, and
+    no member learns anything."""
+    family = GLNFamily(3, num_features=4, layer_sizes=(5, 1), seed=2)
+    family.learn(np.ones((2, 4)), [1, 0], members=[2, 0])
+    before = [family.member_bytes(i) for i in range(3)]
+    family.warm_up()
+    assert [family.member_bytes(i) for i in range(3)] == before
+    assert family.examples_seen.tolist() == [1, 0, 1]
+    assert cpu_family.family_pass_agrees.cache_info().currsize == 1
+    assert cpu_family._family_moments.signatures

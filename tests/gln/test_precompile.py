@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 # A model of another shape, scaling and side information than the precompiled one, through
 # calls of every length class, a forced re-check of close margins and saliency, each kernel on
 # its one-thread twin where the work is small and then on its parallel twin whatever the work;
-# then each cached kernel's cache hits and misses in this process.
+# a family of such models; then each cached kernel's cache hits and misses in this process.
 WORKLOAD = """
 import json
 import numpy as np
@@ -39,6 +39,11 @@ for options, all_parallel in (
         model.learn(X[start:stop], y[start:stop])
         model.predict_proba(X[start:stop])
     model.saliency(X[:3])
+# Many tenants' models as one family (a server's): rows of three members in one call.
+from gln import GLNFamily
+family = GLNFamily(3, num_features=30, num_classes=4, layer_sizes=(6, 3, 1), context_dim=3)
+family.learn(X[:40], y[:40], rng.integers(0, 3, 40))
+family.predict_proba(X[:5], rng.integers(0, 3, 5))
 # A short call of rows too large for the 16-bit products (a value near float32's range, scaled
 # to Z_LIMIT, in a row of 4,000 features), decided from the float32 normals; the first row,
 # all zeros, sits on every hyperplane: re-checked.
