@@ -77,8 +77,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
 from service.storage.store import DirectorySnapshotStore, RedisSnapshotStore  # noqa: E402
-from tests.nats_process import NatsCluster, nats_cluster  # noqa: E402
-from tests.redis_process import (  # noqa: E402
+from tests.service.durable_client import (  # noqa: E402
+    DurableLearners,
+    ServerProcess,
+    check_exactly_once,
+    reference_bytes,
+)
+from tests.support.nats_process import NatsCluster, nats_cluster  # noqa: E402
+from tests.support.redis_process import (  # noqa: E402
     MIN_REPLICAS,
     RedisProcess,
     SentinelProcess,
@@ -86,12 +92,6 @@ from tests.redis_process import (  # noqa: E402
     primary_and_replicas,
     sentinels_for,
     sentinels_url,
-)
-from tests.service.durable_client import (  # noqa: E402
-    DurableLearners,
-    ServerProcess,
-    check_exactly_once,
-    reference_bytes,
 )
 
 CONFIG = {"num_features": 6, "num_classes": 3, "layer_sizes": [8, 8, 1], "context_dim": 3,

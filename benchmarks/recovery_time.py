@@ -42,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN  # noqa: E402
-from tests.redis_process import RedisProcess  # noqa: E402
 from tests.service.durable_client import ServerProcess  # noqa: E402
+from tests.support.redis_process import RedisProcess  # noqa: E402
 
 CONFIG = {"num_features": 784, "num_classes": 10, "layer_sizes": [128, 128, 1],
           "context_dim": 4, "learning_rate": {"schedule": "inverse_time", "scale": 100.0,

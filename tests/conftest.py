@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.nats_process import NatsProcess
-from tests.redis_process import RedisProcess
+from tests.support.nats_process import NatsProcess
+from tests.support.redis_process import RedisProcess
 
 
 def _redis_answers(url: str, timeout_s: float = 1.0) -> bool:

@@ -31,8 +31,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gln_client import AsyncGLNClient, AsyncStream, GLNClient
-from tests.redis_process import free_port
 from tests.service.durable_client import ServerProcess
+from tests.support.redis_process import free_port
 
 TOKEN = "client-test-token"
 MAX_BODY_BYTES = 1 << 20

@@ -24,8 +24,8 @@ from gln_client import (
     Unavailable,
 )
 from tests.client.conftest import TOKEN, Fault, FlakyProxy
-from tests.redis_process import free_port
 from tests.service.durable_client import REPO
+from tests.support.redis_process import free_port
 
 pytestmark = pytest.mark.slow  # a server process per module
 

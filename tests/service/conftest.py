@@ -21,7 +21,7 @@ from fastapi import FastAPI
 
 from service.api.app import create_app
 from service.settings import Settings
-from tests.redis_process import RedisProcess, primary_and_replica
+from tests.support.redis_process import RedisProcess, primary_and_replica
 
 SMALL_CONFIG: dict[str, Any] = {
     "num_features": 6,
@@ -182,7 +182,7 @@ def make_data_fixture() -> Callable[..., Any]:
 
 @pytest.fixture
 def replicated(tmp_path: Any) -> Iterator[tuple[RedisProcess, RedisProcess]]:
-    """A private Redis primary and its replica, in sync (tests/redis_process.py)."""
+    """A private Redis primary and its replica, in sync (tests/support/redis_process.py)."""
     try:
         with primary_and_replica(tmp_path / "replicated") as pair:
             yield pair

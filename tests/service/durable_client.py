@@ -36,7 +36,7 @@ import httpx
 import numpy as np
 
 from gln import GLN
-from tests.redis_process import free_port
+from tests.support.redis_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import pytest
 from service.api.app import create_app
 from service.settings import Settings
 from service.storage.dir_lock import DirectoryInUseError, data_directories, lock_directory
-from tests.redis_process import free_port
+from tests.support.redis_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

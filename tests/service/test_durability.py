@@ -481,7 +481,7 @@ async def test_learn_answers_503_while_the_log_is_down_and_loses_nothing_acknowl
     """A private Redis (AOF on) is shut down mid-stream: learn gets 503 and changes nothing;
     once Redis is back, retries with their keys are learned once, and a restart restores
     exactly the acknowledged examples."""
-    from tests.redis_process import RedisProcess
+    from tests.support.redis_process import RedisProcess
 
     batches = [make_data(3, seed=s) for s in range(6)]
     answers = []
@@ -540,7 +540,7 @@ async def test_with_a_replica_required_an_acknowledged_learn_survives_the_primar
     learn after it comes back applies it first, as after any append in doubt). Without a
     replica, a server refuses to start."""
     from service.storage.wal import WalDurabilityError
-    from tests.redis_process import wait_for_replica
+    from tests.support.redis_process import wait_for_replica
 
     primary, replica = replicated
     batches = [make_data(4, seed=s) for s in range(4)]
@@ -803,7 +803,7 @@ async def test_a_redis_that_stops_fsyncing_gets_learns_refused_and_readyz_says_w
     """GLN_WAL_DURABILITY=always on a Redis that runs 'appendfsync always', then 'CONFIG SET
     appendfsync everysec' under the running service: the next learn is refused (503, not
     acknowledged), /readyz names why, and once Redis fsyncs again learns are acknowledged."""
-    from tests.redis_process import RedisProcess
+    from tests.support.redis_process import RedisProcess
 
     with RedisProcess(tmp_path / "redis", appendfsync="always") as server:
         settings = Settings(redis_url=server.url, redis_key_prefix="t", wal_durability="always",

@@ -1,10 +1,10 @@
 """The write-ahead log in NATS JetStream (``GLN_WAL_URL``), in the service: replay after a
 restart, idempotency keys, and the stream's leader paused or killed under load.
 
-Real processes throughout (tests/nats_process.py): a single ``nats-server`` for the service in
-process, a three-node JetStream cluster (streams of three replicas) for a real server process
-under keyed learn load from four client threads, whose stream leader is stopped with SIGSTOP
-for 2.5 s and resumed, or killed with SIGKILL and started again. Every acknowledged request
+Real processes throughout (tests/support/nats_process.py): a single ``nats-server`` for the
+service in process, a three-node JetStream cluster (streams of three replicas) for a real server
+process under keyed learn load from four client threads, whose stream leader is stopped with
+SIGSTOP for 2.5 s and resumed, or killed with SIGKILL and started again. Every acknowledged request
 must be in the model exactly once, and the model's bytes must equal a fresh model that learned
 the acknowledged rows in order (tests/service/durable_client.py).
 """
@@ -25,7 +25,6 @@ from service.api.app import create_app
 from service.settings import Settings
 from service.storage.store import open_store
 from service.storage.wal.nats_log import NatsWriteAheadLog
-from tests.nats_process import NatsCluster, nats_cluster
 from tests.service.durable_client import (
     DurableLearners,
     ServerProcess,
@@ -34,6 +33,7 @@ from tests.service.durable_client import (
     reference_bytes,
 )
 from tests.service.staged_crash import learned_bytes, model_bytes, skip_shutdown_snapshots
+from tests.support.nats_process import NatsCluster, nats_cluster
 
 STREAM = "gln-wal"  # the log's stream under the default prefix
 PAUSE_S = 2.5

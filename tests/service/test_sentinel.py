@@ -6,7 +6,7 @@ dies (SIGKILL) or pauses while the Sentinels promote a replica and then resumes 
 SIGCONT): an append to a primary the Sentinels may be failing over is not acknowledged.
 
 Real processes throughout: a primary, two replicas and one Sentinel, or three with quorum 2
-and a server process under keyed load from four clients (tests/redis_process.py,
+and a server process under keyed load from four clients (tests/support/redis_process.py,
 tests/service/durable_client.py).
 """
 
@@ -29,7 +29,14 @@ from service.settings import Settings
 from service.storage.common import parse_sentinel_url
 from service.storage.primary_watch import PrimaryWatch
 from service.storage.store import RedisSnapshotStore
-from tests.redis_process import (
+from tests.service.durable_client import (
+    ServerProcess,
+    check_exactly_once,
+    learn_on_a_new_model,
+    reference_bytes,
+)
+from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
+from tests.support.redis_process import (
     MIN_REPLICAS,
     RedisProcess,
     SentinelProcess,
@@ -38,13 +45,6 @@ from tests.redis_process import (
     sentinels_for,
     sentinels_url,
 )
-from tests.service.durable_client import (
-    ServerProcess,
-    check_exactly_once,
-    learn_on_a_new_model,
-    reference_bytes,
-)
-from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import redis
 from gln import GLN
 from service.settings import Settings
 from service.storage.store import open_store
-from tests.redis_process import free_port
+from tests.support.redis_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

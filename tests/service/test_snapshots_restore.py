@@ -24,9 +24,9 @@ from service.api.app import create_app
 from service.engine.registry import PING_REUSE_S
 from service.settings import Settings
 from service.storage.store import open_store
-from tests.redis_process import RedisProcess
 from tests.service.conftest import snapshots_at_create
 from tests.service.staged_crash import model_bytes, skip_shutdown_snapshots
+from tests.support.redis_process import RedisProcess
 
 
 def _store(settings: Settings):

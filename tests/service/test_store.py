@@ -31,7 +31,7 @@ from service.storage.store import (
     open_store,
 )
 from service.storage.store.loading import LOAD_ATTEMPTS, load_current
-from tests.redis_process import free_port
+from tests.support.redis_process import free_port
 
 CHUNK = 64  # tiny chunks, so even small blobs span several Redis keys
 
@@ -615,7 +615,7 @@ def test_redis_health_is_false_while_redis_refuses_writes(tmp_path: Path) -> Non
     """A Redis out of memory (``noeviction``) still answers PING, but takes no snapshot and no
     log append: the store's and the log's health say so, and recover with it."""
     from service.storage.wal import RedisWriteAheadLog
-    from tests.redis_process import RedisProcess
+    from tests.support.redis_process import RedisProcess
 
     with RedisProcess(tmp_path / "redis", appendonly=False) as server:
         store = RedisSnapshotStore(server.url, key_prefix="health-test")

@@ -40,9 +40,9 @@ from service.storage.wal import (
 )
 from service.storage.wal.nats_log import NatsWriteAheadLog, WalTimeoutError
 from service.storage.wal.redis_log import _next_redis_id
-from tests.nats_process import NatsProcess, nats_subjects
-from tests.redis_process import RedisProcess, find_waitaof_server, free_port
 from tests.support.legacy_file_log import frame
+from tests.support.nats_process import NatsProcess, nats_subjects
+from tests.support.redis_process import RedisProcess, find_waitaof_server, free_port
 
 
 class Backend:
