@@ -385,7 +385,7 @@ class ModelRegistry:
         """Build a model from ``config``, make it durable, and start serving it.
 
         A model is durable from birth: a restart brings it back even if it never learned.
-        Where the log lists its models (the file log), its birth is logged (its
+        Where the log lists its models (the file and Redis logs), its birth is logged (its
         configuration), and its first snapshot is the next periodic (or shutdown) one; else
         the first snapshot is stored before the answer. 409 if the name exists, or is a stored
         model that could not be restored (unless ``replace_unrestored``: its remains are

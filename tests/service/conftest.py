@@ -45,9 +45,9 @@ async def serve(app: FastAPI, *, wait_restored: bool = True) -> AsyncIterator[ht
 
 
 def snapshots_at_create(settings: Settings) -> int:
-    """How many snapshots a create writes under ``settings``: none where the file log holds
-    the model's birth, else its first."""
-    return 0 if settings.wal_enabled and not (settings.redis_url or settings.wal_url) else 1
+    """How many snapshots a create writes under ``settings``: none where the log holds the
+    model's birth (the file and Redis logs), else its first."""
+    return 0 if settings.wal_enabled and not settings.wal_url else 1
 
 
 async def create_model(

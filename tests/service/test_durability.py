@@ -89,20 +89,22 @@ async def test_a_snapshot_records_its_log_entry_and_trims_the_log(
     settings = store_settings.model_copy(update={"snapshot_keep": keep})
     async with serve(create_app(settings)) as client:
         await create_model(client, "m", small_config)
-        first = (await client.post("/v1/models/m/learn", json={"features": X, "labels": y})).json()
+        await client.post("/v1/models/m/learn", json={"features": X, "labels": y})
         await client.post("/v1/models/m/snapshot")
         later = (await client.post(
             "/v1/models/m/learn", json={"features": X[:2], "labels": y[:2]}
         )).json()
+        await client.post("/v1/models/m/snapshot")
+        last = (await client.post(
+            "/v1/models/m/learn", json={"features": X[2:3], "labels": y[2:3]}
+        )).json()
         with _store(store_settings) as store, _wal(store_settings) as wal:
-            assert store.load("m")[1].metadata == {WAL_ID: first["log_id"]}
+            assert store.load("m")[1].metadata == {WAL_ID: later["log_id"]}
             logged = [e.id for e in wal.read_after("m", None)]
-    # keep=1: trimmed through the snapshot's entry. keep=3 with the Redis log: the first
-    # snapshot, taken at create (no entry), is kept too, so nothing is trimmed yet. The file
-    # log holds the model's birth instead, and the snapshot after the first learn is its first.
-    births = store_settings.redis_url is None
-    assert logged == ([later["log_id"]] if keep == 1 or births
-                      else [first["log_id"], later["log_id"]])
+    # keep=1: trimmed through the newest snapshot's entry; keep=3: through the first
+    # snapshot's (the oldest kept), so the entry after it stays. The model's birth, before
+    # both, is gone either way.
+    assert logged == ([last["log_id"]] if keep == 1 else [later["log_id"], last["log_id"]])
 
 
 async def test_a_retried_idempotency_key_is_learned_once(
@@ -839,6 +841,9 @@ async def test_a_log_that_lost_acknowledged_entries_is_not_restored_smaller(
     async with serve(app) as client:
         await create_model(client, "m", small_config)
         await create_model(client, "other", small_config)
+        # Snapshots first: the models' births leave the log, and what follows is learning.
+        for name in ("m", "other"):
+            await client.post(f"/v1/models/{name}/snapshot")
         for seed in range(3):
             X, y = make_data(4, seed=seed)
             for name in ("m", "other"):

@@ -326,19 +326,29 @@ def test_a_birth_is_logged_first_read_back_with_its_config_and_refused_by_older_
     assert [e.id for e in wal.read_after("m", None)] == [learned]
 
 
-def test_the_file_log_lists_the_models_it_holds_entries_of(tmp_path: Path) -> None:
+def test_the_file_and_redis_logs_list_the_models_they_hold_entries_of(
+    backend: Backend
+) -> None:
     """What a restore finds the models of no snapshot by (their births): every model with a
-    live entry, after a reopening too; not one trimmed to nothing, nor one deleted."""
-    wal = FileWriteAheadLog(tmp_path)
+    live entry, after a reopening too; not one trimmed to nothing, nor one deleted, nor
+    another prefix's (Redis). The NATS log does not list its models."""
+    if backend.kind == "nats":
+        assert not isinstance(backend.make(), ModelListing)
+        return
+    wal = backend.make()
+    other = (RedisWriteAheadLog(backend.url, key_prefix=f"{backend.prefix}-other")  # type: ignore[attr-defined]
+             if backend.kind == "redis" else None)
     for name in ("b", "a", "gone", "trimmed"):
         wal.append_birth(name, {"num_features": 2})
-    wal.trim_through("trimmed", "1")
+    if other is not None:
+        other.append_birth("elsewhere", {"num_features": 2})
+    wal.trim_through("trimmed", wal.last_id("trimmed"))
     wal.delete("gone")
+    wal.append("a", *chunk(1), idempotency_keys=["k"])  # a key's entry is no model
     assert isinstance(wal, ModelListing) and wal.names() == ["a", "b"]
     wal.close()
-    with FileWriteAheadLog(tmp_path) as reopened:
+    with backend.make() as reopened:
         assert reopened.names() == ["a", "b"]
-    assert not isinstance(RedisWriteAheadLog.__new__(RedisWriteAheadLog), ModelListing)
 
 
 def test_other_dtypes_and_byte_orders_are_kept(wal: WriteAheadLog) -> None:

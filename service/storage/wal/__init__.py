@@ -26,8 +26,8 @@ Redis and NATS logs one after another (:class:`AppendEach`).
 
 A model's birth can be logged too (:meth:`WriteAheadLog.append_birth`: its configuration, no
 rows), in place of the first snapshot a create would otherwise wait for, where the log can
-list its models (:class:`ModelListing`: the file log): a restore finds the birth of a model
-that has no snapshot yet, builds it, and replays what follows.
+list its models (:class:`ModelListing`: the file and Redis logs): a restore finds the birth of
+a model that has no snapshot yet, builds it, and replays what follows.
 
 Entries (``entries.py``) carry raw array bytes plus their dtype and shape, never pickles. An
 append may carry idempotency keys (one per request of the chunk, or None for a request without

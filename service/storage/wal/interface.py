@@ -277,7 +277,8 @@ class WriteAheadLog(Protocol):
 
 @runtime_checkable
 class ModelListing(Protocol):
-    """A log that can name the models it holds entries of (the file log, from its index)."""
+    """A log that can name the models it holds entries of (the file log from its index, the
+    Redis log from a SCAN of its streams)."""
 
     def names(self) -> list[str]:
         """The models with entries in the log, sorted."""

@@ -549,6 +549,19 @@ class RedisWriteAheadLog(EntryWriting, KeyLookups, AppendEach, RedisClient):
             out.append(LoggedRequest(entry_id, digest or None))
         return out
 
+    def names(self) -> list[str]:
+        """The models whose streams hold entries, sorted (:class:`ModelListing`): the streams
+        under ``p:wal:`` found with SCAN (a model name has no ``:``), then their lengths."""
+        start = f"{self.key_prefix}:wal:"
+        found = [key.decode()[len(start):]
+                 for key in self._client.scan_iter(match=f"{_glob_escape(start)}*",
+                                                   count=1000, _type="STREAM")]
+        found = [name for name in found if ":" not in name]
+        pipe = self._client.pipeline(transaction=False)
+        for name in found:
+            pipe.xlen(start + name)
+        return sorted(name for name, length in zip(found, pipe.execute(), strict=True) if length)
+
     def delete(self, name: str) -> None:
         """DEL the stream and trim marker, then every remembered key (found with SCAN)."""
         stream = self._stream_key(name)
