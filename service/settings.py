@@ -138,6 +138,12 @@ class Settings(BaseSettings):
         description="Longest wait for the next piece of a request body before answering 408: "
         "a client that stops sending holds no buffer for good.",
     )
+    shutdown_snapshot_s: float = Field(
+        15.0, gt=0,
+        description="How long a shutdown spends on snapshots of changed models, those that "
+        "learned the most first; the rest stay in the write-ahead log and are replayed at the "
+        "next start (with the log disabled every changed model is written, however long).",
+    )
     snapshot_keep: int = Field(
         3, ge=1, le=100,
         description="Snapshot versions kept of each model: a restore whose newest is damaged "

@@ -94,7 +94,9 @@ class LocalEngine:
         if self.registry is not None:
             clean = await self.registry.close()
             if clean:
-                log.info("shutdown: every changed model snapshotted")
+                log.info("shutdown: snapshots written (what they lack is in the log)"
+                         if self.registry.wal is not None else
+                         "shutdown: every changed model snapshotted")
             else:
                 log.error("shutdown: some snapshots failed; %s", (
                     "the write-ahead log holds their acknowledged learning, which the next "

@@ -49,6 +49,10 @@ class ModelSnapshots:
         is no snapshot yet: a model born in the log)."""
         return updates != self._saved_updates or self.latest is None
 
+    def updates_since(self, updates: int) -> int:
+        """How many of a source's ``updates`` the latest snapshot lacks."""
+        return updates - self._saved_updates
+
     def save(self, source: SnapshotSource, store: SnapshotStore,
              force: bool) -> SnapshotInfo | None:
         """(thread) Write a snapshot (always when ``force``, else only if changed); None if

@@ -897,10 +897,18 @@ class ModelRegistry:
         assert info is not None
         return info
 
-    async def snapshot_changed(self) -> bool:
-        """Snapshot every model changed since its last snapshot, several at once; False if
-        any save failed."""
+    async def snapshot_changed(self, within_s: float | None = None) -> bool:
+        """Snapshot every model changed since its last snapshot, several at once, those with
+        the most learning unsnapshotted first; False if any save failed. ``within_s``: no
+        save starts after that many seconds (the log keeps what the others lack)."""
+        deadline = None if within_s is None else time.monotonic() + within_s
+        left = 0
+
         async def save(served: ServedModel) -> bool:
+            nonlocal left
+            if deadline is not None and time.monotonic() > deadline:
+                left += 1
+                return True
             try:
                 await served.save_snapshot(self.store, force=False)
             except ModelNotFound:
@@ -910,8 +918,15 @@ class ModelRegistry:
                 return False
             return True
 
-        changed = [served for served in self._models.values() if served.changed_since_snapshot]
-        return all(await _for_each(changed, save))
+        changed = sorted((served for served in self._models.values()
+                          if served.changed_since_snapshot),
+                         key=lambda served: served.unsnapshotted_updates, reverse=True)
+        saved = all(await _for_each(changed, save))
+        if left:
+            log.info("%d of %d changed models snapshotted in %.0f s; the log keeps what the "
+                     "other %d learned, and the next start replays it", len(changed) - left,
+                     len(changed), within_s, left)
+        return saved
 
     async def snapshot_periodically(self, interval_s: float) -> None:
         """Every ``interval_s`` seconds, snapshot the models that changed (until stopped)."""
@@ -1036,7 +1051,9 @@ class ModelRegistry:
             )
 
     async def close(self) -> bool:
-        """Finish every queued learn request, then snapshot what changed; False on failure."""
+        """Finish every queued learn request, then snapshot what changed (for at most
+        ``GLN_SHUTDOWN_SNAPSHOT_S`` where the log keeps the rest); False on failure."""
         await _for_each(list(self._models.values()), ServedModel.close)
         await self.passes.close()
-        return await self.snapshot_changed()
+        within_s = self.settings.shutdown_snapshot_s if self.wal is not None else None
+        return await self.snapshot_changed(within_s)

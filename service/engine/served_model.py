@@ -272,6 +272,12 @@ class ServedModel:
         return self.snapshots.changed(self.updates)
 
     @property
+    def unsnapshotted_updates(self) -> int:
+        """Learn runs and waiting-row puts since the latest snapshot: what a restore without
+        a newer one replays from the log."""
+        return self.snapshots.updates_since(self.updates)
+
+    @property
     def snapshot(self) -> SnapshotInfo | None:
         """The latest snapshot's info."""
         return self.snapshots.latest

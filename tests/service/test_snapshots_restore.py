@@ -103,6 +103,44 @@ async def test_shutdown_snapshots_changed_models_only(
     assert blob == reference.to_bytes()
 
 
+async def test_a_shutdown_snapshots_the_most_changed_first_and_leaves_the_rest_to_the_log(
+    settings: Settings, serve, create_model, make_data, monkeypatch: pytest.MonkeyPatch
+):
+    """GLN_SHUTDOWN_SNAPSHOT_S bounds the shutdown's snapshots: the model that learned the
+    most is written first, no save starts past the bound, and a model left over comes back
+    whole at the next start, from its birth and the log."""
+    import service.engine.registry as registry_module
+    from service.storage.store.directory_store import DirectorySnapshotStore
+
+    app = create_app(settings.model_copy(update={"shutdown_snapshot_s": 0.2}))
+    async with serve(app) as client:
+        for name, requests in (("little", 1), ("much", 3)):
+            await create_model(client, name)
+            for seed in range(requests):
+                X, y = make_data(2, seed=seed)
+                assert (await client.post(f"/v1/models/{name}/learn",
+                                          json={"features": X, "labels": y})).status_code == 200
+        before = {name: await model_bytes(app, name) for name in ("little", "much")}
+        save = DirectorySnapshotStore.save
+
+        def slow_save(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            time.sleep(0.5)
+            return save(self, *args, **kwargs)
+
+        monkeypatch.setattr(DirectorySnapshotStore, "save", slow_save)
+        monkeypatch.setattr(registry_module, "PARALLEL_MODELS", 1)  # one save at a time
+    assert app.state.shutdown_clean is True  # what is left is in the log: nothing failed
+    monkeypatch.undo()
+    with _store(settings) as store:
+        assert store.names() == ["much"]
+    restarted = create_app(settings)
+    async with serve(restarted) as client:
+        infos = {m["name"]: m for m in (await client.get("/v1/models")).json()}
+        after = {name: await model_bytes(restarted, name) for name in ("little", "much")}
+    assert after == before
+    assert infos["little"]["snapshot"] is None and infos["much"]["snapshot"]["version"] == 1
+
+
 async def test_periodic_snapshots_write_only_changed_models(
     settings: Settings, serve, create_model, make_data
 ):
