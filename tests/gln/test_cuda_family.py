@@ -68,6 +68,19 @@ def test_chunks_longer_than_the_gpus_chunk_and_given_side_information(cp, monkey
     assert_members_are_gpu_models_alone(family, config, X, y, members, probs, side)
 
 
+def test_a_member_equals_a_model_whose_long_call_took_another_kernel(cp):
+    """A model alone learns a member's 280 rows with the row kernel (from
+    ``ROW_WARPS_MIN_ROWS``), the family with its own: every kernel gives the same bytes."""
+    config = config_of("three-classes-scheduled-standardize", device="cuda")
+    rng = np.random.default_rng(12)
+    X, y = rows(rng, config, 300)
+    members = np.where(rng.random(300) < 0.07, 1, 0)
+    assert (members == 0).sum() >= 256
+    family = GLNFamily(2, **config)
+    probs = family.learn(X, y, members)
+    assert_members_are_gpu_models_alone(family, config, X, y, members, probs)
+
+
 def test_the_array_code_on_the_gpu_gives_a_gpu_models_array_code_bytes(cp):
     config = config_of("three-classes-scheduled-standardize", device="cuda", use_kernels=False)
     rng = np.random.default_rng(7)
