@@ -16,17 +16,23 @@ hyperplanes; everything else a model learns is per member and stacked on a leadi
 t is. Rows of one member are learned in their order, each scaled with its member's statistics
 as of that row and stepped with its member's t; rows of different members are independent.
 The call is one pass of the single model's work over the whole chunk (``gln.pipeline``): the
-rows are scaled, gated by the shared hyperplanes in one product, and run through every layer,
-where each row reads and updates its own member's weights. Each step does, for each member,
+rows are grouped by member (a stable sort: each member's rows keep their order), scaled,
+gated by the shared hyperplanes in one product, and run through every layer, where each row
+reads and updates its own member's weights. Each step does, for each member,
 the float operations a model of its own makes on that member's rows in the same order, so the
 bytes are the same (``member(i).to_bytes()`` equals those of a model that learned member i's
 rows alone, and so do the prequential probabilities):
 
 * the statistics: ``gln.scaling.family_moments_before_each_row`` (the specification) is
-  ``gln.scaling.moments_before_each_row`` on each member's rows;
+  ``gln.scaling.moments_before_each_row`` on each member's rows; the GPU's fold
+  (``gln.kernels.cuda.cuda_family_moments``) is the single model's sequential kernel on each
+  member's run of rows, all in one launch;
 * the layers: ``gln.network.reference_family_layer_pass`` is ``gln.network.reference_layer_pass``
   on each row with its member's weights; the compiled kernels (``gln.kernels.cpu_family``)
-  are the single model's kernels with the weights indexed by member.
+  are the single model's kernels with the weights indexed by member, and the GPU's
+  (``gln_family_layer_pass``, ``gln.kernels.cuda.cuda_family_network_pass``) one launch a
+  layer whose warps each run one member's neuron through that member's rows, in order, as
+  the single model's streaming kernel runs a neuron through a chunk.
 
 Members must share the seed: the hyperplanes are what makes one gating product serve every
 row of a chunk. They are random directions, drawn before any data and never learned, so
@@ -39,7 +45,10 @@ information of their own, in their own member. That makes many independent binar
 one model: ``gln.density`` learns the 784 pixel models of an image, each gated by the pixels
 before its own, in one call.
 
-The family runs on the CPU (a GPU member is refused); ``use_kernels=False`` runs the array
+The family runs on its configuration's device, as a ``GLN`` does: ``device="cuda"`` keeps the
+stacked arrays in GPU memory (the counters stay on the host), and each member ends with the
+bytes of a ``GLN(device="cuda")`` that learned its rows alone, and a member's snapshot loads
+on any device (``GLN.from_bytes(blob, device=...)``). ``use_kernels=False`` runs the array
 code that the kernels are tested against, as for a ``GLN``.
 
 >>> import numpy as np
@@ -64,9 +73,8 @@ import numpy as np
 from gln import checks
 from gln.backend import to_numpy
 from gln.config import Config
-from gln.kernels import family_layer_pass_for, family_moments_fold_for
-from gln.model import CHUNK_ROWS, GLN, class_probabilities
-from gln.network import network_pass
+from gln.kernels import family_moments_fold_for, family_network_pass_for
+from gln.model import CHUNK_ROWS, CHUNK_ROWS_GPU, GLN, class_probabilities
 from gln.pipeline import Pipeline
 from gln.scaling import FusedScaling, scale_inputs
 from gln.serialize import snapshot_bytes
@@ -95,7 +103,8 @@ class GLNFamily:
         """A family with room for ``capacity`` members and none set yet: each member's state
         is written where ``set_member`` puts a model there, and until then holds no memory
         of the machine (the arrays are allocated, not touched), so a host may make room for
-        every model it could come to hold at the cost of address space alone."""
+        every model it could come to hold at the cost of address space alone. (A GPU family's
+        arrays take the device's memory when they are allocated.)"""
         capacity = checks.positive_int("capacity", capacity)
         first = GLN(**config)
         family = cls.__new__(cls)
@@ -132,26 +141,25 @@ class GLNFamily:
         state (``ValueError`` where it does not fit in memory)."""
         self._config = config
         self._pipeline = pipeline = Pipeline(config)
-        if pipeline.device != "cpu":
-            raise ValueError(f"a GLNFamily runs on the CPU; the configuration's device is "
-                             f"{config.device!r} ({pipeline.device})")
         config.as_dict()  # ValueError for a callable learning rate: no snapshot could hold it
-        self._normals = to_numpy(state.normals)
-        self._offsets = to_numpy(state.offsets)
+        xp = pipeline.xp  # the stacked arrays live on the family's device; counters on the host
+        self._normals = xp.asarray(state.normals)
+        self._offsets = xp.asarray(state.offsets)
         d = config.num_features
         try:
-            self._weights = [np.empty((size, *w.shape), np.float32) for w in state.weights]
-            self._totals, self._totals_sq, self._shifts = (np.empty((size, d)) for _ in "abc")
-        except MemoryError:
-            one = estimate_nbytes(config.for_estimate("cpu"))
+            self._weights = [xp.empty((size, *w.shape), xp.float32) for w in state.weights]
+            self._totals, self._totals_sq, self._shifts = (
+                xp.empty((size, d), xp.float64) for _ in "abc")
+        except MemoryError:  # CuPy's OutOfMemoryError is one
+            one = estimate_nbytes(config.for_estimate(pipeline.device))
             raise ValueError(f"a family of {size} models needs about {size * one} bytes, "
                              "more memory than is available") from None
         # One call at a time: members share the arrays (and the kernels' scratch).
         self.lock = threading.RLock()
         self._counts = np.zeros(size, np.int64)  # each member's moments.count
         self._seen = np.zeros(size, np.int64)  # each member's examples_seen
-        self._layer_pass = family_layer_pass_for(np, config.use_kernels)
-        self._moments_fold = family_moments_fold_for(np, config.use_kernels)
+        self._network_pass = family_network_pass_for(xp, config.use_kernels)
+        self._moments_fold = family_moments_fold_for(xp, config.use_kernels)
         fused = pipeline.fused_scaling
         # Each row's x less its member's shift, then the single model's compiled
         # standardisation with no shift: x - 0.0 is x, bit for bit (-0.0 included).
@@ -161,12 +169,14 @@ class GLNFamily:
             fused.unit, fused.per_row_side_info)
 
     def _fill(self, index: int | slice, state: State) -> None:
-        """Member(s) ``index`` set to ``state``."""
+        """Member(s) ``index`` set to ``state`` (on the family's device: its configuration's)."""
+        xp = self._pipeline.xp
         for stacked, w in zip(self._weights, state.weights, strict=True):
-            stacked[index] = to_numpy(w)
+            stacked[index] = xp.asarray(w)
         m = state.moments
-        self._totals[index], self._totals_sq[index] = to_numpy(m.total), to_numpy(m.total_sq)
-        self._shifts[index] = to_numpy(state.moments_shift)
+        self._totals[index] = xp.asarray(m.total)
+        self._totals_sq[index] = xp.asarray(m.total_sq)
+        self._shifts[index] = xp.asarray(state.moments_shift)
         self._counts[index], self._seen[index] = m.count, state.examples_seen
 
     def _check_fits(self, model: Any, name: str) -> None:
@@ -179,8 +189,8 @@ class GLNFamily:
             keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
             raise ValueError(f"{name} has another configuration than the family's (differs "
                              f"in {', '.join(keys)}): a family's members share one")
-        if not (np.array_equal(to_numpy(model.normals), self._normals)
-                and np.array_equal(to_numpy(model.offsets), self._offsets)):
+        if not (np.array_equal(to_numpy(model.normals), to_numpy(self._normals))
+                and np.array_equal(to_numpy(model.offsets), to_numpy(self._offsets))):
             raise ValueError(f"{name} has other hyperplanes than the family's configuration "
                              "samples: a family's members share them")
 
@@ -254,8 +264,8 @@ class GLNFamily:
         return int(index)
 
     def _member_state(self, index: int, copy: bool) -> State:
-        """Member ``index``'s state: views of the family's arrays, or copies."""
-        own = np.copy if copy else (lambda a: a)
+        """Member ``index``'s state: views of the family's arrays, or copies (on its device)."""
+        own = self._pipeline.xp.copy if copy else (lambda a: a)
         arrays = {
             "normals": own(self._normals), "offsets": own(self._offsets),
             "moments_total": own(self._totals[index]),
@@ -354,19 +364,25 @@ class GLNFamily:
         if labels is not None and self._config.input_scaling == "standardize":
             self._anchor_shifts(X32, members)
         outputs = np.empty((n, self._config.num_glns), np.float32)
-        for start, stop in chunk_bounds(n, CHUNK_ROWS):
+        for start, stop in chunk_bounds(n, self._chunk_rows):
             outputs[start:stop] = self._chunk_outputs(
                 X32[start:stop], None if labels is None else labels[start:stop],
                 members[start:stop], None if given is None else given[start:stop])
         return outputs
+
+    @property
+    def _chunk_rows(self) -> int:
+        """The device's chunk length, as a model's (``GLN._chunk_rows``)."""
+        return CHUNK_ROWS_GPU if self._pipeline.device == "cuda" else CHUNK_ROWS
 
     def _anchor_shifts(self, X32: np.ndarray, members: np.ndarray) -> None:
         """Each member with nothing learned yet takes its first row here as its shift, as a
         model does at its first row (``GLN._anchor_moments``)."""
         fresh = np.flatnonzero(self._counts[members] == 0)
         if fresh.size:
+            xp = self._pipeline.xp
             firsts, at = np.unique(members[fresh], return_index=True)
-            self._shifts[firsts] = X32[fresh[at]]
+            self._shifts[xp.asarray(firsts)] = xp.asarray(X32[fresh[at]], dtype=xp.float64)
 
     def _steps(self, members: np.ndarray) -> np.ndarray:
         """Each row's t (its member's examples before it, plus one), with every member's
@@ -383,12 +399,25 @@ class GLNFamily:
 
     def _chunk_outputs(self, X32: np.ndarray, labels: np.ndarray | None,
                        members: np.ndarray, given: np.ndarray | None = None) -> np.ndarray:
-        """One chunk through every member's network (``gln.pipeline.Pipeline.outputs`` with a
-        member per row): outputs (n, G); learns when labels are given."""
-        config, pipeline = self._config, self._pipeline
+        """One chunk through every member's network: outputs (n, G) in the chunk's order;
+        learns when labels are given. The rows go grouped by member (a stable sort, so each
+        member's rows keep their order, which is all that a member's bytes depend on): the
+        GPU's kernels take a member's rows as one run."""
+        order = np.argsort(members, kind="stable")
+        outputs = np.empty((len(X32), self._config.num_glns), np.float32)
+        outputs[order] = to_numpy(self._grouped_outputs(
+            X32[order], None if labels is None else labels[order], members[order],
+            None if given is None else given[order]))
+        return outputs
+
+    def _grouped_outputs(self, X32: np.ndarray, labels: np.ndarray | None,
+                         members: np.ndarray, given: np.ndarray | None) -> Any:
+        """``gln.pipeline.Pipeline.outputs`` with a member per row, for a chunk whose rows are
+        grouped by member: outputs (n, G) on the family's device."""
+        config, pipeline, xp = self._config, self._pipeline, self._pipeline.xp
         n, glns = len(X32), config.num_glns
-        x64 = X32.astype(np.float64)
-        shifts = self._shifts[members]
+        x64 = xp.asarray(X32).astype(xp.float64)
+        rows_members = xp.asarray(members)  # to gather the members' state on the device
         learning = labels is not None
         if learning:  # as gln.staging.Staging.staged: float32 rates, one-vs-all targets
             counts, sums, sums_sq = self._moments_fold(
@@ -399,23 +428,19 @@ class GLNFamily:
             else:
                 targets = (labels[:, None] == np.arange(glns)).astype(np.float32)
         else:
-            counts = self._counts[members].astype(np.float64)[:, None]
-            sums, sums_sq = self._totals[members], self._totals_sq[members]
+            counts = xp.asarray(self._counts[members].astype(np.float64)[:, None])
+            sums, sums_sq = self._totals[rows_members], self._totals_sq[rows_members]
             rates, targets = np.zeros(n, np.float32), np.zeros((n, glns), np.float32)
         z, base_logits = scale_inputs(
-            np, x64, counts, sums, sums_sq, mode=config.input_scaling,
+            xp, x64, counts, sums, sums_sq, mode=config.input_scaling,
             pred_clip=config.pred_clip, min_std=config.min_std, side_info=config.side_info,
-            blur=pipeline.blur, fused=self._fused, shift=shifts, given=given)
+            blur=pipeline.blur, fused=self._fused, shift=self._shifts[rows_members],
+            given=None if given is None else xp.asarray(given))
         contexts = pipeline.layer_contexts(z, self._normals, self._offsets, config.context_dim,
                                            glns, config.layer_sizes)
-        layer_pass = self._layer_pass
-
-        def members_layer_pass(weights, *rest):  # gln.network.LayerPass, rows by member
-            layer_pass(weights, members, *rest)
-
-        return network_pass(
-            np, members_layer_pass, self._weights, contexts, base_logits, targets, rates,
-            bias_logit=config.bias_logit, pred_clip=config.pred_clip,
+        return self._network_pass(
+            self._weights, members, contexts, base_logits, xp.asarray(targets),
+            xp.asarray(rates), bias_logit=config.bias_logit, pred_clip=config.pred_clip,
             weight_clip=config.weight_clip, learn=learning)
 
     def __repr__(self) -> str:

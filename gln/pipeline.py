@@ -33,8 +33,10 @@ class Pipeline:
         self.moments_fold = moments_fold_for(self.xp, use_kernels)
         self.network_pass = network_pass_for(self.xp, use_kernels)
         # The GPU's scaling and moments kernels read a long chunk's float32 rows as they came
-        # (as the float64 values they equal); the array code takes them widened.
-        self.scales_float32_rows = self.device == "cuda" and use_kernels
+        # (as the float64 values they equal); the array code takes them widened, and so does
+        # "unit_fixed", which scales in array code (float32 rows would be scaled in float32).
+        self.scales_float32_rows = (self.device == "cuda" and use_kernels
+                                    and config.input_scaling != "unit_fixed")
         self.blur = None
         if config.side_info_blur > 0:
             self.blur = tuple(

@@ -116,17 +116,54 @@ def network_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., 
 def family_layer_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
     """``f(weights, members, contexts, inputs, targets, rates, pred_clip, weight_clip, learn,
     probs)``: one layer over rows of many members of a family (``gln.family``) on ``xp``: the
-    compiled CPU kernel when ``use_kernels``, else the array code it gives the bytes of."""
+    compiled CPU kernel or the CUDA kernel (one launch, the rows grouped by member) when
+    ``use_kernels``, else the array code each gives a device's bytes of. ``members`` (n,)
+    int64 on the host."""
     if use_kernels and xp is np:
         from gln.kernels.cpu_family import cpu_family_layer_pass  # noqa: PLC0415 - compiles
 
         return cpu_family_layer_pass
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_family_layer_pass  # noqa: PLC0415 - needs CuPy
+
+        return cuda_family_layer_pass
     return reference_family_layer_pass(xp)
+
+
+def family_network_pass_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
+    """``f(weights, members, contexts, base_logits, targets, rates, *, bias_logit, pred_clip,
+    weight_clip, learn)``: every layer over a family chunk's rows (``network_pass_for`` with
+    row t's weights its member's, ``members[t]``, int64 on the host; rows grouped by member).
+
+    On the GPU each layer is one launch for every member's rows, which also writes the next
+    layer's inputs; elsewhere it is ``network_pass`` with ``family_layer_pass_for``."""
+    if use_kernels and xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_family_network_pass  # noqa: PLC0415 - needs CuPy
+
+        return cuda_family_network_pass
+    layer_pass = family_layer_pass_for(xp, use_kernels)
+
+    def family_network_pass(weights, members, contexts, base_logits, targets, rates, **options):
+        def members_layer_pass(layer_weights, *arguments):  # gln.network.LayerPass, by member
+            layer_pass(layer_weights, members, *arguments)
+
+        return network_pass(xp, members_layer_pass, weights, contexts, base_logits, targets,
+                            rates, **options)
+
+    return family_network_pass
 
 
 def family_moments_fold_for(xp: ModuleType, use_kernels: bool = True) -> Callable[..., Any]:
     """``f(members, x64, shifts, member_counts, totals, totals_sq) -> (counts, sums,
-    sums_sq)``: ``gln.scaling.family_moments_before_each_row`` on ``xp``, with the same bits."""
+    sums_sq)``: ``gln.scaling.family_moments_before_each_row`` on ``xp``, with the same bits.
+    ``members`` and ``member_counts`` (M,) are host arrays, the rows grouped by member.
+
+    On the GPU it is the sequential kernel even without ``use_kernels``, for the reason
+    ``moments_fold_for`` gives."""
+    if xp.__name__ == "cupy":
+        from gln.kernels.cuda import cuda_family_moments  # noqa: PLC0415 - needs CuPy
+
+        return cuda_family_moments
     if use_kernels and xp is np:
         from gln.kernels.cpu_family import cpu_family_moments  # noqa: PLC0415 - loads Numba
 

@@ -23,7 +23,11 @@ See ``docs/gpu.md`` for the design; in short:
 * the standardisation of a chunk is one launch instead of a dozen (bit for bit NumPy's), and
   so are the unit scaling and the per-row side information (one warp per row, sums in a fixed
   order) and the first layer's inputs (the bias, then logits); each layer pass writes the next
-  layer's inputs itself.
+  layer's inputs itself;
+* a family of models (``gln.family``) has a launch of its own for a layer and for the moments
+  over a chunk of many members' rows, grouped by member: each member's rows are a run that one
+  warp (thread) takes in order, as the single model's kernels take a chunk
+  (``cuda_family_network_pass``, ``cuda_family_moments``).
 
 CuPy is imported only when a kernel is launched, so ``plan_layer_launch`` (pure Python) can be
 used and tested without it.
@@ -81,6 +85,7 @@ RECHECK_MAX_BLOCKS = 4096  # gln_halfspace_rechecks loops over what its grid doe
 SCALING_THREADS = 128  # __launch_bounds__ of the kernels in scaling.cu (row kernels: 4 rows)
 NONFINITE_MAX_BLOCKS = 1024  # gln_flag_nonfinite loops over what its grid does not cover
 INPUTS_THREADS = 128  # __launch_bounds__ of gln_layer_inputs
+MOMENTS_THREADS = 128  # __launch_bounds__ of the kernels in moments.cu
 STREAMING, RESIDENT = "gln_layer_pass_streaming", "gln_layer_pass_resident"
 SHARED, ROWS = "gln_layer_predict_shared", "gln_layer_pass_rows"
 WIDE = "gln_layer_pass_wide"
@@ -378,24 +383,146 @@ def _check_next_inputs(next_inputs: Any, probs: Any) -> None:
 def cuda_network_pass(
     weights: list[Any], contexts: list[Any], base_logits: Any, targets: Any, rates: Any, *,
     bias_logit: float, pred_clip: float, weight_clip: float, learn: bool,
+    layer_pass: Callable[..., None] | None = None,
 ) -> Any:
     """``gln.network.network_pass`` on the GPU in L + 1 launches: the first layer's inputs,
     then each layer's pass (``cuda_layer_pass``). Deviates from it in that each layer's
     launch also writes the next layer's inputs (``gln.network.with_bias``, bit for bit), a
-    launch fewer a layer."""
+    launch fewer a layer.
+
+    ``layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn,
+    probs, next_inputs, bias_logit)``: one launch a layer; by default the single model's
+    (``cuda_family_network_pass`` gives the family's)."""
     cp = _cupy()
+    layer_pass = layer_pass or _model_layer_pass
     n = base_logits.shape[0]
     inputs = cuda_layer_inputs(base_logits[:, None, :], bias_logit, False)
     probs = None
     for depth, (layer_weights, layer_contexts) in enumerate(zip(weights, contexts, strict=True)):
-        num_glns, num_neurons = layer_weights.shape[:2]
+        num_glns, num_neurons = layer_weights.shape[-4:-2]  # behind a family's members axis
         probs = cp.empty((n, num_glns, num_neurons), dtype=cp.float32)
         last = depth == len(weights) - 1
         next_inputs = None if last else cp.empty((n, num_glns, num_neurons + 1), cp.float32)
-        _layer_pass(layer_weights, layer_contexts, inputs, targets, rates, pred_clip,
-                    weight_clip, learn, probs, "auto", next_inputs, bias_logit)
+        layer_pass(layer_weights, layer_contexts, inputs, targets, rates, pred_clip,
+                   weight_clip, learn, probs, next_inputs, bias_logit)
         inputs = next_inputs
     return probs[:, :, 0]
+
+
+def _model_layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn,
+                      probs, next_inputs, bias_logit) -> None:
+    """A model's layer in ``cuda_network_pass``: the kernel ``plan_layer_launch`` picks."""
+    _layer_pass(weights, contexts, inputs, targets, rates, pred_clip, weight_clip, learn, probs,
+                "auto", next_inputs, bias_logit)
+
+
+# ---------------------------------------------------------------------------- a family
+FAMILY, FAMILY_WIDE = "gln_family_layer_pass", "gln_family_layer_pass_wide"
+
+
+@dataclass(frozen=True)
+class MemberRuns:
+    """A family chunk's rows grouped by member, as the family's kernels read them: run r is
+    member ``members[r]``'s rows ``starts[r]`` to ``starts[r + 1]`` (device int64 views of
+    one upload), ``count`` runs, the longest ``longest`` rows; ``host_members`` (count,)."""
+
+    members: Any
+    starts: Any
+    count: int
+    longest: int
+    host_members: np.ndarray
+
+
+def member_runs(members: np.ndarray, learning: bool) -> MemberRuns:
+    """The runs of ``members`` (n,) int64 on the host, each row's member, whose rows are
+    grouped by member (``ValueError`` where a member's rows are apart while ``learning``: its
+    runs would learn at once). Predicting, a run is cut every ``PREDICT_ROWS_PER_WARP`` rows,
+    so that one member's many rows are shared among warps, as a model's are."""
+    n = len(members)
+    changes = np.flatnonzero(members[1:] != members[:-1]) + 1
+    starts = np.concatenate(([0], changes, [n]) if n else ([0],)).astype(np.int64)
+    if learning and len(np.unique(members[starts[:-1]])) != len(starts) - 1:
+        raise ValueError("a family chunk's rows must be grouped by member to be learned")
+    if not learning:
+        starts = np.unique(np.concatenate((starts, np.arange(0, n, PREDICT_ROWS_PER_WARP))))
+    runs = len(starts) - 1
+    host = np.concatenate((members[starts[:-1]], starts)).astype(np.int64)
+    device = _cupy().asarray(host)
+    return MemberRuns(device[:runs], device[runs:], runs, int(np.diff(starts).max(initial=0)),
+                      host[:runs])
+
+
+def cuda_family_layer_pass(
+    weights: Any, members: np.ndarray, contexts: Any, inputs: Any, targets: Any, rates: Any,
+    pred_clip: float, weight_clip: float, learn: bool, probs: Any,
+) -> None:
+    """``gln.network.reference_family_layer_pass`` on the GPU, in one launch: ``weights``
+    (M, G, K, S, I) and the rest C-contiguous CuPy arrays as ``cuda_layer_pass`` takes them,
+    but ``members`` (n,) int64 on the host, each row's member, the rows grouped by member
+    (a stable sort by member groups them). Each member's weights and outputs are the bytes
+    ``cuda_layer_pass`` gives on that member's rows alone."""
+    check_layer_arrays(weights[0], contexts, inputs, targets, rates, probs)
+    _family_layer_pass(member_runs(members, bool(learn)), weights, contexts, inputs, targets,
+                       rates, pred_clip, weight_clip, learn, probs, None, 0.0)
+
+
+def cuda_family_network_pass(
+    weights: list[Any], members: np.ndarray, contexts: list[Any], base_logits: Any,
+    targets: Any, rates: Any, *, bias_logit: float, pred_clip: float, weight_clip: float,
+    learn: bool,
+) -> Any:
+    """``cuda_network_pass`` over a family chunk's rows (``members`` as
+    ``cuda_family_layer_pass`` takes them): one launch a layer for every member's rows."""
+    runs = member_runs(members, learn)
+    return cuda_network_pass(weights, contexts, base_logits, targets, rates,
+                             bias_logit=bias_logit, pred_clip=pred_clip,
+                             weight_clip=weight_clip, learn=learn,
+                             layer_pass=functools.partial(_family_layer_pass, runs))
+
+
+def _family_layer_pass(runs: MemberRuns, weights, contexts, inputs, targets, rates, pred_clip,
+                       weight_clip, learn, probs, next_inputs, bias_logit) -> None:
+    """One family layer's launch (``gln_family_layer_pass``): a warp per (run, neuron), the
+    streaming kernel's blocks of ``STREAM_WARPS`` neurons, a grid row per run."""
+    if runs.count == 0:
+        return
+    num_glns, num_neurons, _, num_inputs = weights.shape[1:]
+    wide = num_inputs > MAX_INPUTS
+    kernel = _layer_kernel(WIDE_MODULE_LANES if wide else per_lane(num_inputs),
+                           FAMILY_WIDE if wide else FAMILY)
+    args = layer_kernel_args(weights[0], contexts, inputs, targets, rates, probs, pred_clip,
+                             weight_clip, learn, runs.longest, next_inputs, bias_logit)
+    grid = (-(-num_glns * num_neurons // STREAM_WARPS), min(runs.count, _MAX_GRID_Y))
+    kernel(grid, (WARP * STREAM_WARPS,),
+           (weights, *args[1:], runs.members, runs.starts, np.int32(runs.count)))
+
+
+def cuda_family_moments(
+    members: np.ndarray, rows: Any, shifts: Any, member_counts: np.ndarray, totals: Any,
+    totals_sq: Any,
+) -> tuple[Any, Any, Any]:
+    """``gln.scaling.family_moments_before_each_row`` on the GPU in one launch, bit for bit
+    NumPy's sequential fold of each member's rows (``moments_before_each_row``'s kernel, a
+    run of rows each): ``members`` (n,) int64 on the host, the rows grouped by member;
+    ``rows`` (n, d) as ``_kernel_rows`` takes them; ``shifts``, ``totals`` and ``totals_sq``
+    (M, d) C-contiguous float64 on the device, the totals advanced in place, and
+    ``member_counts`` (M,) int64 on the host, advanced. Returns each row's count (n, 1), sums
+    and sums of squares (n, d) before it, on the device."""
+    cp = _cupy()
+    rows, kind = _kernel_rows(rows)
+    n, d = rows.shape
+    runs = member_runs(members, True)
+    counts = cp.empty((n, 1), dtype=cp.float64)
+    sums, sums_sq = cp.empty((n, d), dtype=cp.float64), cp.empty((n, d), dtype=cp.float64)
+    if runs.count:
+        run_counts = cp.asarray(member_counts[runs.host_members].astype(np.float64))
+        function("moments.cu", "gln_family_running_moments" + kind)(
+            (-(-max(runs.longest, d) // MOMENTS_THREADS), min(runs.count, _MAX_GRID_Y)),
+            (MOMENTS_THREADS,),
+            (rows, runs.members, runs.starts, run_counts, np.int32(runs.count), shifts, totals,
+             totals_sq, sums, sums_sq, np.int32(d), counts))
+        np.add.at(member_counts, members, 1)
+    return counts, sums, sums_sq
 
 
 def moments_before_each_row(
@@ -425,9 +552,8 @@ def moments_before_each_row(
     sums_sq = cp.empty((n, d), dtype=cp.float64)
     counts = cp.empty((n, 1), dtype=cp.float64)
     if max(n, d):
-        threads = 128  # __launch_bounds__ of gln_running_moments
         function("moments.cu", "gln_running_moments" + kind)(
-            (-(-max(n, d) // threads),), (threads,),
+            (-(-max(n, d) // MOMENTS_THREADS),), (MOMENTS_THREADS,),
             (rows, shift, moments.total, moments.total_sq, sums, sums_sq, np.int32(n),
              np.int32(d), count, counts),
         )

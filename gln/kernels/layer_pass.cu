@@ -57,6 +57,11 @@
 // arithmetic is the others' in the same order (wide_lane_dot):
 //   gln_layer_pass_wide: the streaming kernel's work with the active row and the input read
 //     from memory as they are used, for rows of any width.
+// A family of models (gln.family) has the streaming and the wide kernel's work per (member,
+// neuron) pair:
+//   gln_family_layer_pass(_wide): the chunk's rows grouped by member; a warp runs one neuron
+//     of one member through that member's rows, in order, with run_neuron (run_neuron_wide),
+//     so members run at once and each gets the bytes a model of its own would.
 //
 // GLN_PER_LANE = ceil(I / 32) is fixed at compile time (one module per value) so that a row
 // and an input live in registers.
@@ -517,6 +522,61 @@ gln_layer_pass_streaming(GLN_LAYER_KERNEL_PARAMETERS) {
 extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
 gln_layer_pass_wide(GLN_LAYER_KERNEL_PARAMETERS) {
     warp_per_neuron<true>(GLN_LAYER_KERNEL_ARGUMENTS);
+}
+
+// A family of models' layer (gln.family): weights (M, G, K, S, I), member m's neurons at
+// weights + m * G * K * S * I, and a chunk whose rows are grouped by member (stably: a member's
+// rows keep their order). Run r is member run_members[r]'s rows [run_starts[r],
+// run_starts[r + 1]); no member has two runs. A warp takes one (run, neuron) pair and runs the
+// neuron through the run's rows with run_neuron (run_neuron_wide), exactly as the streaming
+// (wide) kernel runs it through a model's chunk: each member gets the bytes a model of its own
+// gets on its rows alone, and the runs of different members, which touch different weights,
+// run at once. Warps as warp_per_neuron's (blockIdx.x); blockIdx.y picks the run, looping over
+// those beyond the grid. Prediction writes no weight, so the host may cut a member's rows into
+// several runs there, to be taken by several warps.
+template <bool Wide>
+__device__ __forceinline__ void warp_per_member_neuron(GLN_LAYER_KERNEL_PARAMETERS,
+                                                       const long long* __restrict__ run_members,
+                                                       const long long* __restrict__ run_starts,
+                                                       int runs) {
+    (void)rows_per_warp;  // a run's rows: the runs say where each warp's examples are
+    (void)neurons_per_block;
+    const int lane = threadIdx.x % GLN_WARP;
+    const long long neurons = static_cast<long long>(num_glns) * num_neurons;
+    const long long neuron =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / GLN_WARP) + threadIdx.x / GLN_WARP;
+    if (neuron >= neurons) return;  // whole warp
+    const LayerArgs a = layer_args(contexts, inputs, targets, rates, probs, next_inputs, n,
+                                   num_glns, num_neurons, num_contexts, num_inputs, input_groups,
+                                   lo, hi, bound, learn, bias_logit, write_next);
+    const int g = static_cast<int>(neuron / num_neurons);
+    const long long neuron_size = static_cast<long long>(num_contexts) * num_inputs;
+    for (int run = blockIdx.y; run < runs; run += gridDim.y) {
+        const int begin = static_cast<int>(run_starts[run]);
+        const int end = static_cast<int>(run_starts[run + 1]);
+        if (begin >= end) continue;  // whole warp
+        float* rows = weights + (run_members[run] * neurons + neuron) * neuron_size;
+        if constexpr (Wide) {
+            run_neuron_wide(rows, a, neuron, g, begin, end, lane);
+        } else {
+            run_neuron(rows, a, neuron, g, begin, end, lane);
+        }
+    }
+}
+
+#define GLN_FAMILY_LAYER_KERNEL_PARAMETERS                                                      \
+    GLN_LAYER_KERNEL_PARAMETERS, const long long *__restrict__ run_members,                     \
+        const long long *__restrict__ run_starts, int runs
+
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
+gln_family_layer_pass(GLN_FAMILY_LAYER_KERNEL_PARAMETERS) {
+    warp_per_member_neuron<false>(GLN_LAYER_KERNEL_ARGUMENTS, run_members, run_starts, runs);
+}
+
+// The family's layers of rows wider than a lane's registers hold, as gln_layer_pass_wide.
+extern "C" __global__ void __launch_bounds__(GLN_WARP * GLN_STREAM_WARPS)
+gln_family_layer_pass_wide(GLN_FAMILY_LAYER_KERNEL_PARAMETERS) {
+    warp_per_member_neuron<true>(GLN_LAYER_KERNEL_ARGUMENTS, run_members, run_starts, runs);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

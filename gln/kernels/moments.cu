@@ -59,3 +59,47 @@ extern "C" __global__ void __launch_bounds__(128)
 gln_running_moments_f32(const float* __restrict__ x, GLN_MOMENTS_PARAMETERS) {
     running_moments(x, GLN_MOMENTS_ARGUMENTS);
 }
+
+// A family of models' moments (gln.family): the chunk's rows grouped by member (stably), run r
+// member run_members[r]'s rows [run_starts[r], run_starts[r + 1]), no member in two runs; the
+// members' shifts and totals (M, num_features), and each run's member's count before the
+// chunk, run_counts (runs,). blockIdx.y picks the run, and the run is running_moments on its
+// member's rows, shift and totals: each member's sums are those of a model of its own that
+// learned its rows alone, bit for bit. gridDim.x covers max(longest run, num_features).
+template <typename Row>
+__device__ __forceinline__ void family_running_moments(
+        const Row* __restrict__ x, const long long* __restrict__ run_members,
+        const long long* __restrict__ run_starts, const double* __restrict__ run_counts,
+        int runs, const double* __restrict__ shifts, double* __restrict__ totals,
+        double* __restrict__ totals_sq, double* __restrict__ sums,
+        double* __restrict__ sums_sq, int num_features, double* __restrict__ counts) {
+    for (int run = blockIdx.y; run < runs; run += gridDim.y) {
+        const long long begin = run_starts[run];
+        const long long member = run_members[run] * num_features;
+        const long long first = begin * num_features;
+        running_moments(x + first, shifts + member, totals + member, totals_sq + member,
+                        sums + first, sums_sq + first,
+                        static_cast<int>(run_starts[run + 1] - begin), num_features,
+                        run_counts + run, counts + begin);
+    }
+}
+
+#define GLN_FAMILY_MOMENTS_PARAMETERS                                                           \
+    const long long *__restrict__ run_members, const long long *__restrict__ run_starts,      \
+        const double *__restrict__ run_counts, int runs, const double *__restrict__ shifts,   \
+        double *__restrict__ totals, double *__restrict__ totals_sq,                          \
+        double *__restrict__ sums, double *__restrict__ sums_sq, int num_features,            \
+        double *__restrict__ counts
+#define GLN_FAMILY_MOMENTS_ARGUMENTS                                                            \
+    run_members, run_starts, run_counts, runs, shifts, totals, totals_sq, sums, sums_sq,      \
+        num_features, counts
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_family_running_moments(const double* __restrict__ x, GLN_FAMILY_MOMENTS_PARAMETERS) {
+    family_running_moments(x, GLN_FAMILY_MOMENTS_ARGUMENTS);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+gln_family_running_moments_f32(const float* __restrict__ x, GLN_FAMILY_MOMENTS_PARAMETERS) {
+    family_running_moments(x, GLN_FAMILY_MOMENTS_ARGUMENTS);
+}

@@ -672,6 +672,21 @@ def test_cuda_learn_equals_single_row_calls_byte_for_byte(cp, side_info, monkeyp
     assert rows.to_bytes() == chunked.to_bytes()
 
 
+def test_a_unit_fixed_chunk_of_float32_rows_equals_its_rows_one_call_at_a_time(cp):
+    """``"unit_fixed"`` scales in array code, which takes the rows widened: a chunk whose rows
+    travel as float32 (more than ``HOST_WIDENED_ROWS``) is scaled from the float64 values
+    they equal, as a short call's rows widened on the host are."""
+    X, y = stream(100, seed=2, unit=True)
+    config = {**CONFIG, "input_scaling": "unit_fixed"}
+    chunked, rows = GLN(**config, device="cuda"), GLN(**config, device="cuda")
+    chunk_probs = chunked.learn(X, y)
+    row_probs = np.concatenate([rows.learn(X[t:t + 1], y[t:t + 1]) for t in range(len(X))])
+    np.testing.assert_array_equal(row_probs, chunk_probs)
+    assert rows.to_bytes() == chunked.to_bytes()
+    assert (chunked.predict_proba(X).tobytes()
+            == np.concatenate([rows.predict_proba(X[t:t + 1]) for t in range(len(X))]).tobytes())
+
+
 def gate_on_int8(monkeypatch, min_rows: int | None = None) -> None:
     """Long chunks' gating products from int8 slices, from ``min_rows`` rows (by default from
     the float32 GEMM's shortest chunk, so that the tests' short chunks take them)."""

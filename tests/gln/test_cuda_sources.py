@@ -51,8 +51,15 @@ needs_nvrtc = pytest.mark.skipif(
     reason="NVRTC's library was not found (GLN_NVRTC, nvidia-cuda-nvrtc-cu12)")
 # (source, defines) of every module the library builds: each source, and the layer pass at each
 # row width, at each sum batch of the shared prediction kernel, and with its other settings.
+# A family's kernels (gln.family) are in those modules: its layer pass (gln_family_layer_pass,
+# gln_family_layer_pass_wide) in the layer pass's at each row width, its moments' fold
+# (gln_family_running_moments) in moments.cu's (FAMILY_KERNELS).
 MODULES = [(source, ()) for source in SOURCES]
 MODULES += [(KERNELS / "layer_pass.cu", (f"-DGLN_PER_LANE={p}",)) for p in PER_LANE_VALUES]
+FAMILY_KERNELS = {
+    "layer_pass.cu": ("gln_family_layer_pass", "gln_family_layer_pass_wide"),
+    "moments.cu": ("gln_family_running_moments", "gln_family_running_moments_f32"),
+}
 MODULES += [(KERNELS / "layer_pass.cu", ("-DGLN_PER_LANE=5", f"-DGLN_SUM_BATCH={b}"))
             for b in (1, 8, 32)]
 # More warps to a block of the shared kernel (gln.kernels.cuda.PREDICT_WARPS), as the host
@@ -120,6 +127,25 @@ def test_there_are_kernel_sources():
 def test_sources_need_no_headers(source):
     """CuPy compiles them with NVRTC, which has no host headers: the sources include nothing."""
     assert not re.search(r"^\s*#\s*include", source.read_text(), re.MULTILINE)
+
+
+def test_the_family_kernels_are_in_the_compiled_modules():
+    """The kernels a GPU family launches (gln.kernels.cuda.FAMILY, FAMILY_WIDE and the moments'
+    fold) are compiled, and checked for spills, with the modules they live in, at every row
+    width the layer pass is compiled for."""
+    import gln.kernels.cuda as cuda  # noqa: PLC0415
+
+    assert {cuda.FAMILY, cuda.FAMILY_WIDE} == set(FAMILY_KERNELS["layer_pass.cu"])
+    compiled = {source.name for source, _ in MODULES}
+    for name, kernels in FAMILY_KERNELS.items():
+        assert name in compiled
+        text = (KERNELS / name).read_text()
+        for kernel in kernels:
+            assert re.search(rf"__global__ void __launch_bounds__\([^)]*\)\s+{kernel}\(",
+                             text), kernel
+    widths = {d for source, defines in MODULES if source.name == "layer_pass.cu"
+              for d in defines if d.startswith("-DGLN_PER_LANE=")}
+    assert widths >= {f"-DGLN_PER_LANE={p}" for p in PER_LANE_VALUES}
 
 
 @needs_nvcc
