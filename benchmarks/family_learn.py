@@ -3,12 +3,16 @@ one ``GLN.learn`` per row on separate models, in one run.
 
     python benchmarks/family_learn.py           # 1,000 models of 20 features, [32, 32, 1],
                                                 # context dimension 4; chunks of 32 rows
+    python benchmarks/family_learn.py --device cuda --models 10000 --chunk 1024
+                                                # on a GPU: one launch a layer a chunk
 
 Every row goes to a random model. The separate models learn the stream one row per call, as a
 server without families calls the library; the family learns the same stream 32 rows a call,
 each row tagged with its model. Rounds alternate between the two (and a second family run with
 every kernel on one thread: a chunk of 32 rows crosses ``PARALLEL_MIN_WORK`` in the gating
 kernel, whose threads, on a machine busy with other work, may wait milliseconds for a core).
+On a GPU (``--device cuda``) the family and the models live in GPU memory, and the one-thread
+run, a CPU matter, is left out.
 Each rate is the median of its rounds, and the ratios are the medians of each round's ratio,
 so that a machine shared with other work moves both sides of a ratio alike. At the end,
 models sampled from the family are compared with their separate twins, byte for byte
@@ -53,10 +57,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--round-rows", type=int, default=6400, help="rows per round and side")
     parser.add_argument("--check", type=int, default=50, help="models compared byte for byte")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU")
     args = parser.parse_args(argv)
 
     config = dict(num_features=args.features, num_classes=2, context_dim=args.context_dim,
-                  layer_sizes=tuple(int(k) for k in args.layer_sizes.split(",")))
+                  layer_sizes=tuple(int(k) for k in args.layer_sizes.split(",")),
+                  device=args.device)
+    on_cpu = GLN(**config).device == "cpu"
     rng = np.random.default_rng(0)
     n = args.rounds * args.round_rows
     X = rng.normal(0, 1, (n, args.features)).astype(np.float32)
@@ -66,8 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
     models = [GLN(**config) for _ in range(args.models)]
     for model in models:
         model.warm_up()  # compiled kernels and each model's 16-bit normals, as a server's
-    families = {"family": GLNFamily(args.models, **config),
-                "family_one_thread": GLNFamily(args.models, **config)}
+    families = {"family": GLNFamily(args.models, **config)}
+    if on_cpu:
+        families["family_one_thread"] = GLNFamily(args.models, **config)
     for family in families.values():  # each family's 16-bit normals
         family.predict_proba(X[:args.chunk], members[:args.chunk])
     GLNFamily(1, **config).learn(X[:args.chunk], y[:args.chunk], [0] * args.chunk)  # compiled
@@ -83,8 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
                 family.learn(X[start:stop], y[start:stop], members[start:stop])
         return learn
 
-    sides = {"models": separate, "family": chunked(families["family"]),
-             "family_one_thread": one_thread(chunked(families["family_one_thread"]))}
+    sides = {"models": separate, "family": chunked(families["family"])}
+    if on_cpu:
+        sides["family_one_thread"] = one_thread(chunked(families["family_one_thread"]))
     rates: dict[str, list[float]] = {side: [] for side in sides}
     load_before = os.getloadavg()[0]
     for r in range(args.rounds):
@@ -103,11 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
              for side in families}
     result = {
         "models": args.models, "chunk_rows": args.chunk, "examples": n,
-        "family_examples_per_second": round(median["family"]),
-        "family_one_thread_examples_per_second": round(median["family_one_thread"]),
+        "device": args.device,
+        **{f"{side}_examples_per_second": round(median[side]) for side in families},
         "models_examples_per_second": round(median["models"]),
-        "family_over_models": round(ratio["family"], 1),
-        "family_one_thread_over_models": round(ratio["family_one_thread"], 1),
+        **{f"{side}_over_models": round(ratio[side], 1) for side in families},
         "members_equal": equal,
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     }
