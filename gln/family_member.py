@@ -90,6 +90,12 @@ class FamilyMember:
         return self._state.moments
 
     @property
+    def weights(self) -> list[Any]:
+        """Each layer's weights, as ``GLN.weights`` (views of the family's arrays, on its
+        device)."""
+        return self._state.weights
+
+    @property
     def _state(self) -> State:
         """The member's state as views of the family's arrays, as ``GLN._state`` is read by
         ``gln.serialize.SnapshotBuffer``."""

@@ -14,7 +14,12 @@ A family is made with room for every model of its configuration the server could
 memory budget over one model's bytes, at most ``GLN_MAX_MODELS``): arrays allocated and not
 touched take address space, not memory, and a member's pages are written only when a model is
 placed there. Room is never moved, so a member's index holds for its life. A model that finds
-no room (or that is too large, or not on the CPU) keeps a ``GLN`` of its own, as before.
+no room (or that is too large) keeps a ``GLN`` of its own, as before.
+
+On a GPU the same holds, with one difference: a family's arrays are device memory from the
+start (CUDA has no untouched pages), so its room, as many models as the budget allows and at
+most ``GLN_MAX_MODELS``, is taken when the first model of its configuration is created. A pass
+of many members is then one launch a layer (``gln.family``).
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ class Families:
 
     def place(self, model: GLN) -> GLN | FamilyMember:
         """``model`` as a member of its configuration's family (its state copied there), or
-        ``model`` itself where it stays apart: too large, not on the CPU, or no room left."""
-        if model.device != "cpu" or not model.use_kernels:
+        ``model`` itself where it stays apart: too large, without compiled kernels, or no room
+        left. On a GPU the family's room is device memory, taken when the family is made."""
+        if not model.use_kernels:
             return model
         nbytes = GLN.estimate_nbytes(model.config_for_estimate())
         if nbytes > FAMILY_MODEL_BYTES:
