@@ -1,9 +1,10 @@
 """The CUDA sources and the launch plan, checked without a GPU.
 
-``nvcc`` compiles every ``gln/kernels/*.cu`` for Hopper (sm_90) with the options CuPy uses, for
-the row widths the models need, without register spills (skipped, with the reason, where nvcc
-is not on PATH); so does NVRTC, the compiler CuPy itself calls, where its library is found
-(``GLN_NVRTC``, the ``nvidia-cuda-nvrtc-cu12`` wheel, or the system's; CI fetches the wheel).
+NVRTC, the compiler CuPy itself calls, compiles every ``gln/kernels/*.cu`` for Hopper (sm_90)
+with the options CuPy uses, for the row widths the models need, without register spills, where
+its library is found (``GLN_NVRTC``, the ``nvidia-cuda-nvrtc-cu12`` wheel, or the system's; CI
+fetches the wheel); where it is not, ``nvcc`` does the same (skipped, with the reason, where
+nvcc is not on PATH either).
 The kernels themselves run in ``test_cuda_backend.py``: on a GPU, and on the CPU under the
 emulation of ``emulated_cupy.py``.
 """
@@ -149,6 +150,8 @@ def test_the_family_kernels_are_in_the_compiled_modules():
 
 
 @needs_nvcc
+@pytest.mark.skipif(nvrtc_library() is not None,
+                    reason="NVRTC compiles and checks the same modules, as CuPy does (below)")
 def test_every_source_compiles_for_hopper(tmp_path):
     with ThreadPoolExecutor(max_workers=COMPILERS) as pool:
         reports = list(pool.map(
