@@ -175,6 +175,22 @@ def serve_over_a_remote_engine_fixture() -> Callable[..., Any]:
     return serve_over_a_remote_engine
 
 
+@pytest.fixture
+def family_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many distinct members each GLNFamily.learn call of the test learned."""
+    from gln import GLNFamily
+
+    calls: list[int] = []
+    learn = GLNFamily.learn
+
+    def counted(self, X, y, members, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        calls.append(len(set(np.asarray(members).tolist())))
+        return learn(self, X, y, members, **kwargs)
+
+    monkeypatch.setattr(GLNFamily, "learn", counted)
+    return calls
+
+
 @pytest.fixture(name="make_data")
 def make_data_fixture() -> Callable[..., Any]:
     return make_data

@@ -108,23 +108,13 @@ async def test_an_export_from_the_device_imports_on_a_cpu_server_and_back(
 
 
 async def test_tenants_on_the_device_are_learned_together_each_as_if_alone(
-    device, tmp_path, serve, small_config, make_data, monkeypatch: pytest.MonkeyPatch
+    device, tmp_path, serve, small_config, make_data, family_calls
 ):
     """Small models on the device are members of one GPU family: a pass learns rows of
     several of them in one call (one launch a layer), and each ends with the bytes and
     answers of a GPU model that learned its rows alone."""
     import asyncio
 
-    from gln import GLNFamily
-
-    calls: list[int] = []
-    learn = GLNFamily.learn
-
-    def counted(self, X, y, members, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        calls.append(len(set(np.asarray(members).tolist())))
-        return learn(self, X, y, members, **kwargs)
-
-    monkeypatch.setattr(GLNFamily, "learn", counted)
     streams = {f"t{i}": make_data(3, seed=i) for i in range(5)}
     async with serve(create_app(settings_on("cuda", tmp_path))) as client:
         for name in streams:
@@ -140,7 +130,7 @@ async def test_tenants_on_the_device_are_learned_together_each_as_if_alone(
             *(one_at_a_time(name) for name in streams)), strict=True))
         exported = {name: (await client.get(f"/v1/models/{name}/export")).content
                     for name in streams}
-    assert max(calls) > 1
+    assert max(family_calls) > 1
     for name, (X, y) in streams.items():
         alone = GLN(**small_config, device="cuda")
         for t, answer in enumerate(answers[name]):

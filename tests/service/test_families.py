@@ -17,20 +17,6 @@ from tests.service.conftest import make_data, serve
 MODELS = 12
 
 
-@pytest.fixture
-def family_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many distinct members each GLNFamily.learn call of the test learned."""
-    calls: list[int] = []
-    learn = GLNFamily.learn
-
-    def counted(self, X, y, members, **kwargs):
-        calls.append(len(set(np.asarray(members).tolist())))
-        return learn(self, X, y, members, **kwargs)
-
-    monkeypatch.setattr(GLNFamily, "learn", counted)
-    return calls
-
-
 async def test_spread_learns_are_learned_together_and_each_model_as_if_alone(
     settings: Settings, small_config, family_calls
 ):

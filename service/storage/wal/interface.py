@@ -194,7 +194,7 @@ class WriteAheadLog(Protocol):
                      follows: str | None = None) -> str:
         """Log a model's birth durably (its configuration, JSON, no rows); its id. What makes a
         new model durable where the log can list its models (:class:`ModelListing`): its first
-        snapshot is then written after the create is answered, and a restore that finds the
+        snapshot is then the next periodic (or shutdown) one, and a restore that finds the
         birth and no snapshot builds the model from it and replays what follows. ``follows``
         as for :meth:`append` (None: the log holds nothing of ``name``)."""
         ...
@@ -302,15 +302,6 @@ def append_one(wal: WriteAheadLog, item: LogAppend) -> str:
 class AppendEach:
     """``append_many`` as one append after another, for a log with no cheaper way to log
     many at once (each append is then as durable, and as slow, as alone)."""
-
-    def append_birth(self, name: str, config: Mapping[str, Any], *,
-                     follows: str | None = None) -> str:
-        """Log a model's birth durably (its configuration, JSON, no rows); its id. What makes a
-        new model durable where the log can list its models (:class:`ModelListing`): its first
-        snapshot is then written after the create is answered, and a restore that finds the
-        birth and no snapshot builds the model from it and replays what follows. ``follows``
-        as for :meth:`append` (None: the log holds nothing of ``name``)."""
-        ...
 
     def append_many(self, appends: Sequence[LogAppend]) -> list[str | Exception]:
         """Each item by :func:`append_one`, in order; an item's exception is its result."""
