@@ -400,20 +400,22 @@ class GLNFamily:
     def _chunk_outputs(self, X32: np.ndarray, labels: np.ndarray | None,
                        members: np.ndarray, given: np.ndarray | None = None) -> np.ndarray:
         """One chunk through every member's network: outputs (n, G) in the chunk's order;
-        learns when labels are given. The rows go grouped by member (a stable sort, so each
-        member's rows keep their order, which is all that a member's bytes depend on): the
-        GPU's kernels take a member's rows as one run."""
+        learns when labels are given. On the GPU the rows go grouped by member (a stable sort,
+        so each member's rows keep their order, which is all that a member's bytes depend
+        on): its kernels take a member's rows as one run. The CPU's take rows in any order."""
+        if self._pipeline.device != "cuda":
+            return self._member_outputs(X32, labels, members, given)
         order = np.argsort(members, kind="stable")
         outputs = np.empty((len(X32), self._config.num_glns), np.float32)
-        outputs[order] = to_numpy(self._grouped_outputs(
+        outputs[order] = to_numpy(self._member_outputs(
             X32[order], None if labels is None else labels[order], members[order],
             None if given is None else given[order]))
         return outputs
 
-    def _grouped_outputs(self, X32: np.ndarray, labels: np.ndarray | None,
-                         members: np.ndarray, given: np.ndarray | None) -> Any:
-        """``gln.pipeline.Pipeline.outputs`` with a member per row, for a chunk whose rows are
-        grouped by member: outputs (n, G) on the family's device."""
+    def _member_outputs(self, X32: np.ndarray, labels: np.ndarray | None,
+                        members: np.ndarray, given: np.ndarray | None) -> Any:
+        """``gln.pipeline.Pipeline.outputs`` with a member per row: outputs (n, G) on the
+        family's device (rows grouped by member there, on the GPU)."""
         config, pipeline, xp = self._config, self._pipeline, self._pipeline.xp
         n, glns = len(X32), config.num_glns
         x64 = xp.asarray(X32).astype(xp.float64)
