@@ -572,13 +572,20 @@ def test_a_directory_store_makes_new_and_deleted_models_durable_in_its_root(
     """A model's directory appears (first save) and leaves (delete) by an entry of the
     store's root, which only an fsync of the root keeps through a power cut: without it a
     created model could vanish, or a deleted one come back."""
+    import service.storage.common as common
     import service.storage.store.directory_store as directory_store
 
     store = DirectorySnapshotStore(tmp_path)
     synced: list[tuple[Path, bool]] = []
     real = directory_store.fsync_dir
-    monkeypatch.setattr(directory_store, "fsync_dir", lambda path: (
-        synced.append((Path(path), (tmp_path / "m").is_dir())), real(path))[-1])
+
+    def recorded(path: Path) -> None:  # the root's syncs, and those of a new model's staging
+        if Path(path) == tmp_path or Path(path).name.startswith("new~"):
+            synced.append((Path(path), (tmp_path / "m").is_dir()))
+        real(path)
+
+    for module in (directory_store, common):  # the store's own, and its files' (common's)
+        monkeypatch.setattr(module, "fsync_dir", recorded)
     store.save("m", b"first")
     (staged, root) = synced  # the files' entries in the staging directory, then the new entry
     assert staged[0].name.startswith("new~") and root == (tmp_path, True)

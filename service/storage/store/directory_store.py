@@ -53,14 +53,6 @@ def _write_atomically(path: Path, data: bytes | memoryview) -> None:
     replace_atomically(path, lambda fh: fh.write(data))
 
 
-def _write_synced(path: Path, data: bytes | memoryview) -> None:
-    """A new file ``path`` holding ``data``, fsynced."""
-    with open(path, "xb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _remove_deleted(path: Path) -> None:
     """Remove a deleted model's renamed directory; what cannot be removed is logged and left
     for the next start-up to try again (no model has its name)."""
@@ -232,10 +224,9 @@ class DirectorySnapshotStore(ClosingMixin):
         head_json = json.dumps(info.head_fields(), sort_keys=True).encode()
         staging = Path(tempfile.mkdtemp(dir=self.path, prefix=_NEW_PREFIX))
         try:
-            _write_synced(staging / "v1.snap", view)
-            _write_synced(staging / "v1.head", head_json)
-            _write_synced(staging / "HEAD", head_json)
-            fsync_dir(staging)
+            replace_all_atomically([(staging / "v1.snap", lambda fh: fh.write(view)),
+                                    (staging / "v1.head", lambda fh: fh.write(head_json)),
+                                    (staging / "HEAD", lambda fh: fh.write(head_json))])
             try:
                 staging.rename(model_dir)
             except OSError:
