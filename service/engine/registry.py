@@ -144,12 +144,11 @@ class ModelRegistry:
         self.settings = settings
         self.metrics = metrics
         self.executor = executor
-        # A log that lists its models makes a new model durable by logging its birth (one
+        # The log listed at restore for models born in it: this server's, or the one it ignores
+        # (whose births it refuses to serve without, as it refuses their learning). Where it
+        # is this server's, a create makes a new model durable by logging its birth (one
         # group-committed append, not a snapshot's files); its first snapshot is the first
         # periodic (or shutdown) one, and a restore finds a model of none yet by the log.
-        self._births = isinstance(wal, ModelListing)
-        # The log listed at restore for models born in it: this server's, or the one it ignores
-        # (whose births it refuses to serve without, as it refuses their learning).
         listed = wal if wal is not None else ignored_log
         self._birth_log = listed if isinstance(listed, ModelListing) else None
         # The snapshot store's calls run on threads of their own: a store that hangs holds
@@ -222,6 +221,12 @@ class ModelRegistry:
         # A rebuild's model goes into the served model's own room
         # (ServedModel.start_again_from_snapshot), a restore's into a room of its own.
         return StoredModel(self._load(model_blob, place=not afresh), info, waiting)
+
+    @property
+    def _logs_births(self) -> bool:
+        """Whether a create logs the model's birth: the log this server writes lists its
+        models."""
+        return self.wal is not None and self._birth_log is self.wal
 
     def _born(self, name: str, place: bool) -> StoredModel | None:
         """(thread) A model of no snapshot as its birth in the log made it (the log replays
@@ -405,7 +410,7 @@ class ModelRegistry:
                 f"{', '.join(sorted(CONFIG_KEYS))}"
             )
         served = await self._admit(name, config, functools.partial(self._build, config),
-                                  "invalid config", born=self._births)
+                                  "invalid config", born=self._logs_births)
         log.info("created model %r: %s", name, _shape_of(served.model))
         return served
 
