@@ -75,6 +75,48 @@ def make_data(
     return X.tolist(), y.tolist()
 
 
+Stream = tuple[list[list[float]], list[int]]
+
+
+async def learn_every_model_one_row_at_a_time(
+    client: httpx.AsyncClient, config: dict[str, Any], streams: dict[str, Stream]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, bytes]]:
+    """A model of ``config`` per stream, then every stream's rows sent one request a row, all
+    streams at once (many tenants, each a row now and then); each model's answers, and its
+    exported bytes after."""
+    for name in streams:
+        r = await client.post("/v1/models", json={"name": name, "config": config})
+        assert r.status_code == 201, r.text
+
+    async def one_at_a_time(name: str) -> list[dict[str, Any]]:
+        X, y = streams[name]
+        return [(await client.post(f"/v1/models/{name}/learn", json={
+            "features": [X[t]], "labels": [y[t]]})).json() for t in range(len(X))]
+
+    answers = dict(zip(streams, await asyncio.gather(
+        *(one_at_a_time(name) for name in streams)), strict=True))
+    exported = {name: (await client.get(f"/v1/models/{name}/export")).content
+                for name in streams}
+    return answers, exported
+
+
+def assert_each_as_if_alone(
+    answers: dict[str, list[dict[str, Any]]], exported: dict[str, bytes],
+    streams: dict[str, Stream], config: dict[str, Any], device: str = "cpu",
+) -> None:
+    """Each model's answers and bytes are those of a ``GLN`` on ``device`` that learned its
+    stream alone, a row a call."""
+    from gln import GLN
+
+    for name, (X, y) in streams.items():
+        alone = GLN(**config, device=device)
+        for t, answer in enumerate(answers[name]):
+            expected = alone.learn(np.asarray([X[t]], np.float32), [y[t]])
+            assert answer["sequence"] == t
+            assert answer["probabilities"] == expected.astype(np.float64).tolist()
+        assert exported[name] == alone.to_bytes()
+
+
 @pytest.fixture(autouse=True)
 def _no_gln_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Settings in tests come from arguments only, never from a GLN_* variable of the shell."""

@@ -15,6 +15,7 @@ from gln import GLN
 from service.api.app import create_app
 from service.settings import Settings
 from tests.gln.emulated_cupy import GXX, EmulatedCupy, emulated_cupy_installed
+from tests.service.conftest import assert_each_as_if_alone, learn_every_model_one_row_at_a_time
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="the emulated device needs g++ on PATH")
 
@@ -113,27 +114,9 @@ async def test_tenants_on_the_device_are_learned_together_each_as_if_alone(
     """Small models on the device are members of one GPU family: a pass learns rows of
     several of them in one call (one launch a layer), and each ends with the bytes and
     answers of a GPU model that learned its rows alone."""
-    import asyncio
-
     streams = {f"t{i}": make_data(3, seed=i) for i in range(5)}
     async with serve(create_app(settings_on("cuda", tmp_path))) as client:
-        for name in streams:
-            r = await client.post("/v1/models", json={"name": name, "config": small_config})
-            assert r.status_code == 201, r.text
-
-        async def one_at_a_time(name: str) -> list[dict]:
-            X, y = streams[name]
-            return [(await client.post(f"/v1/models/{name}/learn", json={
-                "features": [X[t]], "labels": [y[t]]})).json() for t in range(len(X))]
-
-        answers = dict(zip(streams, await asyncio.gather(
-            *(one_at_a_time(name) for name in streams)), strict=True))
-        exported = {name: (await client.get(f"/v1/models/{name}/export")).content
-                    for name in streams}
+        answers, exported = await learn_every_model_one_row_at_a_time(
+            client, small_config, streams)
     assert max(family_calls) > 1
-    for name, (X, y) in streams.items():
-        alone = GLN(**small_config, device="cuda")
-        for t, answer in enumerate(answers[name]):
-            expected = alone.learn(np.asarray([X[t]], np.float32), [y[t]])
-            assert answer["probabilities"] == expected.astype(np.float64).tolist()
-        assert exported[name] == alone.to_bytes()
+    assert_each_as_if_alone(answers, exported, streams, small_config, device="cuda")

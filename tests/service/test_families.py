@@ -4,15 +4,18 @@ ends byte for byte where a model learning alone would, its answers too."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
 from gln import GLN, GLNFamily
 from service.api.app import create_app
 from service.settings import Settings
-from tests.service.conftest import make_data, serve
+from tests.service.conftest import (
+    assert_each_as_if_alone,
+    learn_every_model_one_row_at_a_time,
+    make_data,
+    serve,
+)
 
 MODELS = 12
 
@@ -22,27 +25,10 @@ async def test_spread_learns_are_learned_together_and_each_model_as_if_alone(
 ):
     streams = {f"t{i}": make_data(8, seed=i) for i in range(MODELS)}
     async with serve(create_app(settings)) as client:
-        for name in streams:
-            r = await client.post("/v1/models", json={"name": name, "config": small_config})
-            assert r.status_code == 201, r.text
-
-        async def learn_one_at_a_time(name):
-            X, y = streams[name]
-            return [(await client.post(f"/v1/models/{name}/learn", json={
-                "features": [X[t]], "labels": [y[t]]})).json() for t in range(len(X))]
-
-        answers = dict(zip(streams, await asyncio.gather(
-            *(learn_one_at_a_time(name) for name in streams)), strict=True))
-        exported = {name: (await client.get(f"/v1/models/{name}/export")).content
-                    for name in streams}
+        answers, exported = await learn_every_model_one_row_at_a_time(
+            client, small_config, streams)
     assert max(family_calls) > 1  # rows of several models were learned in one call
-    for name, (X, y) in streams.items():
-        alone = GLN(**small_config)
-        for t, answer in enumerate(answers[name]):
-            expected = alone.learn(np.asarray([X[t]], np.float32), [y[t]])
-            assert answer["sequence"] == t
-            assert answer["probabilities"] == expected.astype(np.float64).tolist()
-        assert exported[name] == alone.to_bytes()
+    assert_each_as_if_alone(answers, exported, streams, small_config)
 
 
 async def test_a_deleted_models_room_is_a_new_model_of_its_own(settings: Settings, small_config):
