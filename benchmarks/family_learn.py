@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gln import GLN, GLNFamily  # noqa: E402
+from gln.backend import resolve_device  # noqa: E402
 from gln.kernels import cpu  # noqa: E402
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = dict(num_features=args.features, num_classes=2, context_dim=args.context_dim,
                   layer_sizes=tuple(int(k) for k in args.layer_sizes.split(",")),
                   device=args.device)
-    on_cpu = GLN(**config).device == "cpu"
+    on_cpu = resolve_device(args.device) == "cpu"
     rng = np.random.default_rng(0)
     n = args.rounds * args.round_rows
     X = rng.normal(0, 1, (n, args.features)).astype(np.float32)
