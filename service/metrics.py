@@ -173,6 +173,10 @@ class ServiceMetrics:
         """Export how many of the model's predicted rows wait for their label."""
         self.models.of(name).labels_pending = n
 
+    def labels_pending_shown(self, name: str) -> int:
+        """The model's rows waiting for their label, as last shown."""
+        return self.models.of(name).labels_pending
+
     def show_device(self, device: str) -> None:
         """``gln_build_info``'s device: the one models run on ("auto" resolved once known)."""
         self.build_info.clear()

@@ -90,40 +90,49 @@ class ModelLog:
         t0 = time.perf_counter()
         try:
             entry_id = append(self.end)
-        except WalDivergedError as exc:
-            self._metrics.wal_append_errors.inc()
+        except Exception as exc:
+            raise self.append_failed(model, exc) from exc
+        return self.appended(entry_id, time.perf_counter() - t0)
+
+    def appended(self, entry_id: str, seconds: float) -> str:
+        """(model lock) Note an entry the log took, ``seconds`` after it was asked to; its
+        id. The model's appends follow it from now on."""
+        self._metrics.wal_append_duration.observe(seconds)
+        self.end = entry_id
+        self.confirmed_at = time.monotonic()
+        return entry_id
+
+    def append_failed(self, model: LoggedModel, exc: Exception) -> Unavailable:
+        """(model lock) Deal with an append that failed with ``exc`` (:meth:`logged`); the 503
+        to answer its requests with."""
+        self._metrics.wal_append_errors.inc()
+        if isinstance(exc, WalDivergedError):
             log.warning("%s", exc)
             try:
                 self.rebuild(model)
             except Exception as again:
                 log.warning("rebuilding %r from its snapshot and log failed: %s", self.name,
                             again)
-            raise Unavailable(
+            return Unavailable(
                 f"{exc}; the model was rebuilt from its snapshot and log, and this request "
                 "is not acknowledged: retry it with the same Idempotency-Key"
-            ) from exc
-        except Exception as exc:
-            self._metrics.wal_append_errors.inc()
-            self.in_doubt = True
-            self._note_shortfall(exc)
-            throttled.warning(f"append {self.name}", "log append for %r failed: %s",
-                              self.name, exc)
-            # An entry the replicas did not confirm in time is not confirmed a moment later
-            # either: the next request catches up (and waits for them) instead.
-            if not isinstance(exc, WalDurabilityError):
-                try:
-                    self.catch_up(model)
-                except Exception as again:
-                    log.warning("catching %r up with its log failed too: %s", self.name, again)
-            raise Unavailable(
-                f"write-ahead log did not confirm the append ({_log_failure(exc)}); "
-                "the request is not acknowledged: retry it with the same Idempotency-Key "
-                "(a prediction with ids: with the same ids)"
-            ) from exc
-        self._metrics.wal_append_duration.observe(time.perf_counter() - t0)
-        self.end = entry_id
-        self.confirmed_at = time.monotonic()
-        return entry_id
+            )
+        self.in_doubt = True
+        self._note_shortfall(exc)
+        throttled.warning(f"append {self.name}", "log append for %r failed: %s",
+                          self.name, exc)
+        # An entry the replicas did not confirm in time is not confirmed a moment later
+        # either: the next request catches up (and waits for them) instead.
+        if not isinstance(exc, WalDurabilityError):
+            try:
+                self.catch_up(model)
+            except Exception as again:
+                log.warning("catching %r up with its log failed too: %s", self.name, again)
+        return Unavailable(
+            f"write-ahead log did not confirm the append ({_log_failure(exc)}); "
+            "the request is not acknowledged: retry it with the same Idempotency-Key "
+            "(a prediction with ids: with the same ids)"
+        )
 
     def _note_shortfall(self, exc: Exception) -> None:
         if isinstance(exc, WalDurabilityError):

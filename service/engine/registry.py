@@ -855,7 +855,10 @@ class ModelRegistry:
         while not self._stopping:
             await asyncio.sleep(interval_s)
             for served in list(self._models.values()):
-                await self._expire(served)
+                # Only models with rows waiting, or shown as waiting: a sweep over ten
+                # thousand tenants would otherwise hold the loop for tens of milliseconds.
+                if len(served.waiting_rows) or self.metrics.labels_pending_shown(served.name):
+                    await self._expire(served)
 
     async def learn(
         self, name: str, features: Rows, labels: Labels,

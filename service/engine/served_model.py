@@ -68,7 +68,14 @@ from service.log_throttle import Throttled
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.storage.store import SnapshotInfo, SnapshotStore
-from service.storage.wal import LogEntry, WalGapError, WriteAheadLog, request_digest
+from service.storage.wal import (
+    LogAppend,
+    LogEntry,
+    WalGapError,
+    WriteAheadLog,
+    request_digest,
+)
+from service.storage.wal.interface import append_one
 
 log = logging.getLogger(__name__)
 # Failures that repeat with every request while the log or the store is down.
@@ -121,6 +128,7 @@ class _LearnPlan:
     y: np.ndarray | None = None
     waiting_rows: list[WaitingRow] = field(default_factory=list)
     entry_id: str | None = None  # the log entry that holds them
+    log_append: LogAppend | None = None  # that entry, until it is logged (plan_learn)
 
 
 class _Verb(enum.Enum):
@@ -637,11 +645,13 @@ class ServedModel:
         else:
             self.finish_learn(plan)
 
-    def plan_learn(self, group: _GroupResult) -> _LearnPlan:
+    def plan_learn(self, group: _GroupResult, log_now: bool = True) -> _LearnPlan:
         """(thread, model lock) What a run of learn requests learns, once logged: the log
         caught up with, waiting rows no longer waiting and retried requests sorted out, the
-        rest appended to the log as one entry. ``finish_learn`` answers them, once the rows
-        are learned (by this model, or in one call with other members of its family)."""
+        rest appended to the log as one entry (with ``log_now`` false, only made ready:
+        ``plan.log_append``, for ``logged_together``). ``finish_learn`` answers them, once
+        the rows are learned (by this model, or in one call with other members of its
+        family)."""
         jobs = group.jobs
         plan = _LearnPlan(group, [None] * len(jobs))
         if self.log is not None:
@@ -655,16 +665,22 @@ class ServedModel:
             assert plan.y is not None
             plan.waiting_rows = [row for job in run for row in job.waiting_rows or ()]
             if self.wal is not None:
-                plan.entry_id = self._append(run, plan.X, plan.y, plan.waiting_rows)
+                item = self._log_append(run, plan.X, plan.y, plan.waiting_rows)
+                if log_now:
+                    plan.entry_id = self._append(item)
+                else:
+                    plan.log_append = item
         return plan
 
-    def finish_learn(self, plan: _LearnPlan, start: int = 0, learned: Any = None) -> None:
+    def finish_learn(self, plan: _LearnPlan, start: int = 0, learned: Any = None,
+                     scored: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """(thread, model lock) Answer each request of ``plan``, whose rows (if any) were
-        learned from example ``start`` on with the prequential probabilities ``learned``."""
+        learned from example ``start`` on with the prequential probabilities ``learned``
+        (``scored``: their losses and hits, where the caller has them already)."""
         group, jobs = plan.group, plan.group.jobs
         if plan.X is not None:
             assert plan.y is not None
-            probs, losses, correct = self._applied(learned, plan.y, plan.entry_id)
+            probs, losses, correct = self._applied(learned, plan.y, plan.entry_id, scored)
             self.waiting_rows.remove_rows(plan.waiting_rows)
             if any(job.scored is not None for job in plan.run):
                 losses, correct = scored_rows(_scored_predictions(plan.run, probs), plan.y)
@@ -696,15 +712,16 @@ class ServedModel:
         return start, *self._applied(self.model.learn(X, y), y, entry_id)
 
     def _applied(
-        self, learned: Any, y: np.ndarray, entry_id: str | None
+        self, learned: Any, y: np.ndarray, entry_id: str | None,
+        scored: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(model lock) Count rows learned with the probabilities ``learned``, up to the log
-        entry ``entry_id``: their probabilities, losses and hits."""
+        entry ``entry_id``: their probabilities, losses and hits (``scored``, if given)."""
         probs = np.asarray(learned, dtype=np.float64)
         self.updates += 1
         if entry_id is not None:
             self.applied_id = entry_id
-        return probs, *scored_rows(probs, y)
+        return probs, *(scored_rows(probs, y) if scored is None else scored)
 
     def _drop_stale_label_rows(
         self, jobs: list[_Job], learned: list[LearnResult | RegistryError | None]
@@ -805,18 +822,23 @@ class ServedModel:
             return dataclasses.replace(cached[0], duplicate=True)
         return LearnResult(None, None, None, len(job.X), duplicate=True, log_id=log_id)
 
-    def _append(
+    def _log_append(
         self, jobs: list[_Job], X: np.ndarray, y: np.ndarray, waiting_rows: list[WaitingRow]
-    ) -> str:
-        """(model lock) Log the run as one entry (naming the waiting rows it learns)."""
+    ) -> LogAppend:
+        """(model lock) The run as one log entry (naming the waiting rows it learns), to
+        follow the log's end as this writer knows it."""
+        assert self.log is not None
+        return LogAppend(
+            self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
+            [job.digest for job in jobs], [row.id for row in waiting_rows],
+            follows=self.log.end, start=int(self.model.examples_seen))
+
+    def _append(self, item: LogAppend) -> str:
+        """(model lock) Log ``item``, made under this lock hold (so it follows the end that
+        ``logged`` knows); its id."""
         wal, model_log = self.wal, self.log
         assert wal is not None and model_log is not None
-        start = int(self.model.examples_seen)
-        return model_log.logged(self, lambda follows: wal.append(
-            self.name, X, y, [job.key for job in jobs], [len(job.X) for job in jobs],
-            [job.digest for job in jobs], [row.id for row in waiting_rows], follows=follows,
-            start=start,
-        ))
+        return model_log.logged(self, lambda follows: append_one(wal, item))
 
     def deliver(self, groups: list[_GroupResult]) -> None:
         """(loop) Give every request its slice; count learned examples in stats and metrics."""
@@ -909,9 +931,10 @@ def _learn_in_family(batches: list[tuple[ServedModel, list[_Job]]]) -> list[list
         planned: list[tuple[ServedModel, _LearnPlan]] = []
         for (served, _), group in zip(batches, groups, strict=True):
             try:
-                planned.append((served, served.plan_learn(group)))
+                planned.append((served, served.plan_learn(group, log_now=False)))
             except Exception as exc:
                 served._group_failed(group, exc)
+        planned = logged_together(planned)
         learning = [(served, plan) for served, plan in planned if plan.X is not None]
         if learning:
             X = np.concatenate([plan.X for _, plan in learning])
@@ -921,18 +944,54 @@ def _learn_in_family(batches: list[tuple[ServedModel, list[_Job]]]) -> list[list
                 for served, plan in learning])
             starts = [int(served.model.examples_seen) for served, _ in learning]
             try:
-                probs = first.family.learn(X, y, members, checked=True)
+                probs = np.asarray(first.family.learn(X, y, members, checked=True),
+                                   dtype=np.float64)
             except Exception as exc:  # logged, not learned: each catches up with its log
                 for served, plan in learning:
                     served.put_in_doubt()
                     served._group_failed(plan.group, exc)
                 learning = []
+            else:  # scored in one go: per member, numpy's fixed costs were most of it
+                losses, correct = scored_rows(probs, y)
             offset = 0
             for (served, plan), start in zip(learning, starts, strict=True):
-                n = len(plan.X)
-                served.finish_learn(plan, start, probs[offset:offset + n])
-                offset += n
+                rows = slice(offset, offset + len(plan.X))
+                served.finish_learn(plan, start, probs[rows], (losses[rows], correct[rows]))
+                offset = rows.stop
         for served, plan in planned:
             if plan.X is None:
                 served.finish_learn(plan)
     return [[group] for group in groups]
+
+
+def logged_together(
+    planned: list[tuple[ServedModel, _LearnPlan]]
+) -> list[tuple[ServedModel, _LearnPlan]]:
+    """(thread, every model's lock) Log the entries the plans made ready in one
+    ``append_many`` (one write, and the pass's one sync, on the file log); the plans that may
+    go on: each whose entry failed is answered as its own append would have been
+    (``ModelLog.append_failed``: a 503, the model in doubt or rebuilt)."""
+    ready = [(served, plan) for served, plan in planned if plan.log_append is not None]
+    if not ready:
+        return planned
+    wal = ready[0][0].wal
+    assert wal is not None
+    t0 = time.perf_counter()
+    try:
+        results: list[str | Exception] = wal.append_many(
+            [plan.log_append for _, plan in ready])  # type: ignore[misc]
+    except Exception as exc:  # the call as a whole: each entry's outcome is unknown
+        results = [exc] * len(ready)
+    seconds = time.perf_counter() - t0
+    failed: set[int] = set()
+    for (served, plan), result in zip(ready, results, strict=True):
+        assert served.log is not None
+        plan.log_append = None
+        if isinstance(result, Exception):
+            answer = served.log.append_failed(served, result)
+            answer.__cause__ = result
+            served._group_failed(plan.group, answer)
+            failed.add(id(plan))
+        else:
+            plan.entry_id = served.log.appended(result, seconds)
+    return [(served, plan) for served, plan in planned if id(plan) not in failed]

@@ -4,6 +4,8 @@ ends byte for byte where a model learning alone would, its answers too."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -63,3 +65,40 @@ async def test_a_family_the_machine_cannot_make_room_for_leaves_its_models_apart
     alone = GLN(**small_config)
     alone.learn(np.asarray(X, np.float32), y)
     assert exported == alone.to_bytes()
+
+
+async def test_an_entry_the_log_refuses_fails_only_its_own_models_requests(
+    settings: Settings, small_config, family_calls
+):
+    """The entries of a pass's family members go to the log together; one the log refuses
+    (its model's log changed behind the writer, as in a failover) answers that model's
+    request with 503 and rebuilds it from its snapshot and log, and every other member
+    learns its row as if alone."""
+    streams = {f"t{i}": make_data(2, seed=i) for i in range(MODELS)}
+    behind_its_back = make_data(1, seed=99)
+    app = create_app(settings)
+    async with serve(app) as client:
+        firsts, _ = await learn_every_model_one_row_at_a_time(
+            client, small_config, {name: (X[:1], y[:1]) for name, (X, y) in streams.items()})
+        wal = app.state.engine.registry.wal
+        wal.append("t0", np.asarray(behind_its_back[0], np.float32),
+                   np.asarray(behind_its_back[1], np.int64))
+        calls_before = len(family_calls)
+
+        async def second_row(name: str):
+            X, y = streams[name]
+            return await client.post(f"/v1/models/{name}/learn",
+                                     json={"features": [X[1]], "labels": [y[1]]})
+
+        seconds = dict(zip(streams, await asyncio.gather(*map(second_row, streams)),
+                           strict=True))
+        exported = {name: (await client.get(f"/v1/models/{name}/export")).content
+                    for name in streams}
+        rebuilt = (await client.get("/v1/models/t0")).json()
+    assert max(family_calls[calls_before:]) > 1
+    refused = seconds.pop("t0")
+    assert refused.status_code == 503 and "rebuilt from its snapshot" in refused.text
+    assert rebuilt["examples_seen"] == 2  # its first row and the entry logged behind its back
+    answers = {name: [firsts[name][0], r.json()] for name, r in seconds.items()}
+    assert_each_as_if_alone(answers, {name: exported[name] for name in seconds},
+                            {name: streams[name] for name in seconds}, small_config)

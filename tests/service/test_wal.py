@@ -10,6 +10,8 @@ last record is ignored while real corruption is refused.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -476,6 +478,20 @@ def test_idempotency_keys_name_their_entry(wal: WriteAheadLog) -> None:
     # Keys outlive the entries they were logged with (the TTL decides, not the trim).
     wal.trim_through("m", second)
     assert wal.seen_keys("m", ["req-a", "req-c"]) == [first, second]
+
+
+@pytest.mark.parametrize("rows, features", [(1, 20), (3, 5)])
+def test_a_request_digest_is_the_one_logs_hold(rows: int, features: int) -> None:
+    """Digests already in logs were taken over the shapes as JSON text, then the values:
+    a retry after an upgrade must find the same digest, whatever dtype the rows come in."""
+    X = np.arange(rows * features, dtype=np.float64).reshape(rows, features) / 7
+    y = np.arange(rows) % 2
+    logged = hashlib.blake2b(digest_size=16)
+    logged.update(json.dumps([[rows, features], [rows]]).encode())
+    logged.update(X.astype("<f4").tobytes())
+    logged.update(y.astype("<i8").tobytes())
+    assert request_digest(X, y) == logged.hexdigest()
+    assert request_digest(X.astype(">f8"), y.astype(np.int32)) == logged.hexdigest()
 
 
 def test_request_digests_are_kept_with_their_keys(backend: Backend) -> None:
