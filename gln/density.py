@@ -8,19 +8,20 @@ Every row of an image carries only pixels before its own, so all of an image's r
 learned in one call, and the members end byte for byte where each pixel's model learning its
 rows alone would (``gln.family``).
 
-What each row holds (``pixel_rows``):
+What each row holds:
 
-* side information, which gates the row (``side_info="given"``, ``gln.scaling``): the whole
+* side information, which gates the row (``side_info="given"``, ``pixel_rows``): the whole
   image with pixel i and every pixel after it masked, seen pixels as -1 (off) or +1 (on) and
   masked ones 0, so that a seen blank differs from one not yet seen. The halfspaces then pick
   a pixel's weights by the shape drawn so far;
-* base predictions, which layer 1 mixes: a few causal neighbours of pixel i (left, up-left, up,
-  up-right and two steps left and up; 0 outside the image), as probabilities in [0, 1] scaled
-  with ``input_scaling="unit_fixed"`` (no statistics: an off pixel is the uninformative 1/2,
-  an on one 1 - eps). The immediate neighbours are most of what predicts a pixel, and keeping
-  p0 to a handful keeps each of the hundreds of models' weights small (K 2^m (6 + 1) floats
-  in layer 1), where the masked image as p0 would make each layer-1 neuron 785 weights wide in
-  every context (630 MB for 784 models of 16 neurons of context dimension 4, against 6 MB).
+* base predictions, which layer 1 mixes (``ContextCounts``): what counting has said so far
+  of pixel i given its nearest causal neighbours, for several neighbourhood sizes, counted
+  for pixel i alone and over every pixel position (probabilities, ``input_scaling="unit"``).
+  A count of the images before answers a neighbourhood it has seen often almost exactly and
+  learns in one image what a GLN's weights take hundreds to; the network's part is to
+  weigh the counts, by how much each has seen and by the shape around the pixel. Raw
+  neighbouring pixels as p0 (this module's first form) gave 111 nats a test image on the full
+  pass, the counts 95 (docs/paper.md).
 
 ``GLNDensity.learn(images)`` returns each image's code length in nats predicted before its own
 update (prequential, the online figure); ``GLNDensity.nats(images)`` the code length without
@@ -38,6 +39,7 @@ True
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,85 +47,151 @@ import numpy as np
 
 from gln.family import GLNFamily
 
-# (rows up, columns left) of each base prediction's pixel from the one predicted: left, two
-# left, up-left, up, up-right, two up. Each lies before the predicted pixel in row-major order.
-NEIGHBOURS = ((0, 1), (0, 2), (1, 1), (1, 0), (1, -1), (2, 0))
+# Causal neighbours of a pixel, nearest first, as (rows up, columns left): a context of k
+# neighbours is the first k of them (each lies before the pixel in row-major order).
+CAUSAL_NEIGHBOURS = (
+    (0, 1), (1, 0), (1, 1), (1, -1), (0, 2), (2, 0), (1, 2), (1, -2), (2, 1), (2, -1),
+    (0, 3), (3, 0), (2, 2), (2, -2), (1, 3), (1, -3), (0, 4), (3, 1), (3, -1), (4, 0),
+)
+# The count models, (neighbours in the context, counted for each pixel position apart): small
+# contexts counted per position, large ones pooled over positions (a context of 20 pixels
+# per position would see each of its million patterns too rarely). Chosen by the online nats
+# of the first 4,000 training images of binarized MNIST.
+COUNT_MODELS = ((4, True), (8, True), (12, True), (8, False), (12, False), (16, False),
+                (20, False))
+DEFAULT_PRED_CLIP = 1e-4  # counts reach 1e-4 on the blank border: 0.01 costs 8 nats an image
 
 
-def pixel_rows(
-    images: Any, image_shape: Sequence[int], neighbours: Sequence[tuple[int, int]] = NEIGHBOURS
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each image as one row per pixel, image after image, pixel i of each for member i.
-
-    ``images`` (n, height, width) or (n, height * width) of 0 and 1. Returns base inputs
-    (n d, len(neighbours)) float32 in {0, 1}, side information (n d, d) float32 in {-1, 0, 1}
-    (pixels before i as -1 / +1, i and after as 0), labels (n d,) int64 (pixel i) and members
-    (n d,) int64 (i). Row i of an image depends on its pixels before i alone.
-    """
-    height, width = (int(k) for k in image_shape)
-    d = height * width
+def check_binary(images: Any, image_shape: Sequence[int]) -> np.ndarray:
+    """``images`` (n, height, width) or (n, height * width) of 0 and 1, as (n, d) uint8."""
+    d = int(image_shape[0]) * int(image_shape[1])
     pixels = np.asarray(images).reshape(-1, d)
     if pixels.size and not np.isin(pixels, (0, 1)).all():
         raise ValueError("images must be binary: every pixel 0 or 1")
+    return pixels.astype(np.uint8)
+
+
+def pixel_rows(
+    images: Any, image_shape: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each image as one row per pixel, image after image, pixel i of each for member i.
+
+    Returns side information (n d, d) float32 in {-1, 0, 1} (pixels before i as -1 / +1, i
+    and after as 0), labels (n d,) int64 (pixel i) and members (n d,) int64 (i). Row i of an
+    image depends on its pixels before i alone.
+    """
+    d = int(image_shape[0]) * int(image_shape[1])
+    pixels = check_binary(images, image_shape)
     n = len(pixels)
-    bits = pixels.astype(np.float32)
-    # Side information: the signed image (-1 off, +1 on) where j < i, else 0, for every i.
+    signed = 2.0 * pixels.astype(np.float32) - 1.0
     before = np.tri(d, d, -1, dtype=np.float32)  # row i: 1 where j < i
-    side = (before[None, :, :] * (2.0 * bits - 1.0)[:, None, :]).reshape(n * d, d)
-    # Base inputs: each neighbour (up, left) of pixel (r, c) is pixel (r - up, c - left),
-    # 0 outside the image.
-    grid = bits.reshape(n, height, width)
-    padded = np.zeros((n, height + 2 * height, width + 2 * width), np.float32)
-    padded[:, height:2 * height, width:2 * width] = grid
-    base = np.stack([padded[:, height - up:2 * height - up, width - left:2 * width - left]
-                     for up, left in neighbours], axis=-1).reshape(n * d, len(neighbours))
+    side = (before[None, :, :] * signed[:, None, :]).reshape(n * d, d)
     labels = pixels.reshape(-1).astype(np.int64)
     members = np.tile(np.arange(d, dtype=np.int64), n)
-    return np.ascontiguousarray(base), side, labels, members
+    return side, labels, members
+
+
+class ContextCounts:
+    """Online count models of binary images: model (k, per_position) predicts pixel i as
+    ``(ones + prior) / (seen + 2 prior)`` over the images counted so far whose k nearest causal
+    neighbours of i (``CAUSAL_NEIGHBOURS``; pixels outside the image are 0) were as they are
+    now; counted for each pixel position apart, or over all positions together."""
+
+    def __init__(self, image_shape: Sequence[int],
+                 models: Sequence[tuple[int, bool]] = COUNT_MODELS, prior: float = 0.5) -> None:
+        self.image_shape = (int(image_shape[0]), int(image_shape[1]))
+        self.models = tuple((int(k), bool(apart)) for k, apart in models)
+        if not self.models or any(not 0 <= k <= len(CAUSAL_NEIGHBOURS)
+                                  for k, _ in self.models):
+            raise ValueError(f"models must be (k, per_position) pairs with 0 <= k <= "
+                             f"{len(CAUSAL_NEIGHBOURS)}, got {models!r}")
+        if not prior > 0:
+            raise ValueError(f"prior must be > 0, got {prior!r}")
+        self.prior = float(prior)
+        d = self.image_shape[0] * self.image_shape[1]
+        # Per model: counts (positions, 2^k patterns, 2 values), one position when pooled.
+        self.counts = [np.zeros((d if apart else 1, 1 << k, 2), np.uint32)
+                       for k, apart in self.models]
+
+    def predictions(self, images: Any, learn: bool) -> np.ndarray:
+        """Each pixel's prediction by each model (n d, models) float32, image after image,
+        each from the images counted before it (with ``learn``, the call's images are
+        counted too, each once it is predicted)."""
+        pixels = check_binary(images, self.image_shape)
+        n, d = pixels.shape
+        patterns = [self._patterns(pixels, k) for k, _ in self.models]
+        out = np.empty((n, d, len(self.models)), np.float32)
+        positions = np.arange(d)
+        for t in range(n):
+            for m, ((_, apart), counts) in enumerate(zip(self.models, self.counts,
+                                                        strict=True)):
+                where = (positions if apart else 0, patterns[m][t])
+                seen = counts[where].astype(np.float64)
+                out[t, :, m] = (seen[:, 1] + self.prior) / (seen.sum(axis=1) + 2 * self.prior)
+                if learn:
+                    np.add.at(counts, (*where, pixels[t]), 1)
+        return out.reshape(n * d, len(self.models))
+
+    def _patterns(self, pixels: np.ndarray, k: int) -> np.ndarray:
+        """Each pixel's k nearest causal neighbours as a k-bit number (n, d)."""
+        height, width = self.image_shape
+        grid = pixels.reshape(-1, height, width).astype(np.int64)
+        up_most = max(up for up, _ in CAUSAL_NEIGHBOURS)
+        side_most = max(abs(left) for _, left in CAUSAL_NEIGHBOURS)
+        padded = np.zeros((len(grid), height + up_most, width + 2 * side_most), np.int64)
+        padded[:, up_most:, side_most:side_most + width] = grid
+        pattern = np.zeros(grid.shape, np.int64)
+        for bit, (up, left) in enumerate(CAUSAL_NEIGHBOURS[:k]):
+            pattern |= padded[:, up_most - up:up_most - up + height,
+                              side_most - left:side_most - left + width] << bit
+        return pattern.reshape(len(grid), height * width)
 
 
 class GLNDensity:
     """An autoregressive density model of binary images of ``image_shape``: one binary GLN per
-    pixel (``GLNFamily`` members, ``side_info="given"``), configured by the ``GLN`` keyword
-    arguments in ``config`` (the network, rate, seed, ``gating_window``; the inputs and the
-    side information are the module's, the side information an image of ``image_shape``).
+    pixel (``GLNFamily`` members, ``side_info="given"``) mixing the predictions of
+    ``ContextCounts(image_shape, count_models)``, configured by the ``GLN`` keyword arguments
+    in ``config`` (the network, rate, seed, ``pred_clip`` (default ``DEFAULT_PRED_CLIP``),
+    ``gating_window``; the inputs and the side information are the module's).
     """
 
-    def __init__(self, image_shape: Sequence[int] = (28, 28), **config: Any) -> None:
+    def __init__(self, image_shape: Sequence[int] = (28, 28),
+                 count_models: Sequence[tuple[int, bool]] = COUNT_MODELS,
+                 **config: Any) -> None:
         height, width = (int(k) for k in image_shape)
         self.image_shape = (height, width)
+        self.counts = ContextCounts(self.image_shape, count_models)
+        config.setdefault("pred_clip", DEFAULT_PRED_CLIP)
         self.family = GLNFamily(
-            height * width, num_features=len(NEIGHBOURS), num_classes=2,
-            input_scaling="unit_fixed", side_info="given", side_info_size=height * width,
+            height * width, num_features=len(self.counts.models), num_classes=2,
+            input_scaling="unit", side_info="given", side_info_size=height * width,
             image_shape=(height, width), **config)
-
-    @classmethod
-    def of_family(cls, family: GLNFamily, image_shape: Sequence[int]) -> GLNDensity:
-        """A density model whose pixel models are ``family``'s members."""
-        density = cls.__new__(cls)
-        density.image_shape = tuple(int(k) for k in image_shape)
-        density.family = family
-        return density
 
     def learn(self, images: Any) -> np.ndarray:
         """Learn the images in order, each in one pass of its pixels; returns each image's
         code length in nats, -ln P(x), predicted before the image is learned (n,)."""
-        base, side, labels, members = pixel_rows(images, self.image_shape)
+        side, labels, members = pixel_rows(images, self.image_shape)
+        base = self.counts.predictions(images, learn=True)
         probs = self.family.learn(base, labels, members, side_info=side)
         return self._nats(probs, labels)
 
     def nats(self, images: Any) -> np.ndarray:
         """Each image's code length in nats, -ln P(x), learning nothing (n,)."""
-        base, side, labels, members = pixel_rows(images, self.image_shape)
+        side, labels, members = pixel_rows(images, self.image_shape)
+        base = self.counts.predictions(images, learn=False)
         probs = self.family.predict_proba(base, members, side_info=side)
         return self._nats(probs, labels)
 
     def frozen(self) -> GLNDensity:
-        """A copy that learns apart from this model: its parameters as they stand."""
-        family = GLNFamily.from_models([self.family.member_bytes(i)
-                                        for i in range(self.family.size)],
-                                       use_kernels=self.family.use_kernels)
-        return GLNDensity.of_family(family, self.image_shape)
+        """A copy that learns apart from this model: its parameters and counts as they
+        stand."""
+        density = GLNDensity.__new__(GLNDensity)
+        density.image_shape = self.image_shape
+        density.counts = copy.deepcopy(self.counts)
+        density.family = GLNFamily.from_models([self.family.member_bytes(i)
+                                                for i in range(self.family.size)],
+                                               use_kernels=self.family.use_kernels)
+        return density
 
     def _nats(self, probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """-ln of each pixel's probability of its value, summed over each image's pixels."""

@@ -132,6 +132,7 @@ TABLES = {
         ("final_train_accuracy", "training accuracy after the last pass"))),
     "paper_density": Table("paper_density.json", (
         ("train", "train images"), ("valid", "valid images"), ("test", "test images"),
+        ("base_predictions", "base predictions"),
         ("layer_sizes", "neurons"), ("context_dim", "context dimension"),
         ("test_nats_online", "test nats an image, online"),
         ("test_nats_frozen", "test nats an image, frozen"),

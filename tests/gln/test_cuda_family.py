@@ -208,16 +208,17 @@ def test_a_member_served_alone_learns_in_the_gpu_familys_arrays(cp):
 
 
 def test_a_density_model_on_the_gpu_is_each_pixels_gpu_model_alone(cp):
-    """``gln.density`` on a GPU family ("unit_fixed" inputs, given side information): every
+    """``gln.density`` on a GPU family ("unit" inputs, given side information): every
     pixel's model as a GPU model of that pixel alone learns it, in one call of more rows
     than a short call's (they travel as float32), and each image's nats as those give them."""
-    from gln.density import GLNDensity, pixel_rows  # noqa: PLC0415
+    from gln.density import ContextCounts, GLNDensity, pixel_rows  # noqa: PLC0415
     from tests.gln.test_density import CONFIG, SHAPE, images  # noqa: PLC0415
 
     data = images(70, seed=3)
     density = GLNDensity(SHAPE, **CONFIG, device="cuda")
     online = np.concatenate([density.learn(data[:2]), density.learn(data[2:])])
-    base, side, labels, members = pixel_rows(data, SHAPE)
+    side, labels, members = pixel_rows(data, SHAPE)
+    base = ContextCounts(SHAPE).predictions(data, learn=True)
     expected = np.zeros(len(data))
     for pixel in range(SHAPE[0] * SHAPE[1]):
         mine = members == pixel

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from gln import GLN
-from gln.density import NEIGHBOURS, GLNDensity, pixel_rows
+from gln.density import CAUSAL_NEIGHBOURS, ContextCounts, GLNDensity, pixel_rows
 
 SHAPE = (4, 5)
 D = 20
-CONFIG = dict(layer_sizes=(5, 1), context_dim=2, learning_rate=0.1, seed=4)
+CONFIG = dict(layer_sizes=(5, 1), context_dim=2, learning_rate=0.01, seed=4)
 
 
 def images(n, seed=0):
@@ -21,29 +21,58 @@ def images(n, seed=0):
 
 def test_row_i_sees_only_the_pixels_before_i():
     """Changing pixel j of an image changes no row i <= j: neither its side information nor
-    its base inputs; it changes the side information of every row after j."""
+    its base predictions; it changes the side information of every row after j."""
+    counts = ContextCounts(SHAPE)
+    counts.predictions(images(30, seed=7), learn=True)  # counts that say something
     image = images(1, seed=1)[0].reshape(-1)
-    base, side, labels, members = pixel_rows(image[None], SHAPE)
+    side, labels, members = pixel_rows(image[None], SHAPE)
+    base = counts.predictions(image[None], learn=False)
     assert members.tolist() == list(range(D)) and labels.tolist() == image.tolist()
     for j in range(D):
         flipped = image.copy()
         flipped[j] ^= 1
-        base_f, side_f, _, _ = pixel_rows(flipped[None], SHAPE)
+        side_f, _, _ = pixel_rows(flipped[None], SHAPE)
+        base_f = counts.predictions(flipped[None], learn=False)
         assert np.array_equal(base[:j + 1], base_f[:j + 1]), j
         assert np.array_equal(side[:j + 1], side_f[:j + 1]), j
         assert (side[j + 1:] != side_f[j + 1:]).any(axis=1).all(), j
 
 
-def test_the_side_information_is_the_signed_image_before_i_and_the_inputs_its_neighbours():
+def test_the_side_information_is_the_signed_image_before_i():
     image = images(1, seed=2)[0]
-    base, side, _, _ = pixel_rows(image[None], SHAPE)
+    side, _, _ = pixel_rows(image[None], SHAPE)
     signed = 2.0 * image.reshape(-1) - 1.0
     for i in range(D):
         assert np.array_equal(side[i], np.where(np.arange(D) < i, signed, 0.0))
-        r, c = divmod(i, SHAPE[1])
-        want = [image[r - up, c - left] if 0 <= r - up and 0 <= c - left < SHAPE[1] else 0
-                for up, left in NEIGHBOURS]
-        assert base[i].tolist() == want
+
+
+def test_each_count_model_counts_the_earlier_images_whose_neighbours_were_the_same():
+    """Model (k, per_position) predicts pixel i of an image as (ones + 1/2) / (seen + 1) over
+    the pixels of the images before it, at i alone or at any position, whose k nearest causal
+    neighbours were as i's are now (0 outside the image), counted one by one here."""
+    models = ((0, True), (2, True), (3, False), (5, True), (5, False))
+    data = images(12, seed=8)
+    counts = ContextCounts(SHAPE, models)
+    predicted = counts.predictions(data, learn=True).reshape(len(data), D, len(models))
+    height, width = SHAPE
+
+    def neighbours(image, i, k):
+        r, c = divmod(i, width)
+        return tuple(image[r - up, c - left] if r - up >= 0 and 0 <= c - left < width else 0
+                     for up, left in CAUSAL_NEIGHBOURS[:k])
+
+    for t, image in enumerate(data):
+        for i in range(D):
+            for m, (k, apart) in enumerate(models):
+                mine = neighbours(image, i, k)
+                values = [earlier.reshape(-1)[j] for earlier in data[:t]
+                          for j in ([i] if apart else range(D))
+                          if neighbours(earlier, j, k) == mine]
+                want = (sum(values) + 0.5) / (len(values) + 1.0)
+                assert predicted[t, i, m] == np.float32(want), (t, i, k, apart)
+    # Predicting without learning leaves the counts as they are.
+    again = counts.predictions(data[:3], learn=False)
+    assert np.array_equal(again, counts.predictions(data[:3], learn=False))
 
 
 def test_the_pixel_models_learned_as_one_are_each_pixels_model_learned_alone():
@@ -51,7 +80,8 @@ def test_the_pixel_models_learned_as_one_are_each_pixels_model_learned_alone():
     density = GLNDensity(SHAPE, **CONFIG)
     first = density.learn(data[:2])
     online = np.concatenate([first, density.learn(data[2:])])
-    base, side, labels, members = pixel_rows(data, SHAPE)
+    side, labels, members = pixel_rows(data, SHAPE)
+    base = ContextCounts(SHAPE).predictions(data, learn=True)
     config = density.family.config
     expected = np.zeros(len(data))
     for i in range(D):
@@ -78,10 +108,15 @@ def test_frozen_predicts_without_learning_and_apart_from_the_model():
 
 
 def test_the_model_learns_the_images_structure():
-    """Nats per image fall well below the 20 ln 2 of a coin per pixel as images are learned."""
-    density = GLNDensity(SHAPE, **CONFIG)
-    nats = density.learn(images(600, seed=6))
-    assert nats[:50].mean() > nats[-100:].mean() + 2
+    """Nats per image fall well below the 20 ln 2 of a coin per pixel as images are learned,
+    and the network ends below what its count models give on average, alone."""
+    data = images(600, seed=6)
+    nats = GLNDensity(SHAPE, **CONFIG).learn(data)
+    base = ContextCounts(SHAPE).predictions(data, learn=True).reshape(len(data), D, -1)
+    pixels = data.reshape(len(data), D, 1)
+    counted = -np.log(np.where(pixels == 1, base, 1 - base)).sum(axis=1)  # (n, models)
+    assert nats[:50].mean() > nats[-100:].mean() + 1
+    assert nats[-100:].mean() < counted[-100:].mean()
     assert nats[-100:].mean() < 0.6 * D * np.log(2)
 
 
