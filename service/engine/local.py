@@ -19,6 +19,7 @@ import numpy as np
 
 from service.engine.client import Labels, Rows, snapshot_answer
 from service.engine.learn_answers import LearnResult
+from service.engine.long_lived import frozen_survivors
 from service.engine.registry import ModelRegistry
 from service.metrics import ServiceMetrics
 from service.settings import Settings
@@ -50,6 +51,7 @@ class LocalEngine:
         self._executor: ThreadPoolExecutor | None = None
         self._store_executor: ThreadPoolExecutor | None = None
         self._read_executor: ThreadPoolExecutor | None = None
+        self._frozen = False  # frozen_survivors installed by start
 
     # -- lifecycle --
     async def start(self) -> None:
@@ -74,14 +76,22 @@ class LocalEngine:
         registry = ModelRegistry(store, settings, self.metrics, self._executor, wal, ignored,
                                  self._store_executor, self._read_executor)
         self.registry = registry
+        frozen_survivors.install()
+        self._frozen = True
         self._tasks = [
-            asyncio.create_task(registry.restore_all(), name="gln-restore"),
+            asyncio.create_task(self._restore(registry), name="gln-restore"),
             asyncio.create_task(registry.snapshot_periodically(settings.snapshot_interval_s),
                                 name="gln-snapshots"),
             asyncio.create_task(
                 registry.expire_labels_periodically(min(5.0, settings.label_ttl_s / 2)),
                 name="gln-label-expiry"),
         ]
+
+    @staticmethod
+    async def _restore(registry: ModelRegistry) -> None:
+        """Restore every stored model, then freeze what that made (``long_lived``)."""
+        await registry.restore_all()
+        frozen_survivors.freeze_now()
 
     async def close(self) -> bool:
         """Drain every queue and snapshot what changed; False if any snapshot failed."""
@@ -109,6 +119,9 @@ class LocalEngine:
                 await asyncio.to_thread(executor.shutdown, wait=True)
         for lock in self._locks:
             lock.release()
+        if self._frozen:
+            self._frozen = False
+            frozen_survivors.uninstall()
         return clean
 
     @property
