@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 REFRESH_S = 3600.0  # a full pass over everything, for cycles that were frozen, this often
@@ -22,13 +23,16 @@ REFRESH_S = 3600.0  # a full pass over everything, for cycles that were frozen, 
 
 class FrozenSurvivors:
     """Freezes what survives each full collection while installed (once per process, however
-    many engines install it); thaws everything for one full pass every ``refresh_s``."""
+    many engines install it); thaws everything for one full pass every ``refresh_s`` (by
+    ``clock``) since the last such pass."""
 
-    def __init__(self, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, refresh_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.refresh_s = refresh_s
+        self._clock = clock
         self._installs = 0
         self._lock = threading.Lock()
-        self._frozen_at = time.monotonic()
+        self._walked_all_at = clock()  # the last full pass that walked everything
         self._thawed = False
 
     def install(self) -> None:
@@ -37,7 +41,8 @@ class FrozenSurvivors:
             self._installs += 1
             if self._installs == 1:
                 gc.callbacks.append(self._after_collection)
-                self._freeze()
+                self._walked_all_at = self._clock()
+                gc.freeze()
 
     def uninstall(self) -> None:
         """Stop once every install is undone, and give the collector everything back."""
@@ -51,21 +56,19 @@ class FrozenSurvivors:
         """Freeze what exists now (after a restore made many models at once)."""
         with self._lock:
             if self._installs:
-                self._freeze()
+                gc.freeze()
 
     def _after_collection(self, phase: str, info: dict[str, Any]) -> None:
         if phase != "stop" or info["generation"] != 2:
             return
-        if not self._thawed and time.monotonic() - self._frozen_at >= self.refresh_s:
+        if self._thawed:  # this pass walked everything
+            self._walked_all_at = self._clock()
+            self._thawed = False
+        elif self._clock() - self._walked_all_at >= self.refresh_s:
             gc.unfreeze()  # the next full pass walks everything once
             self._thawed = True
-        else:
-            self._freeze()
-
-    def _freeze(self) -> None:
+            return
         gc.freeze()
-        self._frozen_at = time.monotonic()
-        self._thawed = False
 
 
 frozen_survivors = FrozenSurvivors()

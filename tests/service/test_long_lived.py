@@ -63,3 +63,29 @@ def test_a_frozen_object_is_still_freed_when_its_last_reference_goes():
         assert gone() is None
     finally:
         survivors.uninstall()
+
+
+def test_the_refresh_is_counted_from_the_last_pass_over_everything_not_the_last_freeze():
+    """Full passes come every few seconds under load and each one freezes; the hourly pass
+    over everything still comes an hour after the last one."""
+    now = [0.0]
+    survivors = FrozenSurvivors(refresh_s=10.0, clock=lambda: now[0])
+    survivors.install()
+    try:
+        for now[0] in (4.0, 8.0):  # passes before the hour: their survivors frozen
+            gc.collect()
+            assert gc.get_freeze_count() > 0
+        now[0] = 11.0
+        gc.collect()  # due, though the last freeze was 3 s ago: thawed
+        assert gc.get_freeze_count() == 0
+        now[0] = 12.0
+        gc.collect()  # the pass over everything: frozen again, the hour counted from here
+        assert gc.get_freeze_count() > 0
+        now[0] = 21.0
+        gc.collect()
+        assert gc.get_freeze_count() > 0
+        now[0] = 22.0
+        gc.collect()
+        assert gc.get_freeze_count() == 0
+    finally:
+        survivors.uninstall()
