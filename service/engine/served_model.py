@@ -983,7 +983,6 @@ def logged_together(
     except Exception as exc:  # the call as a whole: each entry's outcome is unknown
         results = [exc] * len(ready)
     seconds = time.perf_counter() - t0
-    failed: set[int] = set()
     for (served, plan), result in zip(ready, results, strict=True):
         assert served.log is not None
         plan.log_append = None
@@ -991,7 +990,6 @@ def logged_together(
             answer = served.log.append_failed(served, result)
             answer.__cause__ = result
             served._group_failed(plan.group, answer)
-            failed.add(id(plan))
         else:
             plan.entry_id = served.log.appended(result, seconds)
-    return [(served, plan) for served, plan in planned if id(plan) not in failed]
+    return [(served, plan) for served, plan in planned if plan.group.error is None]
