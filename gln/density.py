@@ -119,32 +119,37 @@ class ContextCounts:
         counted too, each once it is predicted)."""
         pixels = check_binary(images, self.image_shape)
         n, d = pixels.shape
-        patterns = [self._patterns(pixels, k) for k, _ in self.models]
+        patterns = self._patterns(pixels)
         out = np.empty((n, d, len(self.models)), np.float32)
         positions = np.arange(d)
         for t in range(n):
-            for m, ((_, apart), counts) in enumerate(zip(self.models, self.counts,
+            for m, ((k, apart), counts) in enumerate(zip(self.models, self.counts,
                                                         strict=True)):
-                where = (positions if apart else 0, patterns[m][t])
+                where = (positions if apart else 0, patterns[k][t])
                 seen = counts[where].astype(np.float64)
                 out[t, :, m] = (seen[:, 1] + self.prior) / (seen.sum(axis=1) + 2 * self.prior)
                 if learn:
                     np.add.at(counts, (*where, pixels[t]), 1)
         return out.reshape(n * d, len(self.models))
 
-    def _patterns(self, pixels: np.ndarray, k: int) -> np.ndarray:
-        """Each pixel's k nearest causal neighbours as a k-bit number (n, d)."""
+    def _patterns(self, pixels: np.ndarray) -> dict[int, np.ndarray]:
+        """Each pixel's k nearest causal neighbours as a k-bit number (n, d), for every k of
+        the models: one pass over the neighbours, a k-bit pattern the (k-1)-bit one plus a bit."""
         height, width = self.image_shape
         grid = pixels.reshape(-1, height, width).astype(np.int64)
         up_most = max(up for up, _ in CAUSAL_NEIGHBOURS)
         side_most = max(abs(left) for _, left in CAUSAL_NEIGHBOURS)
         padded = np.zeros((len(grid), height + up_most, width + 2 * side_most), np.int64)
         padded[:, up_most:, side_most:side_most + width] = grid
+        wanted = {k for k, _ in self.models}
         pattern = np.zeros(grid.shape, np.int64)
-        for bit, (up, left) in enumerate(CAUSAL_NEIGHBOURS[:k]):
+        patterns = {0: pattern.reshape(len(grid), -1).copy()} if 0 in wanted else {}
+        for bit, (up, left) in enumerate(CAUSAL_NEIGHBOURS[:max(wanted)]):
             pattern |= padded[:, up_most - up:up_most - up + height,
                               side_most - left:side_most - left + width] << bit
-        return pattern.reshape(len(grid), height * width)
+            if bit + 1 in wanted:
+                patterns[bit + 1] = pattern.reshape(len(grid), -1).copy()
+        return patterns
 
 
 class GLNDensity:
