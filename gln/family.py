@@ -16,9 +16,9 @@ hyperplanes; everything else a model learns is per member and stacked on a leadi
 t is. Rows of one member are learned in their order, each scaled with its member's statistics
 as of that row and stepped with its member's t; rows of different members are independent.
 The call is one pass of the single model's work over the whole chunk (``gln.pipeline``): the
-rows are grouped by member (a stable sort: each member's rows keep their order), scaled,
-gated by the shared hyperplanes in one product, and run through every layer, where each row
-reads and updates its own member's weights. Each step does, for each member,
+rows are scaled (on the GPU first grouped by member, a stable sort that keeps each member's
+rows in their order), gated by the shared hyperplanes in one product, and run through every
+layer, where each row reads and updates its own member's weights. Each step does, for each member,
 the float operations a model of its own makes on that member's rows in the same order, so the
 bytes are the same (``member(i).to_bytes()`` equals those of a model that learned member i's
 rows alone, and so do the prequential probabilities):
