@@ -65,7 +65,7 @@ def run_gln(data: dict, orders: list[np.ndarray], seed: int, args: argparse.Name
         rate = {"schedule": "inverse_time", "scale": args.gln_rate_scale, "cap": args.gln_rate}
     model = GLN(num_features=784, num_classes=10, input_scaling=args.input_scaling,
                 side_info=args.side_info, seed=seed, device=args.device,
-                **{**GLN_NETWORK, "learning_rate": rate})
+                **{**GLN_NETWORK, "learning_rate": rate, "context_dim": args.context_dim})
     accuracy = []
     for order in orders:
         X, y = data["X_train"][:, order], data["y_train"]
@@ -136,6 +136,7 @@ def summary(model: str, seed: int, accuracy: list[list[float]], args: argparse.N
         "model": model if model != "gln" else gln_name(args),
         "seed": seed, "tasks": args.tasks, "train_per_task": args.train_per_task,
         "test_per_task": args.test_per_task,
+        **({"scored_on": "validation"} if args.validation else {}),
         "task1_after_task1": round(accuracy[0][0], 4),
         "task1_after_last": round(accuracy[-1][0], 4),
         "mean_new_task": round(float(np.mean([row[-1] for row in accuracy])), 4),
@@ -150,8 +151,10 @@ def gln_name(args: argparse.Namespace) -> str:
     rate = f"rate {args.gln_rate:g}" if args.gln_rate != GLN_NETWORK["learning_rate"] else ""
     if args.gln_rate_scale:
         rate = f"rate min({args.gln_rate_scale:g}/t, {args.gln_rate:g})"
+    context = (f"context {args.context_dim}"
+               if args.context_dim != GLN_NETWORK["context_dim"] else "")
     details = [args.input_scaling] + [d for d in (
-        "per_row" if args.side_info == "per_row" else "", rate) if d]
+        "per_row" if args.side_info == "per_row" else "", context, rate) if d]
     return f"gln ({', '.join(details)})"
 
 
@@ -208,6 +211,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--gln-rate-scale", type=float,
                         help="instead, the GLN's rate min(s / t, --gln-rate) (t: examples "
                         "learned, over all tasks)")
+    parser.add_argument("--context-dim", type=int, default=GLN_NETWORK["context_dim"],
+                        help="the GLN's context dimension (the appendix's: 6)")
+    parser.add_argument("--validation", action="store_true",
+                        help="score on the last training images (never learned here) instead "
+                        "of the test set: for choosing settings")
     parser.add_argument("--device", default="cpu", help="the GLN's device (GLN(device=...))")
     parser.add_argument("--results", type=Path, help="add the runs to this results file")
     parser.add_argument("--figure", type=Path, help="draw the runs (PNG)")
@@ -233,6 +241,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if torch is not None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     X_train, y_train, X_test, y_test = mnist_pixels(args.data_dir, args.synthetic)
+    if args.validation:  # held out from the end of the training set; tasks learn its start
+        held = min(len(X_test), len(X_train) - args.train_per_task)
+        if held < 1:
+            raise SystemExit("--validation needs --train-per-task below the training set's size")
+        X_train, y_train, X_test, y_test = (X_train[:-held], y_train[:-held],
+                                            X_train[-held:], y_train[-held:])
     data = {"X_train": X_train[:args.train_per_task], "y_train": y_train[:args.train_per_task],
             "X_test": X_test[:args.test_per_task], "y_test": y_test[:args.test_per_task]}
     args.train_per_task, args.test_per_task = len(data["X_train"]), len(data["X_test"])

@@ -52,3 +52,15 @@ def test_the_peers_run_and_the_figure_is_drawn(tmp_path):
     assert [f["model"] for f in figures] == ["mlp", "ewc"]
     assert all([len(row) for row in f["accuracy"]] == [1, 2] for f in figures)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_validation_scores_held_out_training_images_and_names_the_context(tmp_path):
+    figures, results, _ = _run(tmp_path, "gln", tasks=2, seeds=1,
+                               extra=["--validation", "--context-dim", "4"])
+    run = figures[0]
+    assert run["model"] == "gln (unit_fixed, context 4)" and run["scored_on"] == "validation"
+    assert json.loads(results.read_text())[0]["figures"] == run
+    with pytest.raises(SystemExit, match="--validation needs"):
+        permuted_mnist.main(["--synthetic", "--tasks", "2", "--train-per-task", "2000",
+                             "--test-per-task", "100", "--seeds", "1", "--models", "gln",
+                             "--validation"])
