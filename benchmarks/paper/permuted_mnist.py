@@ -275,10 +275,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def same_size(figures: list[dict], results: Path | None) -> list[dict]:
     """What to draw: every run of ``results`` (all of them, of this and earlier commands) of
-    the size of ``figures``, or ``figures`` alone without a results file."""
+    the size of ``figures`` and scored on the same images (test or validation), or
+    ``figures`` alone without a results file."""
     if results is None:
         return figures
-    size = {key: figures[0][key] for key in ("tasks", "train_per_task", "test_per_task")}
+    size = {key: figures[0].get(key) for key in ("tasks", "train_per_task", "test_per_task",
+                                                  "scored_on")}
     return [run["figures"] for run in json.loads(results.read_text())
             if all(run["figures"].get(key) == value for key, value in size.items())]
 

@@ -64,3 +64,13 @@ def test_validation_scores_held_out_training_images_and_names_the_context(tmp_pa
         permuted_mnist.main(["--synthetic", "--tasks", "2", "--train-per-task", "2000",
                              "--test-per-task", "100", "--seeds", "1", "--models", "gln",
                              "--validation"])
+
+
+def test_a_figure_draws_runs_scored_on_the_same_images_only(tmp_path):
+    size = {"tasks": 2, "train_per_task": 200, "test_per_task": 100}
+    test_run = {"model": "gln (unit_fixed)", **size}
+    validation_run = {**test_run, "scored_on": "validation"}
+    results = tmp_path / "runs.json"
+    results.write_text(json.dumps([{"figures": test_run}, {"figures": validation_run}]))
+    assert permuted_mnist.same_size([validation_run], results) == [validation_run]
+    assert permuted_mnist.same_size([test_run], results) == [test_run]
