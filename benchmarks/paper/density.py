@@ -75,7 +75,8 @@ def binarized_mnist(directory: str | None, synthetic: bool) -> dict[str, np.ndar
 def run(data: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
     """One online pass over train, valid and test; the test set also frozen. Returns the
     run's figures."""
-    density = GLNDensity((28, 28), seed=args.seed, device=args.device, **NETWORK)
+    network = {**NETWORK, "layer_sizes": tuple(args.layer_sizes)}
+    density = GLNDensity((28, 28), seed=args.seed, device=args.device, **network)
     online, frozen_nats, learning_seconds = [], [], 0.0
     total = sum(len(data[split]) for split in SPLITS)
     with tqdm(total=total, unit="image", desc="binarized MNIST", file=sys.stderr) as bar:
@@ -95,7 +96,7 @@ def run(data: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
     return {
         "model": "gln density", "seed": args.seed,
         **{split: len(data[split]) for split in SPLITS},
-        "layer_sizes": list(NETWORK["layer_sizes"]), "context_dim": NETWORK["context_dim"],
+        "layer_sizes": list(network["layer_sizes"]), "context_dim": NETWORK["context_dim"],
         "learning_rate": NETWORK["learning_rate"],
         "pred_clip": density.family.config["pred_clip"],
         "count_models": [list(m) for m in density.counts.models], "device": args.device,
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
                             help=f"the first images of {split} (default: all, or --quick's)")
     parser.add_argument("--seed", type=int, default=0, help="the hyperplanes' seed")
     parser.add_argument("--device", default="cpu", help="the family's device: cpu or cuda")
+    parser.add_argument("--layer-sizes", type=lambda text: [int(n) for n in text.split(",")],
+                        default=list(NETWORK["layer_sizes"]),
+                        help="each pixel's network, e.g. 64,32,1 (default: %(default)s)")
     parser.add_argument("--results", type=Path, help="add the run to this results file")
     parser.add_argument("--figure", type=Path, help="draw the run (PNG)")
     parser.add_argument("--machine", default=machine(), help="the machine, for --results")

@@ -43,3 +43,10 @@ def test_the_npz_is_read_from_the_data_directory_and_unpacked(tmp_path):
     assert all(np.array_equal(loaded[split], pixels[split]) for split in pixels)
     with pytest.raises(SystemExit, match="not found"):
         density.binarized_mnist(str(tmp_path / "elsewhere"), synthetic=False)
+
+
+def test_the_network_can_be_sized_and_the_row_says_so(tmp_path):
+    figures = density.main(["--synthetic", "--train", "20", "--valid", "5", "--test", "5",
+                            "--layer-sizes", "8,4,1"])
+    assert figures["layer_sizes"] == [8, 4, 1]
+    assert 0 < figures["test_nats_online"] < 784 * np.log(2)
