@@ -96,8 +96,8 @@ def run(data: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
     return {
         "model": "gln density", "seed": args.seed,
         **{split: len(data[split]) for split in SPLITS},
-        "layer_sizes": list(network["layer_sizes"]), "context_dim": NETWORK["context_dim"],
-        "learning_rate": NETWORK["learning_rate"],
+        "layer_sizes": list(network["layer_sizes"]), "context_dim": network["context_dim"],
+        "learning_rate": network["learning_rate"],
         "pred_clip": density.family.config["pred_clip"],
         "count_models": [list(m) for m in density.counts.models], "device": args.device,
         "base_predictions": f"{len(density.counts.models)} count models",
